@@ -1,0 +1,331 @@
+// Package controlplane starts a real Kubernetes control plane (etcd and
+// kube-apiserver, built from Go modules by test/tools) on loopback for tests.
+//
+// The binaries live in a cache directory keyed by the Kubernetes version
+// (see BinDir); `make tools` builds them there once and every later run
+// reuses them. Each ControlPlane gets its own free ports and temporary
+// directory and is always stopped by t.Cleanup, even when the test fails.
+package controlplane
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// KubernetesVersion is the version of kube-apiserver (and the etcd it pins)
+// that test/tools builds. Keep it equal to the k8s.io/kubernetes requirement
+// in test/tools/go.mod.
+const KubernetesVersion = "v1.37.1"
+
+// BinDir returns the directory holding the control-plane binaries:
+// $VIPCAST_CACHE/k8s-<version>, where VIPCAST_CACHE defaults to
+// $HOME/.cache/vipcast.
+func BinDir() string {
+	base := os.Getenv("VIPCAST_CACHE")
+	if base == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			home = os.TempDir()
+		}
+		base = filepath.Join(home, ".cache", "vipcast")
+	}
+	return filepath.Join(base, "k8s-"+KubernetesVersion)
+}
+
+// ControlPlane is a running etcd + kube-apiserver pair.
+type ControlPlane struct {
+	// Dir is the control plane's private temporary directory.
+	Dir string
+	// Kubeconfig is the path of an admin kubeconfig for the API server.
+	Kubeconfig string
+	// Config is the admin client configuration.
+	Config *rest.Config
+	// Client is an admin clientset.
+	Client kubernetes.Interface
+	// Dynamic is an admin dynamic client.
+	Dynamic dynamic.Interface
+	// APIExtensions is an admin client for CustomResourceDefinitions.
+	APIExtensions apiextensionsclient.Interface
+	// Token is the admin bearer token.
+	Token string
+
+	procs []*Process
+}
+
+// Process is a child process started by the harness.
+type Process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Done is closed when the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Pid returns the process ID.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Start launches etcd and kube-apiserver on loopback, waits until the API
+// server is ready and registers their shutdown with t.Cleanup. It fails the
+// test if the binaries are missing (run `make tools`) or do not start.
+func Start(t testing.TB) *ControlPlane {
+	t.Helper()
+	cp, err := start(t.TempDir(), t.Logf)
+	if cp != nil {
+		t.Cleanup(cp.Stop)
+	}
+	if err != nil {
+		t.Fatalf("control plane: %v", err)
+	}
+	return cp
+}
+
+func start(dir string, logf func(string, ...any)) (*ControlPlane, error) {
+	bin := BinDir()
+	for _, name := range []string{"etcd", "kube-apiserver"} {
+		if _, err := os.Stat(filepath.Join(bin, name)); err != nil {
+			return nil, fmt.Errorf("%s not found in %s (run `make tools` to build it): %w", name, bin, err)
+		}
+	}
+	cp := &ControlPlane{Dir: dir}
+	ports, err := FreePorts(3)
+	if err != nil {
+		return cp, err
+	}
+	etcdClient, etcdPeer, apiPort := ports[0], ports[1], ports[2]
+
+	if err := cp.writeCredentials(); err != nil {
+		return cp, err
+	}
+
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
+	if err := cp.launch(filepath.Join(bin, "etcd"), "etcd",
+		"--data-dir", filepath.Join(dir, "etcd"),
+		"--name", "vipcast-test",
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "vipcast-test="+peerURL,
+		"--unsafe-no-fsync", "--log-level", "warn",
+	); err != nil {
+		return cp, err
+	}
+
+	if err := cp.launch(filepath.Join(bin, "kube-apiserver"), "kube-apiserver",
+		"--etcd-servers", etcdURL,
+		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+		"--secure-port", strconv.Itoa(apiPort),
+		"--cert-dir", filepath.Join(dir, "certs"),
+		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
+		"--authorization-mode", "RBAC",
+		"--service-account-issuer", "https://kubernetes.default.svc",
+		"--service-account-key-file", filepath.Join(dir, "sa.pub"),
+		"--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
+		// Dual-stack, so Services may ask for IPv6 and dual-stack VIPs.
+		"--service-cluster-ip-range", "10.96.0.0/16,fd00:10:96::/112",
+		"--endpoint-reconciler-type", "none",
+		"--disable-admission-plugins", "ServiceAccount",
+		// A test run creates thousands of objects quickly; the defaults
+		// (400/200 in flight) are for shared production servers.
+		"--max-requests-inflight", "1000",
+		"--max-mutating-requests-inflight", "500",
+		"-v", "1",
+	); err != nil {
+		return cp, err
+	}
+
+	apiURL := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	if err := cp.writeKubeconfig(apiURL); err != nil {
+		return cp, err
+	}
+	if err := waitReady(apiURL, cp.Token, 60*time.Second); err != nil {
+		return cp, fmt.Errorf("kube-apiserver not ready (logs in %s): %w", dir, err)
+	}
+	logf("control plane ready at %s (dir %s)", apiURL, dir)
+	return cp, nil
+}
+
+// writeCredentials creates the admin token file and the service-account key pair.
+func (cp *ControlPlane) writeCredentials() error {
+	tok := make([]byte, 16)
+	if _, err := rand.Read(tok); err != nil {
+		return fmt.Errorf("token: %w", err)
+	}
+	cp.Token = hex.EncodeToString(tok)
+	if err := os.WriteFile(filepath.Join(cp.Dir, "tokens.csv"),
+		[]byte(cp.Token+",admin,admin-uid,system:masters\n"), 0o600); err != nil {
+		return fmt.Errorf("token file: %w", err)
+	}
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return fmt.Errorf("service-account key: %w", err)
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return fmt.Errorf("service-account public key: %w", err)
+	}
+	files := map[string][]byte{
+		"sa.key": pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
+		"sa.pub": pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}),
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(cp.Dir, name), data, 0o600); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (cp *ControlPlane) writeKubeconfig(apiURL string) error {
+	cp.Kubeconfig = filepath.Join(cp.Dir, "kubeconfig")
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: %s
+    insecure-skip-tls-verify: true
+users:
+- name: admin
+  user:
+    token: %s
+contexts:
+- name: test
+  context: {cluster: test, user: admin}
+current-context: test
+`, apiURL, cp.Token)
+	if err := os.WriteFile(cp.Kubeconfig, []byte(kc), 0o600); err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", cp.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	cfg.QPS, cfg.Burst = 1000, 2000
+	cp.Config = cfg
+	if cp.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return fmt.Errorf("clientset: %w", err)
+	}
+	if cp.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	if cp.APIExtensions, err = apiextensionsclient.NewForConfig(cfg); err != nil {
+		return fmt.Errorf("apiextensions client: %w", err)
+	}
+	return nil
+}
+
+func (cp *ControlPlane) launch(path, name string, args ...string) error {
+	p, err := StartProcess(filepath.Join(cp.Dir, name+".log"), path, args...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	cp.procs = append(cp.procs, p)
+	return nil
+}
+
+// StartProcess starts path with args, its output appended to logPath. The
+// child gets its own process group and is killed if the test process dies.
+func StartProcess(logPath, path string, args ...string) (*Process, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("log file: %w", err)
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s: %w", path, err)
+	}
+	p := &Process{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logFile.Close(); close(p.done) }()
+	return p, nil
+}
+
+// Stop terminates the API server and etcd (in reverse start order), waiting
+// briefly for each before killing it. It is safe to call more than once.
+func (cp *ControlPlane) Stop() {
+	for i := len(cp.procs) - 1; i >= 0; i-- {
+		cp.procs[i].Stop(5 * time.Second)
+	}
+	cp.procs = nil
+}
+
+// Stop sends SIGTERM to the process group, waits up to grace for the
+// process to exit and then kills the group. Safe to call more than once.
+func (p *Process) Stop(grace time.Duration) {
+	p.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+	}
+	p.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// Signal sends sig to the process group.
+func (p *Process) Signal(sig syscall.Signal) {
+	_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
+func waitReady(apiURL, token string, timeout time.Duration) error {
+	client := &http.Client{Timeout: 2 * time.Second, Transport: insecureTransport()}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var last error
+	for ctx.Err() == nil {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, apiURL+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("readyz returned %s", resp.Status)
+		}
+		last = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("after %s: %w", timeout, last)
+}
+
+// FreePorts returns n distinct TCP ports that were free on 127.0.0.1.
+func FreePorts(n int) ([]int, error) {
+	var ports []int
+	var listeners []net.Listener
+	defer func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		listeners = append(listeners, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
