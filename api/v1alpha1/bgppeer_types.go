@@ -1,0 +1,321 @@
+package v1alpha1
+
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Defaults for BGPPeer fields, as applied by the API server and by the
+// *OrDefault accessors.
+const (
+	// DefaultBGPPort is the TCP port of the peer when spec.port is unset.
+	DefaultBGPPort int32 = 179
+	// DefaultHoldTime is the BGP hold time when spec.holdTime is unset.
+	DefaultHoldTime = 90 * time.Second
+	// DefaultGracefulRestartTime is the restart time advertised when
+	// graceful restart is enabled and restartTime is unset.
+	DefaultGracefulRestartTime = 120 * time.Second
+	// DefaultPasswordKey is the Secret key read when
+	// passwordSecretRef.key is unset.
+	DefaultPasswordKey = "password"
+	// DefaultEBGPMultiHop is the TTL of eBGP packets when ebgpMultiHop is
+	// unset: the peer must be directly connected.
+	DefaultEBGPMultiHop int32 = 1
+)
+
+// AddressFamily is a BGP address family (AFI/SAFI) negotiated with a peer.
+//
+// +kubebuilder:validation:Enum=ipv4-unicast;ipv6-unicast
+type AddressFamily string
+
+const (
+	// AddressFamilyIPv4Unicast carries IPv4 unicast routes (AFI 1, SAFI 1).
+	AddressFamilyIPv4Unicast AddressFamily = "ipv4-unicast"
+	// AddressFamilyIPv6Unicast carries IPv6 unicast routes (AFI 2, SAFI 1).
+	AddressFamilyIPv6Unicast AddressFamily = "ipv6-unicast"
+)
+
+// BGPPeer is a BGP router that vipcast's speakers open a session with to
+// announce the addresses of LoadBalancer Services.
+//
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=bgppeer,categories=vipcast
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Peer Address",type=string,JSONPath=".spec.peerAddress",description="Address of the BGP router"
+// +kubebuilder:printcolumn:name="Peer ASN",type=integer,JSONPath=".spec.peerASN",description="Autonomous system number of the BGP router"
+// +kubebuilder:printcolumn:name="Local ASN",type=integer,JSONPath=".spec.localASN",description="Autonomous system number vipcast uses"
+// +kubebuilder:printcolumn:name="Port",type=integer,JSONPath=".spec.port",priority=1,description="TCP port of the BGP router"
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=".status.conditions[?(@.type==\"Ready\")].status",priority=1,description="Whether vipcast accepted the peer configuration"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
+type BGPPeer struct {
+	metav1.TypeMeta `json:",inline"`
+	// Standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec describes the BGP router and the session to open with it.
+	// +required
+	Spec BGPPeerSpec `json:"spec"`
+
+	// status is written by vipcast.
+	// +optional
+	Status BGPPeerStatus `json:"status,omitempty"`
+}
+
+// BGPPeerSpec is the desired state of a BGPPeer.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.sourceAddress) || !isIP(self.sourceAddress) || !isIP(self.peerAddress) || ip(self.sourceAddress).family() == ip(self.peerAddress).family()",fieldPath=".sourceAddress",message="sourceAddress must be in the same IP family as peerAddress (both IPv4 or both IPv6)"
+// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveTime) || !has(self.holdTime) || !(self.holdTime == '0' || (size(self.holdTime) > 0 && self.holdTime.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))) || !(self.keepaliveTime == '0' || (size(self.keepaliveTime) > 0 && self.keepaliveTime.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))) || duration(self.holdTime) == duration('0s') || duration(self.keepaliveTime) < duration(self.holdTime)",fieldPath=".keepaliveTime",message="keepaliveTime must be shorter than holdTime (holdTime defaults to 90s; a third of holdTime, e.g. 30s, is usual)"
+// +kubebuilder:validation:XValidation:rule="!has(self.ebgpMultiHop) || self.peerASN != self.localASN",fieldPath=".ebgpMultiHop",message="ebgpMultiHop applies only to eBGP sessions (peerASN different from localASN); remove it for iBGP"
+type BGPPeerSpec struct {
+	// peerAddress is the IPv4 or IPv6 address of the BGP router, such as
+	// 192.0.2.1 or 2001:db8::1, without prefix length, port or zone.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",messageExpression="'peerAddress \"' + self + '\" is not an IP address: use an IPv4 or IPv6 address such as 192.0.2.1 or 2001:db8::1, without prefix length, port or zone'",message="peerAddress must be an IPv4 or IPv6 address such as 192.0.2.1 or 2001:db8::1, without prefix length, port or zone"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isUnspecified()",message="peerAddress must not be the unspecified address 0.0.0.0 or ::"
+	PeerAddress string `json:"peerAddress"`
+
+	// peerASN is the autonomous system number of the BGP router, from 1 to
+	// 4294967294. When it equals localASN the session is iBGP, otherwise
+	// eBGP.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4294967294
+	// +kubebuilder:validation:Format=int64
+	PeerASN uint32 `json:"peerASN"`
+
+	// localASN is the autonomous system number vipcast announces itself
+	// with, from 1 to 4294967294.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4294967294
+	// +kubebuilder:validation:Format=int64
+	LocalASN uint32 `json:"localASN"`
+
+	// port is the TCP port the BGP router listens on, from 1 to 65535.
+	// Defaults to 179.
+	// +optional
+	// +kubebuilder:default=179
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port *int32 `json:"port,omitempty"`
+
+	// sourceAddress is the local IP address the session is opened from. It
+	// must be in the same IP family as peerAddress and configured on every
+	// selected node. When unset, the node's routing table picks it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",messageExpression="'sourceAddress \"' + self + '\" is not an IP address: use an IPv4 or IPv6 address such as 192.0.2.10, or omit the field'",message="sourceAddress must be an IPv4 or IPv6 address such as 192.0.2.10, or omitted"
+	SourceAddress string `json:"sourceAddress,omitempty"`
+
+	// holdTime is the BGP hold time proposed to the peer: the session is
+	// dropped when nothing is heard from the peer for this long. It is
+	// written as a duration in whole seconds such as 90s or 3m, and must be
+	// 0s (no keepalives, session never times out) or between 3s and 65535s.
+	// Defaults to 90s.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:default="90s"
+	// +kubebuilder:validation:XValidation:rule="self == '0' || (size(self) > 0 && self.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))",message="holdTime must be a duration in whole seconds, such as 90s, 1m30s or 0s"
+	// +kubebuilder:validation:XValidation:rule="!(self == '0' || (size(self) > 0 && self.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))) || duration(self) == duration('0s') || (duration(self) >= duration('3s') && duration(self) <= duration('65535s'))",message="holdTime must be 0s or between 3s and 65535s"
+	HoldTime *metav1.Duration `json:"holdTime,omitempty"`
+
+	// keepaliveTime is the interval between BGP keepalive messages, such as
+	// 30s, between 1s and 65535s. It must be shorter than holdTime. When
+	// unset it is a third of holdTime.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self == '0' || (size(self) > 0 && self.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))",message="keepaliveTime must be a duration in whole seconds, such as 30s or 1m"
+	// +kubebuilder:validation:XValidation:rule="!(self == '0' || (size(self) > 0 && self.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))) || (duration(self) >= duration('1s') && duration(self) <= duration('65535s'))",message="keepaliveTime must be between 1s and 65535s"
+	KeepaliveTime *metav1.Duration `json:"keepaliveTime,omitempty"`
+
+	// ebgpMultiHop is the IP TTL of packets sent to an eBGP peer, from 1 to
+	// 255. Set it above 1 when the peer is not directly connected. Only
+	// valid for eBGP (peerASN different from localASN). Defaults to 1.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=255
+	EBGPMultiHop *int32 `json:"ebgpMultiHop,omitempty"`
+
+	// passwordSecretRef names a Secret key holding the TCP MD5 password
+	// (RFC 2385) of the session. When unset, no password is used.
+	// +optional
+	PasswordSecretRef *SecretKeyReference `json:"passwordSecretRef,omitempty"`
+
+	// gracefulRestart configures BGP graceful restart (RFC 4724), which
+	// lets the peer keep vipcast's routes while a speaker restarts. When
+	// unset, graceful restart is disabled.
+	// +optional
+	GracefulRestart *GracefulRestart `json:"gracefulRestart,omitempty"`
+
+	// nodeSelector selects, by Node labels, the nodes whose speakers peer
+	// with this router. When unset, every node running the vipcast speaker
+	// does.
+	// +optional
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+
+	// families are the address families negotiated with the peer:
+	// ipv4-unicast and/or ipv6-unicast. When unset, both are negotiated.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=2
+	Families []AddressFamily `json:"families,omitempty"`
+}
+
+// SecretKeyReference points to one key of a Secret.
+type SecretKeyReference struct {
+	// name is the name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+
+	// namespace is the namespace of the Secret. vipcast must be allowed to
+	// read Secrets there.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Namespace string `json:"namespace"`
+
+	// key is the key within the Secret's data. Defaults to "password".
+	// +optional
+	// +kubebuilder:default=password
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key,omitempty"`
+}
+
+// GracefulRestart configures BGP graceful restart for a peer.
+type GracefulRestart struct {
+	// enabled turns graceful restart on.
+	// +required
+	Enabled bool `json:"enabled"`
+
+	// restartTime is how long the peer should keep routes after the session
+	// drops while the speaker restarts, in whole seconds from 1s to 4095s.
+	// Defaults to 120s.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:default="120s"
+	// +kubebuilder:validation:XValidation:rule="self == '0' || (size(self) > 0 && self.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))",message="restartTime must be a duration in whole seconds, such as 120s or 2m"
+	// +kubebuilder:validation:XValidation:rule="!(self == '0' || (size(self) > 0 && self.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))) || (duration(self) >= duration('1s') && duration(self) <= duration('4095s'))",message="restartTime must be between 1s and 4095s"
+	RestartTime *metav1.Duration `json:"restartTime,omitempty"`
+}
+
+// BGPPeerStatus is the observed state of a BGPPeer, written by vipcast.
+type BGPPeerStatus struct {
+	// observedGeneration is the metadata.generation that this status
+	// describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions describe the peer's state. The Ready condition is True
+	// when vipcast accepted the configuration, and False with reason
+	// InvalidConfig, InvalidSelector or SecretNotFound when it cannot use
+	// it.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// BGPPeerList is a list of BGPPeers.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+type BGPPeerList struct {
+	metav1.TypeMeta `json:",inline"`
+	// Standard list metadata.
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the BGPPeers.
+	Items []BGPPeer `json:"items"`
+}
+
+// PortOrDefault returns the peer's TCP port: port, or DefaultBGPPort (179)
+// when it is unset.
+func (s *BGPPeerSpec) PortOrDefault() int32 {
+	if s.Port == nil {
+		return DefaultBGPPort
+	}
+	return *s.Port
+}
+
+// HoldTimeOrDefault returns the BGP hold time: holdTime, or
+// DefaultHoldTime (90s) when it is unset. Zero means keepalives are
+// disabled and the session never times out.
+func (s *BGPPeerSpec) HoldTimeOrDefault() time.Duration {
+	if s.HoldTime == nil {
+		return DefaultHoldTime
+	}
+	return s.HoldTime.Duration
+}
+
+// KeepaliveTimeOrDefault returns the BGP keepalive interval: keepaliveTime,
+// or a third of HoldTimeOrDefault() when it is unset (zero when the hold
+// time is zero).
+func (s *BGPPeerSpec) KeepaliveTimeOrDefault() time.Duration {
+	if s.KeepaliveTime != nil {
+		return s.KeepaliveTime.Duration
+	}
+	return s.HoldTimeOrDefault() / 3
+}
+
+// EBGPMultiHopOrDefault returns the TTL for eBGP packets: ebgpMultiHop, or
+// DefaultEBGPMultiHop (1) when it is unset.
+func (s *BGPPeerSpec) EBGPMultiHopOrDefault() int32 {
+	if s.EBGPMultiHop == nil {
+		return DefaultEBGPMultiHop
+	}
+	return *s.EBGPMultiHop
+}
+
+// FamiliesOrDefault returns the address families to negotiate: families,
+// or both ipv4-unicast and ipv6-unicast when it is empty. The returned
+// slice is a copy.
+func (s *BGPPeerSpec) FamiliesOrDefault() []AddressFamily {
+	if len(s.Families) == 0 {
+		return []AddressFamily{AddressFamilyIPv4Unicast, AddressFamilyIPv6Unicast}
+	}
+	return append([]AddressFamily(nil), s.Families...)
+}
+
+// IsIBGP reports whether the session is internal BGP (peerASN equals
+// localASN).
+func (s *BGPPeerSpec) IsIBGP() bool {
+	return s.PeerASN == s.LocalASN
+}
+
+// KeyOrDefault returns the Secret key to read: key, or DefaultPasswordKey
+// ("password") when it is empty.
+func (r *SecretKeyReference) KeyOrDefault() string {
+	if r.Key == "" {
+		return DefaultPasswordKey
+	}
+	return r.Key
+}
+
+// RestartTimeOrDefault returns the graceful restart time: restartTime, or
+// DefaultGracefulRestartTime (120s) when it is unset.
+func (g *GracefulRestart) RestartTimeOrDefault() time.Duration {
+	if g.RestartTime == nil {
+		return DefaultGracefulRestartTime
+	}
+	return g.RestartTime.Duration
+}

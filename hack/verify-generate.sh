@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Fails when the checked-in generated files (deepcopy code, CRD manifests)
+# differ from what hack/generate.sh produces from the current API types.
+# It regenerates into a temporary copy, so the work tree is left untouched.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TMP="$(mktemp -d)"
+trap 'rm -rf "${TMP}"' EXIT
+
+# Just what generation reads and writes: the module files, the API types,
+# the scripts and the current CRDs (so removed kinds show up as a diff).
+mkdir -p "${TMP}/charts/vipcast"
+cp -a "${ROOT}/go.mod" "${ROOT}/go.sum" "${ROOT}/api" "${ROOT}/hack" "${TMP}/"
+if [[ -d "${ROOT}/charts/vipcast/crds" ]]; then
+	cp -a "${ROOT}/charts/vipcast/crds" "${TMP}/charts/vipcast/"
+fi
+
+"${TMP}/hack/generate.sh"
+
+stale=0
+for path in api charts/vipcast/crds; do
+	if ! diff -ruN "${ROOT}/${path}" "${TMP}/${path}"; then
+		stale=1
+	fi
+done
+if [[ "${stale}" -ne 0 ]]; then
+	echo >&2 "generated files are stale: run make generate"
+	exit 1
+fi
+echo "generated files are up to date"
