@@ -1,0 +1,141 @@
+package ipam
+
+import (
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// shareAttrs are the parts of a request that decide whether two owners may
+// share an address.
+type shareAttrs struct {
+	key         string
+	ports       []Port
+	local       bool
+	podSelector string
+}
+
+// shareConflict returns why an owner `name` with attrs a may not share ip
+// with holder h, or nil if it may.
+func shareConflict(ip netip.Addr, name string, a *shareAttrs, h *owner) *Error {
+	if a.key == "" || a.key != h.attrs.key {
+		hint := "request another address, or set the same sharing key on both Services if they should share it"
+		if a.key != "" && h.attrs.key != "" {
+			hint = "their sharing keys differ (" + strconv.Quote(a.key) + " vs " + strconv.Quote(h.attrs.key) + "); use the same key on both to share it, or request another address"
+		}
+		return newError(ReasonInUse, "%s: address %s is already in use by %s; %s", name, ip, h.name, hint)
+	}
+	for _, p := range a.ports {
+		for _, q := range h.attrs.ports {
+			if p == q {
+				return newError(ReasonPortClash,
+					"%s: cannot share address %s with %s under sharing key %q: both use port %s; change the port, or use another sharing key",
+					name, ip, h.name, a.key, p)
+			}
+		}
+	}
+	if (a.local || h.attrs.local) && a.podSelector != h.attrs.podSelector {
+		return newError(ReasonPortClash,
+			"%s: cannot share address %s with %s under sharing key %q: with externalTrafficPolicy Local both Services must select the same pods, but their selectors differ (%s vs %s); align the selectors or use Cluster",
+			name, ip, h.name, a.key, strconv.Quote(a.podSelector), strconv.Quote(h.attrs.podSelector))
+	}
+	return nil
+}
+
+// canShare returns why owner `name` (with attrs a) may not hold st's
+// address alongside its other holders, or nil.
+func canShare(st *ipState, name string, a *shareAttrs) *Error {
+	for _, h := range st.holders {
+		if h.name == name {
+			continue
+		}
+		if err := shareConflict(st.addr, name, a, h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addHolder inserts o into st.holders keeping them sorted by name.
+func (st *ipState) addHolder(o *owner) {
+	i, found := slices.BinarySearchFunc(st.holders, o.name, func(h *owner, n string) int { return strings.Compare(h.name, n) })
+	if !found {
+		st.holders = slices.Insert(st.holders, i, o)
+	}
+}
+
+// removeHolder removes o from st.holders.
+func (st *ipState) removeHolder(o *owner) {
+	st.holders = slices.DeleteFunc(st.holders, func(h *owner) bool { return h == o })
+}
+
+// heldBy reports whether o holds st's address.
+func (st *ipState) heldBy(o *owner) bool {
+	return o != nil && slices.Contains(st.holders, o)
+}
+
+// rekey files st under the sharing key of its holders (all holders of a
+// shared address have the same key) in a.byKey.
+func (a *Allocator) rekey(st *ipState) {
+	key := ""
+	if len(st.holders) > 0 {
+		key = st.holders[0].attrs.key
+	}
+	if key == st.key {
+		return
+	}
+	if st.key != "" {
+		if m := a.byKey[st.key]; m != nil {
+			delete(m, st.addr)
+			if len(m) == 0 {
+				delete(a.byKey, st.key)
+			}
+		}
+	}
+	st.key = key
+	if key != "" {
+		m := a.byKey[key]
+		if m == nil {
+			m = make(map[netip.Addr]*ipState)
+			a.byKey[key] = m
+		}
+		m[st.addr] = st
+	}
+}
+
+// shareable returns the lowest address of family f in pool p already used
+// under req's sharing key that the owner may share, if any.
+func (a *Allocator) shareable(p *pool, f Family, req *normReq) (netip.Addr, bool) {
+	if req.attrs.key == "" {
+		return netip.Addr{}, false
+	}
+	var best netip.Addr
+	for ip, st := range a.byKey[req.attrs.key] {
+		if st.rng == nil || st.rng.pool != p || FamilyOf(ip) != f {
+			continue
+		}
+		if best.IsValid() && !ip.Less(best) {
+			continue
+		}
+		if canShare(st, req.Owner, &req.attrs) == nil {
+			best = ip
+		}
+	}
+	return best, best.IsValid()
+}
+
+// poolsSharable returns the pools holding an address the owner may share
+// under req's sharing key.
+func (a *Allocator) poolsSharable(req *normReq) map[*pool]bool {
+	if req.attrs.key == "" {
+		return nil
+	}
+	out := map[*pool]bool{}
+	for _, st := range a.byKey[req.attrs.key] {
+		if st.rng != nil && !out[st.rng.pool] && req.wants(FamilyOf(st.addr)) && canShare(st, req.Owner, &req.attrs) == nil {
+			out[st.rng.pool] = true
+		}
+	}
+	return out
+}

@@ -1,0 +1,248 @@
+package ipam
+
+import "testing"
+
+func shareReq(owner, key string, ports ...Port) Request {
+	return Request{Owner: owner, Namespace: "ns", Families: []Family{IPv4}, SharingKey: key, Ports: ports}
+}
+
+func tcp(p int32) Port { return Port{Protocol: "TCP", Port: p} }
+func udp(p int32) Port { return Port{Protocol: "UDP", Port: p} }
+
+func TestSharing(t *testing.T) {
+	a := newAlloc(t, Pool{Name: "p", Addresses: []string{"10.0.0.0/29"}, AutoAssign: true})
+	mustAssign(t, a, shareReq("ns/a", "k", tcp(80)), "p", "10.0.0.0")
+	mustAssign(t, a, shareReq("ns/c", "", tcp(443)), "p", "10.0.0.1")
+	// Same key, disjoint ports: the used address is preferred over a fresh one.
+	mustAssign(t, a, shareReq("ns/b", "k", tcp(443)), "p", "10.0.0.0")
+	mustHolders(t, a, "10.0.0.0", "ns/a", "ns/b")
+	mustInUse(t, a, "p", 2, 0) // distinct addresses
+	// Same key, clashing port: a fresh address.
+	mustAssign(t, a, shareReq("ns/d", "k", tcp(80)), "p", "10.0.0.2")
+	// Same port number, other protocol: no clash; the lowest shareable wins.
+	mustAssign(t, a, shareReq("ns/e", "k", udp(80)), "p", "10.0.0.0")
+	mustHolders(t, a, "10.0.0.0", "ns/a", "ns/b", "ns/e")
+
+	tests := []struct {
+		name   string
+		req    Request
+		reason Reason
+		frags  []string
+	}{
+		{"requested with port clash", withIPs(shareReq("ns/f", "k", tcp(80)), "10.0.0.0"), ReasonPortClash,
+			[]string{"ns/f: cannot share address 10.0.0.0 with ns/a under sharing key \"k\": both use port TCP/80"}},
+		{"requested without key", withIPs(shareReq("ns/f", "", tcp(81)), "10.0.0.0"), ReasonInUse, []string{"in use by ns/a"}},
+		{"requested with other key", withIPs(shareReq("ns/f", "other", tcp(81)), "10.0.0.0"), ReasonInUse, []string{"in use by ns/a", `sharing keys differ ("other" vs "k")`}},
+		{"requested keyless owner's address", withIPs(shareReq("ns/f", "k", tcp(81)), "10.0.0.1"), ReasonInUse, []string{"in use by ns/c"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { mustFail(t, a, tt.req, tt.reason, tt.frags...) })
+	}
+
+	// A sharer whose ports now clash moves to a fresh address.
+	mustAssign(t, a, shareReq("ns/b", "k", tcp(80)), "p", "10.0.0.3")
+	mustHolders(t, a, "10.0.0.0", "ns/a", "ns/e")
+	// ... but not when it asks for the clashing address.
+	mustFail(t, a, withIPs(shareReq("ns/b", "k", udp(80)), "10.0.0.0"), ReasonPortClash, "ns/e", "UDP/80")
+	// A sharer changing its key moves away too.
+	mustAssign(t, a, shareReq("ns/e", "k2", udp(80)), "p", "10.0.0.4")
+	mustHolders(t, a, "10.0.0.0", "ns/a")
+	// A sole holder may change its key in place.
+	mustAssign(t, a, shareReq("ns/e", "k3", udp(80)), "p", "10.0.0.4")
+
+	// Releasing a sharer keeps the address with the others.
+	mustAssign(t, a, shareReq("ns/g", "k", tcp(22)), "p", "10.0.0.0")
+	a.Release("ns/a")
+	mustHolders(t, a, "10.0.0.0", "ns/g")
+	a.Release("ns/g")
+	mustHolders(t, a, "10.0.0.0")
+	mustAssign(t, a, shareReq("ns/h", "", tcp(1)), "p", "10.0.0.0")
+	checkOK(t, a)
+}
+
+func withIPs(r Request, ips ...string) Request {
+	r.IPs = addrs(ips...)
+	return r
+}
+
+func TestSharingLocalTrafficPolicy(t *testing.T) {
+	a := newAlloc(t, Pool{Name: "p", Addresses: []string{"10.0.0.0/29"}, AutoAssign: true})
+	local := func(owner, sel string, local bool, port int32) Request {
+		r := shareReq(owner, "k", tcp(port))
+		r.LocalTrafficPolicy = local
+		r.PodSelector = sel
+		return r
+	}
+	mustAssign(t, a, local("ns/a", "app=x", true, 1), "p", "10.0.0.0")
+	// Same selector: shares, whatever its own policy.
+	mustAssign(t, a, local("ns/b", "app=x", false, 2), "p", "10.0.0.0")
+	mustAssign(t, a, local("ns/c", "app=x", true, 3), "p", "10.0.0.0")
+	// Different selector while a sharer is Local: a fresh address...
+	mustAssign(t, a, local("ns/d", "app=y", false, 4), "p", "10.0.0.1")
+	// ... or an error naming the sharer when the address is requested.
+	r := withIPs(local("ns/e", "app=y", false, 5), "10.0.0.0")
+	mustFail(t, a, r, ReasonPortClash, "ns/a", "externalTrafficPolicy Local", `("app=y" vs "app=x")`)
+	// Without any Local sharer selectors may differ.
+	mustAssign(t, a, local("ns/f", "app=z", false, 6), "p", "10.0.0.1")
+	mustHolders(t, a, "10.0.0.1", "ns/d", "ns/f")
+	// A Local newcomer must match every sharer.
+	r = withIPs(local("ns/g", "app=y", true, 7), "10.0.0.1")
+	mustFail(t, a, r, ReasonPortClash, "ns/f")
+}
+
+func TestSharingPreferenceAcrossPools(t *testing.T) {
+	a := newAlloc(t,
+		Pool{Name: "p1", Addresses: []string{"10.0.1.0/29"}, AutoAssign: true},
+		Pool{Name: "p2", Addresses: []string{"10.0.2.0/29", "2001:db8::/125"}, AutoAssign: true, Priority: 1},
+		Pool{Name: "hidden", Addresses: []string{"10.0.3.0/29"}, Priority: 2},
+	)
+	r := shareReq("ns/a", "k", tcp(80))
+	r.Pool = "p2"
+	mustAssign(t, a, r, "p2", "10.0.2.0")
+	// The shareable address in p2 beats a fresh one in p1.
+	mustAssign(t, a, shareReq("ns/b", "k", tcp(443)), "p2", "10.0.2.0")
+	// Not in an eligible pool (hidden is not auto-assign): not preferred.
+	r = shareReq("ns/c", "j", tcp(80))
+	r.Pool = "hidden"
+	mustAssign(t, a, r, "hidden", "10.0.3.0")
+	mustAssign(t, a, shareReq("ns/d", "j", tcp(443)), "p1", "10.0.1.0")
+	// An explicit pool limits the search to that pool.
+	r = shareReq("ns/e", "k", tcp(22))
+	r.Pool = "p1"
+	mustAssign(t, a, r, "p1", "10.0.1.1")
+
+	// Dual-stack sharers share both addresses.
+	both := []Family{IPv4, IPv6}
+	x := Request{Owner: "ns/x", Families: both, SharingKey: "dual", Ports: []Port{tcp(80)}, Pool: "p2"}
+	mustAssign(t, a, x, "p2", "10.0.2.1", "2001:db8::")
+	y := Request{Owner: "ns/y", Families: both, SharingKey: "dual", Ports: []Port{tcp(443)}, RequireAllFamilies: true}
+	mustAssign(t, a, y, "p2", "10.0.2.1", "2001:db8::")
+	mustHolders(t, a, "2001:db8::", "ns/x", "ns/y")
+	checkOK(t, a)
+}
+
+func TestOrphans(t *testing.T) {
+	wide := Pool{Name: "p", Addresses: []string{"10.0.0.0/29"}, AutoAssign: true}
+	narrow := Pool{Name: "p", Addresses: []string{"10.0.0.0/31"}, AutoAssign: true}
+	a := newAlloc(t, wide)
+	mustAssign(t, a, v4("ns/a"), "p", "10.0.0.0")
+	mustAssign(t, a, v4("ns/b"), "p", "10.0.0.1")
+	mustAssign(t, a, withIPs(v4("ns/d"), "10.0.0.5"), "p", "10.0.0.5")
+
+	// Shrinking the pool orphans 10.0.0.5; its owner keeps it.
+	if errs := a.SetPools([]Pool{narrow}); errs != nil {
+		t.Fatal(errs)
+	}
+	checkOK(t, a)
+	mustInUse(t, a, "p", 2, 0)
+	if got, _ := a.Assigned("ns/d"); got.Pool != "" || len(got.IPs) != 1 || got.IPs[0].String() != "10.0.0.5" {
+		t.Fatalf("orphan assignment %v", got)
+	}
+	mustAssign(t, a, v4("ns/d"), "", "10.0.0.5")
+	mustAssign(t, a, withIPs(v4("ns/d"), "10.0.0.5"), "", "10.0.0.5")
+	mustFail(t, a, withIPs(v4("ns/e"), "10.0.0.5"), ReasonNotInPool, "not in any pool", "kept by ns/d")
+	mustFail(t, a, v4("ns/e"), ReasonExhausted)
+	// Explicitly asking for the pool moves it, once there is room.
+	r := v4("ns/d")
+	r.Pool = "p"
+	mustFail(t, a, r, ReasonExhausted)
+	a.Release("ns/a")
+	mustAssign(t, a, r, "p", "10.0.0.0")
+	mustHolders(t, a, "10.0.0.5")
+
+	// Removing every pool orphans everything; nothing is lost.
+	if errs := a.SetPools(nil); errs != nil {
+		t.Fatal(errs)
+	}
+	checkOK(t, a)
+	if _, ok := a.Stats("p"); ok {
+		t.Fatal("removed pool has stats")
+	}
+	mustAssign(t, a, v4("ns/b"), "", "10.0.0.1")
+	mustFail(t, a, v4("ns/new"), ReasonNoPool, "no pools are configured")
+
+	// The pool returns (under another name): orphans are accounted again
+	// and never handed to others.
+	back := Pool{Name: "q", Addresses: []string{"10.0.0.0/30"}, AutoAssign: true}
+	if errs := a.SetPools([]Pool{back}); errs != nil {
+		t.Fatal(errs)
+	}
+	checkOK(t, a)
+	mustInUse(t, a, "q", 2, 0)
+	mustAssign(t, a, v4("ns/b"), "q", "10.0.0.1")
+	mustAssign(t, a, v4("ns/new"), "q", "10.0.0.2")
+	mustAssign(t, a, v4("ns/new2"), "q", "10.0.0.3")
+	mustFail(t, a, v4("ns/new3"), ReasonExhausted)
+}
+
+func TestRestore(t *testing.T) {
+	a := newAlloc(t,
+		Pool{Name: "p", Addresses: []string{"10.0.0.0/29", "2001:db8::/126"}, AutoAssign: true},
+		Pool{Name: "b", Addresses: []string{"10.0.1.0/24"}, AvoidBuggyIPs: true},
+	)
+	if err := a.Restore(v4("ns/a"), addrs("10.0.0.0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Restore(v4("ns/z"), addrs("10.0.0.2")); err != nil {
+		t.Fatal(err)
+	}
+	mustInUse(t, a, "p", 2, 0)
+	mustAssign(t, a, v4("ns/new"), "p", "10.0.0.1")
+	mustAssign(t, a, v4("ns/a"), "p", "10.0.0.0")
+
+	err := a.Restore(v4("ns/b"), addrs("10.0.0.0"))
+	checkErr(t, err, ReasonInUse, "in use by ns/a")
+
+	sh := func(o string, p int32) Request { return shareReq(o, "k", tcp(p)) }
+	if err := a.Restore(sh("ns/s1", 80), addrs("10.0.0.4")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Restore(sh("ns/s2", 443), addrs("10.0.0.4")); err != nil {
+		t.Fatal(err)
+	}
+	checkErr(t, a.Restore(sh("ns/s3", 80), addrs("10.0.0.4")), ReasonPortClash, "ns/s1", "TCP/80")
+	mustHolders(t, a, "10.0.0.4", "ns/s1", "ns/s2")
+
+	// Outside every pool (and a buggy address of an avoiding pool): kept,
+	// reported without a pool, usable by its owner only.
+	if err := a.Restore(Request{Owner: "ns/o", Families: []Family{IPv6, IPv4}}, addrs("192.0.2.9", "2001:db8::1")); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := a.Assigned("ns/o"); got.Pool != "p" || got.IPs[0].String() != "2001:db8::1" || got.IPs[1].String() != "192.0.2.9" {
+		t.Fatalf("restored %v", got)
+	}
+	if err := a.Restore(v4("ns/q"), addrs("192.0.2.10")); err != nil {
+		t.Fatal(err)
+	}
+	mustAssign(t, a, withIPs(v4("ns/q"), "192.0.2.10"), "", "192.0.2.10")
+	mustFail(t, a, withIPs(v4("ns/r"), "192.0.2.10"), ReasonNotInPool, "kept by ns/q")
+	if err := a.Restore(v4("ns/bug"), addrs("10.0.1.255")); err != nil {
+		t.Fatal(err)
+	}
+	mustInUse(t, a, "b", 0, 0)
+	mustAssign(t, a, v4("ns/bug"), "", "10.0.1.255")
+
+	// A pool that covers a restored address accounts it.
+	if errs := a.SetPools([]Pool{
+		{Name: "p", Addresses: []string{"10.0.0.0/29", "2001:db8::/126"}, AutoAssign: true},
+		{Name: "doc", Addresses: []string{"192.0.2.0/24"}},
+	}); errs != nil {
+		t.Fatal(errs)
+	}
+	mustInUse(t, a, "doc", 2, 0)
+	mustAssign(t, a, withIPs(v4("ns/q"), "192.0.2.10"), "doc", "192.0.2.10")
+
+	// Restore replaces what the owner held; an empty list releases it.
+	if err := a.Restore(v4("ns/a"), addrs("10.0.0.5")); err != nil {
+		t.Fatal(err)
+	}
+	mustHolders(t, a, "10.0.0.0")
+	if err := a.Restore(v4("ns/a"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Assigned("ns/a"); ok {
+		t.Fatal("empty restore kept the owner")
+	}
+	checkErr(t, a.Restore(v4("ns/x"), addrs("10.0.0.6", "10.0.0.7")), ReasonInvalid, "two IPv4 addresses")
+	checkOK(t, a)
+}
