@@ -1,0 +1,138 @@
+package controller
+
+import (
+	"context"
+	"net/netip"
+
+	v1 "k8s.io/api/core/v1"
+	cloudprovider "k8s.io/cloud-provider"
+	"k8s.io/klog/v2"
+
+	"github.com/vipcast/vipcast/ipam"
+)
+
+var _ cloudprovider.LoadBalancer = (*Provider)(nil)
+
+// GetLoadBalancer reports the Service's VIPs. A Service whose status still
+// lists addresses also "exists", so the service controller cleans it up.
+func (p *Provider) GetLoadBalancer(ctx context.Context, _ string, svc *v1.Service) (*v1.LoadBalancerStatus, bool, error) {
+	if err := p.waitReady(ctx); err != nil {
+		return nil, false, err
+	}
+	if a, ok := p.alloc.Assigned(Owner(svc)); ok && len(a.IPs) > 0 {
+		return lbStatus(a.IPs), true, nil
+	}
+	if len(svc.Status.LoadBalancer.Ingress) > 0 {
+		return svc.Status.LoadBalancer.DeepCopy(), true, nil
+	}
+	return nil, false, nil
+}
+
+// GetLoadBalancerName returns the cloud-provider's default name for the
+// Service's load balancer; vipcast keys its state by namespace/name.
+func (p *Provider) GetLoadBalancerName(_ context.Context, _ string, svc *v1.Service) string {
+	return cloudprovider.DefaultLoadBalancerName(svc)
+}
+
+// EnsureLoadBalancer allocates the Service's VIPs, or keeps the ones it has,
+// and returns them with ipMode Proxy. When vipcast chose the pool, it records
+// it in the vipcast.io/pool annotation, in the background (poolAnnotator). Errors name their cause; the service
+// controller turns them into a SyncLoadBalancerFailed Event and retries.
+func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Service, _ []*v1.Node) (*v1.LoadBalancerStatus, error) {
+	if err := p.waitReady(ctx); err != nil {
+		return nil, err
+	}
+	logger := klog.FromContext(ctx).WithValues("service", klog.KObj(svc))
+	req, err := RequestFor(svc, p.namespaceLabels(svc.Namespace))
+	if err != nil {
+		p.metrics.errors.WithLabelValues(string(ipam.ReasonOf(err))).Inc()
+		return nil, err
+	}
+	before, _ := p.alloc.Assigned(req.Owner)
+	a, err := p.alloc.Assign(req)
+	if err != nil {
+		p.metrics.errors.WithLabelValues(string(ipam.ReasonOf(err))).Inc()
+		return nil, err
+	}
+	if added := newIPs(before.IPs, a.IPs); len(added) > 0 {
+		// New Services are arriving: annotations wait until they stop.
+		p.annotator.busy()
+		for _, ip := range added {
+			p.metrics.allocations.WithLabelValues(a.Pool, familyOf(ip).String()).Inc()
+		}
+		for _, ip := range newIPs(a.IPs, before.IPs) {
+			p.metrics.releases.WithLabelValues(familyOf(ip).String()).Inc()
+		}
+		logger.V(2).Info("Allocated VIPs", "pool", a.Pool, "ips", a.IPs, "previous", before.IPs)
+		p.pools.markStatusDirty()
+	}
+	if req.Pool == "" && a.Pool != "" && svc.Annotations[AnnotationPool] != a.Pool {
+		p.annotator.record(req.Owner, a.Pool)
+	}
+	return lbStatus(a.IPs), nil
+}
+
+// UpdateLoadBalancer has nothing to do: the node set matters to the speakers
+// (which announce from eligible nodes), not to VIP allocation.
+func (p *Provider) UpdateLoadBalancer(context.Context, string, *v1.Service, []*v1.Node) error {
+	return nil
+}
+
+// EnsureLoadBalancerDeleted releases the Service's VIPs.
+func (p *Provider) EnsureLoadBalancerDeleted(ctx context.Context, _ string, svc *v1.Service) error {
+	if err := p.waitReady(ctx); err != nil {
+		return err
+	}
+	p.release(svc)
+	return nil
+}
+
+func (p *Provider) release(svc *v1.Service) {
+	a, ok := p.alloc.Assigned(Owner(svc))
+	if !ok {
+		return
+	}
+	p.alloc.Release(Owner(svc))
+	for _, ip := range a.IPs {
+		p.metrics.releases.WithLabelValues(familyOf(ip).String()).Inc()
+	}
+	p.pools.markStatusDirty()
+}
+
+// namespaceLabels returns the labels of a namespace, or nil if unknown.
+func (p *Provider) namespaceLabels(name string) map[string]string {
+	ns, err := p.nsLister.Get(name)
+	if err != nil {
+		return nil
+	}
+	return ns.Labels
+}
+
+// lbStatus builds the status the service controller publishes. ipMode Proxy
+// tells kube-proxy to leave VIP traffic to vipcast's dataplane.
+func lbStatus(ips []netip.Addr) *v1.LoadBalancerStatus {
+	st := &v1.LoadBalancerStatus{}
+	for _, ip := range ips {
+		mode := v1.LoadBalancerIPModeProxy
+		st.Ingress = append(st.Ingress, v1.LoadBalancerIngress{IP: ip.String(), IPMode: &mode})
+	}
+	return st
+}
+
+// newIPs returns the addresses in b that are not in a.
+func newIPs(a, b []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, ip := range b {
+		found := false
+		for _, x := range a {
+			if x == ip {
+				found = true
+				break
+			}
+		}
+		if !found {
+			out = append(out, ip)
+		}
+	}
+	return out
+}

@@ -1,0 +1,79 @@
+package controller
+
+import (
+	"fmt"
+	"math/big"
+
+	"k8s.io/component-base/metrics"
+
+	"github.com/vipcast/vipcast/ipam"
+)
+
+// providerMetrics are the CCM's Prometheus metrics, served on its /metrics
+// endpoint next to the cloud-provider app's own.
+type providerMetrics struct {
+	poolCapacity *metrics.GaugeVec
+	poolInUse    *metrics.GaugeVec
+	allocations  *metrics.CounterVec
+	releases     *metrics.CounterVec
+	errors       *metrics.CounterVec
+}
+
+func newProviderMetrics() *providerMetrics {
+	const ns, sub = "vipcast", "ipam"
+	return &providerMetrics{
+		poolCapacity: metrics.NewGaugeVec(&metrics.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "pool_capacity_addresses",
+			Help:           "Addresses an IPPool can hand out, by address family (avoided .0/.255 addresses excluded).",
+			StabilityLevel: metrics.ALPHA,
+		}, []string{"pool", "family"}),
+		poolInUse: metrics.NewGaugeVec(&metrics.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "pool_in_use_addresses",
+			Help:           "Addresses of an IPPool held by Services, by address family.",
+			StabilityLevel: metrics.ALPHA,
+		}, []string{"pool", "family"}),
+		allocations: metrics.NewCounterVec(&metrics.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "allocations_total",
+			Help:           "VIPs handed to Services, by pool and address family.",
+			StabilityLevel: metrics.ALPHA,
+		}, []string{"pool", "family"}),
+		releases: metrics.NewCounterVec(&metrics.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "releases_total",
+			Help:           "VIPs released by Services, by address family.",
+			StabilityLevel: metrics.ALPHA,
+		}, []string{"family"}),
+		errors: metrics.NewCounterVec(&metrics.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "allocation_errors_total",
+			Help:           "Failed VIP allocations, by reason (UnknownPool, NotInPool, IPInUse, PortClash, PoolExhausted, NoEligiblePool, InvalidRequest).",
+			StabilityLevel: metrics.ALPHA,
+		}, []string{"reason"}),
+	}
+}
+
+// register adds every metric with reg (legacyregistry.Register in the binary).
+func (m *providerMetrics) register(reg func(metrics.Registerable) error) error {
+	for _, c := range []metrics.Registerable{m.poolCapacity, m.poolInUse, m.allocations, m.releases, m.errors} {
+		if err := reg(c); err != nil {
+			return fmt.Errorf("registering metric: %w", err)
+		}
+	}
+	return nil
+}
+
+func (m *providerMetrics) setPoolStats(pool string, st ipam.PoolStats) {
+	for fam, fs := range map[ipam.Family]ipam.FamilyStats{ipam.IPv4: st.IPv4, ipam.IPv6: st.IPv6} {
+		capacity := 0.0
+		if fs.Capacity != nil {
+			capacity, _ = new(big.Float).SetInt(fs.Capacity).Float64()
+		}
+		m.poolCapacity.WithLabelValues(pool, fam.String()).Set(capacity)
+		m.poolInUse.WithLabelValues(pool, fam.String()).Set(float64(fs.InUse))
+	}
+}
+
+func (m *providerMetrics) deletePool(pool string) {
+	for _, fam := range []ipam.Family{ipam.IPv4, ipam.IPv6} {
+		m.poolCapacity.DeleteLabelValues(pool, fam.String())
+		m.poolInUse.DeleteLabelValues(pool, fam.String())
+	}
+}

@@ -1,0 +1,314 @@
+// Package controller is vipcast's cloud provider for the Kubernetes
+// cloud-controller-manager: LoadBalancer allocates VIPs from IPPools and
+// returns them (ipMode Proxy) for the service controller to publish;
+// InstancesV2 initializes nodes. The allocation logic lives in ipam; this
+// package feeds it Services and IPPools and writes results back.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"sort"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	cloudprovider "k8s.io/cloud-provider"
+	"k8s.io/component-base/metrics"
+	"k8s.io/klog/v2"
+
+	"github.com/vipcast/vipcast/ipam"
+)
+
+// ProviderName is the cloud provider name vipcast registers
+// (--cloud-provider=vipcast, the binary's default).
+const ProviderName = "vipcast"
+
+// clientName is the user agent and client name of the provider's own client.
+const clientName = "vipcast-ccm"
+
+// errNotReady is returned while the allocator is being rebuilt.
+var errNotReady = errors.New("vipcast: allocator is still being rebuilt from Service status; will retry")
+
+// Provider implements cloudprovider.Interface.
+type Provider struct {
+	alloc   *ipam.Allocator
+	metrics *providerMetrics
+
+	// ready is closed once pools are loaded and every Service's status has
+	// been restored into the allocator: no allocation happens before.
+	ready chan struct{}
+
+	// ctx lives as long as the leader term (Initialize's stop channel).
+	ctx        context.Context
+	client     kubernetes.Interface
+	dynFactory dynamicinformer.DynamicSharedInformerFactory
+	services   corelisters.ServiceLister
+	nsLister   corelisters.NamespaceLister
+	pools      *poolController
+	annotator  *poolAnnotator
+}
+
+var (
+	_ cloudprovider.Interface    = (*Provider)(nil)
+	_ cloudprovider.InformerUser = (*Provider)(nil)
+)
+
+// Register registers the vipcast provider with the cloud-provider package
+// under ProviderName; its metrics go to reg (legacyregistry.Register in the
+// binary, so they are served on the CCM's /metrics).
+func Register(reg func(metrics.Registerable) error) {
+	cloudprovider.RegisterCloudProvider(ProviderName, func(io.Reader) (cloudprovider.Interface, error) {
+		return New(reg)
+	})
+}
+
+// New returns an uninitialized provider; the cloud-controller-manager calls
+// Initialize once it holds the leader lease.
+func New(reg func(metrics.Registerable) error) (*Provider, error) {
+	p := &Provider{
+		alloc:   ipam.New(),
+		metrics: newProviderMetrics(),
+		ready:   make(chan struct{}),
+	}
+	if err := p.metrics.register(reg); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Initialize builds the provider's clients and its IPPool informer. The
+// cloud-controller-manager calls it after winning leader election, then
+// hands over its shared informers with SetInformers, which starts the
+// rebuild; so each new leader rebuilds from the API server.
+func (p *Provider) Initialize(builder cloudprovider.ControllerClientBuilder, stop <-chan struct{}) {
+	p.ctx = wait.ContextForChannel(stop)
+	if err := p.initClients(builder); err != nil {
+		// Without clients nothing can be allocated: EnsureLoadBalancer keeps
+		// failing with errNotReady, which the service controller reports.
+		klog.FromContext(p.ctx).WithName(clientName).Error(err, "Could not initialize the vipcast provider")
+	}
+}
+
+func (p *Provider) initClients(builder cloudprovider.ControllerClientBuilder) error {
+	cfg, err := builder.Config(clientName)
+	if err != nil {
+		return fmt.Errorf("client config: %w", err)
+	}
+	if p.client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	p.dynFactory = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
+	p.pools, err = newPoolController(p.alloc, p.metrics, dyn, p.client, p.dynFactory)
+	return err
+}
+
+// SetInformers takes the cloud-controller-manager's shared informer factory
+// (the service controller's Service informer is then also the provider's:
+// one watch, one cache) and starts the rebuild: once Services, Namespaces
+// and IPPools are synced, pools are loaded and every Service's status is
+// restored into the allocator before the first allocation.
+func (p *Provider) SetInformers(factory informers.SharedInformerFactory) {
+	if p.pools == nil {
+		return // Initialize failed; already logged
+	}
+	ctx := p.ctx
+	logger := klog.FromContext(ctx).WithName(clientName)
+	svcInformer := factory.Core().V1().Services()
+	nsInformer := factory.Core().V1().Namespaces()
+	p.services, p.nsLister = svcInformer.Lister(), nsInformer.Lister()
+	p.annotator = newPoolAnnotator(p.client, p.services)
+	if _, err := svcInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, cur any) { p.observeForeign(ctx, cur) },
+		DeleteFunc: p.forgetDeleted,
+	}); err != nil {
+		logger.Error(err, "Could not watch Services")
+		return
+	}
+	p.dynFactory.Start(ctx.Done())
+	go func() {
+		// The app starts the shared factory after all controllers are set up.
+		if !cache.WaitForNamedCacheSync(clientName, ctx.Done(),
+			svcInformer.Informer().HasSynced, nsInformer.Informer().HasSynced, p.pools.hasSynced) {
+			return
+		}
+		p.pools.syncPools(ctx)
+		restored, conflicts := p.restore(ctx)
+		close(p.ready)
+		logger.Info("Allocator rebuilt from Service status", "services", restored, "conflicts", conflicts)
+		p.pools.markStatusDirty()
+		go p.annotator.run(ctx)
+		p.pools.run(ctx)
+	}()
+}
+
+// restore records every VIP found in a Service's status in the allocator,
+// oldest Service first, so a VIP already published is never handed to
+// another Service. It returns how many Services were restored and how many
+// conflicted with an older holder.
+func (p *Provider) restore(ctx context.Context) (restored, conflicts int) {
+	logger := klog.FromContext(ctx).WithName(clientName)
+	svcs, err := p.services.List(labels.Everything())
+	if err != nil {
+		logger.Error(err, "Listing Services for restore")
+		return 0, 0
+	}
+	sort.Slice(svcs, func(i, j int) bool {
+		ti, tj := svcs[i].CreationTimestamp, svcs[j].CreationTimestamp
+		if !ti.Equal(&tj) {
+			return ti.Before(&tj)
+		}
+		return Owner(svcs[i]) < Owner(svcs[j])
+	})
+	for _, svc := range svcs {
+		ips := statusIPs(svc)
+		if len(ips) == 0 {
+			continue
+		}
+		if err := p.alloc.Restore(restoreRequest(svc), ips); err != nil {
+			conflicts++
+			logger.Error(err, "VIP in Service status conflicts with an older Service; this Service will get a new VIP", "service", klog.KObj(svc), "ips", ips)
+			continue
+		}
+		restored++
+	}
+	return restored, conflicts
+}
+
+// observeForeign reserves VIPs that another load-balancer implementation
+// (a Service with a loadBalancerClass) publishes, so vipcast never hands
+// them out too.
+func (p *Provider) observeForeign(ctx context.Context, obj any) {
+	svc, ok := obj.(*v1.Service)
+	if !ok || svc.Spec.LoadBalancerClass == nil || !p.isReady() {
+		return
+	}
+	ips := statusIPs(svc)
+	if len(ips) == 0 {
+		return
+	}
+	if a, held := p.alloc.Assigned(Owner(svc)); held && sameIPs(a.IPs, ips) {
+		return
+	}
+	p.alloc.Release(Owner(svc))
+	if err := p.alloc.Restore(restoreRequest(svc), ips); err != nil {
+		klog.FromContext(ctx).Error(err, "Service of another loadBalancerClass publishes a VIP vipcast already gave out", "service", klog.KObj(svc))
+	}
+}
+
+// forgetDeleted releases what a deleted Service held when the service
+// controller will not (Services of another class, or without our finalizer).
+func (p *Provider) forgetDeleted(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	svc, ok := obj.(*v1.Service)
+	if !ok || !p.isReady() {
+		return
+	}
+	if svc.Spec.LoadBalancerClass != nil || svc.Spec.Type != v1.ServiceTypeLoadBalancer {
+		p.release(svc)
+	}
+}
+
+func (p *Provider) isReady() bool {
+	select {
+	case <-p.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitReady blocks until the allocator is rebuilt or ctx ends.
+func (p *Provider) waitReady(ctx context.Context) error {
+	select {
+	case <-p.ready:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", errNotReady, ctx.Err())
+	}
+}
+
+// LoadBalancer returns the VIP allocator.
+func (p *Provider) LoadBalancer() (cloudprovider.LoadBalancer, bool) { return p, true }
+
+// Instances is not implemented: InstancesV2 is.
+func (p *Provider) Instances() (cloudprovider.Instances, bool) { return nil, false }
+
+// InstancesV2 initializes nodes (provider ID, addresses, zone and region).
+func (p *Provider) InstancesV2() (cloudprovider.InstancesV2, bool) { return instances{}, true }
+
+// Zones is not implemented: InstancesV2 reports zones.
+func (p *Provider) Zones() (cloudprovider.Zones, bool) { return nil, false }
+
+// Clusters is not implemented.
+func (p *Provider) Clusters() (cloudprovider.Clusters, bool) { return nil, false }
+
+// Routes is not implemented: pod routing is the CNI's job.
+func (p *Provider) Routes() (cloudprovider.Routes, bool) { return nil, false }
+
+// ProviderName returns "vipcast".
+func (p *Provider) ProviderName() string { return ProviderName }
+
+// HasClusterID reports true: VIPs are not tagged per cluster.
+func (p *Provider) HasClusterID() bool { return true }
+
+// statusIPs returns the IP addresses in a Service's load-balancer status.
+func statusIPs(svc *v1.Service) []netip.Addr {
+	var ips []netip.Addr
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		if ip, err := netip.ParseAddr(ing.IP); err == nil {
+			ips = append(ips, ip.Unmap())
+		}
+	}
+	return ips
+}
+
+func sameIPs(a, b []netip.Addr) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	seen := map[netip.Addr]int{}
+	for _, ip := range a {
+		seen[ip]++
+	}
+	for _, ip := range b {
+		seen[ip]--
+	}
+	for _, n := range seen {
+		if n != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// restoreRequest describes a Service for Restore without validating its
+// annotations: a malformed annotation must not cost a Service its VIP.
+func restoreRequest(svc *v1.Service) ipam.Request {
+	req, err := RequestFor(svc, nil)
+	if err == nil {
+		return req
+	}
+	req = ipam.Request{Owner: Owner(svc), Namespace: svc.Namespace,
+		LocalTrafficPolicy: svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal}
+	for _, port := range svc.Spec.Ports {
+		req.Ports = append(req.Ports, ipam.Port{Protocol: string(port.Protocol), Port: port.Port})
+	}
+	req.SharingKey = svc.Annotations[AnnotationSharingKey]
+	return req
+}

@@ -1,0 +1,183 @@
+package controller
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/vipcast/vipcast/ipam"
+)
+
+// Service annotations read (and, for AnnotationPool, written) by vipcast.
+const (
+	// AnnotationPool names the IPPool to allocate from. The CCM writes it
+	// with the pool it chose when the Service did not ask for one.
+	AnnotationPool = "vipcast.io/pool"
+	// AnnotationIPs requests specific VIPs: a comma-separated list with at
+	// most one IPv4 and one IPv6 address.
+	AnnotationIPs = "vipcast.io/ips"
+	// AnnotationSharingKey lets Services with the same key share a VIP when
+	// their ports do not clash.
+	AnnotationSharingKey = "vipcast.io/sharing-key"
+)
+
+// maxSharingKeyLen bounds the sharing key; it is compared, never parsed.
+const maxSharingKeyLen = 253
+
+// Owner returns the allocator owner key of a Service: "namespace/name".
+func Owner(svc *v1.Service) string {
+	return svc.Namespace + "/" + svc.Name
+}
+
+// RequestFor translates a Service into an allocation request. nsLabels are
+// the labels of the Service's namespace (nil if unknown). Every error names
+// the field at fault and how to fix it.
+func RequestFor(svc *v1.Service, nsLabels map[string]string) (ipam.Request, error) {
+	req := ipam.Request{
+		Owner:              Owner(svc),
+		Namespace:          svc.Namespace,
+		NamespaceLabels:    nsLabels,
+		ServiceLabels:      svc.Labels,
+		LocalTrafficPolicy: svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
+	}
+	if len(svc.Spec.Selector) > 0 {
+		req.PodSelector = labels.SelectorFromSet(svc.Spec.Selector).String()
+	}
+
+	if pool, ok := svc.Annotations[AnnotationPool]; ok {
+		pool = strings.TrimSpace(pool)
+		if errs := validation.IsDNS1123Subdomain(pool); len(errs) > 0 {
+			return req, invalid("annotation %s %q is not a valid IPPool name (%s); set it to the name of an existing IPPool or remove it",
+				AnnotationPool, pool, strings.Join(errs, "; "))
+		}
+		req.Pool = pool
+	}
+
+	if key, ok := svc.Annotations[AnnotationSharingKey]; ok {
+		key = strings.TrimSpace(key)
+		if key == "" || len(key) > maxSharingKeyLen {
+			return req, invalid("annotation %s must be a non-empty string of at most %d characters; set the same key on every Service that should share a VIP, or remove it",
+				AnnotationSharingKey, maxSharingKeyLen)
+		}
+		req.SharingKey = key
+	}
+
+	for _, p := range svc.Spec.Ports {
+		proto := p.Protocol
+		if proto == "" {
+			proto = v1.ProtocolTCP
+		}
+		req.Ports = append(req.Ports, ipam.Port{Protocol: string(proto), Port: p.Port})
+	}
+
+	ips, err := requestedIPs(svc)
+	if err != nil {
+		return req, err
+	}
+	req.IPs = ips
+
+	req.Families, req.RequireAllFamilies = families(svc)
+	for _, ip := range ips {
+		if !containsFamily(req.Families, familyOf(ip)) && len(svc.Spec.IPFamilies) > 0 {
+			return req, invalid("requested VIP %s is %s but the Service's spec.ipFamilies is %v; request an address of the Service's family or change spec.ipFamilyPolicy/ipFamilies",
+				ip, familyOf(ip), svc.Spec.IPFamilies)
+		}
+	}
+	return req, nil
+}
+
+// requestedIPs merges the vipcast.io/ips annotation and the deprecated
+// spec.loadBalancerIP; asking both for different addresses is an error.
+func requestedIPs(svc *v1.Service) ([]netip.Addr, error) {
+	var fromAnn []netip.Addr
+	if raw, ok := svc.Annotations[AnnotationIPs]; ok {
+		seen := map[ipam.Family]netip.Addr{}
+		for _, field := range strings.Split(raw, ",") {
+			field = strings.TrimSpace(field)
+			ip, err := netip.ParseAddr(field)
+			if err != nil || ip.Zone() != "" {
+				return nil, invalid("annotation %s: %q is not an IP address; write a comma-separated list with at most one IPv4 and one IPv6 address, e.g. \"192.0.2.10,2001:db8::10\"",
+					AnnotationIPs, field)
+			}
+			ip = ip.Unmap()
+			if prev, dup := seen[familyOf(ip)]; dup {
+				return nil, invalid("annotation %s asks for two %s addresses (%s and %s); a Service gets at most one VIP per family, keep one",
+					AnnotationIPs, familyOf(ip), prev, ip)
+			}
+			seen[familyOf(ip)] = ip
+			fromAnn = append(fromAnn, ip)
+		}
+	}
+	lbIP := strings.TrimSpace(svc.Spec.LoadBalancerIP)
+	if lbIP == "" {
+		return fromAnn, nil
+	}
+	ip, err := netip.ParseAddr(lbIP)
+	if err != nil || ip.Zone() != "" {
+		return nil, invalid("spec.loadBalancerIP %q is not an IP address; use annotation %s instead (spec.loadBalancerIP is deprecated)", lbIP, AnnotationIPs)
+	}
+	ip = ip.Unmap()
+	if len(fromAnn) == 0 {
+		return []netip.Addr{ip}, nil
+	}
+	for _, a := range fromAnn {
+		if a == ip {
+			return fromAnn, nil
+		}
+	}
+	return nil, invalid("spec.loadBalancerIP %s and annotation %s %q disagree; remove spec.loadBalancerIP (deprecated) or make it one of the annotation's addresses",
+		ip, AnnotationIPs, svc.Annotations[AnnotationIPs])
+}
+
+// families returns the address families a Service wants, in order, and
+// whether all of them are required (RequireDualStack).
+func families(svc *v1.Service) ([]ipam.Family, bool) {
+	var fams []ipam.Family
+	for _, f := range svc.Spec.IPFamilies {
+		switch f {
+		case v1.IPv4Protocol:
+			fams = append(fams, ipam.IPv4)
+		case v1.IPv6Protocol:
+			fams = append(fams, ipam.IPv6)
+		}
+	}
+	if len(fams) == 0 {
+		fams = []ipam.Family{ipam.IPv4}
+	}
+	policy := v1.IPFamilyPolicySingleStack
+	if svc.Spec.IPFamilyPolicy != nil {
+		policy = *svc.Spec.IPFamilyPolicy
+	}
+	switch policy {
+	case v1.IPFamilyPolicyRequireDualStack:
+		return fams, true
+	case v1.IPFamilyPolicyPreferDualStack:
+		return fams, false
+	default:
+		return fams[:1], false
+	}
+}
+
+func familyOf(ip netip.Addr) ipam.Family {
+	if ip.Is4() {
+		return ipam.IPv4
+	}
+	return ipam.IPv6
+}
+
+func containsFamily(fams []ipam.Family, f ipam.Family) bool {
+	for _, x := range fams {
+		if x == f {
+			return true
+		}
+	}
+	return false
+}
+
+func invalid(format string, args ...any) error {
+	return &ipam.Error{Reason: ipam.ReasonInvalid, Msg: fmt.Sprintf(format, args...)}
+}
