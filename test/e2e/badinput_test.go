@@ -1,0 +1,234 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/vipcast/vipcast/controller"
+)
+
+const badInputPools = `
+apiVersion: vipcast.io/v1alpha1
+kind: IPPool
+metadata: {name: main}
+spec:
+  addresses: ["10.60.0.0/28"]
+---
+apiVersion: vipcast.io/v1alpha1
+kind: IPPool
+metadata: {name: tiny}
+spec:
+  addresses: ["10.61.0.1/32"]
+  autoAssign: false
+---
+apiVersion: vipcast.io/v1alpha1
+kind: IPPool
+metadata: {name: ns-only}
+spec:
+  addresses: ["10.62.0.0/28"]
+  autoAssign: false
+  allocation: {namespaces: ["elsewhere"]}
+`
+
+// waitEvent waits for a SyncLoadBalancerFailed Event on the Service whose
+// message contains every one of want.
+func (e *env) waitEvent(ns, name string, want ...string) {
+	e.t.Helper()
+	var seen []string
+	e.eventually(60*time.Second, fmt.Sprintf("an Event on %s/%s mentioning %q", ns, name, want), func() (bool, error) {
+		evs, err := e.cp.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
+			FieldSelector: "involvedObject.name=" + name,
+		})
+		if err != nil {
+			return false, err
+		}
+		seen = seen[:0]
+		for _, ev := range evs.Items {
+			seen = append(seen, ev.Reason+": "+ev.Message)
+			if ev.Reason != "SyncLoadBalancerFailed" || ev.Type != v1.EventTypeWarning {
+				continue
+			}
+			ok := true
+			for _, w := range want {
+				ok = ok && strings.Contains(ev.Message, w)
+			}
+			if ok {
+				e.t.Logf("%s/%s: %s", ns, name, ev.Message)
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("events so far: %q", seen)
+	})
+}
+
+// TestBadInput: every kind of bad request yields an Event naming the cause
+// and a retry, and leaves every other Service's VIP alone.
+func TestBadInput(t *testing.T) {
+	e := newEnv(t)
+	for _, doc := range splitYAML(badInputPools) {
+		e.mustApplyPool(doc)
+	}
+	e.startCCM("a")
+	e.namespace("bad", nil)
+
+	// Good Services first; their VIPs must survive everything below.
+	e.createService(lbService("bad", "g1"))
+	e.createService(lbService("bad", "g2", withAnnotation(controller.AnnotationIPs, "10.60.0.5")))
+	e.createService(lbService("bad", "g3", withAnnotation(controller.AnnotationIPs, "10.60.0.6"),
+		withAnnotation(controller.AnnotationSharingKey, "s")))
+	e.createService(lbService("bad", "tiny1", withAnnotation(controller.AnnotationPool, "tiny")))
+	e.waitAllAllocated(30*time.Second, "bad", func(*v1.Service) int { return 1 })
+	good := e.snapshot("bad")
+
+	lbIPConflict := lbService("bad", "lbip-conflict", withAnnotation(controller.AnnotationIPs, "10.60.0.9"))
+	lbIPConflict.Spec.LoadBalancerIP = "10.60.0.10"
+	cases := []struct {
+		svc  *v1.Service
+		want []string // substrings of the Event message
+	}{
+		{lbService("bad", "unknown-pool", withAnnotation(controller.AnnotationPool, "nope")), []string{"nope"}},
+		{lbService("bad", "outside", withAnnotation(controller.AnnotationIPs, "192.0.2.77")), []string{"192.0.2.77"}},
+		{lbService("bad", "taken", withAnnotation(controller.AnnotationIPs, "10.60.0.5")), []string{"10.60.0.5", "bad/g2"}},
+		{lbService("bad", "port-clash", withAnnotation(controller.AnnotationIPs, "10.60.0.6"),
+			withAnnotation(controller.AnnotationSharingKey, "s")), []string{"bad/g3"}},
+		{lbService("bad", "tiny2", withAnnotation(controller.AnnotationPool, "tiny")), []string{"tiny"}},
+		{lbService("bad", "bad-ips", withAnnotation(controller.AnnotationIPs, "10.0.0.300")), []string{controller.AnnotationIPs, "10.0.0.300"}},
+		{lbService("bad", "bad-pool-name", withAnnotation(controller.AnnotationPool, "Bad_Pool!")), []string{controller.AnnotationPool}},
+		{lbService("bad", "two-v4", withAnnotation(controller.AnnotationIPs, "10.60.0.11,10.60.0.12")), []string{controller.AnnotationIPs, "at most one VIP per family"}},
+		{lbIPConflict, []string{"spec.loadBalancerIP", controller.AnnotationIPs}},
+		{lbService("bad", "wrong-ns", withAnnotation(controller.AnnotationPool, "ns-only")), []string{"ns-only"}},
+	}
+	for _, c := range cases {
+		e.createService(c.svc)
+	}
+	for _, c := range cases {
+		e.waitEvent("bad", c.svc.Name, c.want...)
+	}
+	now := e.listServices("bad")
+	checkUnchanged(t, good, now)
+	for _, c := range cases {
+		if ing := now["bad/"+c.svc.Name].Status.LoadBalancer.Ingress; len(ing) != 0 {
+			t.Errorf("bad/%s got %v despite its bad input", c.svc.Name, ing)
+		}
+	}
+	checkNoDoubleHolders(t, now)
+
+	// The error is retried: once g2 is gone, "taken" gets the address.
+	if err := e.cp.Client.CoreV1().Services("bad").Delete(context.Background(), "g2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually(90*time.Second, "bad/taken to get 10.60.0.5 after g2 released it", func() (bool, error) {
+		s, err := e.cp.Client.CoreV1().Services("bad").Get(context.Background(), "taken", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		ips := ingressIPs(t, s)
+		return len(ips) == 1 && ips[0].String() == "10.60.0.5", nil
+	})
+}
+
+// TestPoolValidation: the API server rejects malformed IPPools and BGPPeers
+// with a message naming the field; an overlapping pool (which only the CCM
+// can see) is reported Ready=False and takes nothing from the older pool.
+func TestPoolValidation(t *testing.T) {
+	e := newEnv(t)
+	// The samples of api/v1alpha1/testdata: every invalid one must be
+	// rejected by the real API server with its field and message, every
+	// valid one accepted.
+	files, _ := filepath.Glob("../../api/v1alpha1/testdata/*.yaml")
+	if len(files) == 0 {
+		t.Fatal("no samples in api/v1alpha1/testdata")
+	}
+	rejected, accepted := 0, 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		valid := strings.HasSuffix(f, "-valid.yaml")
+		for _, doc := range splitYAML(string(data)) {
+			obj := mustUnstructured(t, doc)
+			if obj.Object == nil {
+				continue
+			}
+			res := controller.IPPoolResource
+			if obj.GetKind() == "BGPPeer" {
+				res = bgpPeerResource
+			}
+			_, err := e.cp.Dynamic.Resource(res).Create(context.Background(), obj, metav1.CreateOptions{})
+			ann := obj.GetAnnotations()
+			switch {
+			case valid && err != nil:
+				t.Errorf("%s %s was rejected: %v", obj.GetKind(), obj.GetName(), err)
+			case valid:
+				accepted++
+			case err == nil:
+				t.Errorf("%s %s was accepted, want rejection at %s", obj.GetKind(), obj.GetName(), ann["test.vipcast.io/expect-field"])
+			default:
+				rejected++
+				for _, w := range []string{ann["test.vipcast.io/expect-field"], ann["test.vipcast.io/expect-error"]} {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("%s %s: rejection does not mention %q: %v", obj.GetKind(), obj.GetName(), w, err)
+					}
+				}
+			}
+		}
+	}
+	t.Logf("API server rejected %d malformed samples and accepted %d valid ones", rejected, accepted)
+	// Clear the valid samples so they cannot overlap the pools below.
+	for _, res := range []schema.GroupVersionResource{controller.IPPoolResource, bgpPeerResource} {
+		if err := e.cp.Dynamic.Resource(res).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Overlap: both are valid objects, the newer one is rejected by the CCM.
+	e.mustApplyPool("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: older}\nspec: {addresses: [10.70.0.0/24]}\n")
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have one-second resolution
+	e.mustApplyPool("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: newer}\nspec: {addresses: [10.70.0.128/25]}\n")
+	e.startCCM("a")
+	e.namespace("ov", nil)
+	e.createService(lbService("ov", "s", withAnnotation(controller.AnnotationIPs, "10.70.0.200")))
+	e.eventually(30*time.Second, "IPPool newer to be Ready=False naming the older pool", func() (bool, error) {
+		ready, reason, msg := e.poolReady("newer")
+		return ready == "False" && strings.Contains(msg, "older"), fmt.Errorf("Ready=%s reason=%s message=%q", ready, reason, msg)
+	})
+	e.eventually(30*time.Second, "IPPool older to be Ready=True", func() (bool, error) {
+		ready, _, _ := e.poolReady("older")
+		return ready == "True", nil
+	})
+	e.waitAllAllocated(30*time.Second, "ov", func(*v1.Service) int { return 1 })
+	e.eventually(30*time.Second, "ov/s to be annotated with pool older", func() (bool, error) {
+		s, err := e.cp.Client.CoreV1().Services("ov").Get(context.Background(), "s", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		ann := s.Annotations[controller.AnnotationPool]
+		return ann == "older", fmt.Errorf("annotation %q", ann)
+	})
+}
+
+func (e *env) poolReady(name string) (status, reason, message string) {
+	u, err := e.cp.Dynamic.Resource(controller.IPPoolResource).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return "", "", err.Error()
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		if m["type"] == "Ready" {
+			return fmt.Sprint(m["status"]), fmt.Sprint(m["reason"]), fmt.Sprint(m["message"])
+		}
+	}
+	return "", "", "no Ready condition"
+}

@@ -1,0 +1,215 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+const benchServices = 1000
+
+// BenchmarkCCMAllocation measures, against the real API server, the time
+// until 1,000 Services created at once all have VIPs from vipcast-ccm (with
+// the binary's default flags), next to the floor measured on the same API
+// server in the same run: the same 1,000 Services created and their status
+// written directly with client-go from 8 workers. Run with -benchtime=1x
+// (make bench); it prints the figures and the ratio. VIPCAST_BENCH_CCM_FLAGS
+// adds flags to the CCM, to compare settings.
+func BenchmarkCCMAllocation(b *testing.B) {
+	for range b.N {
+		e := newEnv(b)
+		// A real cluster has nodes; without any, the service controller adds
+		// an UnAvailableLoadBalancer warning Event to every Service.
+		e.readyNodes("node-a", "node-b")
+		e.mustApplyPool("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: bench}\nspec: {addresses: [10.90.0.0/20]}\n")
+
+		// Warm the API server up (first requests pay for caches and
+		// connections) so the floor is not measured cold.
+		e.namespace("warm", nil)
+		e.runWorkers(200, 8, func(i int) error {
+			name := fmt.Sprintf("w-%04d", i)
+			if _, err := e.cp.Client.CoreV1().Services("warm").Create(context.Background(), lbService("warm", name), metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			return e.cp.Client.CoreV1().Services("warm").Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
+
+		// Floor: client-go writes what the CCM would write, 8 workers, timed
+		// by the same watch as the CCM run. Measured twice; the faster run
+		// is the floor, which makes the ratio conservative.
+		var floor, floorP50, floorP99 time.Duration
+		for round := range 2 {
+			ns := fmt.Sprintf("floor-%d", round)
+			d, p50, p99 := e.floorRun(b, ns)
+			if round == 0 || d < floor {
+				floor, floorP50, floorP99 = d, p50, p99
+			}
+		}
+
+		// vipcast-ccm with its defaults; wait until it leads and is idle.
+		c := e.startCCMWith("bench", strings.Fields(os.Getenv("VIPCAST_BENCH_CCM_FLAGS"))...)
+		e.eventually(30*time.Second, "the CCM to lead", func() (bool, error) { return c.isLeader(), nil })
+		e.namespace("ccm", nil)
+		e.createService(lbService("ccm", "warmup"))
+		e.waitAllAllocated(30*time.Second, "ccm", func(*v1.Service) int { return 1 })
+
+		w := e.watchAllocations("ccm", benchServices)
+		start := time.Now()
+		e.runWorkers(benchServices, 8, func(i int) error {
+			name := fmt.Sprintf("s-%04d", i)
+			w.created(name)
+			_, err := e.cp.Client.CoreV1().Services("ccm").Create(context.Background(), lbService("ccm", name), metav1.CreateOptions{})
+			return err
+		})
+		w.wait(b)
+		total := time.Since(start)
+		p50, p99 := w.percentiles()
+		ratio := total.Seconds() / floor.Seconds()
+		fmt.Printf("BENCH ccm-allocation: %d Services: vipcast-ccm %.2fs (p50 %s, p99 %s per Service); floor (create + status write, 8 workers) %.2fs (p50 %s, p99 %s); ratio %.2fx\n",
+			benchServices, total.Seconds(), p50.Round(time.Millisecond), p99.Round(time.Millisecond),
+			floor.Seconds(), floorP50.Round(time.Millisecond), floorP99.Round(time.Millisecond), ratio)
+		b.ReportMetric(total.Seconds(), "s-total")
+		b.ReportMetric(floor.Seconds(), "s-floor")
+		b.ReportMetric(ratio, "x-floor")
+		b.ReportMetric(float64(p50.Milliseconds()), "ms-p50")
+		b.ReportMetric(float64(p99.Milliseconds()), "ms-p99")
+	}
+}
+
+// runWorkers calls fn(0..n-1) from workers goroutines and fails on error.
+func (e *env) runWorkers(n, workers int, fn func(int) error) {
+	e.t.Helper()
+	next := make(chan int)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := fn(i); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		e.t.Fatal(err)
+	}
+}
+
+func lbStatusFor(ip string) *v1.LoadBalancerStatus {
+	mode := v1.LoadBalancerIPModeProxy
+	return &v1.LoadBalancerStatus{Ingress: []v1.LoadBalancerIngress{{IP: ip, IPMode: &mode}}}
+}
+
+// allocationWatch times, per Service, creation to first status with an
+// address, as seen through one watch on a namespace.
+type allocationWatch struct {
+	w         watch.Interface
+	want      int
+	mu        sync.Mutex
+	createdAt map[string]time.Time
+	seenAt    map[string]time.Time
+	done      chan struct{}
+}
+
+func (e *env) watchAllocations(ns string, want int) *allocationWatch {
+	e.t.Helper()
+	w, err := e.cp.Client.CoreV1().Services(ns).Watch(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	aw := &allocationWatch{w: w, want: want, createdAt: map[string]time.Time{}, seenAt: map[string]time.Time{}, done: make(chan struct{})}
+	go func() {
+		defer close(aw.done)
+		for ev := range w.ResultChan() {
+			s, ok := ev.Object.(*v1.Service)
+			if !ok || ev.Type == watch.Deleted || len(s.Status.LoadBalancer.Ingress) == 0 {
+				continue
+			}
+			aw.mu.Lock()
+			if _, counted := aw.createdAt[s.Name]; counted {
+				if _, seen := aw.seenAt[s.Name]; !seen {
+					aw.seenAt[s.Name] = time.Now()
+				}
+			}
+			n := len(aw.seenAt)
+			aw.mu.Unlock()
+			if n == want {
+				return
+			}
+		}
+	}()
+	return aw
+}
+
+func (aw *allocationWatch) created(name string) {
+	aw.mu.Lock()
+	aw.createdAt[name] = time.Now()
+	aw.mu.Unlock()
+}
+
+func (aw *allocationWatch) wait(b testing.TB) {
+	defer aw.w.Stop()
+	select {
+	case <-aw.done:
+	case <-time.After(5 * time.Minute):
+		aw.mu.Lock()
+		defer aw.mu.Unlock()
+		b.Fatalf("only %d of %d Services got VIPs within 5 minutes", len(aw.seenAt), aw.want)
+	}
+}
+
+func (aw *allocationWatch) percentiles() (p50, p99 time.Duration) {
+	aw.mu.Lock()
+	defer aw.mu.Unlock()
+	var lat []time.Duration
+	for name, at := range aw.seenAt {
+		lat = append(lat, at.Sub(aw.createdAt[name]))
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return lat[len(lat)/2], lat[len(lat)*99/100]
+}
+
+// floorRun creates benchServices Services in ns and writes their status
+// directly from 8 workers; it returns the time until the watch saw every
+// status and the per-Service p50/p99, then deletes the Services.
+func (e *env) floorRun(b testing.TB, ns string) (total, p50, p99 time.Duration) {
+	e.namespace(ns, nil)
+	w := e.watchAllocations(ns, benchServices)
+	start := time.Now()
+	e.runWorkers(benchServices, 8, func(i int) error {
+		s := lbService(ns, fmt.Sprintf("s-%04d", i))
+		w.created(s.Name)
+		created, err := e.cp.Client.CoreV1().Services(ns).Create(context.Background(), s, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		created.Status.LoadBalancer = *lbStatusFor(fmt.Sprintf("10.91.%d.%d", i/256, i%256))
+		_, err = e.cp.Client.CoreV1().Services(ns).UpdateStatus(context.Background(), created, metav1.UpdateOptions{})
+		return err
+	})
+	w.wait(b)
+	total = time.Since(start)
+	p50, p99 = w.percentiles()
+	e.runWorkers(benchServices, 8, func(i int) error {
+		return e.cp.Client.CoreV1().Services(ns).Delete(context.Background(), fmt.Sprintf("s-%04d", i), metav1.DeleteOptions{})
+	})
+	return total, p50, p99
+}

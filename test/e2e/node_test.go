@@ -1,0 +1,119 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	cloudproviderapi "k8s.io/cloud-provider/api"
+)
+
+// TestNodeInitialization: a Node registered with the external cloud
+// provider's uninitialized taint is initialized (provider ID, addresses from
+// kubelet's --node-ip annotation, topology labels kept) and the taint removed.
+func TestNodeInitialization(t *testing.T) {
+	e := newEnv(t)
+	e.startCCM("a")
+	node := &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        "node-a",
+			Labels:      map[string]string{v1.LabelTopologyZone: "rack-1", v1.LabelTopologyRegion: "dc-1"},
+			Annotations: map[string]string{cloudproviderapi.AnnotationAlphaProvidedIPAddr: "192.0.2.11"},
+		},
+		Spec: v1.NodeSpec{Taints: []v1.Taint{{
+			Key: cloudproviderapi.TaintExternalCloudProvider, Value: "true", Effect: v1.TaintEffectNoSchedule,
+		}}},
+	}
+	if _, err := e.cp.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *v1.Node
+	e.eventually(60*time.Second, "node-a to be initialized", func() (bool, error) {
+		var err error
+		got, err = e.cp.Client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, taint := range got.Spec.Taints {
+			if taint.Key == cloudproviderapi.TaintExternalCloudProvider {
+				return false, fmt.Errorf("taint still present")
+			}
+		}
+		return true, nil
+	})
+	if got.Spec.ProviderID != "vipcast://node-a" {
+		t.Errorf("providerID %q, want vipcast://node-a", got.Spec.ProviderID)
+	}
+	if got.Labels[v1.LabelTopologyZone] != "rack-1" || got.Labels[v1.LabelTopologyRegion] != "dc-1" {
+		t.Errorf("topology labels %v", got.Labels)
+	}
+	e.eventually(30*time.Second, "node-a's InternalIP from --node-ip", func() (bool, error) {
+		n, err := e.cp.Client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, a := range n.Status.Addresses {
+			if a.Type == v1.NodeInternalIP && a.Address == "192.0.2.11" {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("addresses %v", n.Status.Addresses)
+	})
+}
+
+// TestMetricsAndHealth: the CCM serves /healthz and, to an authorized
+// client, /metrics with the pool gauges and allocation counters.
+func TestMetricsAndHealth(t *testing.T) {
+	e := newEnv(t)
+	e.mustApplyPool("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: m}\nspec: {addresses: [10.80.0.0/28, '2001:db8:80::/64'], avoidBuggyIPs: true}\n")
+	c := e.startCCM("a")
+	e.namespace("m", nil)
+	e.createService(lbService("m", "s"))
+	e.createService(lbService("m", "bad", withAnnotation("vipcast.io/pool", "missing")))
+	e.waitEvent("m", "bad", "missing")
+
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the CCM's self-signed loopback certificate
+	}}
+	get := func(path string) (int, string, error) {
+		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", c.port, path), nil)
+		req.Header.Set("Authorization", "Bearer "+e.cp.Token)
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), err
+	}
+	e.eventually(30*time.Second, "/healthz ok", func() (bool, error) {
+		code, body, err := get("/healthz")
+		return err == nil && code == 200 && strings.TrimSpace(body) == "ok", err
+	})
+	want := []string{
+		`vipcast_ipam_pool_capacity_addresses{family="IPv4",pool="m"} 15`, // .0 avoided
+		`vipcast_ipam_pool_capacity_addresses{family="IPv6",pool="m"} 1.8446744073709552e+19`,
+		`vipcast_ipam_pool_in_use_addresses{family="IPv4",pool="m"} 1`,
+		`vipcast_ipam_allocations_total{family="IPv4",pool="m"} 1`,
+		`vipcast_ipam_allocation_errors_total{reason="UnknownPool"}`,
+	}
+	e.eventually(30*time.Second, "the vipcast metrics", func() (bool, error) {
+		code, body, err := get("/metrics")
+		if err != nil || code != 200 {
+			return false, fmt.Errorf("status %d: %v", code, err)
+		}
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				return false, fmt.Errorf("missing %q", w)
+			}
+		}
+		return true, nil
+	})
+}
