@@ -144,8 +144,8 @@ func TestNamespacesAndSelectors(t *testing.T) {
 	}
 	a := newAlloc(t,
 		Pool{Name: "ns-only", Addresses: []string{"10.0.1.0/30"}, AutoAssign: true, Namespaces: []string{"team-a", "team-b"}},
-		Pool{Name: "prod-only", Addresses: []string{"10.0.2.0/30"}, AutoAssign: true, Priority: 1, NamespaceSelector: prodSel},
-		Pool{Name: "web-only", Addresses: []string{"10.0.3.0/30"}, AutoAssign: true, Priority: 2, ServiceSelector: webSel},
+		Pool{Name: "prod-only", Addresses: []string{"10.0.2.0/30"}, AutoAssign: true, Priority: 1, NamespaceSelectors: []labels.Selector{prodSel}},
+		Pool{Name: "web-only", Addresses: []string{"10.0.3.0/30"}, AutoAssign: true, Priority: 2, ServiceSelectors: []labels.Selector{webSel}},
 		Pool{Name: "any", Addresses: []string{"10.0.4.0/30"}, AutoAssign: true, Priority: 3},
 	)
 	tests := []struct {
@@ -200,10 +200,8 @@ func TestSelectorLists(t *testing.T) {
 	a := newAlloc(t, Pool{
 		Name: "p", Addresses: []string{"10.0.0.0/24"}, AutoAssign: true,
 		Namespaces:         []string{"a"},
-		NamespaceSelector:  sel("env=prod"),
-		NamespaceSelectors: []labels.Selector{nil, sel("tier=gold")},
-		ServiceSelector:    sel("app=web"),
-		ServiceSelectors:   []labels.Selector{sel("app=api"), nil},
+		NamespaceSelectors: []labels.Selector{sel("env=prod"), nil, sel("tier=gold")},
+		ServiceSelectors:   []labels.Selector{sel("app=web"), sel("app=api"), nil},
 	})
 	web := map[string]string{"app": "web"}
 	tests := []struct {

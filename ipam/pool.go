@@ -16,8 +16,8 @@ type pool struct {
 	cfg     Pool
 	ranges  []*prange // in the order given
 	fams    [2]famState
-	nsSels  []labels.Selector // NamespaceSelector and NamespaceSelectors
-	svcSels []labels.Selector // ServiceSelector and ServiceSelectors
+	nsSels  []labels.Selector // NamespaceSelectors without nil entries
+	svcSels []labels.Selector // ServiceSelectors without nil entries
 }
 
 // famState is the per-family accounting of a pool.
@@ -41,8 +41,8 @@ func newPool(cfg Pool, rs []Range) *pool {
 	cfg.Namespaces = slices.Clone(cfg.Namespaces)
 	p := &pool{
 		cfg:     cfg,
-		nsSels:  selectors(cfg.NamespaceSelector, cfg.NamespaceSelectors),
-		svcSels: selectors(cfg.ServiceSelector, cfg.ServiceSelectors),
+		nsSels:  nonNil(cfg.NamespaceSelectors),
+		svcSels: nonNil(cfg.ServiceSelectors),
 	}
 	p.fams[0].capacity = new(big.Int)
 	p.fams[1].capacity = new(big.Int)
@@ -131,12 +131,9 @@ func selectorList(sels []labels.Selector) string {
 	return strings.Join(parts, " or ")
 }
 
-// selectors gathers the non-nil selectors of one and many.
-func selectors(one labels.Selector, many []labels.Selector) []labels.Selector {
+// nonNil returns the non-nil selectors of many.
+func nonNil(many []labels.Selector) []labels.Selector {
 	var out []labels.Selector
-	if one != nil {
-		out = append(out, one)
-	}
 	for _, s := range many {
 		if s != nil {
 			out = append(out, s)

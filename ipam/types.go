@@ -65,25 +65,17 @@ type Pool struct {
 	Priority int
 	// Namespaces lists namespaces whose Services may use the pool.
 	//
-	// The namespace constraints are Namespaces, NamespaceSelector and
-	// NamespaceSelectors: when none is set any namespace qualifies,
-	// otherwise a namespace qualifies if it is listed in Namespaces or its
-	// labels match NamespaceSelector or any of NamespaceSelectors.
+	// The namespace constraints are Namespaces and NamespaceSelectors: when
+	// neither is set any namespace qualifies, otherwise a namespace
+	// qualifies if it is listed in Namespaces or its labels match any of
+	// NamespaceSelectors.
 	Namespaces []string
-	// NamespaceSelector selects namespaces by label; nil means no selector.
-	NamespaceSelector labels.Selector
 	// NamespaceSelectors select namespaces by label; a namespace matching
 	// any of them qualifies (nil entries are ignored).
 	NamespaceSelectors []labels.Selector
-	// ServiceSelector selects the Services that may use the pool by label.
-	//
-	// The Service constraints are ServiceSelector and ServiceSelectors: when
-	// neither is set any Service qualifies, otherwise a Service qualifies if
-	// its labels match ServiceSelector or any of ServiceSelectors. Both the
-	// namespace and the Service constraints must be met.
-	ServiceSelector labels.Selector
-	// ServiceSelectors select Services by label; a Service matching any of
-	// them qualifies (nil entries are ignored).
+	// ServiceSelectors select the Services that may use the pool by label:
+	// when empty any Service qualifies, otherwise one matching any of them.
+	// Both the namespace and the Service constraints must be met.
 	ServiceSelectors []labels.Selector
 }
 
