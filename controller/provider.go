@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/netip"
 	"sort"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -233,11 +234,21 @@ func (p *Provider) isReady() bool {
 	}
 }
 
-// waitReady blocks until the allocator is rebuilt or ctx ends.
+// readyWait bounds how long a call waits for the rebuild before it fails
+// (and the service controller retries), so a provider that cannot start
+// shows up as Events instead of stuck workers.
+const readyWait = 30 * time.Second
+
+// waitReady blocks until the allocator is rebuilt, ctx ends or readyWait
+// passes.
 func (p *Provider) waitReady(ctx context.Context) error {
+	timer := time.NewTimer(readyWait)
+	defer timer.Stop()
 	select {
 	case <-p.ready:
 		return nil
+	case <-timer.C:
+		return errNotReady
 	case <-ctx.Done():
 		return fmt.Errorf("%w: %w", errNotReady, ctx.Err())
 	}
