@@ -48,7 +48,13 @@ func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Ser
 		p.metrics.errors.WithLabelValues(string(ipam.ReasonOf(err))).Inc()
 		return nil, err
 	}
-	before, _ := p.alloc.Assigned(req.Owner)
+	before, held := p.alloc.Assigned(req.Owner)
+	if held && req.Pool != "" && req.Pool == before.Pool && len(req.IPs) == 0 {
+		// Already served by the pool the annotation names (often written by
+		// vipcast itself): keep the VIP even if the pool's namespace or
+		// Service selectors changed since; they govern new allocations.
+		req.Pool = ""
+	}
 	a, err := p.alloc.Assign(req)
 	if err != nil {
 		p.metrics.errors.WithLabelValues(string(ipam.ReasonOf(err))).Inc()

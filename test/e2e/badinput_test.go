@@ -135,6 +135,66 @@ func TestBadInput(t *testing.T) {
 		ips := ingressIPs(t, s)
 		return len(ips) == 1 && ips[0].String() == "10.60.0.5", nil
 	})
+
+	// Narrowing a pool's namespaces never takes a VIP from a Service that
+	// already holds one from it, even though its pool annotation (written
+	// by vipcast) names the pool.
+	e.eventually(30*time.Second, "bad/g1 to carry its pool annotation", func() (bool, error) {
+		s, err := e.cp.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{})
+		return err == nil && s.Annotations[controller.AnnotationPool] == "main", err
+	})
+	main, err := e.cp.Dynamic.Resource(controller.IPPoolResource).Get(context.Background(), "main", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedStringSlice(main.Object, []string{"elsewhere"}, "spec", "allocation", "namespaces"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cp.Dynamic.Resource(controller.IPPoolResource).Update(context.Background(), main, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually(30*time.Second, "pool main's new generation to be loaded", func() (bool, error) {
+		u, err := e.cp.Dynamic.Resource(controller.IPPoolResource).Get(context.Background(), "main", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		gen, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
+		return gen == u.GetGeneration(), nil
+	})
+	g1, err := e.cp.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ensured := func() int32 {
+		evs, err := e.cp.Client.CoreV1().Events("bad").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=g1,reason=EnsuredLoadBalancer"})
+		if err != nil || len(evs.Items) == 0 {
+			return 0
+		}
+		return evs.Items[0].Count
+	}
+	// Let the re-sync that the pool annotation itself caused finish first.
+	time.Sleep(2 * time.Second)
+	syncs := ensured()
+	g1.Annotations["touch"] = "1" // makes the service controller sync g1 again
+	if _, err := e.cp.Client.CoreV1().Services("bad").Update(context.Background(), g1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually(30*time.Second, "bad/g1 to be synced again", func() (bool, error) {
+		return ensured() > syncs, nil
+	})
+	evs, err := e.cp.Client.CoreV1().Events("bad").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=g1,reason=SyncLoadBalancerFailed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) > 0 {
+		t.Errorf("g1 failed to sync after its pool was narrowed: %s", evs.Items[0].Message)
+	}
+	if g1, err = e.cp.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ips := ingressIPs(t, g1); len(ips) != 1 || !equalAddrs(ips, good["bad/g1"]) {
+		t.Errorf("g1's VIP changed from %v to %v", good["bad/g1"], ips)
+	}
 }
 
 // TestPoolValidation: the API server rejects malformed IPPools and BGPPeers
