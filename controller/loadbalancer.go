@@ -60,16 +60,19 @@ func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Ser
 		p.metrics.errors.WithLabelValues(string(ipam.ReasonOf(err))).Inc()
 		return nil, err
 	}
-	if added := newIPs(before.IPs, a.IPs); len(added) > 0 {
+	added, removed := newIPs(before.IPs, a.IPs), newIPs(a.IPs, before.IPs)
+	if len(added) > 0 {
 		// New Services are arriving: annotations wait until they stop.
 		p.annotator.busy()
-		for _, ip := range added {
-			p.metrics.allocations.WithLabelValues(a.Pool, familyOf(ip).String()).Inc()
-		}
-		for _, ip := range newIPs(a.IPs, before.IPs) {
-			p.metrics.releases.WithLabelValues(familyOf(ip).String()).Inc()
-		}
 		logger.V(2).Info("Allocated VIPs", "pool", a.Pool, "ips", a.IPs, "previous", before.IPs)
+	}
+	for _, ip := range added {
+		p.metrics.allocations.WithLabelValues(a.Pool, familyOf(ip).String()).Inc()
+	}
+	for _, ip := range removed {
+		p.metrics.releases.WithLabelValues(familyOf(ip).String()).Inc()
+	}
+	if len(added)+len(removed) > 0 {
 		p.pools.markStatusDirty()
 	}
 	if req.Pool == "" && a.Pool != "" && svc.Annotations[AnnotationPool] != a.Pool {

@@ -282,7 +282,7 @@ func (p *Provider) HasClusterID() bool { return true }
 func statusIPs(svc *v1.Service) []netip.Addr {
 	var ips []netip.Addr
 	for _, ing := range svc.Status.LoadBalancer.Ingress {
-		if ip, err := netip.ParseAddr(ing.IP); err == nil {
+		if ip, err := netip.ParseAddr(ing.IP); err == nil && ip.Zone() == "" {
 			ips = append(ips, ip.Unmap())
 		}
 	}
@@ -315,11 +315,7 @@ func restoreRequest(svc *v1.Service) ipam.Request {
 	if err == nil {
 		return req
 	}
-	req = ipam.Request{Owner: Owner(svc), Namespace: svc.Namespace,
-		LocalTrafficPolicy: svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal}
-	for _, port := range svc.Spec.Ports {
-		req.Ports = append(req.Ports, ipam.Port{Protocol: string(port.Protocol), Port: port.Port})
-	}
-	req.SharingKey = svc.Annotations[AnnotationSharingKey]
+	req = baseRequest(svc)
+	req.Families, req.RequireAllFamilies = families(svc)
 	return req
 }

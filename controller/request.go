@@ -37,16 +37,8 @@ func Owner(svc *v1.Service) string {
 // the labels of the Service's namespace (nil if unknown). Every error names
 // the field at fault and how to fix it.
 func RequestFor(svc *v1.Service, nsLabels map[string]string) (ipam.Request, error) {
-	req := ipam.Request{
-		Owner:              Owner(svc),
-		Namespace:          svc.Namespace,
-		NamespaceLabels:    nsLabels,
-		ServiceLabels:      svc.Labels,
-		LocalTrafficPolicy: svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
-	}
-	if len(svc.Spec.Selector) > 0 {
-		req.PodSelector = labels.SelectorFromSet(svc.Spec.Selector).String()
-	}
+	req := baseRequest(svc)
+	req.NamespaceLabels = nsLabels
 
 	if pool, ok := svc.Annotations[AnnotationPool]; ok {
 		pool = strings.TrimSpace(pool)
@@ -57,21 +49,9 @@ func RequestFor(svc *v1.Service, nsLabels map[string]string) (ipam.Request, erro
 		req.Pool = pool
 	}
 
-	if key, ok := svc.Annotations[AnnotationSharingKey]; ok {
-		key = strings.TrimSpace(key)
-		if key == "" || len(key) > maxSharingKeyLen {
-			return req, invalid("annotation %s must be a non-empty string of at most %d characters; set the same key on every Service that should share a VIP, or remove it",
-				AnnotationSharingKey, maxSharingKeyLen)
-		}
-		req.SharingKey = key
-	}
-
-	for _, p := range svc.Spec.Ports {
-		proto := p.Protocol
-		if proto == "" {
-			proto = v1.ProtocolTCP
-		}
-		req.Ports = append(req.Ports, ipam.Port{Protocol: string(proto), Port: p.Port})
+	if _, ok := svc.Annotations[AnnotationSharingKey]; ok && (req.SharingKey == "" || len(req.SharingKey) > maxSharingKeyLen) {
+		return req, invalid("annotation %s must be a non-empty string of at most %d characters; set the same key on every Service that should share a VIP, or remove it",
+			AnnotationSharingKey, maxSharingKeyLen)
 	}
 
 	ips, err := requestedIPs(svc)
@@ -90,6 +70,30 @@ func RequestFor(svc *v1.Service, nsLabels map[string]string) (ipam.Request, erro
 	return req, nil
 }
 
+// baseRequest holds what every request of the Service carries, none of it
+// validated: owner, labels, traffic policy, pod selector, ports (protocol
+// defaulting to TCP as the API server does) and the trimmed sharing key.
+func baseRequest(svc *v1.Service) ipam.Request {
+	req := ipam.Request{
+		Owner:              Owner(svc),
+		Namespace:          svc.Namespace,
+		ServiceLabels:      svc.Labels,
+		LocalTrafficPolicy: svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
+		SharingKey:         strings.TrimSpace(svc.Annotations[AnnotationSharingKey]),
+	}
+	if len(svc.Spec.Selector) > 0 {
+		req.PodSelector = labels.SelectorFromSet(svc.Spec.Selector).String()
+	}
+	for _, p := range svc.Spec.Ports {
+		proto := p.Protocol
+		if proto == "" {
+			proto = v1.ProtocolTCP
+		}
+		req.Ports = append(req.Ports, ipam.Port{Protocol: string(proto), Port: p.Port})
+	}
+	return req
+}
+
 // requestedIPs merges the vipcast.io/ips annotation and the deprecated
 // spec.loadBalancerIP; asking both for different addresses is an error.
 func requestedIPs(svc *v1.Service) ([]netip.Addr, error) {
@@ -98,6 +102,9 @@ func requestedIPs(svc *v1.Service) ([]netip.Addr, error) {
 		seen := map[ipam.Family]netip.Addr{}
 		for _, field := range strings.Split(raw, ",") {
 			field = strings.TrimSpace(field)
+			if field == "" {
+				continue // "" or a trailing comma requests nothing
+			}
 			ip, err := netip.ParseAddr(field)
 			if err != nil || ip.Zone() != "" {
 				return nil, invalid("annotation %s: %q is not an IP address; write a comma-separated list with at most one IPv4 and one IPv6 address, e.g. \"192.0.2.10,2001:db8::10\"",

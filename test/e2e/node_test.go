@@ -75,7 +75,7 @@ func TestMetricsAndHealth(t *testing.T) {
 	e.mustApplyPool("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: m}\nspec: {addresses: [10.80.0.0/28, '2001:db8:80::/64'], avoidBuggyIPs: true}\n")
 	c := e.startCCM("a")
 	e.namespace("m", nil)
-	e.createService(lbService("m", "s"))
+	e.createService(lbService("m", "s", withFamilies(v1.IPFamilyPolicyPreferDualStack, v1.IPv4Protocol, v1.IPv6Protocol)))
 	e.createService(lbService("m", "bad", withAnnotation("vipcast.io/pool", "missing")))
 	e.waitEvent("m", "bad", "missing")
 
@@ -102,18 +102,44 @@ func TestMetricsAndHealth(t *testing.T) {
 		`vipcast_ipam_pool_capacity_addresses{family="IPv6",pool="m"} 1.8446744073709552e+19`,
 		`vipcast_ipam_pool_in_use_addresses{family="IPv4",pool="m"} 1`,
 		`vipcast_ipam_allocations_total{family="IPv4",pool="m"} 1`,
+		`vipcast_ipam_allocations_total{family="IPv6",pool="m"} 1`,
+		`vipcast_ipam_pool_in_use_addresses{family="IPv6",pool="m"} 1`,
 		`vipcast_ipam_allocation_errors_total{reason="UnknownPool"}`,
 	}
-	e.eventually(30*time.Second, "the vipcast metrics", func() (bool, error) {
-		code, body, err := get("/metrics")
-		if err != nil || code != 200 {
-			return false, fmt.Errorf("status %d: %v", code, err)
-		}
-		for _, w := range want {
-			if !strings.Contains(body, w) {
-				return false, fmt.Errorf("missing %q", w)
+	waitMetrics := func(want []string) {
+		t.Helper()
+		e.eventually(30*time.Second, "the vipcast metrics", func() (bool, error) {
+			code, body, err := get("/metrics")
+			if err != nil || code != 200 {
+				return false, fmt.Errorf("status %d: %v", code, err)
 			}
+			for _, w := range want {
+				if !strings.Contains(body, w) {
+					return false, fmt.Errorf("missing %q", w)
+				}
+			}
+			return true, nil
+		})
+	}
+	waitMetrics(want)
+
+	// Going from dual-stack to single-stack releases the IPv6 VIP: counted,
+	// and the pool gauge follows.
+	e.eventually(30*time.Second, "m/s to be downgraded to single-stack", func() (bool, error) {
+		s, err := e.cp.Client.CoreV1().Services("m").Get(context.Background(), "s", metav1.GetOptions{})
+		if err != nil {
+			return false, err
 		}
-		return true, nil
+		single := v1.IPFamilyPolicySingleStack
+		s.Spec.IPFamilyPolicy = &single
+		s.Spec.IPFamilies = s.Spec.IPFamilies[:1]
+		s.Spec.ClusterIPs = s.Spec.ClusterIPs[:1]
+		_, err = e.cp.Client.CoreV1().Services("m").Update(context.Background(), s, metav1.UpdateOptions{})
+		return err == nil, err
+	})
+	waitMetrics([]string{
+		`vipcast_ipam_releases_total{family="IPv6"} 1`,
+		`vipcast_ipam_pool_in_use_addresses{family="IPv6",pool="m"} 0`,
+		`vipcast_ipam_pool_in_use_addresses{family="IPv4",pool="m"} 1`,
 	})
 }
