@@ -82,8 +82,17 @@ func newPoolController(alloc *ipam.Allocator, m *providerMetrics, dyn dynamic.In
 	}
 	enqueue := func(any) { pc.queue.Add(keyPools) }
 	if _, err := pc.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueue,
-		UpdateFunc: func(_, cur any) { enqueue(cur) },
+		AddFunc: enqueue,
+		UpdateFunc: func(old, cur any) {
+			// Our own status writes come back here: only a spec change
+			// (a new generation) needs the pools reloaded.
+			o, ok1 := old.(*unstructured.Unstructured)
+			c, ok2 := cur.(*unstructured.Unstructured)
+			if ok1 && ok2 && o.GetGeneration() == c.GetGeneration() {
+				return
+			}
+			enqueue(cur)
+		},
 		DeleteFunc: enqueue,
 	}); err != nil {
 		return nil, fmt.Errorf("ippool handler: %w", err)
