@@ -81,6 +81,17 @@ func TestBadInput(t *testing.T) {
 	e.startCCM("a")
 	e.namespace("bad", nil)
 
+	// A Service of another load-balancer implementation publishes
+	// 10.60.0.7 (inside our pool): vipcast must never hand it out.
+	foreign := lbService("bad", "foreign")
+	class := "other.example/lb"
+	foreign.Spec.LoadBalancerClass = &class
+	foreign = e.createService(foreign)
+	foreign.Status.LoadBalancer = *lbStatusFor("10.60.0.7")
+	if _, err := e.cp.Client.CoreV1().Services("bad").UpdateStatus(context.Background(), foreign, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
 	// Good Services first; their VIPs must survive everything below.
 	e.createService(lbService("bad", "g1"))
 	e.createService(lbService("bad", "g2", withAnnotation(controller.AnnotationIPs, "10.60.0.5")))
@@ -99,6 +110,7 @@ func TestBadInput(t *testing.T) {
 		{lbService("bad", "unknown-pool", withAnnotation(controller.AnnotationPool, "nope")), []string{"nope"}},
 		{lbService("bad", "outside", withAnnotation(controller.AnnotationIPs, "192.0.2.77")), []string{"192.0.2.77"}},
 		{lbService("bad", "taken", withAnnotation(controller.AnnotationIPs, "10.60.0.5")), []string{"10.60.0.5", "bad/g2"}},
+		{lbService("bad", "steal-foreign", withAnnotation(controller.AnnotationIPs, "10.60.0.7")), []string{"10.60.0.7", "bad/foreign"}},
 		{lbService("bad", "port-clash", withAnnotation(controller.AnnotationIPs, "10.60.0.6"),
 			withAnnotation(controller.AnnotationSharingKey, "s")), []string{"bad/g3"}},
 		{lbService("bad", "tiny2", withAnnotation(controller.AnnotationPool, "tiny")), []string{"tiny"}},

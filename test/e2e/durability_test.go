@@ -64,6 +64,19 @@ func (e *env) waitSomeAllocated(ns string, n int) {
 	})
 }
 
+// killMidBurst creates 500 Services in namespace burst, SIGKILLs victim once
+// 100 have VIPs and returns the VIPs published at that moment.
+func (e *env) killMidBurst(victim *ccm) map[string][]netip.Addr {
+	e.t.Helper()
+	created := e.createAllAsync(durabilityServices("burst", 500), 8)
+	e.waitSomeAllocated("burst", 100)
+	victim.Signal(syscall.SIGKILL)
+	<-victim.Done()
+	before := e.snapshot("burst")
+	<-created
+	return before
+}
+
 // checkUnchanged fails for every Service whose VIPs in before differ now.
 func checkUnchanged(t testing.TB, before map[string][]netip.Addr, now map[string]*v1.Service) {
 	t.Helper()
@@ -92,13 +105,7 @@ func TestKillDuringAllocation(t *testing.T) {
 	}
 	e.namespace("burst", nil)
 	first := e.startCCM("first")
-	svcs := durabilityServices("burst", 500)
-	created := e.createAllAsync(svcs, 8)
-	e.waitSomeAllocated("burst", 100)
-	first.Signal(syscall.SIGKILL)
-	<-first.Done()
-	before := e.snapshot("burst")
-	<-created
+	before := e.killMidBurst(first)
 	if len(before) >= 500 {
 		t.Fatalf("all 500 Services had VIPs before the kill; the test did not interrupt allocation")
 	}
@@ -132,13 +139,7 @@ func TestLeaderChange(t *testing.T) {
 		}
 		return false, nil
 	})
-	svcs := durabilityServices("burst", 500)
-	created := e.createAllAsync(svcs, 8)
-	e.waitSomeAllocated("burst", 100)
-	leader.Signal(syscall.SIGKILL)
-	<-leader.Done()
-	before := e.snapshot("burst")
-	<-created
+	before := e.killMidBurst(leader)
 	t.Logf("killed the leader with %d of 500 Services allocated", len(before))
 	if len(before) >= 500 {
 		t.Fatalf("all 500 Services had VIPs before the kill; the test did not interrupt allocation")
