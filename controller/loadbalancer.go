@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"net/netip"
+	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	cloudprovider "k8s.io/cloud-provider"
@@ -35,9 +36,10 @@ func (p *Provider) GetLoadBalancerName(_ context.Context, _ string, svc *v1.Serv
 }
 
 // EnsureLoadBalancer allocates the Service's VIPs, or keeps the ones it has,
-// and returns them with ipMode Proxy. When vipcast chose the pool, it records
-// it in the vipcast.io/pool annotation, in the background (poolAnnotator). Errors name their cause; the service
-// controller turns them into a SyncLoadBalancerFailed Event and retries.
+// and returns them with ipMode Proxy. When vipcast chose the pool, it
+// records it in the vipcast.io/pool annotation, in the background
+// (poolAnnotator). Errors name their cause; the service controller turns
+// them into a SyncLoadBalancerFailed Event and retries.
 func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Service, _ []*v1.Node) (*v1.LoadBalancerStatus, error) {
 	if err := p.waitReady(ctx); err != nil {
 		return nil, err
@@ -60,21 +62,12 @@ func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Ser
 		p.metrics.errors.WithLabelValues(string(ipam.ReasonOf(err))).Inc()
 		return nil, err
 	}
-	added, removed := newIPs(before.IPs, a.IPs), newIPs(a.IPs, before.IPs)
-	if len(added) > 0 {
+	if added := newIPs(before.IPs, a.IPs); len(added) > 0 {
 		// New Services are arriving: annotations wait until they stop.
 		p.annotator.busy()
 		logger.V(2).Info("Allocated VIPs", "pool", a.Pool, "ips", a.IPs, "previous", before.IPs)
 	}
-	for _, ip := range added {
-		p.metrics.allocations.WithLabelValues(a.Pool, familyOf(ip).String()).Inc()
-	}
-	for _, ip := range removed {
-		p.metrics.releases.WithLabelValues(familyOf(ip).String()).Inc()
-	}
-	if len(added)+len(removed) > 0 {
-		p.pools.markStatusDirty()
-	}
+	p.accountChange(a.Pool, before.IPs, a.IPs)
 	if req.Pool == "" && a.Pool != "" && svc.Annotations[AnnotationPool] != a.Pool {
 		p.annotator.record(req.Owner, a.Pool)
 	}
@@ -102,10 +95,23 @@ func (p *Provider) release(svc *v1.Service) {
 		return
 	}
 	p.alloc.Release(Owner(svc))
-	for _, ip := range a.IPs {
+	p.accountChange("", a.IPs, nil)
+}
+
+// accountChange counts a Service's move from addresses before to after
+// (allocations in pool, releases) and, if anything changed, schedules the
+// pool status refresh.
+func (p *Provider) accountChange(pool string, before, after []netip.Addr) {
+	added, removed := newIPs(before, after), newIPs(after, before)
+	for _, ip := range added {
+		p.metrics.allocations.WithLabelValues(pool, familyOf(ip).String()).Inc()
+	}
+	for _, ip := range removed {
 		p.metrics.releases.WithLabelValues(familyOf(ip).String()).Inc()
 	}
-	p.pools.markStatusDirty()
+	if len(added)+len(removed) > 0 {
+		p.pools.markStatusDirty()
+	}
 }
 
 // namespaceLabels returns the labels of a namespace, or nil if unknown.
@@ -132,14 +138,7 @@ func lbStatus(ips []netip.Addr) *v1.LoadBalancerStatus {
 func newIPs(a, b []netip.Addr) []netip.Addr {
 	var out []netip.Addr
 	for _, ip := range b {
-		found := false
-		for _, x := range a {
-			if x == ip {
-				found = true
-				break
-			}
-		}
-		if !found {
+		if !slices.Contains(a, ip) {
 			out = append(out, ip)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"time"
@@ -155,13 +156,7 @@ func (pc *poolController) listPools(ctx context.Context) []*vipcastv1alpha1.IPPo
 		}
 		pools = append(pools, pool)
 	}
-	sort.Slice(pools, func(i, j int) bool {
-		ti, tj := pools[i].CreationTimestamp, pools[j].CreationTimestamp
-		if !ti.Equal(&tj) {
-			return ti.Before(&tj)
-		}
-		return pools[i].Name < pools[j].Name
-	})
+	sort.Slice(pools, func(i, j int) bool { return olderFirst(pools[i], pools[j]) })
 	return pools
 }
 
@@ -264,6 +259,10 @@ func desiredStatus(pool *vipcastv1alpha1.IPPool, stats ipam.PoolStats, installed
 	return st
 }
 
+// unsetPriority puts pools without spec.allocation.priority after every
+// pool that has one (the CRD allows 0 to 2^31-1).
+const unsetPriority = math.MaxInt32
+
 // PoolFromCRD translates an IPPool into the allocator's pool type. Errors
 // name the field at fault.
 func PoolFromCRD(p *vipcastv1alpha1.IPPool) (ipam.Pool, error) {
@@ -272,7 +271,7 @@ func PoolFromCRD(p *vipcastv1alpha1.IPPool) (ipam.Pool, error) {
 		Addresses:     p.Spec.Addresses,
 		AutoAssign:    p.Spec.AutoAssignOrDefault(),
 		AvoidBuggyIPs: p.Spec.AvoidBuggyIPs,
-		Priority:      int(^uint32(0) >> 1),
+		Priority:      unsetPriority,
 	}
 	if _, err := ipam.ParseAddresses(p.Spec.Addresses); err != nil {
 		return pool, fmt.Errorf("spec.addresses: %w", err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
@@ -167,13 +168,7 @@ func (p *Provider) restore(ctx context.Context) (restored, conflicts int) {
 		logger.Error(err, "Listing Services for restore")
 		return 0, 0
 	}
-	sort.Slice(svcs, func(i, j int) bool {
-		ti, tj := svcs[i].CreationTimestamp, svcs[j].CreationTimestamp
-		if !ti.Equal(&tj) {
-			return ti.Before(&tj)
-		}
-		return Owner(svcs[i]) < Owner(svcs[j])
-	})
+	sort.Slice(svcs, func(i, j int) bool { return olderFirst(svcs[i], svcs[j]) })
 	for _, svc := range svcs {
 		ips := statusIPs(svc)
 		if len(ips) == 0 {
@@ -204,7 +199,8 @@ func (p *Provider) observeForeign(ctx context.Context, obj any) {
 	if a, held := p.alloc.Assigned(Owner(svc)); held && sameIPs(a.IPs, ips) {
 		return
 	}
-	p.alloc.Release(Owner(svc))
+	// Restore replaces what the owner held, and only if nothing conflicts:
+	// on error the earlier reservation stays.
 	if err := p.alloc.Restore(restoreRequest(svc), ips); err != nil {
 		klog.FromContext(ctx).Error(err, "Service of another loadBalancerClass publishes a VIP vipcast already gave out", "service", klog.KObj(svc))
 	}
@@ -289,23 +285,19 @@ func statusIPs(svc *v1.Service) []netip.Addr {
 	return ips
 }
 
+// sameIPs reports whether a and b hold the same addresses, in any order.
 func sameIPs(a, b []netip.Addr) bool {
-	if len(a) != len(b) {
-		return false
+	return len(newIPs(a, b)) == 0 && len(newIPs(b, a)) == 0
+}
+
+// olderFirst orders objects by creation time, then namespace/name: where
+// two claim the same thing, the older one keeps it.
+func olderFirst(a, b metav1.Object) bool {
+	ta, tb := a.GetCreationTimestamp(), b.GetCreationTimestamp()
+	if !ta.Equal(&tb) {
+		return ta.Before(&tb)
 	}
-	seen := map[netip.Addr]int{}
-	for _, ip := range a {
-		seen[ip]++
-	}
-	for _, ip := range b {
-		seen[ip]--
-	}
-	for _, n := range seen {
-		if n != 0 {
-			return false
-		}
-	}
-	return true
+	return a.GetNamespace()+"/"+a.GetName() < b.GetNamespace()+"/"+b.GetName()
 }
 
 // restoreRequest describes a Service for Restore without validating its
