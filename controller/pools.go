@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
@@ -31,9 +30,6 @@ import (
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ipam"
 )
-
-// IPPoolResource is the IPPool CRD's resource.
-var IPPoolResource = schema.GroupVersionResource{Group: "vipcast.io", Version: "v1alpha1", Resource: "ippools"}
 
 // Queue keys of the pool controller.
 const (
@@ -74,7 +70,7 @@ func newPoolController(alloc *ipam.Allocator, m *providerMetrics, dyn dynamic.In
 		alloc:    alloc,
 		metrics:  m,
 		dyn:      dyn,
-		informer: factory.ForResource(IPPoolResource).Informer(),
+		informer: factory.ForResource(vipcastv1alpha1.IPPoolsResource).Informer(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "ippools"}),
 		recorder: broadcaster.NewRecorder(scheme, v1.EventSource{Component: clientName}),
@@ -219,7 +215,7 @@ func (pc *poolController) writeStatuses(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("encoding IPPool %s: %w", pool.Name, err)
 		}
-		_, err = pc.dyn.Resource(IPPoolResource).UpdateStatus(ctx, &unstructured.Unstructured{Object: obj}, metav1.UpdateOptions{})
+		_, err = pc.dyn.Resource(vipcastv1alpha1.IPPoolsResource).UpdateStatus(ctx, &unstructured.Unstructured{Object: obj}, metav1.UpdateOptions{})
 		if err != nil && !apierrors.IsNotFound(err) && firstErr == nil {
 			firstErr = fmt.Errorf("updating status of IPPool %s: %w", pool.Name, err)
 		}

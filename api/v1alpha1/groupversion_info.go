@@ -21,6 +21,13 @@ var (
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
+// IPPoolsResource and BGPPeersResource are the resources served for the
+// CRDs, for dynamic clients and informers.
+var (
+	IPPoolsResource  = SchemeGroupVersion.WithResource("ippools")
+	BGPPeersResource = SchemeGroupVersion.WithResource("bgppeers")
+)
+
 // Kind returns the group-qualified kind for an unqualified kind name.
 func Kind(kind string) schema.GroupKind {
 	return SchemeGroupVersion.WithKind(kind).GroupKind()

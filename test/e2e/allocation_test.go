@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/controller"
 )
 
@@ -223,9 +224,7 @@ func familyOf(ip netip.Addr) v1.IPFamily {
 // correct VIPs with ipMode Proxy; deleting them releases the addresses.
 func TestAllocation(t *testing.T) {
 	e := newEnv(t)
-	for _, doc := range splitYAML(mixPools) {
-		e.mustApplyPool(doc)
-	}
+	e.mustApplyPools(mixPools)
 	e.startCCM("a")
 	e.namespace("mix", nil)
 	svcs, exp := mixedServices("mix", 200)
@@ -305,7 +304,7 @@ func TestAllocation(t *testing.T) {
 
 // poolInUse reads status.<family>.inUse of an IPPool (0 if unset).
 func (e *env) poolInUse(pool, family string) int {
-	u, err := e.cp.Dynamic.Resource(controller.IPPoolResource).Get(context.Background(), pool, metav1.GetOptions{})
+	u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), pool, metav1.GetOptions{})
 	if err != nil {
 		if !apierrors.IsNotFound(err) {
 			e.t.Logf("reading IPPool %s: %v", pool, err)

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/controller"
 )
 
@@ -75,9 +76,7 @@ func (e *env) waitEvent(ns, name string, want ...string) {
 // and a retry, and leaves every other Service's VIP alone.
 func TestBadInput(t *testing.T) {
 	e := newEnv(t)
-	for _, doc := range splitYAML(badInputPools) {
-		e.mustApplyPool(doc)
-	}
+	e.mustApplyPools(badInputPools)
 	e.startCCM("a")
 	e.namespace("bad", nil)
 
@@ -155,18 +154,18 @@ func TestBadInput(t *testing.T) {
 		s, err := e.cp.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{})
 		return err == nil && s.Annotations[controller.AnnotationPool] == "main", err
 	})
-	main, err := e.cp.Dynamic.Resource(controller.IPPoolResource).Get(context.Background(), "main", metav1.GetOptions{})
+	main, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), "main", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := unstructured.SetNestedStringSlice(main.Object, []string{"elsewhere"}, "spec", "allocation", "namespaces"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.cp.Dynamic.Resource(controller.IPPoolResource).Update(context.Background(), main, metav1.UpdateOptions{}); err != nil {
+	if _, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Update(context.Background(), main, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually(30*time.Second, "pool main's new generation to be loaded", func() (bool, error) {
-		u, err := e.cp.Dynamic.Resource(controller.IPPoolResource).Get(context.Background(), "main", metav1.GetOptions{})
+		u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), "main", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -233,9 +232,9 @@ func TestPoolValidation(t *testing.T) {
 			if obj.Object == nil {
 				continue
 			}
-			res := controller.IPPoolResource
+			res := vipcastv1alpha1.IPPoolsResource
 			if obj.GetKind() == "BGPPeer" {
-				res = bgpPeerResource
+				res = vipcastv1alpha1.BGPPeersResource
 			}
 			_, err := e.cp.Dynamic.Resource(res).Create(context.Background(), obj, metav1.CreateOptions{})
 			ann := obj.GetAnnotations()
@@ -258,16 +257,16 @@ func TestPoolValidation(t *testing.T) {
 	}
 	t.Logf("API server rejected %d malformed samples and accepted %d valid ones", rejected, accepted)
 	// Clear the valid samples so they cannot overlap the pools below.
-	for _, res := range []schema.GroupVersionResource{controller.IPPoolResource, bgpPeerResource} {
+	for _, res := range []schema.GroupVersionResource{vipcastv1alpha1.IPPoolsResource, vipcastv1alpha1.BGPPeersResource} {
 		if err := e.cp.Dynamic.Resource(res).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 
 	// Overlap: both are valid objects, the newer one is rejected by the CCM.
-	e.mustApplyPool("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: older}\nspec: {addresses: [10.70.0.0/24]}\n")
+	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: older}\nspec: {addresses: [10.70.0.0/24]}\n")
 	time.Sleep(1100 * time.Millisecond) // creation timestamps have one-second resolution
-	e.mustApplyPool("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: newer}\nspec: {addresses: [10.70.0.128/25]}\n")
+	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: newer}\nspec: {addresses: [10.70.0.128/25]}\n")
 	e.startCCM("a")
 	e.namespace("ov", nil)
 	e.createService(lbService("ov", "s", withAnnotation(controller.AnnotationIPs, "10.70.0.200")))
@@ -291,7 +290,7 @@ func TestPoolValidation(t *testing.T) {
 }
 
 func (e *env) poolReady(name string) (status, reason, message string) {
-	u, err := e.cp.Dynamic.Resource(controller.IPPoolResource).Get(context.Background(), name, metav1.GetOptions{})
+	u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
 		return "", "", err.Error()
 	}

@@ -100,9 +100,7 @@ func checkUnchanged(t testing.TB, before map[string][]netip.Addr, now map[string
 // two non-sharing Services, and no VIP published before the kill changed.
 func TestKillDuringAllocation(t *testing.T) {
 	e := newEnv(t)
-	for _, doc := range splitYAML(durabilityPools) {
-		e.mustApplyPool(doc)
-	}
+	e.mustApplyPools(durabilityPools)
 	e.namespace("burst", nil)
 	first := e.startCCM("first")
 	before := e.killMidBurst(first)
@@ -124,9 +122,7 @@ func TestKillDuringAllocation(t *testing.T) {
 // 500 Services; the standby takes over with the same guarantees.
 func TestLeaderChange(t *testing.T) {
 	e := newEnv(t)
-	for _, doc := range splitYAML(durabilityPools) {
-		e.mustApplyPool(doc)
-	}
+	e.mustApplyPools(durabilityPools)
 	e.namespace("burst", nil)
 	replicas := []*ccm{e.startCCM("r1"), e.startCCM("r2")}
 	var leader, standby *ccm

@@ -21,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
-	"github.com/vipcast/vipcast/controller"
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/test/controlplane"
 )
 
@@ -186,14 +186,17 @@ func (e *env) eventually(timeout time.Duration, what string, cond func() (bool, 
 // applyPool creates an IPPool from YAML through the dynamic client.
 func (e *env) applyPool(doc string) error {
 	obj := mustUnstructured(e.t, doc)
-	_, err := e.cp.Dynamic.Resource(controller.IPPoolResource).Create(context.Background(), obj, metav1.CreateOptions{})
+	_, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Create(context.Background(), obj, metav1.CreateOptions{})
 	return err
 }
 
-func (e *env) mustApplyPool(doc string) {
+// mustApplyPools creates every IPPool of a (multi-document) YAML string.
+func (e *env) mustApplyPools(docs string) {
 	e.t.Helper()
-	if err := e.applyPool(doc); err != nil {
-		e.t.Fatalf("creating IPPool: %v", err)
+	for _, doc := range splitYAML(docs) {
+		if err := e.applyPool(doc); err != nil {
+			e.t.Fatalf("creating IPPool: %v", err)
+		}
 	}
 }
 
@@ -304,9 +307,6 @@ func splitYAML(s string) []string {
 	}
 	return docs
 }
-
-// bgpPeerResource is the BGPPeer CRD's resource.
-var bgpPeerResource = controller.IPPoolResource.GroupVersion().WithResource("bgppeers")
 
 func mustUnstructured(t testing.TB, doc string) *unstructured.Unstructured {
 	t.Helper()

@@ -72,7 +72,7 @@ func TestNodeInitialization(t *testing.T) {
 // client, /metrics with the pool gauges and allocation counters.
 func TestMetricsAndHealth(t *testing.T) {
 	e := newEnv(t)
-	e.mustApplyPool("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: m}\nspec: {addresses: [10.80.0.0/28, '2001:db8:80::/64'], avoidBuggyIPs: true}\n")
+	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: m}\nspec: {addresses: [10.80.0.0/28, '2001:db8:80::/64'], avoidBuggyIPs: true}\n")
 	c := e.startCCM("a")
 	e.namespace("m", nil)
 	e.createService(lbService("m", "s", withFamilies(v1.IPFamilyPolicyPreferDualStack, v1.IPv4Protocol, v1.IPv6Protocol)))
