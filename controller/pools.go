@@ -152,7 +152,7 @@ func (pc *poolController) listPools(ctx context.Context) []*vipcastv1alpha1.IPPo
 		}
 		pools = append(pools, pool)
 	}
-	sort.Slice(pools, func(i, j int) bool { return olderFirst(pools[i], pools[j]) })
+	sort.Slice(pools, func(i, j int) bool { return vipcastv1alpha1.OlderFirst(pools[i], pools[j]) })
 	return pools
 }
 

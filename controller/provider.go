@@ -15,7 +15,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
@@ -28,6 +27,7 @@ import (
 	"k8s.io/component-base/metrics"
 	"k8s.io/klog/v2"
 
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ipam"
 )
 
@@ -168,7 +168,7 @@ func (p *Provider) restore(ctx context.Context) (restored, conflicts int) {
 		logger.Error(err, "Listing Services for restore")
 		return 0, 0
 	}
-	sort.Slice(svcs, func(i, j int) bool { return olderFirst(svcs[i], svcs[j]) })
+	sort.Slice(svcs, func(i, j int) bool { return vipcastv1alpha1.OlderFirst(svcs[i], svcs[j]) })
 	for _, svc := range svcs {
 		ips := statusIPs(svc)
 		if len(ips) == 0 {
@@ -288,16 +288,6 @@ func statusIPs(svc *v1.Service) []netip.Addr {
 // sameIPs reports whether a and b hold the same addresses, in any order.
 func sameIPs(a, b []netip.Addr) bool {
 	return len(newIPs(a, b)) == 0 && len(newIPs(b, a)) == 0
-}
-
-// olderFirst orders objects by creation time, then namespace/name: where
-// two claim the same thing, the older one keeps it.
-func olderFirst(a, b metav1.Object) bool {
-	ta, tb := a.GetCreationTimestamp(), b.GetCreationTimestamp()
-	if !ta.Equal(&tb) {
-		return ta.Before(&tb)
-	}
-	return a.GetNamespace()+"/"+a.GetName() < b.GetNamespace()+"/"+b.GetName()
 }
 
 // restoreRequest describes a Service for Restore without validating its

@@ -1,0 +1,15 @@
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// OlderFirst orders objects by creation time, then namespace/name. It is
+// vipcast's precedence rule wherever two objects compete: of two
+// overlapping IPPools the older one wins, and VIPs are restored from the
+// oldest Service first. The CCM and the speaker must agree on it.
+func OlderFirst(a, b metav1.Object) bool {
+	ta, tb := a.GetCreationTimestamp(), b.GetCreationTimestamp()
+	if !ta.Equal(&tb) {
+		return ta.Before(&tb)
+	}
+	return a.GetNamespace()+"/"+a.GetName() < b.GetNamespace()+"/"+b.GetName()
+}
