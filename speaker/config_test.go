@@ -1,0 +1,387 @@
+package speaker
+
+import (
+	"errors"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/bgp"
+)
+
+func TestCompilePools(t *testing.T) {
+	badSel := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: "Is", Values: []string{"a"}}}}
+	tests := []struct {
+		name  string
+		pools []*v1alpha1.IPPool
+		// lookups: IP → owning pool name ("" for none)
+		owner map[string]string
+		// disabled: pool → substring of Disabled ("" for enabled)
+		disabled map[string]string
+		// errs: pool → substrings of its error, with the reason first
+		errs map[string][]string
+	}{
+		{
+			name:  "containment over CIDRs and ranges of both families",
+			pools: []*v1alpha1.IPPool{mkPool("a", 0, "192.0.2.0/24", "198.51.100.10-198.51.100.20"), mkPool("b", 1, "2001:db8::/64")},
+			owner: map[string]string{"192.0.2.0": "a", "192.0.2.255": "a", "198.51.100.10": "a", "198.51.100.20": "a", "198.51.100.21": "", "198.51.100.9": "", "2001:db8::1": "b", "2001:db8:1::1": "", "10.0.0.1": ""},
+		},
+		{
+			name: "overlap: the older pool wins, regardless of list order",
+			pools: []*v1alpha1.IPPool{
+				mkPool("new", 10, "192.0.2.128/25", "203.0.113.0/24"),
+				mkPool("old", 5, "192.0.2.0/24"),
+			},
+			owner: map[string]string{"192.0.2.200": "old", "203.0.113.1": ""},
+			errs:  map[string][]string{"new": {v1alpha1.ReasonOverlap, `"old"`}},
+		},
+		{
+			name: "overlap with equal timestamps: the smaller name wins",
+			pools: []*v1alpha1.IPPool{
+				mkPool("zz", 0, "192.0.2.0/24"),
+				mkPool("aa", 0, "192.0.2.0/25"),
+			},
+			owner: map[string]string{"192.0.2.1": "aa", "192.0.2.200": ""},
+			errs:  map[string][]string{"zz": {v1alpha1.ReasonOverlap}},
+		},
+		{
+			name: "a rejected older pool does not shadow a newer one (as in the CCM)",
+			pools: []*v1alpha1.IPPool{
+				mkPool("old", 0, "192.0.2.0/24", "bogus"),
+				mkPool("new", 1, "192.0.2.0/24"),
+			},
+			owner: map[string]string{"192.0.2.1": "new"},
+			errs:  map[string][]string{"old": {v1alpha1.ReasonInvalidAddresses, "spec.addresses", "bogus"}},
+		},
+		{
+			name: "unparsable addresses are skipped and reported",
+			pools: []*v1alpha1.IPPool{
+				mkPool("bad", 0, "192.0.2.9-192.0.2.1"),
+				mkPool("good", 1, "198.51.100.0/24"),
+			},
+			owner: map[string]string{"192.0.2.5": "", "198.51.100.5": "good"},
+			errs:  map[string][]string{"bad": {v1alpha1.ReasonInvalidAddresses, "range start is after its end"}},
+		},
+		{
+			name: "allocation selector that does not parse rejects the pool, as in the CCM",
+			pools: []*v1alpha1.IPPool{func() *v1alpha1.IPPool {
+				p := mkPool("p", 0, "192.0.2.0/24")
+				p.Spec.Allocation = &v1alpha1.IPPoolAllocation{ServiceSelectors: []metav1.LabelSelector{*badSel}}
+				return p
+			}()},
+			owner: map[string]string{"192.0.2.1": ""},
+			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.allocation.serviceSelectors[0]"}},
+		},
+		{
+			name: "nodeSelector not selecting this node disables without error",
+			pools: []*v1alpha1.IPPool{
+				withBGP(mkPool("other", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}}),
+				withBGP(mkPool("mine", 1, "198.51.100.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "a"}}}),
+				withBGP(mkPool("all", 2, "203.0.113.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &metav1.LabelSelector{}}),
+			},
+			owner:    map[string]string{"192.0.2.1": "other", "198.51.100.1": "mine", "203.0.113.1": "all"},
+			disabled: map[string]string{"other": "pool other's nodeSelector does not select this node", "mine": "", "all": ""},
+		},
+		{
+			name:     "malformed nodeSelector: kept as owner, not announced, reported",
+			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{NodeSelector: badSel})},
+			owner:    map[string]string{"192.0.2.1": "p"},
+			disabled: map[string]string{"p": "spec.bgp.nodeSelector"},
+			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.bgp.nodeSelector", `"Is"`}},
+		},
+		{
+			name:     "malformed peerSelector",
+			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{PeerSelector: badSel})},
+			disabled: map[string]string{"p": "spec.bgp.peerSelector"},
+			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.bgp.peerSelector"}},
+		},
+		{
+			name:     "malformed community",
+			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}})},
+			disabled: map[string]string{"p": "communities[1]"},
+			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidConfig, `spec.bgp.communities[1] "65536:1"`, "ASN:VALUE"}},
+		},
+		{
+			name:     "malformed large community",
+			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{LargeCommunities: []string{"1:2"}})},
+			disabled: map[string]string{"p": "largeCommunities[0]"},
+			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidConfig, `spec.bgp.largeCommunities[0] "1:2"`}},
+		},
+		{
+			name: "aggregation that fits ranges filling whole blocks",
+			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0-192.0.2.127", "192.0.2.128/25", "2001:db8::-2001:db8::ffff"),
+				v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24), AggregationLengthV6: ptr.To[int32](112)})},
+			disabled: map[string]string{"p": ""},
+		},
+		{
+			name:     "aggregation covering addresses outside a range",
+			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.10-192.0.2.21"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)})},
+			owner:    map[string]string{"192.0.2.10": "p"},
+			disabled: map[string]string{"p": "aggregationLength"},
+			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "spec.bgp.aggregationLength 24 would announce 192.0.2.0/24", "use 31 or longer"}},
+		},
+		{
+			name:     "IPv6 aggregation shorter than a CIDR",
+			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "2001:db8::/120"), v1alpha1.IPPoolBGP{AggregationLengthV6: ptr.To[int32](64)})},
+			disabled: map[string]string{"p": "aggregationLengthV6"},
+			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "aggregationLengthV6 64 would announce 2001:db8::/64", "use 120 or longer"}},
+		},
+		{
+			name:     "aggregation out of range",
+			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](33)})},
+			disabled: map[string]string{"p": "aggregationLength"},
+			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "out of range"}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			view, errs := Compile(tc.pools, nil, testNode())
+			got := map[string]PoolError{}
+			for _, e := range errs {
+				if _, dup := got[e.Pool]; dup {
+					t.Errorf("two errors for pool %s", e.Pool)
+				}
+				got[e.Pool] = e
+				if !strings.Contains(e.Error(), "IPPool "+e.Pool+": ") {
+					t.Errorf("error %q does not name the IPPool", e)
+				}
+			}
+			for pool, want := range tc.errs {
+				e, ok := got[pool]
+				if !ok {
+					t.Errorf("no error for pool %s; errors: %v", pool, errs)
+					continue
+				}
+				if e.Reason != want[0] {
+					t.Errorf("pool %s: reason %s, want %s", pool, e.Reason, want[0])
+				}
+				for _, s := range want[1:] {
+					if !strings.Contains(e.Message, s) {
+						t.Errorf("pool %s: message %q does not contain %q", pool, e.Message, s)
+					}
+				}
+			}
+			for pool := range got {
+				if _, ok := tc.errs[pool]; !ok {
+					t.Errorf("unexpected error %v", got[pool])
+				}
+			}
+			for ip, want := range tc.owner {
+				p := view.PoolFor(netip.MustParseAddr(ip))
+				name := ""
+				if p != nil {
+					name = p.Name
+				}
+				if name != want {
+					t.Errorf("PoolFor(%s) = %q, want %q", ip, name, want)
+				}
+			}
+			for pool, want := range tc.disabled {
+				p := view.Pool(pool)
+				if p == nil {
+					t.Errorf("pool %s not accepted", pool)
+					continue
+				}
+				if (want == "") != (p.Disabled == "") || !strings.Contains(p.Disabled, want) {
+					t.Errorf("pool %s Disabled = %q, want it to contain %q", pool, p.Disabled, want)
+				}
+			}
+		})
+	}
+}
+
+func TestCompileAttributes(t *testing.T) {
+	peers := []*v1alpha1.BGPPeer{
+		mkPeer("tor-b", "10.0.0.253", map[string]string{"role": "tor"}),
+		mkPeer("tor-a", "10.0.0.254", map[string]string{"role": "tor"}),
+		mkPeer("rr", "10.0.0.100", map[string]string{"role": "rr"}),
+		// A ToR of another zone: not a peer of this node, so never selected.
+		func() *v1alpha1.BGPPeer {
+			p := mkPeer("tor-zone-b", "10.1.0.254", map[string]string{"role": "tor"})
+			p.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}
+			return p
+		}(),
+		// Unusable on this node: not selectable either.
+		func() *v1alpha1.BGPPeer {
+			p := mkPeer("tor-broken", "not-an-ip", map[string]string{"role": "tor"})
+			return p
+		}(),
+		// Password not readable: still selected (PeersForNode reports it).
+		func() *v1alpha1.BGPPeer {
+			p := mkPeer("tor-secret", "10.0.0.252", map[string]string{"role": "tor"})
+			p.Spec.PasswordSecretRef = &v1alpha1.SecretKeyReference{Namespace: "ns", Name: "missing"}
+			return p
+		}(),
+	}
+	pools := []*v1alpha1.IPPool{
+		withBGP(mkPool("attrs", 0, "192.0.2.0/24", "2001:db8::/64"), v1alpha1.IPPoolBGP{
+			Communities:         []string{"no-export", "64512:100", "64512:100", "0:0", "65535:65535", "blackhole"},
+			LargeCommunities:    []string{"4200000000:1:2", "1:2:3", "4294967295:0:4294967295"},
+			LocalPref:           ptr.To[uint32](200),
+			AggregationLength:   ptr.To[int32](28),
+			AggregationLengthV6: ptr.To[int32](120),
+			PeerSelector:        &metav1.LabelSelector{MatchLabels: map[string]string{"role": "tor"}},
+		}),
+		withBGP(mkPool("none", 1, "198.51.100.0/24"), v1alpha1.IPPoolBGP{PeerSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "nope"}}}),
+		mkPool("plain", 2, "203.0.113.0/24"),
+	}
+	view, errs := Compile(pools, peers, testNode())
+	if len(errs) != 0 {
+		t.Fatalf("errors: %v", errs)
+	}
+	p := view.Pool("attrs")
+	wantComm := []uint32{0, 64512<<16 | 100, 0xFFFF029A, 0xFFFFFF01, 0xFFFFFFFF}
+	if !reflect.DeepEqual(p.Communities, wantComm) {
+		t.Errorf("Communities = %#x, want %#x", p.Communities, wantComm)
+	}
+	wantLarge := []bgp.LargeCommunity{{Global: 1, Local1: 2, Local2: 3}, {Global: 4200000000, Local1: 1, Local2: 2}, {Global: 4294967295, Local1: 0, Local2: 4294967295}}
+	if !reflect.DeepEqual(p.LargeCommunities, wantLarge) {
+		t.Errorf("LargeCommunities = %v, want %v", p.LargeCommunities, wantLarge)
+	}
+	if p.LocalPref == nil || *p.LocalPref != 200 {
+		t.Errorf("LocalPref = %v", p.LocalPref)
+	}
+	if p.AggregationLength != 28 || p.AggregationLengthV6 != 120 {
+		t.Errorf("aggregation = %d, %d", p.AggregationLength, p.AggregationLengthV6)
+	}
+	if want := []string{"tor-a", "tor-b", "tor-secret"}; !reflect.DeepEqual(p.Peers, want) || !p.HasPeerSelector {
+		t.Errorf("Peers = %v (HasPeerSelector %v), want %v", p.Peers, p.HasPeerSelector, want)
+	}
+	if n := view.Pool("none"); n.Peers == nil || len(n.Peers) != 0 || !n.HasPeerSelector {
+		t.Errorf("pool none: Peers = %#v, HasPeerSelector = %v; want empty non-nil, true", n.Peers, n.HasPeerSelector)
+	}
+	pl := view.Pool("plain")
+	if pl.Peers != nil || pl.HasPeerSelector || pl.Communities != nil || pl.LocalPref != nil || pl.AggregationLength != 32 || pl.AggregationLengthV6 != 128 {
+		t.Errorf("pool plain = %+v, want defaults", pl)
+	}
+}
+
+func TestPeersForNode(t *testing.T) {
+	full := mkPeer("full", "2001:db8::fe", map[string]string{"role": "tor"})
+	full.Spec.Port = ptr.To[int32](1179)
+	full.Spec.SourceAddress = "2001:db8::10"
+	full.Spec.HoldTime = &metav1.Duration{Duration: 9 * time.Second}
+	full.Spec.KeepaliveTime = &metav1.Duration{Duration: 2 * time.Second}
+	full.Spec.EBGPMultiHop = ptr.To[int32](3)
+	full.Spec.PasswordSecretRef = &v1alpha1.SecretKeyReference{Namespace: "vipcast", Name: "bgp", Key: "tor"}
+	full.Spec.GracefulRestart = &v1alpha1.GracefulRestart{Enabled: true, RestartTime: &metav1.Duration{Duration: 30 * time.Second}}
+	full.Spec.Families = []v1alpha1.AddressFamily{v1alpha1.AddressFamilyIPv6Unicast}
+
+	defaults := mkPeer("defaults", "10.0.0.254", nil)
+	defaults.Spec.GracefulRestart = &v1alpha1.GracefulRestart{Enabled: true}
+
+	ibgp := mkPeer("ibgp", "::ffff:10.0.0.250", nil)
+	ibgp.Spec.PeerASN = 64512
+	ibgp.Spec.GracefulRestart = &v1alpha1.GracefulRestart{Enabled: false, RestartTime: &metav1.Duration{Duration: time.Second}}
+
+	otherZone := mkPeer("other-zone", "10.1.0.254", nil)
+	otherZone.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}
+	myZone := mkPeer("my-zone", "10.0.0.253", nil)
+	myZone.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: metav1.LabelSelectorOpIn, Values: []string{"a", "c"}}}}
+	badSel := mkPeer("bad-selector", "10.0.0.252", nil)
+	badSel.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: "Equals"}}}
+	noSecret := mkPeer("no-secret", "10.0.0.251", nil)
+	noSecret.Spec.PasswordSecretRef = &v1alpha1.SecretKeyReference{Namespace: "vipcast", Name: "gone"}
+	badAddr := mkPeer("bad-addr", "10.0.0.256", nil)
+	badSrc := mkPeer("bad-source", "10.0.0.249", nil)
+	badSrc.Spec.SourceAddress = "2001:db8::1"
+
+	passwords := func(ref *v1alpha1.SecretKeyReference) (string, error) {
+		if ref.Name == "bgp" && ref.KeyOrDefault() == "tor" {
+			return "s3cret", nil
+		}
+		return "", errors.New(`secret vipcast/gone not found`)
+	}
+	all := []*v1alpha1.BGPPeer{full, defaults, ibgp, otherZone, myZone, badSel, noSecret, badAddr, badSrc}
+
+	t.Run("translation", func(t *testing.T) {
+		got, errs := PeersForNode(all, testNode(), passwords)
+		want := []bgp.Peer{
+			{Name: "defaults", Address: netip.MustParseAddr("10.0.0.254"), Port: 179, ASN: 65000, LocalASN: 64512,
+				HoldTime: 90 * time.Second, KeepaliveTime: 30 * time.Second, EBGPMultiHop: 1,
+				GracefulRestart: true, RestartTime: 120 * time.Second, Families: []bgp.Family{bgp.IPv4Unicast, bgp.IPv6Unicast}},
+			{Name: "full", Address: netip.MustParseAddr("2001:db8::fe"), Port: 1179, ASN: 65000, LocalASN: 64512,
+				SourceAddress: netip.MustParseAddr("2001:db8::10"), HoldTime: 9 * time.Second, KeepaliveTime: 2 * time.Second,
+				EBGPMultiHop: 3, Password: "s3cret", GracefulRestart: true, RestartTime: 30 * time.Second, Families: []bgp.Family{bgp.IPv6Unicast}},
+			{Name: "ibgp", Address: netip.MustParseAddr("10.0.0.250"), Port: 179, ASN: 64512, LocalASN: 64512,
+				HoldTime: 90 * time.Second, KeepaliveTime: 30 * time.Second, Families: []bgp.Family{bgp.IPv4Unicast, bgp.IPv6Unicast}},
+			{Name: "my-zone", Address: netip.MustParseAddr("10.0.0.253"), Port: 179, ASN: 65000, LocalASN: 64512,
+				HoldTime: 90 * time.Second, KeepaliveTime: 30 * time.Second, EBGPMultiHop: 1, Families: []bgp.Family{bgp.IPv4Unicast, bgp.IPv6Unicast}},
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("peers:\n got %+v\nwant %+v", got, want)
+		}
+		wantErrs := map[string][]string{
+			"bad-selector": {v1alpha1.ReasonInvalidSelector, "spec.nodeSelector", `"Equals"`},
+			"no-secret":    {v1alpha1.ReasonSecretNotFound, `Secret vipcast/gone key "password"`, "not found"},
+			"bad-addr":     {v1alpha1.ReasonInvalidConfig, `spec.peerAddress "10.0.0.256"`},
+			"bad-source":   {v1alpha1.ReasonInvalidConfig, "spec.sourceAddress", "different IP families"},
+		}
+		if len(errs) != len(wantErrs) {
+			t.Errorf("errors = %v, want %d", errs, len(wantErrs))
+		}
+		for i, e := range errs {
+			if i > 0 && errs[i-1].Peer >= e.Peer {
+				t.Errorf("errors not sorted by peer: %v", errs)
+			}
+			want, ok := wantErrs[e.Peer]
+			if !ok {
+				t.Errorf("unexpected error %v", e)
+				continue
+			}
+			if e.Reason != want[0] {
+				t.Errorf("%s: reason %s, want %s", e.Peer, e.Reason, want[0])
+			}
+			for _, s := range want[1:] {
+				if !strings.Contains(e.Error(), s) {
+					t.Errorf("%s: error %q does not contain %q", e.Peer, e, s)
+				}
+			}
+			if !strings.HasPrefix(e.Error(), "BGPPeer "+e.Peer+": ") {
+				t.Errorf("error %q does not name the BGPPeer", e)
+			}
+		}
+	})
+
+	t.Run("node ASN override", func(t *testing.T) {
+		n := testNode()
+		n.LocalASN = 4200000001
+		got, _ := PeersForNode([]*v1alpha1.BGPPeer{defaults, ibgp, full}, n, passwords)
+		for _, p := range got {
+			if p.LocalASN != 4200000001 {
+				t.Errorf("%s: LocalASN %d, want the node override", p.Name, p.LocalASN)
+			}
+		}
+		// The override turned the iBGP peer into eBGP: TTL now applies.
+		if got[2].Name != "ibgp" || got[2].EBGPMultiHop != 1 {
+			t.Errorf("ibgp peer under override: %+v", got[2])
+		}
+		// And the other way round: eBGP peer made iBGP drops multihop.
+		n.LocalASN = 65000
+		got, _ = PeersForNode([]*v1alpha1.BGPPeer{full}, n, passwords)
+		if len(got) != 1 || !got[0].IBGP() || got[0].EBGPMultiHop != 0 {
+			t.Errorf("full peer under override to its own ASN: %+v", got)
+		}
+	})
+
+	t.Run("nil password callback", func(t *testing.T) {
+		got, errs := PeersForNode([]*v1alpha1.BGPPeer{full, defaults}, testNode(), nil)
+		if len(got) != 1 || got[0].Name != "defaults" || len(errs) != 1 || errs[0].Reason != v1alpha1.ReasonSecretNotFound {
+			t.Errorf("got %v, %v", got, errs)
+		}
+	})
+
+	t.Run("input not modified and order independent", func(t *testing.T) {
+		rev := []*v1alpha1.BGPPeer{badSrc, myZone, defaults, full}
+		got, _ := PeersForNode(rev, testNode(), passwords)
+		if rev[0] != badSrc || len(got) != 3 || got[0].Name != "defaults" || got[2].Name != "my-zone" {
+			t.Errorf("got %v", got)
+		}
+	})
+}

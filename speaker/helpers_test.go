@@ -1,0 +1,109 @@
+package speaker
+
+import (
+	"net/netip"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/bgp"
+)
+
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// testNode is the node of most tests: dual-stack, labelled zone=a.
+func testNode() Node {
+	return Node{
+		Name:   "n1",
+		Labels: map[string]string{"zone": "a"},
+		IPv4:   netip.MustParseAddr("10.0.0.1"),
+		IPv6:   netip.MustParseAddr("fd00::1"),
+	}
+}
+
+// mkPool returns an IPPool created age seconds after epoch.
+func mkPool(name string, age int, addrs ...string) *v1alpha1.IPPool {
+	return &v1alpha1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(epoch.Add(time.Duration(age) * time.Second))},
+		Spec:       v1alpha1.IPPoolSpec{Addresses: addrs},
+	}
+}
+
+func withBGP(p *v1alpha1.IPPool, b v1alpha1.IPPoolBGP) *v1alpha1.IPPool {
+	p.Spec.BGP = &b
+	return p
+}
+
+func mkPeer(name string, addr string, lbls map[string]string) *v1alpha1.BGPPeer {
+	return &v1alpha1.BGPPeer{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: lbls},
+		Spec:       v1alpha1.BGPPeerSpec{PeerAddress: addr, PeerASN: 65000, LocalASN: 64512},
+	}
+}
+
+// mkSvc returns a class-less Cluster-policy LoadBalancer Service with the
+// given ingress IPs.
+func mkSvc(name string, ips ...string) *v1.Service {
+	s := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec:       v1.ServiceSpec{Type: v1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: v1.ServiceExternalTrafficPolicyCluster},
+	}
+	for _, ip := range ips {
+		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(v1.LoadBalancerIPModeProxy)})
+	}
+	return s
+}
+
+func local(s *v1.Service) *v1.Service {
+	s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	return s
+}
+
+// ep is an endpoint on node with the given ready condition (nil: unset).
+type ep struct {
+	node  string
+	ready *bool
+	term  bool
+}
+
+// mkSlice returns an EndpointSlice of Service name with the endpoints.
+func mkSlice(name string, fam discoveryv1.AddressType, eps ...ep) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name + "-x", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: fam,
+	}
+	for i, e := range eps {
+		addr := netip.AddrFrom4([4]byte{10, 244, 0, byte(i + 1)}).String()
+		if fam == discoveryv1.AddressTypeIPv6 {
+			addr = netip.AddrFrom16([16]byte{0xfd, 0x44, 15: byte(i + 1)}).String()
+		}
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{addr},
+			NodeName:   ptr.To(e.node),
+			Conditions: discoveryv1.EndpointConditions{Ready: e.ready, Terminating: ptr.To(e.term)},
+		})
+	}
+	return s
+}
+
+var (
+	yes = ptr.To(true)
+	no  = ptr.To(false)
+)
+
+// host returns the route of prefix p via the test node's next hop with no
+// attributes.
+func route(p string) bgp.Route {
+	pfx := netip.MustParsePrefix(p)
+	nh := testNode().IPv4
+	if pfx.Addr().Is6() {
+		nh = testNode().IPv6
+	}
+	return bgp.Route{Prefix: pfx, NextHop: nh}
+}
+
+var zeroAddr netip.Addr

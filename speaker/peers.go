@@ -1,0 +1,169 @@
+package speaker
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/bgp"
+)
+
+// PeerError is a BGPPeer this node cannot use; the peer is left out of
+// PeersForNode's result.
+type PeerError struct {
+	// Peer is the BGPPeer's name.
+	Peer string
+	// Reason is the v1alpha1 condition reason: ReasonInvalidConfig,
+	// ReasonInvalidSelector or ReasonSecretNotFound.
+	Reason string
+	// Message names the field or Secret at fault and the fix.
+	Message string
+}
+
+func (e PeerError) Error() string { return fmt.Sprintf("BGPPeer %s: %s", e.Peer, e.Message) }
+
+// peerLabels is a selected peer as pool peerSelectors see it.
+type peerLabels struct {
+	name   string
+	labels labels.Set
+}
+
+// selectedPeers returns the usable peers this node peers with, by name.
+func selectedPeers(peers []*v1alpha1.BGPPeer, node Node) []peerLabels {
+	var out []peerLabels
+	for _, p := range sortedPeers(peers) {
+		if _, ok, perr := translatePeer(p, node); ok && perr == nil {
+			out = append(out, peerLabels{p.Name, labels.Set(p.Labels)})
+		}
+	}
+	return out
+}
+
+func sortedPeers(peers []*v1alpha1.BGPPeer) []*v1alpha1.BGPPeer {
+	out := slices.Clone(peers)
+	slices.SortFunc(out, func(a, b *v1alpha1.BGPPeer) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// PeersForNode returns the BGP sessions this node opens, sorted by name:
+// one per BGPPeer whose spec.nodeSelector selects the node (every node when
+// unset). Every field is translated with its default (port 179, hold time
+// 90s, keepalive a third of it, TTL 1, restart time 120s, both families);
+// the local ASN is the node's AnnotationLocalASN override when set, else
+// spec.localASN. eBGP multihop is dropped when the session is iBGP (which
+// the override can make it).
+//
+// password resolves spec.passwordSecretRef. A peer whose password lookup
+// fails (or whose settings or nodeSelector cannot be used) is left out and
+// reported in a PeerError; the caller decides what to do and reports it on
+// the BGPPeer.
+func PeersForNode(peers []*v1alpha1.BGPPeer, node Node, password func(ref *v1alpha1.SecretKeyReference) (string, error)) ([]bgp.Peer, []PeerError) {
+	var out []bgp.Peer
+	var errs []PeerError
+	for _, p := range sortedPeers(peers) {
+		bp, selected, perr := translatePeer(p, node)
+		switch {
+		case perr != nil:
+			errs = append(errs, *perr)
+			continue
+		case !selected:
+			continue
+		}
+		if ref := p.Spec.PasswordSecretRef; ref != nil {
+			where := fmt.Sprintf("Secret %s/%s key %q", ref.Namespace, ref.Name, ref.KeyOrDefault())
+			if password == nil {
+				errs = append(errs, PeerError{p.Name, v1alpha1.ReasonSecretNotFound, "spec.passwordSecretRef: no way to read " + where})
+				continue
+			}
+			pw, err := password(ref)
+			if err != nil {
+				errs = append(errs, PeerError{p.Name, v1alpha1.ReasonSecretNotFound,
+					fmt.Sprintf("spec.passwordSecretRef: cannot read the password from %s: %v; the session is not opened until the Secret exists and the speaker may read it", where, err)})
+				continue
+			}
+			bp.Password = pw
+		}
+		out = append(out, bp)
+	}
+	return out, errs
+}
+
+// translatePeer converts a BGPPeer without its password. selected is false
+// when the peer's nodeSelector does not select node.
+func translatePeer(p *v1alpha1.BGPPeer, node Node) (bgp.Peer, bool, *PeerError) {
+	bad := func(reason, format string, args ...any) (bgp.Peer, bool, *PeerError) {
+		return bgp.Peer{}, false, &PeerError{p.Name, reason, fmt.Sprintf(format, args...)}
+	}
+	s := &p.Spec
+	if s.NodeSelector != nil {
+		sel, err := metav1.LabelSelectorAsSelector(s.NodeSelector)
+		if err != nil {
+			return bad(v1alpha1.ReasonInvalidSelector, "spec.nodeSelector: %v; fix the selector (operators are In, NotIn, Exists, DoesNotExist)", err)
+		}
+		if !sel.Matches(node.Labels) {
+			return bgp.Peer{}, false, nil
+		}
+	}
+	addr, err := netip.ParseAddr(strings.TrimSpace(s.PeerAddress))
+	if err != nil || addr.Zone() != "" || addr.IsUnspecified() {
+		return bad(v1alpha1.ReasonInvalidConfig, "spec.peerAddress %q is not a usable IP address; write an IPv4 or IPv6 address such as 192.0.2.1, without prefix length, port or zone", s.PeerAddress)
+	}
+	addr = addr.Unmap()
+	out := bgp.Peer{
+		Name:          p.Name,
+		Address:       addr,
+		ASN:           s.PeerASN,
+		LocalASN:      s.LocalASN,
+		HoldTime:      s.HoldTimeOrDefault(),
+		KeepaliveTime: s.KeepaliveTimeOrDefault(),
+	}
+	if node.LocalASN != 0 {
+		out.LocalASN = node.LocalASN
+	}
+	if out.ASN == 0 || out.LocalASN == 0 {
+		return bad(v1alpha1.ReasonInvalidConfig, "spec.peerASN and spec.localASN must be 1 to %d", uint64(maxASN))
+	}
+	port := s.PortOrDefault()
+	if port < 1 || port > 65535 {
+		return bad(v1alpha1.ReasonInvalidConfig, "spec.port %d is out of range: use 1 to 65535, or omit it for 179", port)
+	}
+	out.Port = uint16(port)
+	if s.SourceAddress != "" {
+		src, err := netip.ParseAddr(strings.TrimSpace(s.SourceAddress))
+		if err != nil || src.Zone() != "" {
+			return bad(v1alpha1.ReasonInvalidConfig, "spec.sourceAddress %q is not an IP address; write an address of this node such as 192.0.2.10, or omit it", s.SourceAddress)
+		}
+		src = src.Unmap()
+		if src.Is4() != addr.Is4() {
+			return bad(v1alpha1.ReasonInvalidConfig, "spec.sourceAddress %s and spec.peerAddress %s are of different IP families; use a source address of the peer's family", src, addr)
+		}
+		out.SourceAddress = src
+	}
+	if ttl := s.EBGPMultiHopOrDefault(); ttl < 1 || ttl > 255 {
+		return bad(v1alpha1.ReasonInvalidConfig, "spec.ebgpMultiHop %d is out of range: use 1 to 255", ttl)
+	} else if !out.IBGP() {
+		out.EBGPMultiHop = uint8(ttl)
+	}
+	if gr := s.GracefulRestart; gr != nil && gr.Enabled {
+		out.GracefulRestart = true
+		out.RestartTime = gr.RestartTimeOrDefault()
+	}
+	for _, f := range s.FamiliesOrDefault() {
+		switch f {
+		case v1alpha1.AddressFamilyIPv4Unicast:
+			out.Families = append(out.Families, bgp.IPv4Unicast)
+		case v1alpha1.AddressFamilyIPv6Unicast:
+			out.Families = append(out.Families, bgp.IPv6Unicast)
+		default:
+			return bad(v1alpha1.ReasonInvalidConfig, "spec.families: unknown family %q; use ipv4-unicast and/or ipv6-unicast", f)
+		}
+	}
+	slices.Sort(out.Families)
+	out.Families = slices.Compact(out.Families)
+	return out, true, nil
+}

@@ -1,0 +1,239 @@
+package speaker
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/vipcast/vipcast/bgp"
+)
+
+// ServiceKey returns the key of a Service in a RouteTable: "namespace/name",
+// the informer cache key and the CCM's allocator owner.
+func ServiceKey(svc *v1.Service) string { return svc.Namespace + "/" + svc.Name }
+
+// ServiceRoutes returns the routes this node announces for one Service,
+// sorted by prefix, and, whenever one of the Service's VIPs is not
+// announced, a short human reason for logs and Events (empty when every VIP
+// is announced). It reads only svc, its EndpointSlices and the view, so a
+// change of one Service or its endpoints costs work for that Service only.
+//
+// The rules, in the order they are checked:
+//
+//   - The Service is vipcast's when spec.type is LoadBalancer and
+//     spec.loadBalancerClass is unset: the CCM's service controller only
+//     handles class-less Services. Its VIPs are the IPs of
+//     status.loadBalancer.ingress; hostnames and unparsable IPs are skipped.
+//   - A node labelled node.kubernetes.io/exclude-from-external-load-balancers
+//     (any value) or cordoned (spec.unschedulable) announces nothing.
+//   - Endpoints: an endpoint counts when its conditions.ready is true or
+//     unset (unset means ready, per the EndpointSlice API); a terminating
+//     endpoint has ready false and does not count. Endpoints are counted per
+//     IP family (the EndpointSlice's addressType), since a VIP is forwarded
+//     to endpoints of its own family. With externalTrafficPolicy Local a VIP
+//     is announced only when this node (EndpointSlice nodeName) has a ready
+//     endpoint: traffic is not forwarded to other nodes. With Cluster it is
+//     announced from every eligible node as soon as any node has a ready
+//     endpoint, and not at all when none has: a route to a Service without
+//     a backend only black-holes traffic that the fabric could send
+//     elsewhere (MetalLB does the same).
+//   - The VIP must lie in an IPPool of the view (the pool that contains
+//     it); that pool must not be Disabled for this node (its
+//     spec.bgp.nodeSelector selects the node and its spec.bgp is usable).
+//   - The prefix is the VIP masked to the pool's aggregationLength (IPv4)
+//     or aggregationLengthV6 (IPv6) under Cluster. Under Local it is always
+//     the host prefix (/32, /128): an aggregate would also attract traffic
+//     for the other Services in it, which may have no endpoint on this node.
+//   - The next hop is the node's address of the VIP's family; without one,
+//     that VIP is not announced.
+//   - Attributes come from the pool: communities, large communities,
+//     localPref, and Peers from its peerSelector (nil, meaning every peer,
+//     when the pool has none). A peerSelector selecting none of this node's
+//     peers announces nothing.
+//
+// Routes share the view's attribute slices: do not modify them. A nil view
+// (configuration not loaded yet) announces nothing.
+func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View) (routes []bgp.Route, reason string) {
+	if view == nil {
+		return nil, "configuration not loaded yet"
+	}
+	if svc.Spec.Type != v1.ServiceTypeLoadBalancer {
+		return nil, "not a LoadBalancer Service"
+	}
+	if c := svc.Spec.LoadBalancerClass; c != nil {
+		return nil, "handled by loadBalancerClass " + *c
+	}
+	vips := serviceVIPs(svc)
+	if len(vips) == 0 {
+		return nil, "no VIP in status.loadBalancer.ingress yet"
+	}
+	node := &view.Node
+	if node.Excluded {
+		return nil, "node excluded by label " + LabelExcludeFromExternalLB
+	}
+	if node.Cordoned {
+		return nil, "node cordoned"
+	}
+	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	eps := countEndpoints(svc, endpointSlices, node.Name, local)
+
+	routes = make([]bgp.Route, 0, len(vips))
+	var reasons []string
+	why := func(s string) {
+		if !slices.Contains(reasons, s) {
+			reasons = append(reasons, s)
+		}
+	}
+	for _, vip := range vips {
+		pool := view.PoolFor(vip)
+		if pool == nil {
+			why(fmt.Sprintf("VIP %s is in no IPPool", vip))
+			continue
+		}
+		if pool.Disabled != "" {
+			why(pool.Disabled)
+			continue
+		}
+		if msg := eps.missing(vip, local); msg != "" {
+			why(msg)
+			continue
+		}
+		nh, ok := node.NextHop(vip)
+		if !ok {
+			why(fmt.Sprintf("node has no %s address (InternalIP or ExternalIP) to announce VIP %s with", familyName(vip), vip))
+			continue
+		}
+		if pool.HasPeerSelector && len(pool.Peers) == 0 {
+			why(fmt.Sprintf("pool %s's peerSelector selects none of this node's BGPPeers", pool.Name))
+			continue
+		}
+		bits := vip.BitLen()
+		if !local {
+			bits = pool.AggregationLength
+			if vip.Is6() {
+				bits = pool.AggregationLengthV6
+			}
+		}
+		routes = append(routes, bgp.Route{
+			Prefix:           netip.PrefixFrom(vip, bits).Masked(),
+			NextHop:          nh,
+			Communities:      pool.Communities,
+			LargeCommunities: pool.LargeCommunities,
+			LocalPref:        pool.LocalPref,
+			Peers:            pool.Peers,
+		})
+	}
+	if len(routes) > 1 {
+		slices.SortFunc(routes, func(a, b bgp.Route) int { return comparePrefix(a.Prefix, b.Prefix) })
+		// Two VIPs of one Service in one aggregate make one route.
+		routes = slices.CompactFunc(routes, func(a, b bgp.Route) bool { return a.Prefix == b.Prefix })
+	}
+	if len(routes) == 0 {
+		routes = nil
+	}
+	return routes, strings.Join(reasons, "; ")
+}
+
+// serviceVIPs returns the distinct IPs of status.loadBalancer.ingress, in
+// order, unmapped.
+func serviceVIPs(svc *v1.Service) []netip.Addr {
+	var out []netip.Addr
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		if ing.IP == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(ing.IP)
+		if err != nil || ip.Zone() != "" {
+			continue
+		}
+		ip = ip.Unmap()
+		if !slices.Contains(out, ip) {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// endpointCounts records, per family (0 IPv4, 1 IPv6), whether a ready
+// endpoint exists anywhere and on this node.
+type endpointCounts struct {
+	any, local [2]bool
+}
+
+func famSlot(ip netip.Addr) int {
+	if ip.Is4() {
+		return 0
+	}
+	return 1
+}
+
+func familyName(ip netip.Addr) string {
+	if ip.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+// countEndpoints scans the Service's EndpointSlices. Slices of another
+// Service (by namespace or kubernetes.io/service-name label) and FQDN
+// slices are ignored. Without wantLocal, a slice is left at its first ready
+// endpoint.
+func countEndpoints(svc *v1.Service, eps []*discoveryv1.EndpointSlice, nodeName string, wantLocal bool) endpointCounts {
+	var c endpointCounts
+	for _, s := range eps {
+		if s == nil || s.Namespace != svc.Namespace {
+			continue
+		}
+		if name, ok := s.Labels[discoveryv1.LabelServiceName]; ok && name != svc.Name {
+			continue
+		}
+		var slot int
+		switch s.AddressType {
+		case discoveryv1.AddressTypeIPv4:
+			slot = 0
+		case discoveryv1.AddressTypeIPv6:
+			slot = 1
+		default:
+			continue
+		}
+		for i := range s.Endpoints {
+			ep := &s.Endpoints[i]
+			if len(ep.Addresses) == 0 || (ep.Conditions.Ready != nil && !*ep.Conditions.Ready) {
+				continue
+			}
+			c.any[slot] = true
+			if !wantLocal {
+				break // nothing more to learn from this slice
+			}
+			if ep.NodeName != nil && *ep.NodeName == nodeName {
+				c.local[slot] = true
+				break
+			}
+		}
+	}
+	return c
+}
+
+// missing returns why vip may not be announced for lack of endpoints, or "".
+func (c *endpointCounts) missing(vip netip.Addr, local bool) string {
+	slot := famSlot(vip)
+	have := c.any
+	if local {
+		have = c.local
+	}
+	switch {
+	case have[slot]:
+		return ""
+	case local && have[1-slot]:
+		return fmt.Sprintf("externalTrafficPolicy Local and no ready %s endpoint on this node for VIP %s", familyName(vip), vip)
+	case local:
+		return "externalTrafficPolicy Local and no ready endpoint on this node"
+	case have[1-slot]:
+		return fmt.Sprintf("no ready %s endpoints for VIP %s", familyName(vip), vip)
+	}
+	return "no ready endpoints"
+}
