@@ -50,7 +50,8 @@ type Peer struct {
 	// SourceAddress is the local address the session is opened from; the
 	// zero value lets the kernel choose.
 	SourceAddress netip.Addr
-	// HoldTime is the proposed hold time (0: never time out).
+	// HoldTime is the proposed hold time, at least 3 s; 0 means the
+	// engine's default (90 s with gobgp, which cannot propose 0).
 	HoldTime time.Duration
 	// KeepaliveTime is the keepalive interval (0: a third of HoldTime).
 	KeepaliveTime time.Duration
@@ -110,6 +111,9 @@ type SessionState struct {
 	Announced int
 	// UpdatesSent and UpdatesReceived count UPDATE messages.
 	UpdatesSent, UpdatesReceived uint64
+	// Transitions counts the state changes observed since the session
+	// was configured.
+	Transitions uint64
 }
 
 // Established reports whether the session is up.

@@ -15,13 +15,10 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +27,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/vipcast/vipcast/test/proc"
 )
 
 // KubernetesVersion is the version of kube-apiserver (and the etcd it pins)
@@ -69,20 +68,8 @@ type ControlPlane struct {
 	// Token is the admin bearer token.
 	Token string
 
-	procs []*Process
+	procs []*proc.Process
 }
-
-// Process is a child process started by the harness.
-type Process struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// Done is closed when the process has exited.
-func (p *Process) Done() <-chan struct{} { return p.done }
-
-// Pid returns the process ID.
-func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
 // Start launches etcd and kube-apiserver on loopback, waits until the API
 // server is ready and registers their shutdown with t.Cleanup. It fails the
@@ -107,7 +94,7 @@ func start(dir string, logf func(string, ...any)) (*ControlPlane, error) {
 		}
 	}
 	cp := &ControlPlane{Dir: dir}
-	ports, err := FreePorts(3)
+	ports, err := proc.FreePorts("127.0.0.1", 3)
 	if err != nil {
 		return cp, err
 	}
@@ -235,31 +222,12 @@ current-context: test
 }
 
 func (cp *ControlPlane) launch(path, name string, args ...string) error {
-	p, err := StartProcess(filepath.Join(cp.Dir, name+".log"), path, args...)
+	p, err := proc.Start(filepath.Join(cp.Dir, name+".log"), path, args...)
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
 	cp.procs = append(cp.procs, p)
 	return nil
-}
-
-// StartProcess starts path with args, its output appended to logPath. The
-// child gets its own process group and is killed if the test process dies.
-func StartProcess(logPath, path string, args ...string) (*Process, error) {
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("log file: %w", err)
-	}
-	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start %s: %w", path, err)
-	}
-	p := &Process{cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logFile.Close(); close(p.done) }()
-	return p, nil
 }
 
 // Stop terminates the API server and etcd (in reverse start order), waiting
@@ -269,23 +237,6 @@ func (cp *ControlPlane) Stop() {
 		cp.procs[i].Stop(5 * time.Second)
 	}
 	cp.procs = nil
-}
-
-// Stop sends SIGTERM to the process group, waits up to grace for the
-// process to exit and then kills the group. Safe to call more than once.
-func (p *Process) Stop(grace time.Duration) {
-	p.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-	}
-	p.Signal(syscall.SIGKILL)
-	<-p.done
-}
-
-// Signal sends sig to the process group.
-func (p *Process) Signal(sig syscall.Signal) {
-	_ = syscall.Kill(-p.cmd.Process.Pid, sig)
 }
 
 func waitReady(apiURL, token string, timeout time.Duration) error {
@@ -308,24 +259,4 @@ func waitReady(apiURL, token string, timeout time.Duration) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return fmt.Errorf("after %s: %w", timeout, last)
-}
-
-// FreePorts returns n distinct TCP ports that were free on 127.0.0.1.
-func FreePorts(n int) ([]int, error) {
-	var ports []int
-	var listeners []net.Listener
-	defer func() {
-		for _, l := range listeners {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free port: %w", err)
-		}
-		listeners = append(listeners, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

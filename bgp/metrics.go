@@ -1,0 +1,85 @@
+package bgp
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// sessionStates are the values of the state label of
+// vipcast_bgp_session_state.
+var sessionStates = []string{"Idle", "Connect", "Active", "OpenSent", "OpenConfirm", "Established"}
+
+// collector exports a Speaker's sessions as Prometheus metrics.
+type collector struct {
+	s       Speaker
+	timeout time.Duration
+
+	up, state, announced, sent, received, transitions *prometheus.Desc
+}
+
+// NewCollector returns a Prometheus collector that reports the sessions
+// of s at every scrape (through s.Sessions):
+//
+//	vipcast_bgp_session_up{peer}                  1 when Established
+//	vipcast_bgp_session_state{peer,state}         1 for the current FSM state
+//	vipcast_bgp_announced_prefixes{peer}          prefixes sent to the peer
+//	vipcast_bgp_updates_sent_total{peer}          UPDATE messages sent
+//	vipcast_bgp_updates_received_total{peer}      UPDATE messages received
+//	vipcast_bgp_session_transitions_total{peer}   FSM state changes
+func NewCollector(s Speaker) prometheus.Collector {
+	peer := []string{"peer"}
+	return &collector{
+		s:       s,
+		timeout: 5 * time.Second,
+		up: prometheus.NewDesc("vipcast_bgp_session_up",
+			"Whether the BGP session is Established (1) or not (0).", peer, nil),
+		state: prometheus.NewDesc("vipcast_bgp_session_state",
+			"The BGP session's FSM state: 1 for the current state, 0 for the others.", []string{"peer", "state"}, nil),
+		announced: prometheus.NewDesc("vipcast_bgp_announced_prefixes",
+			"Prefixes announced to the BGP peer.", peer, nil),
+		sent: prometheus.NewDesc("vipcast_bgp_updates_sent_total",
+			"BGP UPDATE messages sent to the peer in the current session.", peer, nil),
+		received: prometheus.NewDesc("vipcast_bgp_updates_received_total",
+			"BGP UPDATE messages received from the peer in the current session.", peer, nil),
+		transitions: prometheus.NewDesc("vipcast_bgp_session_transitions_total",
+			"BGP session state changes since the peer was configured.", peer, nil),
+	}
+}
+
+// Describe sends the descriptors of every metric.
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.up, c.state, c.announced, c.sent, c.received, c.transitions} {
+		ch <- d
+	}
+}
+
+// Collect reports the current sessions; on error it reports an invalid
+// metric, which fails the scrape visibly.
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	sessions, err := c.s.Sessions(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.up, err)
+		return
+	}
+	for _, s := range sessions {
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, boolValue(s.Established()), s.Peer)
+		for _, st := range sessionStates {
+			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, boolValue(s.State == st), s.Peer, st)
+		}
+		ch <- prometheus.MustNewConstMetric(c.announced, prometheus.GaugeValue, float64(s.Announced), s.Peer)
+		ch <- prometheus.MustNewConstMetric(c.sent, prometheus.CounterValue, float64(s.UpdatesSent), s.Peer)
+		ch <- prometheus.MustNewConstMetric(c.received, prometheus.CounterValue, float64(s.UpdatesReceived), s.Peer)
+		ch <- prometheus.MustNewConstMetric(c.transitions, prometheus.CounterValue, float64(s.Transitions), s.Peer)
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,261 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	api "github.com/osrg/gobgp/v3/api"
+	"github.com/osrg/gobgp/v3/pkg/apiutil"
+	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
+)
+
+// Apply withdraws the prefixes in withdraw and announces the routes in
+// announce; a route re-announced with other attributes replaces the old
+// one, an unchanged one is not sent again. A prefix in both lists is
+// announced.
+//
+// LOCAL_PREF is put on the path; gobgp strips it towards eBGP peers.
+// Route.Peers is enforced with per-peer deny sets in the global export
+// policy (see policy.go). When a peer that had received a route is no
+// longer in its Peers, the route is withdrawn and announced again (a
+// brief flap at the peers that keep it): gobgp sends no withdrawal for a
+// path that a changed export policy now rejects, not even on a soft
+// reset. A peer newly allowed to receive an otherwise unchanged route gets
+// it through a soft reset out.
+func (g *GoBGP) Apply(ctx context.Context, announce []Route, withdraw []netip.Prefix) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return errors.New("bgp speaker is stopped")
+	}
+	news := make(map[netip.Prefix]*Route, len(announce))
+	order := make([]netip.Prefix, 0, len(announce))
+	for i := range announce {
+		r, err := normalizeRoute(announce[i])
+		if err != nil {
+			return err
+		}
+		if _, dup := news[r.Prefix]; !dup {
+			order = append(order, r.Prefix)
+		}
+		news[r.Prefix] = r
+	}
+	if err := g.apply(ctx, news, order, withdraw); err != nil {
+		// Some changes may be half done: make the filters match the
+		// routes gobgp holds, so that a retry starts from a true state.
+		return errors.Join(err, g.resyncFilters(ctx))
+	}
+	return nil
+}
+
+// apply announces news (in order) and withdraws the prefixes in withdraw;
+// the caller holds g.mu.
+func (g *GoBGP) apply(ctx context.Context, news map[netip.Prefix]*Route, order, withdraw []netip.Prefix) error {
+	var (
+		deletes  []*Route // paths to withdraw first
+		adds     []*Route // paths to add last
+		denyAdd  = map[string][]netip.Prefix{}
+		denyDel  = map[string][]netip.Prefix{}
+		resetOut = map[string]bool{}
+	)
+	for _, p := range withdraw {
+		p = p.Masked()
+		old, ok := g.routes[p]
+		if !ok || news[p] != nil {
+			continue
+		}
+		deletes = append(deletes, old)
+		for name := range g.peers {
+			if denied(old, name) {
+				denyDel[name] = append(denyDel[name], p)
+			}
+		}
+	}
+	for _, p := range order {
+		r, old := news[p], g.routes[p]
+		if old != nil && routeEqual(old, r) {
+			continue
+		}
+		flap := false
+		var allowed []string // peers newly allowed to receive r
+		for name := range g.peers {
+			was, is := old != nil && denied(old, name), denied(r, name)
+			switch {
+			case !was && is:
+				denyAdd[name] = append(denyAdd[name], p)
+				flap = flap || old != nil
+			case was && !is:
+				denyDel[name] = append(denyDel[name], p)
+				allowed = append(allowed, name)
+			}
+		}
+		switch {
+		case flap:
+			// Withdrawn and announced again: every allowed peer gets it.
+			deletes = append(deletes, old)
+		case old != nil && sameAttrs(old, r):
+			// gobgp does not propagate a path equal to the one it
+			// replaces: the newly allowed peers need a soft reset out.
+			for _, name := range allowed {
+				resetOut[name] = true
+			}
+		}
+		adds = append(adds, r)
+	}
+
+	for _, r := range deletes {
+		if err := g.deletePath(ctx, r); err != nil {
+			return err
+		}
+		delete(g.routes, r.Prefix)
+	}
+	for _, name := range slices.Sorted(maps.Keys(denyAdd)) {
+		if err := g.changeDenied(ctx, name, denyAdd[name], true); err != nil {
+			return err
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(denyDel)) {
+		if err := g.changeDenied(ctx, name, denyDel[name], false); err != nil {
+			return err
+		}
+	}
+	for _, r := range adds {
+		path, err := toAPIPath(r, false)
+		if err != nil {
+			return err
+		}
+		if _, err := g.srv.AddPath(ctx, &api.AddPathRequest{TableType: api.TableType_GLOBAL, Path: path}); err != nil {
+			return fmt.Errorf("announce %s: %w", r.Prefix, err)
+		}
+		g.routes[r.Prefix] = r
+	}
+	for _, name := range slices.Sorted(maps.Keys(resetOut)) {
+		addr := g.peers[name].Address.String()
+		if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: addr, Soft: true, Direction: api.ResetPeerRequest_OUT}); err != nil {
+			return fmt.Errorf("soft reset out %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// resyncFilters rewrites every peer's deny sets from g.routes. (An
+// AddDefinedSet with Replace would not do: gobgp swaps the set object,
+// and existing policy statements keep matching the old one.)
+func (g *GoBGP) resyncFilters(ctx context.Context) error {
+	var errs []error
+	for name := range g.peers {
+		n := filterFor(name)
+		v4, v6 := g.deniedPrefixes(name)
+		for _, want := range []*api.DefinedSet{prefixSet(n.deny4, v4), prefixSet(n.deny6, v6)} {
+			var have *api.DefinedSet
+			err := g.srv.ListDefinedSet(ctx, &api.ListDefinedSetRequest{DefinedType: api.DefinedType_PREFIX, Name: want.Name},
+				func(ds *api.DefinedSet) { have = ds })
+			if err == nil && have != nil && len(have.Prefixes) > 0 {
+				err = g.srv.DeleteDefinedSet(ctx, &api.DeleteDefinedSetRequest{DefinedSet: have})
+			}
+			if err == nil && len(want.Prefixes) > 0 {
+				err = g.srv.AddDefinedSet(ctx, &api.AddDefinedSetRequest{DefinedSet: want})
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("resync prefix set %s: %w", want.Name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (g *GoBGP) deletePath(ctx context.Context, r *Route) error {
+	path, err := toAPIPath(r, true)
+	if err != nil {
+		return err
+	}
+	if err := g.srv.DeletePath(ctx, &api.DeletePathRequest{TableType: api.TableType_GLOBAL, Path: path}); err != nil {
+		return fmt.Errorf("withdraw %s: %w", r.Prefix, err)
+	}
+	return nil
+}
+
+// normalizeRoute validates r and returns a copy with a masked prefix and
+// unmapped next hop.
+func normalizeRoute(r Route) (*Route, error) {
+	if !r.Prefix.IsValid() {
+		return nil, errors.New("route without a valid prefix")
+	}
+	r.Prefix = r.Prefix.Masked()
+	r.NextHop = r.NextHop.Unmap()
+	if !r.NextHop.IsValid() || r.NextHop.Is4() != r.Prefix.Addr().Is4() {
+		return nil, fmt.Errorf("route %s: next hop %q is not an address of the same family", r.Prefix, r.NextHop)
+	}
+	r.Communities = slices.Clone(r.Communities)
+	r.LargeCommunities = slices.Clone(r.LargeCommunities)
+	if r.Peers != nil {
+		r.Peers = slices.Compact(slices.Sorted(slices.Values(r.Peers)))
+		if r.Peers == nil {
+			r.Peers = []string{} // no peer at all, not every peer
+		}
+	}
+	if r.LocalPref != nil {
+		lp := *r.LocalPref
+		r.LocalPref = &lp
+	}
+	return &r, nil
+}
+
+// sameAttrs reports whether a and b produce the same BGP path.
+func sameAttrs(a, b *Route) bool {
+	return a.Prefix == b.Prefix && a.NextHop == b.NextHop &&
+		slices.Equal(a.Communities, b.Communities) &&
+		slices.Equal(a.LargeCommunities, b.LargeCommunities) &&
+		(a.LocalPref == nil) == (b.LocalPref == nil) &&
+		(a.LocalPref == nil || *a.LocalPref == *b.LocalPref)
+}
+
+// routeEqual reports whether a and b are the same announcement.
+func routeEqual(a, b *Route) bool {
+	return sameAttrs(a, b) && (a.Peers == nil) == (b.Peers == nil) && slices.Equal(a.Peers, b.Peers)
+}
+
+// family returns the address family of r.
+func (r *Route) family() Family {
+	if r.Prefix.Addr().Is4() {
+		return IPv4Unicast
+	}
+	return IPv6Unicast
+}
+
+// toAPIPath builds the gobgp path of r: origin IGP, the next hop (in
+// MP_REACH_NLRI for IPv6), communities, large communities and LOCAL_PREF.
+func toAPIPath(r *Route, withdraw bool) (*api.Path, error) {
+	var nlri bgp.AddrPrefixInterface
+	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)}
+	if r.Prefix.Addr().Is4() {
+		nlri = bgp.NewIPAddrPrefix(uint8(r.Prefix.Bits()), r.Prefix.Addr().String())
+		attrs = append(attrs, bgp.NewPathAttributeNextHop(r.NextHop.String()))
+	} else {
+		nlri = bgp.NewIPv6AddrPrefix(uint8(r.Prefix.Bits()), r.Prefix.Addr().String())
+		attrs = append(attrs, bgp.NewPathAttributeMpReachNLRI(r.NextHop.String(), []bgp.AddrPrefixInterface{nlri}))
+	}
+	if len(r.Communities) > 0 {
+		attrs = append(attrs, bgp.NewPathAttributeCommunities(r.Communities))
+	}
+	if len(r.LargeCommunities) > 0 {
+		lcs := make([]*bgp.LargeCommunity, 0, len(r.LargeCommunities))
+		for _, c := range r.LargeCommunities {
+			lcs = append(lcs, bgp.NewLargeCommunity(c.Global, c.Local1, c.Local2))
+		}
+		attrs = append(attrs, bgp.NewPathAttributeLargeCommunities(lcs))
+	}
+	if r.LocalPref != nil {
+		attrs = append(attrs, bgp.NewPathAttributeLocalPref(*r.LocalPref))
+	}
+	path, err := apiutil.NewPath(nlri, withdraw, attrs, time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("encode route %s: %w", r.Prefix, err)
+	}
+	return path, nil
+}

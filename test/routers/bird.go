@@ -1,0 +1,325 @@
+package routers
+
+import (
+	"bufio"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vipcast/vipcast/test/proc"
+)
+
+// BIRD binaries, as installed by Debian's bird2 package.
+const (
+	BIRDBin  = "bird"
+	BIRDCBin = "birdc"
+)
+
+// BIRDConfig configures a BIRD instance.
+type BIRDConfig struct {
+	// ASN is the router's ASN (65000 when 0).
+	ASN uint32
+	// RouterID is the router ID (ListenAddress when unset).
+	RouterID netip.Addr
+	// ListenAddress is the loopback address BIRD listens on (127.0.0.1
+	// when unset).
+	ListenAddress netip.Addr
+	// Neighbors are the speakers that may connect; BIRD is passive.
+	// Each gets a protocol named by BIRDNeighbor.Name.
+	Neighbors []BIRDNeighbor
+	// Export are prefixes BIRD originates (static blackhole routes
+	// exported to every neighbor).
+	Export []netip.Prefix
+}
+
+// BIRDNeighbor is a BGP protocol of a BIRD router.
+type BIRDNeighbor struct {
+	// Name is the protocol name ("peer<index>" when empty).
+	Name string
+	// Address is the speaker's (source) address.
+	Address netip.Addr
+	// ASN is the speaker's ASN.
+	ASN uint32
+	// Password is the TCP MD5 password; empty for none.
+	Password string
+	// HoldTime is the hold time (BIRD's default 240 s when zero).
+	HoldTime time.Duration
+}
+
+// BIRD is a running bird daemon.
+type BIRD struct {
+	// Dir is the instance's directory (config, control socket, log).
+	Dir string
+	// Address and Port are where BIRD listens.
+	Address netip.Addr
+	Port    int
+	// ASN is the router's ASN.
+	ASN uint32
+
+	ctl    string
+	daemon *proc.Process
+}
+
+// StartBIRD starts bird on loopback with cfg, waits until birdc answers
+// and registers its shutdown with t.Cleanup.
+//
+// Test next hops must be in 10.0.0.0/8 or fd00::/8: BIRD resolves BGP
+// next hops recursively, through static routes for those prefixes.
+func StartBIRD(t testing.TB, cfg BIRDConfig) *BIRD {
+	t.Helper()
+	requireBinaries(t, BIRDBin, BIRDCBin)
+	if cfg.ASN == 0 {
+		cfg.ASN = 65000
+	}
+	if !cfg.ListenAddress.IsValid() {
+		cfg.ListenAddress = netip.MustParseAddr("127.0.0.1")
+	}
+	if !cfg.RouterID.IsValid() {
+		cfg.RouterID = cfg.ListenAddress
+	}
+	for i := range cfg.Neighbors {
+		if cfg.Neighbors[i].Name == "" {
+			cfg.Neighbors[i].Name = "peer" + itoa(i)
+		}
+	}
+	dir := t.TempDir()
+	port, err := freePort(cfg.ListenAddress.String())
+	if err != nil {
+		t.Fatalf("bird: %v", err)
+	}
+	b := &BIRD{Dir: dir, Address: cfg.ListenAddress, Port: port, ASN: cfg.ASN, ctl: filepath.Join(dir, "bird.ctl")}
+	conf := filepath.Join(dir, "bird.conf")
+	if err := os.WriteFile(conf, []byte(birdConfig(cfg, port)), 0o644); err != nil {
+		t.Fatalf("bird: %v", err)
+	}
+	b.daemon, err = startProcess(filepath.Join(dir, "bird.log"),
+		BIRDBin, "-f", "-c", conf, "-s", b.ctl, "-P", filepath.Join(dir, "bird.pid"))
+	if err != nil {
+		t.Fatalf("bird: %v", err)
+	}
+	t.Cleanup(func() {
+		b.daemon.Stop(2 * time.Second)
+		if t.Failed() {
+			if l, err := os.ReadFile(filepath.Join(dir, "bird.log")); err == nil && len(l) > 0 {
+				t.Logf("bird %s log:\n%s", cfg.ListenAddress, tail(l, 40))
+			}
+		}
+	})
+	if !waitFor(10*time.Second, func() bool {
+		_, err := b.Birdc("show status")
+		return err == nil || b.daemon.Exited()
+	}) || b.daemon.Exited() {
+		l, _ := os.ReadFile(filepath.Join(dir, "bird.log"))
+		t.Fatalf("bird did not start:\n%s", l)
+	}
+	return b
+}
+
+// birdConfig renders bird.conf.
+func birdConfig(cfg BIRDConfig, port int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "router id %s;\nlog stderr all;\nprotocol device {}\n", cfg.RouterID)
+	// Static routes that make test next hops resolvable.
+	b.WriteString("protocol static nh4 { ipv4; route 10.0.0.0/8 via \"lo\"; }\n")
+	b.WriteString("protocol static nh6 { ipv6; route fd00::/8 via \"lo\"; }\n")
+	var exp4, exp6 []string
+	for _, p := range cfg.Export {
+		if p.Addr().Is4() {
+			exp4 = append(exp4, p.String())
+		} else {
+			exp6 = append(exp6, p.String())
+		}
+	}
+	export := func(af string, l []string) string {
+		if len(l) == 0 {
+			return "none"
+		}
+		fmt.Fprintf(&b, "protocol static export%s { %s; ", af, af)
+		for _, p := range l {
+			fmt.Fprintf(&b, "route %s blackhole; ", p)
+		}
+		b.WriteString("}\n")
+		return fmt.Sprintf("where proto = \"export%s\"", af)
+	}
+	e4, e6 := export("ipv4", exp4), export("ipv6", exp6)
+	for _, n := range cfg.Neighbors {
+		fmt.Fprintf(&b, "protocol bgp %s {\n", n.Name)
+		fmt.Fprintf(&b, "  local %s port %d as %d;\n", cfg.ListenAddress, port, cfg.ASN)
+		fmt.Fprintf(&b, "  neighbor %s as %d;\n", n.Address, n.ASN)
+		b.WriteString("  multihop;\n  passive on;\n  error wait time 1, 5;\n  connect delay time 1;\n")
+		if n.HoldTime > 0 {
+			fmt.Fprintf(&b, "  hold time %d;\n", int(n.HoldTime.Seconds()))
+		}
+		if n.Password != "" {
+			fmt.Fprintf(&b, "  password %q;\n", n.Password)
+		}
+		fmt.Fprintf(&b, "  ipv4 { import all; export %s; gateway recursive; };\n", e4)
+		fmt.Fprintf(&b, "  ipv6 { import all; export %s; gateway recursive; };\n", e6)
+		b.WriteString("}\n")
+	}
+	return b.String()
+}
+
+// Kill kills bird at once (SIGKILL).
+func (b *BIRD) Kill() { b.daemon.Kill() }
+
+// Birdc runs one birdc command and returns its output.
+func (b *BIRD) Birdc(cmd ...string) (string, error) {
+	out, err := run(10*time.Second, append([]string{BIRDCBin, "-s", b.ctl}, cmd...)...)
+	return string(out), err
+}
+
+// Routes returns BIRD's routes learned over BGP ("show route all"), both
+// families, with their BGP attributes.
+func (b *BIRD) Routes() (map[netip.Prefix][]Path, error) {
+	out, err := b.Birdc("show", "route", "all")
+	if err != nil {
+		return nil, err
+	}
+	return parseBIRDRoutes(out)
+}
+
+// parseBIRDRoutes parses "show route all": a route line starts with the
+// prefix (or with blanks for another route of the same prefix), followed
+// by indented attribute lines.
+func parseBIRDRoutes(out string) (map[netip.Prefix][]Path, error) {
+	routes := map[netip.Prefix][]Path{}
+	var cur netip.Prefix
+	var path *Path
+	var bgp bool
+	flush := func() {
+		if path != nil && bgp {
+			routes[cur] = append(routes[cur], *path)
+		}
+		path, bgp = nil, false
+	}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case trimmed == "" || strings.HasPrefix(line, "BIRD ") || strings.HasPrefix(line, "Table "):
+			continue
+		case !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "\t"):
+			// "PREFIX  unicast [proto time from ADDR] * (100) [AS64512i]"
+			flush()
+			f := strings.Fields(line)
+			p, err := netip.ParsePrefix(f[0])
+			if err != nil {
+				return nil, fmt.Errorf("bird route line %q: %w", line, err)
+			}
+			cur = p
+			path = newBIRDPath(line)
+		case strings.HasPrefix(line, " ") && strings.Contains(line, "[") && !strings.HasPrefix(trimmed, "BGP.") && !strings.HasPrefix(trimmed, "via"):
+			// Another route of the same prefix.
+			flush()
+			path = newBIRDPath(line)
+		case path != nil:
+			key, val, _ := strings.Cut(trimmed, ":")
+			val = strings.TrimSpace(val)
+			switch key {
+			case "Type":
+				bgp = strings.HasPrefix(val, "BGP")
+			case "BGP.next_hop":
+				// IPv6 may list a link-local address after the global one.
+				if a, err := netip.ParseAddr(strings.Fields(val)[0]); err == nil {
+					path.NextHop = a
+				}
+			case "BGP.as_path":
+				path.ASPath = val
+			case "BGP.local_pref":
+				if v, err := strconv.ParseUint(val, 10, 32); err == nil {
+					lp := uint32(v)
+					path.LocalPref = &lp
+				}
+			case "BGP.community":
+				path.Communities = birdTuples(val)
+			case "BGP.large_community":
+				path.LargeCommunities = birdTuples(val)
+			}
+		}
+	}
+	flush()
+	return routes, sc.Err()
+}
+
+// newBIRDPath reads the peer address and best flag of a route line.
+func newBIRDPath(line string) *Path {
+	p := &Path{Best: strings.Contains(line, "] *")}
+	if _, after, ok := strings.Cut(line, " from "); ok {
+		addr, _, _ := strings.Cut(after, "]")
+		p.Peer, _ = netip.ParseAddr(strings.TrimSpace(addr))
+	}
+	return p
+}
+
+// birdTuples turns "(64512,100) (65535,65281)" into
+// ["64512:100", "65535:65281"] and "(64512, 1, 2)" into ["64512:1:2"].
+func birdTuples(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, "(")[1:] {
+		body, _, _ := strings.Cut(part, ")")
+		fields := strings.Split(body, ",")
+		for i := range fields {
+			fields[i] = strings.TrimSpace(fields[i])
+		}
+		out = append(out, strings.Join(fields, ":"))
+	}
+	return out
+}
+
+// ProtocolState is a BGP protocol's state as BIRD shows it.
+type ProtocolState struct {
+	// State is the protocol state (up, start, down).
+	State string
+	// Info is the BGP state or last error (Established, Active,
+	// "Error: Hold timer expired", ...).
+	Info string
+}
+
+// Established reports whether the BGP session is up.
+func (s ProtocolState) Established() bool { return s.Info == "Established" }
+
+// Protocol returns the state of the protocol called name.
+func (b *BIRD) Protocol(name string) (ProtocolState, error) {
+	out, err := b.Birdc("show", "protocols", name)
+	if err != nil {
+		return ProtocolState{}, err
+	}
+	// Name Proto Table State Since Info...; Since is a time (and maybe a
+	// date), Info the rest.
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[0] != name {
+			continue
+		}
+		s := ProtocolState{State: f[3]}
+		if len(f) > 5 {
+			rest := f[5:]
+			if len(rest) > 0 && strings.Contains(rest[0], ":") && len(rest[0]) >= 8 {
+				rest = rest[1:] // the time after a date
+			}
+			s.Info = strings.Join(rest, " ")
+		}
+		return s, nil
+	}
+	return ProtocolState{}, fmt.Errorf("bird has no protocol %s:\n%s", name, out)
+}
+
+// WaitEstablished waits until protocol name is Established.
+func (b *BIRD) WaitEstablished(name string, timeout time.Duration) error {
+	var last ProtocolState
+	var err error
+	if waitFor(timeout, func() bool {
+		last, err = b.Protocol(name)
+		return err == nil && last.Established()
+	}) {
+		return nil
+	}
+	return fmt.Errorf("bird: protocol %s not established after %s (%+v, err %v)", name, timeout, last, err)
+}

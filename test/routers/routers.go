@@ -1,0 +1,84 @@
+// Package routers runs real BGP routers — FRR's bgpd and BIRD 2 — on
+// loopback for tests, and reads their routing tables back as structured
+// data.
+//
+// Each router listens on a loopback address and a free port, lives in its
+// own t.TempDir() and is killed at t.Cleanup (its process group, and by
+// Pdeathsig if the test binary dies). Speakers under test connect to it
+// from other loopback addresses (all of 127.0.0.0/8 is on lo on Linux),
+// one address per session, since BGP identifies a neighbor by address.
+//
+// When a daemon is not installed the test is skipped, unless the CI
+// environment variable is "true", where it fails.
+package routers
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/vipcast/vipcast/test/proc"
+)
+
+// requireBinaries skips the test, or fails it on CI, when a binary is
+// missing.
+func requireBinaries(t testing.TB, paths ...string) {
+	t.Helper()
+	for _, p := range paths {
+		if _, err := exec.LookPath(p); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is required on CI: %v", p, err)
+			}
+			t.Skipf("skipping: %s is not installed (apt-get install frr bird2): %v", p, err)
+		}
+	}
+}
+
+// startProcess starts argv (program and arguments) with its output
+// appended to logPath; see proc.Start.
+func startProcess(logPath string, argv ...string) (*proc.Process, error) {
+	return proc.Start(logPath, argv[0], argv[1:]...)
+}
+
+// freePort returns a TCP port that was free on host.
+func freePort(host string) (int, error) {
+	ports, err := proc.FreePorts(host, 1)
+	if err != nil {
+		return 0, err
+	}
+	return ports[0], nil
+}
+
+// run runs argv with a timeout and returns its standard output.
+func run(timeout time.Duration, argv ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.Bytes(), fmt.Errorf("%s: %w: %s", argv[0], err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return stdout.Bytes(), nil
+}
+
+// waitFor polls cond every 50 ms until it returns true or timeout passes.
+func waitFor(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
