@@ -15,15 +15,27 @@ BIN := bin
 # Test timeouts: the control-plane tier starts real API servers.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build test test-unit test-controlplane bench generate verify tools lab lint fuzz clean help
+.PHONY: all build test test-unit test-controlplane test-routing bench generate verify tools routers lab lint fuzz clean help
 
 all: build
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-build: ## build bin/vipcast-ccm
+build: ## build bin/vipcast-ccm and bin/vipcast-speaker
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+# Real routers for the routing tier: FRR and BIRD from Debian, installed
+# once (never configured as system services: the tests run their own).
+ROUTER_BINS := /usr/lib/frr/bgpd /usr/lib/frr/zebra /usr/bin/vtysh /usr/sbin/bird /usr/sbin/birdc
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+routers: ## install FRR, BIRD and iproute2 from Debian when missing
+	@for b in $(ROUTER_BINS) $$(command -v ip || echo /sbin/ip); do [ -x $$b ] || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		echo ">> installing frr bird2 iproute2 (apt-get, first time only)"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends frr bird2 iproute2 >/dev/null; \
+	fi
 
 # kube-apiserver and etcd, built from Go modules (test/tools) into a cache
 # keyed by the Kubernetes version: the first build takes ~12 min on 2 cores,
@@ -48,23 +60,30 @@ verify: ## gofmt, go vet, generated files up to date
 	$(GO) vet ./...
 	hack/verify-generate.sh
 
-test-unit: ## pure-logic tests (ipam, request translation, CRD schemas)
-	$(GO) test -count=1 ./ipam/... ./controller/... ./api/...
+test-unit: ## pure-logic tests (ipam, request translation, CRD schemas, speaker decisions)
+	$(GO) test -count=1 ./ipam/... ./controller/... ./api/... ./speaker/...
 
 test-controlplane: tools ## tests against a real kube-apiserver + etcd
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v ./test/e2e/... 2>&1 | tee _output/controlplane-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
 
-test: verify tools ## everything: unit, control-plane tier
+test-routing: routers tools ## the speaker against real FRR and BIRD (loopback and, as root, network namespaces)
+	@mkdir -p _output
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./bgp/... ./speaker/...
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run 'Speaker' ./test/e2e/ 2>&1 | tee _output/routing-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
+
+test: verify tools routers ## everything: unit, control-plane and routing tiers
 	@mkdir -p _output
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./... 2>&1 | tee _output/test.log; exit $${PIPESTATUS[0]}
 
 fuzz: ## run the allocator fuzzer for a while (FUZZTIME=60s)
 	$(GO) test -run '^$$' -fuzz FuzzAllocator -fuzztime $${FUZZTIME:-60s} ./ipam/
 
-bench: tools ## print the ipam and API-server benchmarks
+bench: tools routers ## print the ipam, CCM and speaker benchmarks (figures and ratios)
 	@mkdir -p _output
-	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ | tee _output/bench-ipam.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ ./speaker/ | tee _output/bench-ipam.txt
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
+	$(GO) test -count=1 -timeout 10m -run '^$$' -bench BenchmarkAnnounce10k -benchtime 3x ./bgp/ 2>&1 | tee _output/bench-bgp.txt | grep -E '^Benchmark|^ok|FAIL'
+	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkSpeakerAnnounce -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-speaker.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
 
 lab: ## the end-to-end lab (comes with the end-to-end issue)
 	@echo "make lab is not there yet: it arrives with the end-to-end issue (Helm chart, speakers, ToR)."; exit 1

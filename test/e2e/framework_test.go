@@ -23,10 +23,12 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/test/controlplane"
+	"github.com/vipcast/vipcast/test/proc"
 )
 
-// ccmBinary is the vipcast-ccm binary built once by TestMain.
-var ccmBinary string
+// ccmBinary and speakerBinary are the vipcast binaries built once by
+// TestMain.
+var ccmBinary, speakerBinary string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "vipcast-e2e-bin")
@@ -35,10 +37,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	ccmBinary = filepath.Join(dir, "vipcast-ccm")
-	build := exec.Command("go", "build", "-o", ccmBinary, "github.com/vipcast/vipcast/cmd/vipcast-ccm")
+	speakerBinary = filepath.Join(dir, "vipcast-speaker")
+	build := exec.Command("go", "build", "-o", dir+"/", "github.com/vipcast/vipcast/cmd/vipcast-ccm", "github.com/vipcast/vipcast/cmd/vipcast-speaker")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building vipcast-ccm:", err)
+		fmt.Fprintln(os.Stderr, "building vipcast binaries:", err)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
@@ -97,7 +100,7 @@ func (e *env) installCRDs() {
 
 // ccm is a running vipcast-ccm process.
 type ccm struct {
-	*controlplane.Process
+	*proc.Process
 	log  string
 	port int
 }
@@ -113,7 +116,7 @@ func (e *env) startCCM(name string, extra ...string) *ccm {
 // extra: the binary's defaults otherwise.
 func (e *env) startCCMWith(name string, extra ...string) *ccm {
 	e.t.Helper()
-	ports, err := controlplane.FreePorts(1)
+	ports, err := proc.FreePorts("127.0.0.1", 1)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -130,7 +133,7 @@ func (e *env) startCCMWith(name string, extra ...string) *ccm {
 		"--leader-elect-retry-period", "500ms",
 		"--configure-cloud-routes=false",
 	}, extra...)
-	p, err := controlplane.StartProcess(log, ccmBinary, args...)
+	p, err := proc.Start(log, ccmBinary, args...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -1,0 +1,256 @@
+// Command vipcast-speaker runs on every node (a DaemonSet): it announces the
+// VIPs of LoadBalancer Services that this node can serve to the BGP routers
+// selected for it, and withdraws them when it no longer can. On SIGTERM it
+// withdraws everything, waits for the fabric to converge, and closes its
+// sessions.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/speaker"
+)
+
+// flags are the command line of vipcast-speaker.
+type flags struct {
+	kubeconfig       string
+	nodeName         string
+	routerID         string
+	metricsAddr      string
+	convergenceDelay time.Duration
+	resync           time.Duration
+	qps              float64
+	burst            int
+}
+
+func parseFlags(args []string) (*flags, error) {
+	f := &flags{}
+	fs := flag.NewFlagSet("vipcast-speaker", flag.ContinueOnError)
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty uses the in-cluster configuration.")
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the Node this speaker runs on (default $NODE_NAME).")
+	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID (an IPv4 address); default: the Node's first IPv4 InternalIP, else derived from the node name.")
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":7473", "Address serving /metrics, /healthz and /readyz; \"0\" turns it off.")
+	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "On SIGTERM, how long to keep serving after withdrawing the routes, so routers converge before the sessions close.")
+	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed (this also re-reads BGP passwords from their Secrets).")
+	fs.Float64Var(&f.qps, "kube-api-qps", 50, "Queries per second to the API server.")
+	fs.IntVar(&f.burst, "kube-api-burst", 100, "Burst of queries to the API server.")
+	klog.InitFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q: vipcast-speaker takes flags only", fs.Args())
+	}
+	switch {
+	case f.nodeName == "":
+		return nil, errors.New("--node-name is empty: pass --node-name or set NODE_NAME (in a DaemonSet, from the downward API spec.nodeName)")
+	case f.convergenceDelay < 0:
+		return nil, fmt.Errorf("--convergence-delay=%v is negative: use 0s or more, such as 3s", f.convergenceDelay)
+	case f.resync < time.Second:
+		return nil, fmt.Errorf("--resync-period=%v is too short: use 1s or more, such as 5m", f.resync)
+	case f.qps <= 0 || f.burst <= 0:
+		return nil, fmt.Errorf("--kube-api-qps=%v and --kube-api-burst=%d must be positive", f.qps, f.burst)
+	}
+	if f.routerID != "" {
+		if a, err := netip.ParseAddr(f.routerID); err != nil || !a.Is4() {
+			return nil, fmt.Errorf("--router-id=%q is not an IPv4 address: use a dotted quad such as 10.0.0.1 (BGP router IDs are 32-bit)", f.routerID)
+		}
+	}
+	return f, nil
+}
+
+func main() {
+	f, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "vipcast-speaker:", err)
+		os.Exit(2)
+	}
+	if err := run(f); err != nil {
+		klog.ErrorS(err, "vipcast-speaker failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+func run(f *flags) error {
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	logger := klog.Background().WithValues("node", f.nodeName)
+	ctx = klog.NewContext(ctx, logger)
+
+	cfg, err := restConfig(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
+	cfg.UserAgent = speaker.Component
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	routerID, err := pickRouterID(ctx, f, client)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := speaker.NewMetrics(reg)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+
+	// The controller is built before BGP so the session callback has
+	// somewhere to go; it only reaches BGP once Run starts.
+	var ctrlRef atomic.Pointer[speaker.Controller]
+	engine, err := bgp.New(bgp.Config{
+		RouterID:   routerID,
+		ListenPort: -1,
+		Logger:     logger.WithName("bgp"),
+		OnSessionChange: func(s bgp.SessionState) {
+			if c := ctrlRef.Load(); c != nil {
+				c.SessionChanged(ctx, s)
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("starting BGP: %w", err)
+	}
+	if err := reg.Register(bgp.NewCollector(engine)); err != nil {
+		return fmt.Errorf("bgp metrics: %w", err)
+	}
+	ctrl, err := speaker.NewController(speaker.Options{
+		NodeName: f.nodeName,
+		Client:   client,
+		Dynamic:  dyn,
+		BGP:      engine,
+		Resync:   f.resync,
+		Metrics:  metrics,
+	})
+	if err != nil {
+		return err
+	}
+	ctrlRef.Store(ctrl)
+	if f.metricsAddr != "0" {
+		if err := serve(ctx, f.metricsAddr, reg, ctrl); err != nil {
+			return err
+		}
+	}
+	logger.Info("Starting vipcast-speaker", "routerID", routerID)
+	runErr := ctrl.Run(ctx)
+	return shutdown(logger, ctrl, engine, f.convergenceDelay, runErr)
+}
+
+// shutdown withdraws every route with the sessions still up, waits for the
+// routers to converge, and then closes the sessions with a Cease
+// notification so the routers also drop anything left at once.
+func shutdown(logger klog.Logger, ctrl *speaker.Controller, engine bgp.Speaker, delay time.Duration, runErr error) error {
+	ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), logger), delay+30*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := ctrl.WithdrawAll(ctx); err != nil {
+		logger.Error(err, "Withdrawing routes")
+	}
+	logger.Info("Routes withdrawn; waiting for the fabric to converge", "delay", delay, "took", time.Since(start))
+	time.Sleep(delay)
+	if err := engine.Stop(ctx); err != nil {
+		logger.Error(err, "Stopping BGP")
+	}
+	logger.Info("BGP stopped")
+	return runErr
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster configuration (pass --kubeconfig when running outside a cluster): %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig=%s: %w", kubeconfig, err)
+	}
+	return cfg, nil
+}
+
+// pickRouterID returns --router-id, else the Node's first IPv4 address,
+// else an address derived from the node name (router IDs only need to be
+// unique among a router's peers).
+func pickRouterID(ctx context.Context, f *flags, client kubernetes.Interface) (netip.Addr, error) {
+	if f.routerID != "" {
+		return netip.MustParseAddr(f.routerID), nil // validated by parseFlags
+	}
+	node, err := client.CoreV1().Nodes().Get(ctx, f.nodeName, metav1.GetOptions{})
+	if err == nil {
+		n, _ := speaker.NodeFrom(node)
+		if n.IPv4.IsValid() {
+			return n.IPv4, nil
+		}
+	} else {
+		klog.FromContext(ctx).Error(err, "Reading the Node for a router ID; deriving one from the node name")
+	}
+	h := fnv.New32a()
+	h.Write([]byte(f.nodeName))
+	s := h.Sum32()
+	return netip.AddrFrom4([4]byte{byte(s >> 24), byte(s >> 16), byte(s >> 8), byte(s)}), nil
+}
+
+// serve starts the metrics and health endpoints.
+func serve(ctx context.Context, addr string, reg *prometheus.Registry, ctrl *speaker.Controller) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ctrl.HasSynced() {
+			http.Error(w, "routes not computed yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-bind-address=%s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	return nil
+}

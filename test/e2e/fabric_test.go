@@ -1,0 +1,202 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/vipcast/vipcast/test/netns"
+	"github.com/vipcast/vipcast/test/proc"
+	"github.com/vipcast/vipcast/test/routers"
+)
+
+// waitNexthops polls the ToR's kernel every 10 ms until its route to vip
+// has exactly the gateways want (none: no route), and returns how long
+// that took.
+func waitNexthops(t testing.TB, tor *routers.FRR, vip netip.Prefix, timeout time.Duration, want ...netip.Addr) time.Duration {
+	t.Helper()
+	slices.SortFunc(want, netip.Addr.Compare)
+	start := time.Now()
+	var got []netip.Addr
+	for time.Since(start) < timeout {
+		routes, err := tor.KernelRoutes(routers.IPv4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = slices.SortedFunc(slices.Values(routes[vip]), netip.Addr.Compare)
+		if slices.Equal(got, want) {
+			return time.Since(start)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("ToR kernel route to %s: next hops %v after %v, want %v", vip, got, timeout, want)
+	return 0
+}
+
+// kubeconfigVia writes a copy of the admin kubeconfig whose server is
+// reached at addr (a forwarder the test runs) instead of loopback.
+func (e *env) kubeconfigVia(addr string) string {
+	e.t.Helper()
+	data, err := os.ReadFile(e.cp.Kubeconfig)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	u, err := url.Parse(e.cp.Config.Host)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	path := filepath.Join(e.cp.Dir, "kubeconfig-"+strings.ReplaceAll(addr, ":", "_"))
+	rewritten := strings.ReplaceAll(string(data), u.Host, addr)
+	if rewritten == string(data) {
+		e.t.Fatalf("kubeconfig does not mention %s", u.Host)
+	}
+	if err := os.WriteFile(path, []byte(rewritten), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	return path
+}
+
+// TestSpeakerFabric is the namespace tier: two nodes, each a network
+// namespace running vipcast-speaker, peer with a ToR namespace running FRR
+// zebra + bgpd. The ToR kernel gets an ECMP route over both nodes; a
+// SIGTERMed speaker's next hop goes at once, a frozen node's within the
+// hold time.
+func TestSpeakerFabric(t *testing.T) {
+	netns.Require(t)
+	e := newEnv(t)
+	apiHost := mustHost(t, e.cp.Config.Host)
+
+	const holdTime = 3 * time.Second
+	torNS := netns.New(t, "tor")
+	netns.Bridge(t, torNS, "fabric", "10.0.1.1/24")
+	node1, node2 := netip.MustParseAddr("10.0.1.11"), netip.MustParseAddr("10.0.1.12")
+	var neighbors []routers.FRRNeighbor
+	for _, a := range []netip.Addr{node1, node2} {
+		neighbors = append(neighbors, routers.FRRNeighbor{Address: a, ASN: 64501, KeepaliveTime: time.Second, HoldTime: holdTime})
+	}
+	tor := routers.StartFRR(t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("10.0.1.1"),
+		Netns: torNS.Name, Zebra: true, Neighbors: neighbors})
+	vip := netip.MustParsePrefix("10.100.0.10/32")
+	e.mustApplyPools(`apiVersion: vipcast.io/v1alpha1
+kind: IPPool
+metadata:
+  name: fabric
+spec:
+  addresses: ["10.100.0.0/24"]`)
+	e.applyPeer(`apiVersion: vipcast.io/v1alpha1
+kind: BGPPeer
+metadata:
+  name: tor
+spec:
+  peerAddress: 10.0.1.1
+  peerASN: 64500
+  localASN: 64501
+  holdTime: 3s
+  keepaliveTime: 1s`)
+
+	speakers := map[string]*speakerProc{}
+	var kubeconfigs [3]string
+	var nodeNS [3]*netns.NS
+	for i := 1; i <= 2; i++ {
+		name, addr := fmt.Sprintf("node%d", i), fmt.Sprintf("10.0.1.1%d", i)
+		ns := netns.New(t, name)
+		nodeNS[i] = ns
+		netns.Veth(t, ns, "eth0", addr+"/24", torNS, name, "")
+		netns.Enslave(t, torNS, name, "fabric")
+		// A point-to-point management link to the test's namespace, where
+		// a forwarder relays to the API server on loopback.
+		hostEnd := fmt.Sprintf("169.254.77.%d", 4*i+1)
+		netns.Veth(t, nil, fmt.Sprintf("vcm%d-%d", os.Getpid()%10000, i), hostEnd+"/30", ns, "mgmt", fmt.Sprintf("169.254.77.%d/30", 4*i+2))
+		fwd := hostEnd + ":" + apiPort(t, apiHost)
+		netns.Forward(t, fwd, apiHost)
+		kubeconfigs[i] = e.kubeconfigVia(fwd)
+		e.node(name, nil, addr)
+	}
+	run := func(i int) *speakerProc {
+		name := fmt.Sprintf("node%d", i)
+		args := nodeNS[i].Command(speakerBinary, "--kubeconfig", kubeconfigs[i], "--node-name", name,
+			"--metrics-bind-address", "0", "--convergence-delay", "2s", "-v", "2")
+		log := filepath.Join(e.cp.Dir, fmt.Sprintf("speaker-%s-%d.log", name, time.Now().UnixNano()))
+		p, err := proc.Start(log, args[0], args[1:]...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &speakerProc{Process: p, log: log}
+		t.Cleanup(func() {
+			s.Signal(syscall.SIGCONT)
+			s.Stop(5 * time.Second)
+			if t.Failed() {
+				dumpTail(t, log, 40)
+			}
+		})
+		speakers[name] = s
+		return s
+	}
+	run(1)
+	run(2)
+
+	e.namespace("fabric", nil)
+	e.publish(lbService("fabric", "web"), "10.100.0.10")
+	e.endpoints("fabric", "web", endpoint{node: "node1", ip: "10.244.1.5", ready: true})
+	took := waitNexthops(t, tor, vip, 30*time.Second, node1, node2)
+	t.Logf("ECMP route with both nodes at the ToR %v after the Service was published", took.Round(time.Millisecond))
+
+	// SIGTERM: the speaker withdraws before anything else.
+	speakers["node1"].Signal(syscall.SIGTERM)
+	took = waitNexthops(t, tor, vip, 5*time.Second, node2)
+	t.Logf("SIGTERM on node1's speaker: its next hop left the ToR kernel in %v", took.Round(time.Millisecond))
+	if took >= time.Second {
+		t.Errorf("next hop removed %v after SIGTERM, want under 1s", took)
+	}
+	select {
+	case <-speakers["node1"].Done():
+	case <-time.After(10 * time.Second):
+		t.Errorf("speaker did not exit within 10s of SIGTERM")
+	}
+
+	// Back: both next hops again.
+	run(1)
+	waitNexthops(t, tor, vip, 30*time.Second, node1, node2)
+
+	// A frozen node: no withdraw, no FIN; the ToR drops it on hold timer.
+	speakers["node2"].Signal(syscall.SIGSTOP)
+	took = waitNexthops(t, tor, vip, holdTime+5*time.Second, node1)
+	t.Logf("SIGSTOP on node2's speaker: next hop gone %v later (hold time %v)", took.Round(time.Millisecond), holdTime)
+	if took > holdTime+time.Second {
+		t.Errorf("frozen node's next hop removed after %v, want within the hold time %v (+1s for zebra)", took, holdTime)
+	}
+	speakers["node2"].Signal(syscall.SIGCONT)
+
+	// The Service goes: the route goes.
+	if err := e.cp.Client.CoreV1().Services("fabric").Delete(t.Context(), "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitNexthops(t, tor, vip, 10*time.Second)
+}
+
+func mustHost(t testing.TB, raw string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
+}
+
+func apiPort(t testing.TB, hostport string) string {
+	t.Helper()
+	i := strings.LastIndex(hostport, ":")
+	if i < 0 {
+		t.Fatalf("no port in %s", hostport)
+	}
+	return hostport[i+1:]
+}

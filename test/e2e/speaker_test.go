@@ -1,0 +1,521 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/test/proc"
+	"github.com/vipcast/vipcast/test/routers"
+)
+
+// speakerProc is a running vipcast-speaker.
+type speakerProc struct {
+	*proc.Process
+	log string
+}
+
+// startSpeaker runs vipcast-speaker for node against the control plane,
+// with a short convergence delay; extra flags follow.
+func (e *env) startSpeaker(node string, extra ...string) *speakerProc {
+	e.t.Helper()
+	log := filepath.Join(e.cp.Dir, fmt.Sprintf("speaker-%s-%d.log", node, time.Now().UnixNano()))
+	args := append([]string{
+		"--kubeconfig", e.cp.Kubeconfig,
+		"--node-name", node,
+		"--metrics-bind-address", "0",
+		"--convergence-delay", "500ms",
+		"-v", "2",
+	}, extra...)
+	p, err := proc.Start(log, speakerBinary, args...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s := &speakerProc{Process: p, log: log}
+	e.t.Cleanup(func() {
+		s.Stop(5 * time.Second)
+		if e.t.Failed() {
+			dumpTail(e.t, log, 60)
+		}
+	})
+	return s
+}
+
+// node registers a Node with the given InternalIPs and labels.
+func (e *env) node(name string, labels map[string]string, addrs ...string) {
+	e.t.Helper()
+	ctx := context.Background()
+	n, err := e.cp.Client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("node %s: %v", name, err)
+	}
+	for _, a := range addrs {
+		n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: a})
+	}
+	n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
+	if _, err := e.cp.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatalf("node %s status: %v", name, err)
+	}
+}
+
+// patchNode applies a JSON merge patch to a Node.
+func (e *env) patchNode(name, patch string) {
+	e.t.Helper()
+	if _, err := e.cp.Client.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		e.t.Fatalf("patching node %s: %v", name, err)
+	}
+}
+
+// publish creates a LoadBalancer Service and writes VIPs into its status,
+// as vipcast-ccm does.
+func (e *env) publish(s *v1.Service, ips ...string) {
+	e.t.Helper()
+	ctx := context.Background()
+	created := e.createService(s)
+	for _, ip := range ips {
+		created.Status.LoadBalancer.Ingress = append(created.Status.LoadBalancer.Ingress,
+			v1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(v1.LoadBalancerIPModeProxy)})
+	}
+	if _, err := e.cp.Client.CoreV1().Services(s.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatalf("status of %s/%s: %v", s.Namespace, s.Name, err)
+	}
+}
+
+// endpoint is one endpoint of a test EndpointSlice.
+type endpoint struct {
+	node  string
+	ip    string
+	ready bool
+}
+
+// endpoints creates or replaces the EndpointSlices of a Service: one per
+// address family of the endpoints given (a family with none gets an empty
+// slice).
+func (e *env) endpoints(ns, svc string, eps ...endpoint) {
+	e.t.Helper()
+	ctx := context.Background()
+	for _, fam := range []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6} {
+		slice := &discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: ns, Name: svc + "-" + strings.ToLower(string(fam)),
+				Labels: map[string]string{discoveryv1.LabelServiceName: svc},
+			},
+			AddressType: fam,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(v1.ProtocolTCP)}},
+		}
+		for _, ep := range eps {
+			if (netip.MustParseAddr(ep.ip).Is4()) != (fam == discoveryv1.AddressTypeIPv4) {
+				continue
+			}
+			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
+				Addresses:  []string{ep.ip},
+				NodeName:   ptr.To(ep.node),
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ep.ready)},
+			})
+		}
+		c := e.cp.Client.DiscoveryV1().EndpointSlices(ns)
+		cur, err := c.Get(ctx, slice.Name, metav1.GetOptions{})
+		if err == nil {
+			slice.ResourceVersion = cur.ResourceVersion
+			_, err = c.Update(ctx, slice, metav1.UpdateOptions{})
+		} else {
+			_, err = c.Create(ctx, slice, metav1.CreateOptions{})
+		}
+		if err != nil {
+			e.t.Fatalf("endpointslice %s/%s: %v", ns, slice.Name, err)
+		}
+	}
+}
+
+// applyObject creates a vipcast object (IPPool or BGPPeer) from YAML.
+func (e *env) applyPeer(doc string) {
+	e.t.Helper()
+	if _, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Create(context.Background(), mustUnstructured(e.t, doc), metav1.CreateOptions{}); err != nil {
+		e.t.Fatalf("creating BGPPeer: %v", err)
+	}
+}
+
+// patchPeer applies a JSON merge patch to a BGPPeer.
+func (e *env) patchPeer(name, patch string) {
+	e.t.Helper()
+	if _, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		e.t.Fatalf("patching BGPPeer %s: %v", name, err)
+	}
+}
+
+// secret creates a Secret with one key.
+func (e *env) secret(ns, name, key, value string) {
+	e.t.Helper()
+	e.namespace(ns, nil)
+	_, err := e.cp.Client.CoreV1().Secrets(ns).Create(context.Background(), &v1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Data:       map[string][]byte{key: []byte(value)},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("secret %s/%s: %v", ns, name, err)
+	}
+}
+
+// peerDoc is the YAML of a BGPPeer towards a loopback router; the speaker
+// connects from 127.0.0.2. extra is appended to spec (indented two spaces).
+func peerDoc(name string, addr netip.Addr, port int, peerASN, localASN uint32, extra string) string {
+	return fmt.Sprintf(`apiVersion: vipcast.io/v1alpha1
+kind: BGPPeer
+metadata:
+  name: %s
+spec:
+  peerAddress: %s
+  port: %d
+  peerASN: %d
+  localASN: %d
+  sourceAddress: 127.0.0.2
+  holdTime: 9s
+  keepaliveTime: 3s
+%s`, name, addr, port, peerASN, localASN, extra)
+}
+
+// table reads a router's routes, both families.
+type table func() (map[netip.Prefix][]routers.Path, error)
+
+func frrTable(f *routers.FRR) table {
+	return func() (map[netip.Prefix][]routers.Path, error) {
+		out, err := f.Routes(routers.IPv4)
+		if err != nil {
+			return nil, err
+		}
+		v6, err := f.Routes(routers.IPv6)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(out, v6)
+		return out, nil
+	}
+}
+
+// testVIPs are the test pools' ranges: other routes (BIRD's static ones)
+// are ignored.
+var testVIPs = []netip.Prefix{netip.MustParsePrefix("10.100.0.0/16"), netip.MustParsePrefix("fd00:100::/32")}
+
+// route is what a router should hold for one prefix.
+type route struct {
+	nextHop     string
+	communities []string // each must be present
+	large       []string
+}
+
+// waitTable polls a router until its routes inside testVIPs are exactly
+// want (prefix → expected path), with the expected attributes.
+func (e *env) waitTable(name string, get table, want map[string]route) {
+	e.t.Helper()
+	e.eventually(30*time.Second, fmt.Sprintf("%s holding %v", name, slices.Sorted(maps.Keys(want))), func() (bool, error) {
+		got, err := get()
+		if err != nil {
+			return false, err
+		}
+		seen := 0
+		for p, paths := range got {
+			if !slices.ContainsFunc(testVIPs, func(v netip.Prefix) bool { return v.Overlaps(p) }) {
+				continue
+			}
+			w, ok := want[p.String()]
+			if !ok {
+				return false, fmt.Errorf("unexpected route %s", p)
+			}
+			seen++
+			if len(paths) != 1 {
+				return false, fmt.Errorf("%s: %d paths, want 1", p, len(paths))
+			}
+			path := paths[0]
+			if path.NextHop.String() != w.nextHop {
+				return false, fmt.Errorf("%s: next hop %s, want %s", p, path.NextHop, w.nextHop)
+			}
+			for _, c := range w.communities {
+				if !slices.ContainsFunc(path.Communities, func(got string) bool { return canonCommunity(got) == canonCommunity(c) }) {
+					return false, fmt.Errorf("%s: communities %v lack %s", p, path.Communities, c)
+				}
+			}
+			for _, c := range w.large {
+				if !slices.Contains(path.LargeCommunities, c) {
+					return false, fmt.Errorf("%s: large communities %v lack %s", p, path.LargeCommunities, c)
+				}
+			}
+		}
+		if seen != len(want) {
+			return false, fmt.Errorf("%d of %d routes present", seen, len(want))
+		}
+		return true, nil
+	})
+}
+
+// TestSpeakerRouting is the loopback tier: vipcast-speaker against the real
+// API server and real FRR and BIRD routers. It checks the announced
+// prefixes, next hops and attributes, and every withdrawal rule.
+func TestSpeakerRouting(t *testing.T) {
+	e := newEnv(t)
+	speakerAddr := netip.MustParseAddr("127.0.0.2")
+	frr := routers.StartFRR(t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.1"),
+		Neighbors: []routers.FRRNeighbor{{Address: speakerAddr, ASN: 64501}}})
+	bird := routers.StartBIRD(t, routers.BIRDConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.4"),
+		Neighbors: []routers.BIRDNeighbor{{Name: "speaker", Address: speakerAddr, ASN: 64501}}})
+
+	e.node("node-a", nil, "10.0.0.2", "fd00::2")
+	e.mustApplyPools(`apiVersion: vipcast.io/v1alpha1
+kind: IPPool
+metadata:
+  name: vips
+spec:
+  addresses: ["10.100.0.0/24", "fd00:100::/120"]
+  bgp:
+    communities: ["64512:100", "no-export"]
+    largeCommunities: ["64512:1:2"]`)
+	e.applyPeer(peerDoc("frr", frr.Address, frr.Port, 64500, 64501, ""))
+	e.applyPeer(peerDoc("bird", bird.Address, bird.Port, 64500, 64501, ""))
+	e.startSpeaker("node-a")
+	if err := frr.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := bird.WaitEstablished("speaker", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	tables := map[string]table{"FRR": frrTable(frr), "BIRD": bird.Routes}
+	expect := func(want map[string]route) {
+		t.Helper()
+		for name, get := range tables {
+			e.waitTable(name, get, want)
+		}
+	}
+	attrs := func(nh string) route {
+		return route{nextHop: nh, communities: []string{"64512:100", "no-export"}, large: []string{"64512:1:2"}}
+	}
+
+	// Cluster, dual-stack, its only endpoint on another node: /32 and
+	// /128 (over the IPv4 session) with this node's next hops.
+	e.namespace("web", nil)
+	e.publish(lbService("web", "cluster", withFamilies(v1.IPFamilyPolicyRequireDualStack, v1.IPv4Protocol, v1.IPv6Protocol)),
+		"10.100.0.10", "fd00:100::10")
+	e.endpoints("web", "cluster", endpoint{node: "node-b", ip: "10.244.2.5", ready: true},
+		endpoint{node: "node-b", ip: "fd00:244::5", ready: true})
+	// Local with a ready endpoint here.
+	local := lbService("web", "local")
+	local.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	e.publish(local, "10.100.0.11")
+	e.endpoints("web", "local", endpoint{node: "node-a", ip: "10.244.1.7", ready: true})
+	// Local with its only endpoint elsewhere: never announced here.
+	remote := lbService("web", "remote")
+	remote.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	e.publish(remote, "10.100.0.12")
+	e.endpoints("web", "remote", endpoint{node: "node-b", ip: "10.244.2.8", ready: true})
+	// Another loadBalancerClass: not ours.
+	foreign := lbService("web", "foreign")
+	foreign.Spec.LoadBalancerClass = ptr.To("example.com/other")
+	e.publish(foreign, "10.100.0.13")
+	e.endpoints("web", "foreign", endpoint{node: "node-a", ip: "10.244.1.9", ready: true})
+
+	all := map[string]route{
+		"10.100.0.10/32":   attrs("10.0.0.2"),
+		"fd00:100::10/128": attrs("fd00::2"),
+		"10.100.0.11/32":   attrs("10.0.0.2"),
+	}
+	expect(all)
+
+	// Local loses its last local endpoint (not ready): withdrawn; back when
+	// ready again.
+	e.endpoints("web", "local", endpoint{node: "node-a", ip: "10.244.1.7", ready: false})
+	expect(without(all, "10.100.0.11/32"))
+	e.endpoints("web", "local", endpoint{node: "node-a", ip: "10.244.1.7", ready: true})
+	expect(all)
+
+	// The exclude label withdraws everything; removing it announces again.
+	e.patchNode("node-a", `{"metadata":{"labels":{"node.kubernetes.io/exclude-from-external-load-balancers":"true"}}}`)
+	expect(map[string]route{})
+	e.patchNode("node-a", `{"metadata":{"labels":{"node.kubernetes.io/exclude-from-external-load-balancers":null}}}`)
+	expect(all)
+
+	// So does cordoning.
+	e.patchNode("node-a", `{"spec":{"unschedulable":true}}`)
+	expect(map[string]route{})
+	e.patchNode("node-a", `{"spec":{"unschedulable":false}}`)
+	expect(all)
+
+	// Deleting the Service withdraws both its prefixes.
+	if err := e.cp.Client.CoreV1().Services("web").Delete(context.Background(), "cluster", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect(without(all, "10.100.0.10/32", "fd00:100::10/128"))
+}
+
+// canonCommunity writes well-known communities as numbers: FRR prints
+// names (no-export), BIRD numbers (65535:65281).
+func canonCommunity(c string) string {
+	if v, ok := vipcastv1alpha1.WellKnownCommunities[c]; ok {
+		return fmt.Sprintf("%d:%d", v>>16, v&0xffff)
+	}
+	return c
+}
+
+// without returns a copy of m without keys.
+func without(m map[string]route, keys ...string) map[string]route {
+	out := maps.Clone(m)
+	for _, k := range keys {
+		delete(out, k)
+	}
+	return out
+}
+
+// TestSpeakerPeers checks sessions as configured by BGPPeers: a TCP MD5
+// password read from a Secret establishes, a wrong one never does, a
+// missing Secret is reported on the BGPPeer, and changing one BGPPeer
+// leaves the other sessions up.
+func TestSpeakerPeers(t *testing.T) {
+	e := newEnv(t)
+	speakerAddr := netip.MustParseAddr("127.0.0.2")
+	good := routers.StartFRR(t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.1"),
+		Neighbors: []routers.FRRNeighbor{{Address: speakerAddr, ASN: 64501, Password: "right-password"}}})
+	bad := routers.StartFRR(t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.5"),
+		Neighbors: []routers.FRRNeighbor{{Address: speakerAddr, ASN: 64501, Password: "other-password"}}})
+	e.node("node-a", nil, "10.0.0.2")
+	e.secret("vipcast-system", "bgp-good", "password", "right-password")
+	e.secret("vipcast-system", "bgp-bad", "password", "wrong-password")
+	secretRef := func(name string) string {
+		return fmt.Sprintf("  passwordSecretRef: {namespace: vipcast-system, name: %s}\n", name)
+	}
+	e.applyPeer(peerDoc("good", good.Address, good.Port, 64500, 64501, secretRef("bgp-good")))
+	e.applyPeer(peerDoc("bad", bad.Address, bad.Port, 64500, 64501, secretRef("bgp-bad")))
+	e.applyPeer(peerDoc("nosecret", netip.MustParseAddr("127.0.0.6"), 179, 64500, 64501, secretRef("missing")))
+	e.startSpeaker("node-a")
+
+	if err := good.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
+		t.Fatalf("the right MD5 password: %v", err)
+	}
+	// The missing Secret is named in a Warning Event on its BGPPeer.
+	e.eventually(30*time.Second, "a SecretNotFound Event on BGPPeer nosecret", func() (bool, error) {
+		list, err := e.cp.Client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
+			FieldSelector: "involvedObject.name=nosecret,reason=SecretNotFound"})
+		if err != nil || len(list.Items) == 0 {
+			return false, err
+		}
+		msg := list.Items[0].Message
+		if !strings.Contains(msg, "vipcast-system/missing") || !strings.Contains(msg, "node-a") {
+			return false, fmt.Errorf("event message %q does not name the Secret and the node", msg)
+		}
+		return true, nil
+	})
+	// The wrong password never gets past TCP: FRR drops the segments.
+	time.Sleep(5 * time.Second)
+	if st, err := bad.Neighbor(speakerAddr); err != nil || st.State == "Established" {
+		t.Fatalf("session with the wrong MD5 password: state %q (err %v), want not Established", st.State, err)
+	}
+
+	// Changing one BGPPeer resets that session only.
+	before, err := good.Neighbor(speakerAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.patchPeer("bad", `{"spec":{"holdTime":"12s","keepaliveTime":"4s"}}`)
+	e.patchPeer("nosecret", `{"spec":{"port":1790}}`)
+	time.Sleep(3 * time.Second)
+	after, err := good.Neighbor(speakerAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.State != "Established" || after.EstablishedCount != before.EstablishedCount || after.DroppedCount != before.DroppedCount {
+		t.Errorf("session with good changed when other BGPPeers did: before %+v, after %+v", before, after)
+	}
+	// Fixing the password brings the other session up, without touching the first.
+	e.patchSecret("vipcast-system", "bgp-bad", "other-password")
+	e.patchPeer("bad", `{"metadata":{"annotations":{"test/touch":"1"}},"spec":{"holdTime":"15s","keepaliveTime":"5s"}}`)
+	if err := bad.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
+		t.Fatalf("after fixing the password: %v", err)
+	}
+	if final, err := good.Neighbor(speakerAddr); err != nil || final.EstablishedCount != before.EstablishedCount {
+		t.Errorf("session with good reset while bad was fixed: %+v (err %v)", final, err)
+	}
+}
+
+// patchSecret replaces the password key of a Secret.
+func (e *env) patchSecret(ns, name, value string) {
+	e.t.Helper()
+	s, err := e.cp.Client.CoreV1().Secrets(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s.Data["password"] = []byte(value)
+	if _, err := e.cp.Client.CoreV1().Secrets(ns).Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// TestSpeakerRestart checks that a speaker restart does not make routers
+// withdraw anything: with graceful restart, a SIGKILLed speaker's routes
+// stay while it is away, and the new process hands its routers the full
+// set before End-of-RIB, so FRR never holds fewer routes at any point.
+func TestSpeakerRestart(t *testing.T) {
+	e := newEnv(t)
+	speakerAddr := netip.MustParseAddr("127.0.0.2")
+	frr := routers.StartFRR(t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.1"),
+		Neighbors: []routers.FRRNeighbor{{Address: speakerAddr, ASN: 64501}}})
+	e.node("node-a", nil, "10.0.0.2")
+	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: vips}\nspec: {addresses: [10.100.0.0/24]}\n")
+	e.applyPeer(peerDoc("frr", frr.Address, frr.Port, 64500, 64501, "  gracefulRestart: {enabled: true, restartTime: 60s}\n"))
+	e.namespace("web", nil)
+	const n = 50
+	for i := range n {
+		name := fmt.Sprintf("s%02d", i)
+		e.publish(lbService("web", name), fmt.Sprintf("10.100.0.%d", 10+i))
+		e.endpoints("web", name, endpoint{node: "node-b", ip: fmt.Sprintf("10.244.2.%d", 10+i), ready: true})
+	}
+	first := e.startSpeaker("node-a")
+	e.eventually(30*time.Second, "FRR holding all routes", func() (bool, error) {
+		c, err := frr.PrefixCount(speakerAddr)
+		return c == n, err
+	})
+	before, err := frr.Neighbor(speakerAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Watch FRR's count from now on, every 20 ms.
+	minSeen := make(chan int)
+	stop := make(chan struct{})
+	go func() {
+		lowest := n
+		for {
+			select {
+			case <-stop:
+				minSeen <- lowest
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if c, err := frr.PrefixCount(speakerAddr); err == nil && c < lowest {
+				lowest = c
+			}
+		}
+	}()
+	first.Kill()
+	e.startSpeaker("node-a")
+	e.eventually(30*time.Second, "the new session to come up", func() (bool, error) {
+		st, err := frr.Neighbor(speakerAddr)
+		return st.State == "Established" && st.EstablishedCount > before.EstablishedCount, err
+	})
+	time.Sleep(2 * time.Second) // End-of-RIB and any late withdrawal
+	close(stop)
+	if lowest := <-minSeen; lowest != n {
+		t.Errorf("FRR held %d routes at some point during the restart, want all %d throughout", lowest, n)
+	}
+	if c, err := frr.PrefixCount(speakerAddr); err != nil || c != n {
+		t.Errorf("after the restart FRR holds %d routes (err %v), want %d", c, err, n)
+	}
+}

@@ -1,0 +1,167 @@
+// Package netns builds throwaway network topologies for root-tier tests:
+// named network namespaces joined by veth pairs and bridges, made with
+// iproute2 and always removed when the test ends, even when it fails.
+package netns
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Require fails the test (in CI) or skips it (elsewhere) when this process
+// cannot create network namespaces: not root, or no `ip` command.
+func Require(t testing.TB) {
+	t.Helper()
+	var why string
+	if os.Geteuid() != 0 {
+		why = "network-namespace tests need root"
+	} else if _, err := exec.LookPath("ip"); err != nil {
+		why = "network-namespace tests need iproute2's ip command (apt-get install iproute2)"
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal(why + "; CI runs every tier")
+	}
+	t.Skip(why)
+}
+
+// NS is a named network namespace created by a test.
+type NS struct {
+	Name string
+}
+
+// Ip runs `ip args...` and fails the test on error.
+func Ip(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// New creates a namespace named prefix-<pid>-name (so parallel runs do not
+// collide), brings its loopback up, and deletes it at the end of the test.
+// Processes started in it with Cmd must be stopped by the test first.
+func New(t testing.TB, name string) *NS {
+	t.Helper()
+	ns := &NS{Name: fmt.Sprintf("vc%d-%s", os.Getpid()%100000, name)}
+	_ = exec.Command("ip", "netns", "del", ns.Name).Run() // leftover of a killed run
+	Ip(t, "netns", "add", ns.Name)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", ns.Name).CombinedOutput(); err != nil {
+			t.Logf("deleting netns %s: %v: %s", ns.Name, err, out)
+		}
+	})
+	ns.Ip(t, "link", "set", "lo", "up")
+	return ns
+}
+
+// Ip runs `ip -n NS args...`.
+func (ns *NS) Ip(t testing.TB, args ...string) string {
+	t.Helper()
+	return Ip(t, append([]string{"-n", ns.Name}, args...)...)
+}
+
+// Command returns a command that runs name with args inside the namespace.
+func (ns *NS) Command(name string, args ...string) []string {
+	return append([]string{"ip", "netns", "exec", ns.Name, name}, args...)
+}
+
+// Veth connects two namespaces (either may be nil for the test's own
+// namespace) with a veth pair named aName/bName, assigns the addresses
+// (CIDR notation, may be empty) and brings both ends up. Deleting either
+// namespace removes the pair.
+func Veth(t testing.TB, a *NS, aName, aAddr string, b *NS, bName, bAddr string) {
+	t.Helper()
+	tmpA, tmpB := fmt.Sprintf("vct%da", os.Getpid()%100000), fmt.Sprintf("vct%db", os.Getpid()%100000)
+	Ip(t, "link", "add", tmpA, "type", "veth", "peer", "name", tmpB)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", tmpA).Run() })
+	for _, end := range []struct {
+		ns        *NS
+		tmp, name string
+		addr      string
+	}{{a, tmpA, aName, aAddr}, {b, tmpB, bName, bAddr}} {
+		ip := Ip
+		if end.ns != nil {
+			Ip(t, "link", "set", end.tmp, "netns", end.ns.Name)
+			ip = end.ns.Ip
+		} else {
+			t.Cleanup(func() { _ = exec.Command("ip", "link", "del", end.name).Run() })
+		}
+		ip(t, "link", "set", end.tmp, "name", end.name)
+		if end.addr != "" {
+			ip(t, "addr", "add", end.addr, "dev", end.name)
+		}
+		ip(t, "link", "set", end.name, "up")
+	}
+}
+
+// Bridge creates a bridge in ns (nil: the test's namespace) with an
+// optional address, up.
+func Bridge(t testing.TB, ns *NS, name, addr string) {
+	t.Helper()
+	ip := Ip
+	if ns != nil {
+		ip = ns.Ip
+	} else {
+		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", name).Run() })
+	}
+	ip(t, "link", "add", name, "type", "bridge")
+	if addr != "" {
+		ip(t, "addr", "add", addr, "dev", name)
+	}
+	ip(t, "link", "set", name, "up")
+}
+
+// Enslave attaches a link to a bridge in ns (nil: the test's namespace).
+func Enslave(t testing.TB, ns *NS, link, bridge string) {
+	t.Helper()
+	ip := Ip
+	if ns != nil {
+		ip = ns.Ip
+	}
+	ip(t, "link", "set", link, "master", bridge)
+}
+
+// Forward accepts TCP connections on listen (an address the test created,
+// such as a bridge address namespaces can reach) and relays each to target
+// (such as an API server on the test's loopback), until the test ends.
+func Forward(t testing.TB, listen, target string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		t.Fatalf("forwarder on %s: %v", listen, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go relay(in, target)
+		}
+	}()
+}
+
+func relay(in net.Conn, target string) {
+	defer in.Close()
+	out, err := net.DialTimeout("tcp", target, 5*time.Second)
+	if err != nil {
+		return
+	}
+	defer out.Close()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+	<-done
+}
