@@ -97,26 +97,10 @@ func StartBIRD(t testing.TB, cfg BIRDConfig) *BIRD {
 	if err := os.WriteFile(conf, []byte(birdConfig(cfg, port)), 0o644); err != nil {
 		t.Fatalf("bird: %v", err)
 	}
-	b.daemon, err = startProcess(filepath.Join(dir, "bird.log"),
-		BIRDBin, "-f", "-c", conf, "-s", b.ctl, "-P", filepath.Join(dir, "bird.pid"))
-	if err != nil {
-		t.Fatalf("bird: %v", err)
-	}
-	t.Cleanup(func() {
-		b.daemon.Stop(2 * time.Second)
-		if t.Failed() {
-			if l, err := os.ReadFile(filepath.Join(dir, "bird.log")); err == nil && len(l) > 0 {
-				t.Logf("bird %s log:\n%s", cfg.ListenAddress, tail(l, 40))
-			}
-		}
-	})
-	if !waitFor(10*time.Second, func() bool {
+	b.daemon = startDaemon(t, "bird "+cfg.ListenAddress.String(), filepath.Join(dir, "bird.log"), func() bool {
 		_, err := b.Birdc("show status")
-		return err == nil || b.daemon.Exited()
-	}) || b.daemon.Exited() {
-		l, _ := os.ReadFile(filepath.Join(dir, "bird.log"))
-		t.Fatalf("bird did not start:\n%s", l)
-	}
+		return err == nil
+	}, BIRDBin, "-f", "-c", conf, "-s", b.ctl, "-P", filepath.Join(dir, "bird.pid"))
 	return b
 }
 

@@ -145,25 +145,10 @@ func StartFRR(t testing.TB, cfg FRRConfig) *FRR {
 		// -l implies -n: no kernel routes.
 		args = append(args, "-Z", "-l", cfg.ListenAddress.String())
 	}
-	f.daemon, err = startProcess(filepath.Join(dir, "bgpd.log"), f.inNetns(append([]string{FRRBgpd}, args...)...)...)
-	if err != nil {
-		t.Fatalf("frr: %v", err)
-	}
-	t.Cleanup(func() {
-		f.daemon.Stop(2 * time.Second)
-		if t.Failed() {
-			if b, err := os.ReadFile(filepath.Join(dir, "bgpd.log")); err == nil && len(b) > 0 {
-				t.Logf("bgpd %s log:\n%s", cfg.ListenAddress, tail(b, 40))
-			}
-		}
-	})
-	if !waitFor(10*time.Second, func() bool {
+	f.daemon = startDaemon(t, "bgpd "+cfg.ListenAddress.String(), filepath.Join(dir, "bgpd.log"), func() bool {
 		_, err := f.Vtysh("show bgp summary json")
-		return err == nil || f.daemon.Exited()
-	}) || f.daemon.Exited() {
-		b, _ := os.ReadFile(filepath.Join(dir, "bgpd.log"))
-		t.Fatalf("frr: bgpd did not start:\n%s", b)
-	}
+		return err == nil
+	}, f.inNetns(append([]string{FRRBgpd}, args...)...)...)
 	return f
 }
 

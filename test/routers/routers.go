@@ -39,10 +39,29 @@ func requireBinaries(t testing.TB, paths ...string) {
 	}
 }
 
-// startProcess starts argv (program and arguments) with its output
-// appended to logPath; see proc.Start.
-func startProcess(logPath string, argv ...string) (*proc.Process, error) {
-	return proc.Start(logPath, argv[0], argv[1:]...)
+// startDaemon starts argv (program and arguments) with its output in
+// logPath, stops it at the end of the test (showing the log's tail if the
+// test failed), and waits until ready reports true; it fails the test if
+// the daemon exits or is not ready within 10 s.
+func startDaemon(t testing.TB, name, logPath string, ready func() bool, argv ...string) *proc.Process {
+	t.Helper()
+	p, err := proc.Start(logPath, argv[0], argv[1:]...)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		p.Stop(2 * time.Second)
+		if t.Failed() {
+			if l, err := os.ReadFile(logPath); err == nil && len(l) > 0 {
+				t.Logf("%s log:\n%s", name, tail(l, 40))
+			}
+		}
+	})
+	if !waitFor(10*time.Second, func() bool { return p.Exited() || ready() }) || p.Exited() {
+		l, _ := os.ReadFile(logPath)
+		t.Fatalf("%s did not start:\n%s", name, l)
+	}
+	return p
 }
 
 // freePort returns a TCP port that was free on host.

@@ -37,23 +37,14 @@ func frrRunDir(t testing.TB) string {
 func (f *FRR) startZebra(t testing.TB) {
 	t.Helper()
 	requireBinaries(t, FRRZebra)
-	var err error
 	if err := os.WriteFile(f.Dir+"/zebra.conf", nil, 0o644); err != nil {
 		t.Fatalf("zebra: %v", err)
 	}
-	f.zebra, err = startProcess(f.Dir+"/zebra.log", f.inNetns(FRRZebra,
-		"-f", f.Dir+"/zebra.conf", "-i", f.Dir+"/zebra.pid", "-z", f.zserv(), "--vty_socket", f.Dir, "-A", "127.0.0.1", "-P", "0")...)
-	if err != nil {
-		t.Fatalf("zebra: %v", err)
-	}
-	t.Cleanup(func() { f.zebra.Stop(2 * time.Second) })
-	if !waitFor(10*time.Second, func() bool {
+	f.zebra = startDaemon(t, "zebra "+f.Netns, f.Dir+"/zebra.log", func() bool {
 		_, err := os.Stat(f.zserv())
-		return err == nil || f.zebra.Exited()
-	}) || f.zebra.Exited() {
-		b, _ := os.ReadFile(f.Dir + "/zebra.log")
-		t.Fatalf("zebra did not start:\n%s", b)
-	}
+		return err == nil
+	}, f.inNetns(FRRZebra,
+		"-f", f.Dir+"/zebra.conf", "-i", f.Dir+"/zebra.pid", "-z", f.zserv(), "--vty_socket", f.Dir, "-A", "127.0.0.1", "-P", "0")...)
 }
 
 func (f *FRR) zserv() string { return f.Dir + "/zserv.api" }
