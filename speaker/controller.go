@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -147,9 +149,9 @@ func NewController(opts Options) (*Controller, error) {
 			UpdateFunc: func(_, cur any) { c.enqueueSlice(cur) },
 			DeleteFunc: c.enqueueSlice,
 		}},
-		{c.node, configHandler(c.queue, false)},
-		{c.pools, configHandler(c.queue, true)},
-		{c.peers, configHandler(c.queue, true)},
+		{c.node, nodeHandler(c.queue)},
+		{c.pools, configHandler(c.queue)},
+		{c.peers, configHandler(c.queue)},
 	}
 	for _, h := range handlers {
 		if _, err := h.inf.AddEventHandler(h.h); err != nil {
@@ -159,18 +161,21 @@ func NewController(opts Options) (*Controller, error) {
 	return c, nil
 }
 
-// configHandler enqueues a full recompute. With specOnly, updates that do
-// not change metadata.generation (status writes) are ignored.
-func configHandler(q workqueue.TypedRateLimitingInterface[string], specOnly bool) cache.ResourceEventHandler {
+// nodeHandler enqueues a full recompute when the node changes in a way the
+// decisions see (labels, cordon, addresses, the local-ASN annotation), not
+// on every status heartbeat.
+func nodeHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
 	add := func(any) { q.Add(keyConfig) }
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: add,
 		UpdateFunc: func(old, cur any) {
-			if specOnly {
-				o, ok1 := old.(*unstructured.Unstructured)
-				n, ok2 := cur.(*unstructured.Unstructured)
-				if ok1 && ok2 && o.GetGeneration() == n.GetGeneration() &&
-					equalStrings(o.GetLabels(), n.GetLabels()) {
+			o, ok1 := old.(*v1.Node)
+			n, ok2 := cur.(*v1.Node)
+			if ok1 && ok2 {
+				a, errsA := NodeFrom(o)
+				b, errsB := NodeFrom(n)
+				if reflect.DeepEqual(a, b) && len(errsA) == len(errsB) &&
+					o.Annotations[AnnotationLocalASN] == n.Annotations[AnnotationLocalASN] {
 					return
 				}
 			}
@@ -180,16 +185,23 @@ func configHandler(q workqueue.TypedRateLimitingInterface[string], specOnly bool
 	}
 }
 
-func equalStrings(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
+// configHandler enqueues a full recompute for an IPPool or BGPPeer change.
+// Updates that change neither metadata.generation nor the labels (peer
+// selectors match labels) are status writes and are ignored.
+func configHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
+	add := func(any) { q.Add(keyConfig) }
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: add,
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*unstructured.Unstructured)
+			n, ok2 := cur.(*unstructured.Unstructured)
+			if ok1 && ok2 && o.GetGeneration() == n.GetGeneration() && maps.Equal(o.GetLabels(), n.GetLabels()) {
+				return
+			}
+			add(cur)
+		},
+		DeleteFunc: add,
 	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // sliceServiceKey indexes an EndpointSlice by its Service's namespace/name.

@@ -45,6 +45,14 @@ spec:
 // message contains every one of want.
 func (e *env) waitEvent(ns, name string, want ...string) {
 	e.t.Helper()
+	e.waitEventReason(ns, name, v1.EventTypeWarning, "SyncLoadBalancerFailed", want...)
+}
+
+// waitEventReason waits for an Event of type and reason on the object
+// called name (cluster-scoped objects' Events are in "default") whose
+// message contains every one of want.
+func (e *env) waitEventReason(ns, name, typ, reason string, want ...string) {
+	e.t.Helper()
 	var seen []string
 	e.eventually(60*time.Second, fmt.Sprintf("an Event on %s/%s mentioning %q", ns, name, want), func() (bool, error) {
 		evs, err := e.cp.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
@@ -56,7 +64,7 @@ func (e *env) waitEvent(ns, name string, want ...string) {
 		seen = seen[:0]
 		for _, ev := range evs.Items {
 			seen = append(seen, ev.Reason+": "+ev.Message)
-			if ev.Reason != "SyncLoadBalancerFailed" || ev.Type != v1.EventTypeWarning {
+			if ev.Reason != reason || ev.Type != typ {
 				continue
 			}
 			ok := true

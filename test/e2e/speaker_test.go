@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -283,7 +285,12 @@ spec:
     largeCommunities: ["64512:1:2"]`)
 	e.applyPeer(peerDoc("frr", frr.Address, frr.Port, 64500, 64501, ""))
 	e.applyPeer(peerDoc("bird", bird.Address, bird.Port, 64500, 64501, ""))
-	e.startSpeaker("node-a")
+	ports, err := proc.FreePorts("127.0.0.1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	e.startSpeaker("node-a", "--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[0]))
 	if err := frr.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -331,6 +338,23 @@ spec:
 	}
 	expect(all)
 
+	// What an operator sees: readiness, metrics, and Events on the BGPPeers.
+	if code, _ := httpGet(t, metricsURL+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz answered %d, want 200", code)
+	}
+	_, metrics := httpGet(t, metricsURL+"/metrics")
+	for _, want := range []string{
+		`vipcast_bgp_session_up{peer="frr"} 1`,
+		`vipcast_bgp_session_up{peer="bird"} 1`,
+		`vipcast_bgp_announced_prefixes{peer="frr"} 3`,
+		`vipcast_speaker_announced_prefixes 3`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	e.waitEventReason("default", "frr", v1.EventTypeNormal, "SessionEstablished", "node-a", "127.0.0.1")
+
 	// Local loses its last local endpoint (not ready): withdrawn; back when
 	// ready again.
 	e.endpoints("web", "local", endpoint{node: "node-a", ip: "10.244.1.7", ready: false})
@@ -355,6 +379,21 @@ spec:
 		t.Fatal(err)
 	}
 	expect(without(all, "10.100.0.10/32", "fd00:100::10/128"))
+}
+
+// httpGet returns the status code and body of a GET.
+func httpGet(t testing.TB, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(body)
 }
 
 // canonCommunity writes well-known communities as numbers: FRR prints
@@ -401,18 +440,7 @@ func TestSpeakerPeers(t *testing.T) {
 		t.Fatalf("the right MD5 password: %v", err)
 	}
 	// The missing Secret is named in a Warning Event on its BGPPeer.
-	e.eventually(30*time.Second, "a SecretNotFound Event on BGPPeer nosecret", func() (bool, error) {
-		list, err := e.cp.Client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
-			FieldSelector: "involvedObject.name=nosecret,reason=SecretNotFound"})
-		if err != nil || len(list.Items) == 0 {
-			return false, err
-		}
-		msg := list.Items[0].Message
-		if !strings.Contains(msg, "vipcast-system/missing") || !strings.Contains(msg, "node-a") {
-			return false, fmt.Errorf("event message %q does not name the Secret and the node", msg)
-		}
-		return true, nil
-	})
+	e.waitEventReason("default", "nosecret", v1.EventTypeWarning, "SecretNotFound", "node-a", "vipcast-system/missing")
 	// The wrong password never gets past TCP: FRR drops the segments.
 	time.Sleep(5 * time.Second)
 	if st, err := bad.Neighbor(speakerAddr); err != nil || st.State == "Established" {
