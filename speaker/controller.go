@@ -90,6 +90,7 @@ type Controller struct {
 
 	mu        sync.Mutex
 	announced map[netip.Prefix]bool // what bgp has been told, for the final withdraw
+	uncertain map[netip.Prefix]bool // prefixes of a failed Apply: BGP may or may not hold them
 	synced    bool
 	sessionUp map[string]bool // last known Established state per peer
 }
@@ -124,6 +125,7 @@ func NewController(opts Options) (*Controller, error) {
 		table:        NewRouteTable(),
 		peerProblems: map[string]string{},
 		announced:    map[netip.Prefix]bool{},
+		uncertain:    map[netip.Prefix]bool{},
 		sessionUp:    map[string]bool{},
 	}
 	c.services = c.factory.Core().V1().Services().Informer()
@@ -370,9 +372,18 @@ func (c *Controller) syncConfig(ctx context.Context) error {
 			announce, withdraw = append(announce, a...), append(withdraw, w...)
 		}
 	}
+	if c.hasUncertain() {
+		// A failed Apply left BGP out of step with the table: hand it the
+		// whole table (re-announcing an unchanged route sends nothing) and
+		// withdraw whatever it may hold beyond.
+		announce, withdraw = c.table.Routes(), c.beyondTable()
+	}
 	if err := c.apply(ctx, announce, withdraw); err != nil {
 		return err
 	}
+	c.mu.Lock()
+	clear(c.uncertain)
+	c.mu.Unlock()
 
 	bgpPeers, problems := PeersForNode(peers, n, c.password(ctx))
 	c.reportPeerProblems(ctx, peers, problems)
@@ -432,6 +443,17 @@ func (c *Controller) apply(ctx context.Context, announce []bgp.Route, withdraw [
 		return nil
 	}
 	if err := c.opts.BGP.Apply(ctx, announce, withdraw); err != nil {
+		// The route table already holds the change and BGP may hold part
+		// of it: the next config sync re-applies the whole table.
+		c.mu.Lock()
+		for _, p := range withdraw {
+			c.uncertain[p] = true
+		}
+		for _, r := range announce {
+			c.uncertain[r.Prefix] = true
+		}
+		c.mu.Unlock()
+		c.queue.AddRateLimited(keyConfig)
 		return fmt.Errorf("announcing %d and withdrawing %d prefixes: %w", len(announce), len(withdraw), err)
 	}
 	c.mu.Lock()
@@ -446,6 +468,33 @@ func (c *Controller) apply(ctx context.Context, announce []bgp.Route, withdraw [
 	c.opts.Metrics.setAnnounced(n)
 	klog.FromContext(ctx).V(3).Info("Routes changed", "announced", len(announce), "withdrawn", len(withdraw), "total", n)
 	return nil
+}
+
+func (c *Controller) hasUncertain() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.uncertain) > 0
+}
+
+// beyondTable returns the prefixes BGP has or may have that the route
+// table does not want.
+func (c *Controller) beyondTable() []netip.Prefix {
+	want := map[netip.Prefix]bool{}
+	for _, r := range c.table.Routes() {
+		want[r.Prefix] = true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []netip.Prefix
+	for _, set := range []map[netip.Prefix]bool{c.announced, c.uncertain} {
+		for p := range set {
+			if !want[p] {
+				want[p] = true // once
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }
 
 // WithdrawAll withdraws every announced prefix, keeping the sessions up so

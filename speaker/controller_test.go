@@ -1,0 +1,141 @@
+package speaker
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/bgp"
+)
+
+// flakyBGP is a bgp.Speaker that holds routes in memory and fails the
+// first failures calls to Apply after applying only half of them, as an
+// engine error midway would.
+type flakyBGP struct {
+	mu       sync.Mutex
+	routes   map[netip.Prefix]bgp.Route
+	failures int
+}
+
+func (f *flakyBGP) SetPeers(context.Context, []bgp.Peer) error { return nil }
+
+func (f *flakyBGP) Apply(_ context.Context, announce []bgp.Route, withdraw []netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fail := f.failures > 0
+	if fail {
+		f.failures--
+		announce, withdraw = announce[:len(announce)/2], withdraw[:len(withdraw)/2]
+	}
+	for _, p := range withdraw {
+		delete(f.routes, p)
+	}
+	for _, r := range announce {
+		f.routes[r.Prefix] = r
+	}
+	if fail {
+		return errors.New("injected failure")
+	}
+	return nil
+}
+
+func (f *flakyBGP) Sessions(context.Context) ([]bgp.SessionState, error) { return nil, nil }
+func (f *flakyBGP) Stop(context.Context) error                            { return nil }
+
+func (f *flakyBGP) prefixes() map[netip.Prefix]bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[netip.Prefix]bool{}
+	for p := range f.routes {
+		out[p] = true
+	}
+	return out
+}
+
+// TestControllerRecoversFromFailedApply checks that when the BGP engine
+// fails midway, the speaker re-applies its whole table: every wanted route
+// ends up announced and every unwanted one withdrawn, although its route
+// table had already recorded the change.
+func TestControllerRecoversFromFailedApply(t *testing.T) {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
+	objs := []runtime.Object{node}
+	for i := range 4 {
+		name := string(rune('a' + i))
+		objs = append(objs, testLBService(name, "10.100.0."+string(rune('1'+i))), testSlice(name))
+	}
+	client := fake.NewClientset(objs...)
+	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
+		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: []string{"10.100.0.0/24"}}}
+	scheme := runtime.NewScheme()
+	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
+		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
+	}, pool)
+	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}, failures: 1}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: engine, Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = c.Run(ctx) }()
+
+	want := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if got := engine.prefixes(); len(got) == n {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("engine holds %v, want %d routes", engine.prefixes(), n)
+	}
+	// The first Apply (all four routes) fails halfway; the retry completes.
+	want(4)
+
+	// A withdrawal that fails halfway: the node is excluded, so nothing
+	// may stay announced.
+	engine.mu.Lock()
+	engine.failures = 1
+	engine.mu.Unlock()
+	node.Labels = map[string]string{LabelExcludeFromExternalLB: ""}
+	if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want(0)
+}
+
+func testLBService(name, vip string) *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec:       v1.ServiceSpec{Type: v1.ServiceTypeLoadBalancer, Ports: []v1.ServicePort{{Port: 80}}},
+		Status:     v1.ServiceStatus{LoadBalancer: v1.LoadBalancerStatus{Ingress: []v1.LoadBalancerIngress{{IP: vip}}}},
+	}
+}
+
+func testSlice(svc string) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.1"}, NodeName: ptr.To("n2"),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+	}
+}
