@@ -53,7 +53,7 @@ func (f *flakyBGP) Apply(_ context.Context, announce []bgp.Route, withdraw []net
 }
 
 func (f *flakyBGP) Sessions(context.Context) ([]bgp.SessionState, error) { return nil, nil }
-func (f *flakyBGP) Stop(context.Context) error                            { return nil }
+func (f *flakyBGP) Stop(context.Context) error                           { return nil }
 
 func (f *flakyBGP) prefixes() map[netip.Prefix]bool {
 	f.mu.Lock()
