@@ -1,0 +1,561 @@
+// Package vm runs Go test code inside a real Linux kernel: Debian's
+// bookworm kernel (which has IPVS as modules, unlike many CI hosts) booted
+// under qemu with a generated initramfs whose /init loads the modules, runs a
+// static test binary and powers off.
+//
+// The usual pattern lets a plain `go test ./ipvs/` run its kernel tests in
+// the VM:
+//
+//	func TestSomethingInKernel(t *testing.T) {
+//		if !vm.InVM() {
+//			vm.RunTest(t, vm.Options{}) // boots a VM running only this test
+//			return
+//		}
+//		// ... the real checks, as root in the guest kernel ...
+//	}
+//
+// Everything needed is fetched on first use and cached under
+// $VIPCAST_CACHE (default ~/.cache/vipcast): the kernel package is
+// downloaded with apt-get and extracted with dpkg -x (never installed), and
+// qemu-system-x86 is installed with apt-get when missing. `go run
+// ./test/vm/cmd/fetch` does the same ahead of time. `go test -short` skips
+// VM tests, and so does VIPCAST_SKIP_VM=1.
+package vm
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ExitMarker precedes the guest test's exit code on the console; keep in
+// sync with test/vm/init.
+const ExitMarker = "VIPCAST-VM-EXIT:"
+
+// EnvInVM is set to 1 in the environment of the test binary in the guest.
+const EnvInVM = "VIPCAST_IN_VM"
+
+// DefaultModules are loaded in every VM: IPVS with its common schedulers,
+// conntrack, and dummy/veth links for test topologies. The guest cannot run
+// modprobe, so an IPVS scheduler that is not loaded makes NewService fail
+// with ENOENT.
+var DefaultModules = []string{
+	"nf_defrag_ipv4", "nf_defrag_ipv6", "crc32c_generic", "libcrc32c", "nf_conntrack",
+	"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_vs_mh", "ip_vs_lc", "ip_vs_wlc",
+	"dummy", "veth",
+}
+
+// OptionalModules are loaded when the kernel has them: NAT with nftables for
+// source NAT (externalTrafficPolicy: Cluster).
+var OptionalModules = []string{
+	"nf_nat", "nf_tables", "nft_ct", "nft_nat", "nft_chain_nat", "nft_masq", "nf_conntrack_netlink",
+}
+
+// InVM reports whether this process is the test binary inside the VM.
+func InVM() bool { return os.Getenv(EnvInVM) == "1" }
+
+// Options configure one VM run.
+type Options struct {
+	// TestBinary is the static (CGO_ENABLED=0) program the guest runs.
+	// RunTest fills it in.
+	TestBinary string
+	// Args are its arguments; Env is added to its environment.
+	Args []string
+	Env  []string
+	// Timeout bounds the whole run, boot included. Default 5 minutes, and
+	// never past the calling test's deadline.
+	Timeout time.Duration
+	// Modules must exist; OptionalModules are loaded when they exist. Nil
+	// means DefaultModules / OptionalModules. Dependencies are added.
+	Modules         []string
+	OptionalModules []string
+	// MemoryMB (default 512) and CPUs (default 1) of the guest.
+	MemoryMB int
+	CPUs     int
+	// Logf receives every console line as it arrives.
+	Logf Logf
+}
+
+// Result of a VM run.
+type Result struct {
+	Output   string        // console output, \r removed
+	ExitCode int           // the guest test's exit code
+	Boot     time.Duration // until /init reported the modules loaded
+	Total    time.Duration // qemu start to exit
+}
+
+// Env describes the prepared host side: kernel and qemu.
+type Env struct {
+	Kernel *Kernel
+	QEMU   string
+	Accel  string // "tcg" or "kvm"
+}
+
+// Prepare fetches the kernel and installs qemu when needed.
+func Prepare(ctx context.Context, logf Logf) (*Env, error) {
+	k, err := FetchKernel(ctx, logf)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		logf.printf("vm: installing qemu-system-x86 with apt-get (first time only)")
+	}
+	if err := ensureCommand(ctx, "qemu-system-x86_64", "qemu-system-x86"); err != nil {
+		return nil, err
+	}
+	q, _ := exec.LookPath("qemu-system-x86_64")
+	return &Env{Kernel: k, QEMU: q, Accel: accel()}, nil
+}
+
+// accel picks KVM only when a real KVM module is loaded: a /dev/kvm provided
+// by other means (software nesting) can hang a stock kernel.
+func accel() string {
+	if a := os.Getenv("VIPCAST_VM_ACCEL"); a != "" {
+		return a
+	}
+	for _, m := range []string{"/sys/module/kvm_intel", "/sys/module/kvm_amd"} {
+		if _, err := os.Stat(m); err == nil {
+			if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
+				f.Close()
+				return "kvm"
+			}
+		}
+	}
+	return "tcg"
+}
+
+// modulesCPIO returns a cached cpio archive holding the resolved modules and
+// their load order (/vm/modules/<name>.ko, /vm/modules.order).
+func (k *Kernel) modulesCPIO(required, optional []string) (string, []string, error) {
+	paths, err := k.ResolveModules(required, optional)
+	if err != nil {
+		return "", nil, err
+	}
+	var names []string
+	for _, p := range paths {
+		names = append(names, modName(p))
+	}
+	sum := sha256.Sum256([]byte(strings.Join(names, ",")))
+	out := filepath.Join(k.Dir, "initrd-modules-"+hex.EncodeToString(sum[:8])+".cpio")
+	if _, err := os.Stat(out); err == nil {
+		return out, names, nil
+	}
+	f, err := os.CreateTemp(k.Dir, ".initrd-modules-*")
+	if err != nil {
+		return "", nil, err
+	}
+	defer os.Remove(f.Name())
+	bw := bufio.NewWriter(f)
+	w := newCPIOWriter(bw)
+	for i, p := range paths {
+		w.CopyFile("vm/modules/"+names[i]+".ko", 0o644, p)
+	}
+	w.File("vm/modules.order", 0o644, []byte(strings.Join(names, "\x00")))
+	err = w.Close()
+	if err == nil {
+		err = bw.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	return out, names, os.Rename(f.Name(), out)
+}
+
+// workDir is a per-process scratch directory in the cache for built
+// binaries and initrds; directories of dead processes are removed.
+var workDir = sync.OnceValues(func() (string, error) {
+	base := filepath.Join(CacheDir(), "vm-run")
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return "", err
+	}
+	old, _ := filepath.Glob(filepath.Join(base, "pid-*"))
+	for _, d := range old {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "pid-"))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); errors.Is(err, os.ErrNotExist) {
+			os.RemoveAll(d)
+		}
+	}
+	d := filepath.Join(base, fmt.Sprintf("pid-%d", os.Getpid()))
+	if err := os.RemoveAll(d); err != nil {
+		return "", err
+	}
+	return d, os.MkdirAll(d, 0o755)
+})
+
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
+}
+
+func goBuild(ctx context.Context, dir string, args ...string) error {
+	cmd := exec.CommandContext(ctx, goTool(), args...)
+	cmd.Dir = dir
+	// The guest has no libc: no cgo, hence no -race/-msan/-asan either.
+	var flags []string
+	for _, f := range strings.Fields(os.Getenv("GOFLAGS")) {
+		if !strings.HasPrefix(f, "-race") && !strings.HasPrefix(f, "-msan") && !strings.HasPrefix(f, "-asan") {
+			flags = append(flags, f)
+		}
+	}
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOFLAGS="+strings.Join(flags, " "))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+var initOnce = sync.OnceValues(func() (string, error) {
+	wd, err := workDir()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(wd, "init")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	return out, goBuild(ctx, "", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/vipcast/vipcast/test/vm/init")
+})
+
+// BuildInit builds the guest /init (once per process).
+func BuildInit() (string, error) { return initOnce() }
+
+var (
+	testBinMu sync.Mutex
+	testBins  = map[string]string{}
+)
+
+// IsStatic reports whether the ELF file at path has no program interpreter.
+func IsStatic(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if f.Machine != elf.EM_X86_64 {
+		return false
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return false
+		}
+	}
+	return true
+}
+
+// TestBinary returns a static test binary of the package under test (the
+// current directory): os.Args[0] when it is already static, otherwise one
+// built with `CGO_ENABLED=0 go test -c` (once per package per process).
+func TestBinary(ctx context.Context) (string, error) {
+	if IsStatic(os.Args[0]) {
+		return os.Args[0], nil
+	}
+	cwd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	testBinMu.Lock()
+	defer testBinMu.Unlock()
+	if p, ok := testBins[cwd]; ok {
+		return p, nil
+	}
+	wd, err := workDir()
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256([]byte(cwd))
+	out := filepath.Join(wd, "test-"+hex.EncodeToString(sum[:6]))
+	if err := goBuild(ctx, cwd, "test", "-c", "-vet=off", "-o", out, "."); err != nil {
+		return "", err
+	}
+	testBins[cwd] = out
+	return out, nil
+}
+
+// RunContext boots a VM that runs opts.TestBinary and returns its output
+// and exit code. An error means the harness failed (no exit marker: boot
+// failure, guest panic, timeout).
+func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
+	if opts.TestBinary == "" {
+		return nil, errors.New("vm: Options.TestBinary is empty")
+	}
+	if !IsStatic(opts.TestBinary) {
+		return nil, fmt.Errorf("vm: %s is not a static amd64 binary (build it with CGO_ENABLED=0)", opts.TestBinary)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Minute
+	}
+	if opts.Modules == nil {
+		opts.Modules = DefaultModules
+	}
+	if opts.OptionalModules == nil {
+		opts.OptionalModules = OptionalModules
+	}
+	if opts.MemoryMB == 0 {
+		opts.MemoryMB = 512
+	}
+	if opts.CPUs == 0 {
+		opts.CPUs = 1
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+
+	mods, _, err := env.Kernel.modulesCPIO(opts.Modules, opts.OptionalModules)
+	if err != nil {
+		return nil, err
+	}
+	initBin, err := BuildInit()
+	if err != nil {
+		return nil, err
+	}
+	wd, err := workDir()
+	if err != nil {
+		return nil, err
+	}
+	rd, err := os.MkdirTemp(wd, "run-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(rd)
+	initrd := filepath.Join(rd, "initrd")
+	if err := writeInitrd(initrd, mods, initBin, opts); err != nil {
+		return nil, err
+	}
+
+	cpu := "max"
+	if env.Accel == "kvm" {
+		cpu = "host"
+	}
+	args := []string{
+		"-machine", "pc,accel=" + env.Accel, "-cpu", cpu,
+		"-m", strconv.Itoa(opts.MemoryMB), "-smp", strconv.Itoa(opts.CPUs),
+		"-nographic", "-no-reboot", "-nic", "none",
+		"-kernel", env.Kernel.Vmlinux, "-initrd", initrd,
+		"-append", "console=ttyS0 quiet panic=-1 mitigations=off",
+	}
+	cmd := exec.CommandContext(ctx, env.QEMU, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	start := time.Now()
+	// Pdeathsig follows the thread that forked: keep it alive while starting.
+	runtime.LockOSThread()
+	err = cmd.Start()
+	runtime.UnlockOSThread()
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		return nil, err
+	}
+	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }()
+
+	res := &Result{ExitCode: -1}
+	var out strings.Builder
+	sc := bufio.NewScanner(pr)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := ansiEscape.ReplaceAllString(strings.ReplaceAll(sc.Text(), "\r", ""), "")
+		if strings.HasPrefix(line, "SeaBIOS (version ") {
+			continue
+		}
+		line = strings.TrimPrefix(line, "Booting from ROM..")
+		out.WriteString(line)
+		out.WriteByte('\n')
+		if res.Boot == 0 && strings.Contains(line, "vm-init: modules loaded") {
+			res.Boot = time.Since(start)
+		}
+		if i := strings.Index(line, ExitMarker); i >= 0 {
+			if n, err := strconv.Atoi(strings.TrimSpace(line[i+len(ExitMarker):])); err == nil {
+				res.ExitCode = n
+			}
+		}
+		if opts.Logf != nil {
+			opts.Logf("%s", line)
+		}
+	}
+	pr.Close()
+	werr := cmd.Wait()
+	res.Total = time.Since(start)
+	res.Output = out.String()
+	if res.ExitCode < 0 {
+		if ctx.Err() != nil {
+			return res, fmt.Errorf("vm: no result after %s (timeout): %w", opts.Timeout, ctx.Err())
+		}
+		return res, fmt.Errorf("vm: qemu ended without an exit marker (boot failure or guest panic): %v", werr)
+	}
+	return res, nil
+}
+
+// ansiEscape matches the terminal control sequences SeaBIOS prints.
+var ansiEscape = regexp.MustCompile(`\x1b(\[[0-9;?]*[a-zA-Z]|c)`)
+
+func writeInitrd(path, modules, initBin string, opts Options) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	m, err := os.Open(modules)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, m)
+	m.Close()
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(f, 1<<20)
+	w := newCPIOWriter(bw)
+	w.Dir("dev")
+	w.CharDev("dev/console", 0o600, 5, 1)
+	w.Dir("proc")
+	w.Dir("sys")
+	w.Dir("tmp")
+	w.Dir("run")
+	w.CopyFile("init", 0o755, initBin)
+	w.Symlink("sbin/modprobe", "/init")
+	w.CopyFile("vm/test", 0o755, opts.TestBinary)
+	w.File("vm/args", 0o644, []byte(strings.Join(opts.Args, "\x00")))
+	w.File("vm/env", 0o644, []byte(strings.Join(opts.Env, "\x00")))
+	if err := w.Close(); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+func deadlineCtx(t testing.TB) (context.Context, context.CancelFunc) {
+	if d, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
+		if dl, ok := d.Deadline(); ok {
+			return context.WithDeadline(context.Background(), dl.Add(-5*time.Second))
+		}
+	}
+	return context.WithCancel(context.Background())
+}
+
+func skipIfDisabled(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("VM test: skipped with -short")
+	}
+	if os.Getenv("VIPCAST_SKIP_VM") != "" {
+		t.Skip("VM test: skipped by VIPCAST_SKIP_VM")
+	}
+}
+
+var prepareOnce = sync.OnceValues(func() (*Env, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	return Prepare(ctx, func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) })
+})
+
+// Run boots a VM for t (see RunContext), streaming the console into t's log.
+// Harness failures are fatal; the guest's exit code is in the result.
+func Run(t testing.TB, opts Options) *Result {
+	t.Helper()
+	skipIfDisabled(t)
+	env, err := prepareOnce()
+	if err != nil {
+		t.Fatalf("vm: prepare: %v", err)
+	}
+	ctx, cancel := deadlineCtx(t)
+	defer cancel()
+	if opts.Logf == nil {
+		opts.Logf = func(f string, a ...any) { t.Logf("vm| "+f, a...) }
+	}
+	res, err := RunContext(ctx, env, opts)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	t.Logf("vm: kernel %s (%s, %s), boot %s, total %s, exit %d",
+		env.Kernel.Release, env.Kernel.Version, env.Accel, res.Boot.Round(time.Millisecond), res.Total.Round(time.Millisecond), res.ExitCode)
+	return res
+}
+
+// runPattern is a -test.run pattern matching exactly the (sub)test name.
+func runPattern(name string) string {
+	parts := strings.Split(name, "/")
+	for i, p := range parts {
+		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
+	}
+	return strings.Join(parts, "/")
+}
+
+// RunTest runs the calling test inside a VM: it builds a static binary of the
+// package under test, boots the VM with -test.run matching only t, streams
+// the guest's output into t's log and fails t unless the guest test passed.
+// Call it when !InVM() and return.
+func RunTest(t *testing.T, opts Options) {
+	t.Helper()
+	skipIfDisabled(t)
+	if InVM() {
+		t.Fatal("vm.RunTest called inside the VM")
+	}
+	ctx, cancel := deadlineCtx(t)
+	defer cancel()
+	bin, err := TestBinary(ctx)
+	if err != nil {
+		t.Fatalf("vm: build test binary: %v", err)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Minute
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < opts.Timeout {
+		opts.Timeout = time.Until(dl)
+	}
+	opts.TestBinary = bin
+	// The guest test times out first, so its goroutine dump reaches us.
+	inner := opts.Timeout - 30*time.Second
+	if inner < opts.Timeout/2 {
+		inner = opts.Timeout / 2
+	}
+	opts.Args = append([]string{"-test.run", runPattern(t.Name()), "-test.v", "-test.count=1",
+		"-test.timeout", inner.String()}, opts.Args...)
+	res := Run(t, opts)
+	if res.ExitCode != 0 {
+		t.Fatalf("vm: guest test exited %d", res.ExitCode)
+	}
+	if strings.Contains(res.Output, "--- SKIP: "+t.Name()+" ") {
+		t.Skip("vm: the guest test skipped")
+	}
+	if !strings.Contains(res.Output, "--- PASS: "+t.Name()+" ") {
+		t.Fatalf("vm: guest did not report --- PASS: %s", t.Name())
+	}
+}
+
+// ModulesCPIO builds (or reuses) the cached initramfs part holding the
+// resolved modules and returns its path.
+func (k *Kernel) ModulesCPIO(required, optional []string) (string, error) {
+	p, _, err := k.modulesCPIO(required, optional)
+	return p, err
+}

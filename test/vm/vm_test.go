@@ -1,0 +1,160 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// parseCPIO reads back a newc archive: name -> (mode, data).
+func parseCPIO(t *testing.T, b []byte) map[string][2]any {
+	t.Helper()
+	out := map[string][2]any{}
+	off := 0
+	field := func(i int) uint64 {
+		v, err := strconv.ParseUint(string(b[off+6+8*i:off+14+8*i]), 16, 32)
+		if err != nil {
+			t.Fatalf("bad header at %d: %v", off, err)
+		}
+		return v
+	}
+	for {
+		if string(b[off:off+6]) != "070701" {
+			t.Fatalf("bad magic at %d", off)
+		}
+		mode, size, nameSize := field(1), field(6), field(11)
+		name := string(b[off+110 : off+110+int(nameSize)-1])
+		off = (off + 110 + int(nameSize) + 3) &^ 3
+		if name == "TRAILER!!!" {
+			if off != len(b) {
+				t.Fatalf("trailer at %d, archive is %d bytes", off, len(b))
+			}
+			return out
+		}
+		out[name] = [2]any{mode, string(b[off : off+int(size)])}
+		off = (off + int(size) + 3) &^ 3
+	}
+}
+
+func TestCPIO(t *testing.T) {
+	var buf bytes.Buffer
+	w := newCPIOWriter(&buf)
+	w.CharDev("dev/console", 0o600, 5, 1)
+	w.File("/vm/args", 0o644, []byte("a\x00bc"))
+	w.File("vm/modules/x.ko", 0o644, []byte("12345"))
+	w.Symlink("sbin/modprobe", "/init")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := parseCPIO(t, buf.Bytes())
+	want := map[string][2]any{
+		"dev":             {uint64(0o040755), ""},
+		"dev/console":     {uint64(0o020600), ""},
+		"vm":              {uint64(0o040755), ""},
+		"vm/args":         {uint64(0o100644), "a\x00bc"},
+		"vm/modules":      {uint64(0o040755), ""},
+		"vm/modules/x.ko": {uint64(0o100644), "12345"},
+		"sbin":            {uint64(0o040755), ""},
+		"sbin/modprobe":   {uint64(0o120777), "/init"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: got %v, want %v", k, got[k], v)
+		}
+	}
+}
+
+func TestRunPattern(t *testing.T) {
+	if got, want := runPattern("TestA/b.c"), `^TestA$/^b\.c$`; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func TestResolveModules(t *testing.T) {
+	skipIfDisabled(t)
+	env, err := prepareOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths, err := env.Kernel.ResolveModules(DefaultModules, OptionalModules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos := map[string]int{}
+	var names []string
+	for i, p := range paths {
+		pos[modName(p)] = i
+		names = append(names, modName(p))
+	}
+	t.Logf("kernel %s: %d modules: %s", env.Kernel.Release, len(names), strings.Join(names, " "))
+	for _, before := range [][2]string{
+		{"libcrc32c", "nf_conntrack"}, {"nf_defrag_ipv6", "nf_conntrack"}, {"nf_conntrack", "ip_vs"},
+		{"ip_vs", "ip_vs_rr"}, {"ip_vs", "ip_vs_mh"}, {"crc32c_generic", "libcrc32c"},
+	} {
+		a, aok := pos[before[0]]
+		b, bok := pos[before[1]]
+		if !aok || !bok || a > b {
+			t.Errorf("%s must load before %s: %v", before[0], before[1], names)
+		}
+	}
+}
+
+// TestGuestHelper is what TestVMExitCode runs in the guest.
+func TestGuestHelper(t *testing.T) {
+	if !InVM() {
+		t.Skip("runs in the VM for TestVMExitCode")
+	}
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	t.Logf("guest uname release %s", unix.ByteSliceToString(u.Release[:]))
+	mods, _ := os.ReadFile("/proc/modules")
+	for _, l := range strings.Split(string(mods), "\n") {
+		if strings.HasPrefix(l, "ip_vs ") {
+			t.Logf("guest has module ip_vs")
+		}
+	}
+	if d, err := time.ParseDuration(os.Getenv("VM_HELPER_SLEEP")); err == nil {
+		time.Sleep(d)
+	}
+	code, _ := strconv.Atoi(os.Getenv("VM_HELPER_EXIT"))
+	os.Exit(code)
+}
+
+// TestVMExitCode boots the VM and checks the guest's exit code, kernel and
+// modules come back to the host.
+func TestVMExitCode(t *testing.T) {
+	if InVM() {
+		t.Skip("host side only")
+	}
+	skipIfDisabled(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bin, err := TestBinary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := Run(t, Options{
+		TestBinary: bin,
+		Args:       []string{"-test.run", "^TestGuestHelper$", "-test.v"},
+		Env:        []string{"VM_HELPER_EXIT=7"},
+		Timeout:    3 * time.Minute,
+	})
+	env, _ := prepareOnce()
+	if res.ExitCode != 7 {
+		t.Errorf("exit code %d, want 7", res.ExitCode)
+	}
+	for _, want := range []string{"guest uname release " + env.Kernel.Release, "guest has module ip_vs"} {
+		if !strings.Contains(res.Output, want) {
+			t.Errorf("guest output lacks %q", want)
+		}
+	}
+}
