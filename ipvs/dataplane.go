@@ -1,0 +1,448 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+
+	libipvs "github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultLinkName is the dummy link that carries the VIPs.
+const DefaultLinkName = "vipcast0"
+
+// Options configure a Dataplane.
+type Options struct {
+	// LinkName is the dummy link holding the VIPs (default "vipcast0").
+	// Every address on it is a vipcast VIP: see Diff for ownership.
+	LinkName string
+	// NoSNAT leaves nftables and net.ipv4.vs.conntrack alone; a Service
+	// with SNAT is then refused. By default New sets up source NAT (see
+	// snat.go).
+	NoSNAT bool
+}
+
+// Dataplane programs the kernel of this node: IPVS virtual and real servers
+// over generic netlink (github.com/moby/ipvs) and the VIPs on a dummy link
+// (rtnetlink). It keeps the state it last applied in memory so that
+// SyncService costs kernel work for one service only; Sync re-reads the
+// kernel and repairs drift. Its methods are safe for concurrent use (they
+// are serialised).
+type Dataplane struct {
+	mu    sync.Mutex
+	ipvs  *libipvs.Handle
+	nl    *netlink.Handle
+	link  netlink.Link
+	name  string
+	snat  *snat // nil with Options.NoSNAT
+	cache State // the kernel as last read, plus what was applied since
+	stale bool  // cache invalid (never read, or an Apply failed)
+}
+
+// New opens the IPVS and rtnetlink handles and ensures the dummy link exists
+// and is up (it is created when missing; an existing link is kept with its
+// addresses, which are the VIPs of a previous run).
+func New(opts Options) (*Dataplane, error) {
+	if opts.LinkName == "" {
+		opts.LinkName = DefaultLinkName
+	}
+	// NETLINK_ROUTE only: the default handle also opens XFRM and netfilter
+	// sockets, which kernels without those fail to open.
+	nh, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("rtnetlink: %w", err)
+	}
+	link, err := ensureDummy(nh, opts.LinkName)
+	if err != nil {
+		nh.Close()
+		return nil, err
+	}
+	ih, err := libipvs.New("")
+	if err != nil {
+		nh.Close()
+		return nil, fmt.Errorf("ipvs netlink: %w (is the ip_vs module loaded?)", err)
+	}
+	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true}
+	if !opts.NoSNAT {
+		if d.snat, err = newSNAT(); err != nil {
+			d.Close()
+			return nil, fmt.Errorf("source NAT (externalTrafficPolicy Cluster): %w", err)
+		}
+	}
+	return d, nil
+}
+
+func ensureDummy(nh *netlink.Handle, name string) (netlink.Link, error) {
+	link, err := nh.LinkByName(name)
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &notFound):
+		if err := nh.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("create dummy link %s: %w", name, err)
+		}
+		if link, err = nh.LinkByName(name); err != nil {
+			return nil, fmt.Errorf("dummy link %s: %w", name, err)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("dummy link %s: %w", name, err)
+	case link.Type() != "dummy":
+		return nil, fmt.Errorf("link %s is a %s link, not dummy: refusing to use it for VIPs", name, link.Type())
+	}
+	if err := nh.LinkSetUp(link); err != nil {
+		return nil, fmt.Errorf("set %s up: %w", name, err)
+	}
+	return link, nil
+}
+
+// Close releases the handles. The kernel state stays: a restarted speaker
+// finds it and changes nothing that is still wanted.
+func (d *Dataplane) Close() error {
+	d.ipvs.Close()
+	d.nl.Close()
+	if d.snat != nil {
+		d.snat.close()
+	}
+	return nil
+}
+
+// LinkName is the dummy link's name.
+func (d *Dataplane) LinkName() string { return d.name }
+
+// Read returns the kernel's whole IPVS table (foreign virtual servers too)
+// and the VIPs bound to the dummy link.
+func (d *Dataplane) Read() (State, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st, _, err := d.read(nil)
+	return st, err
+}
+
+// read reads the kernel; the real servers of virtual servers that
+// withBackends rejects are not read (Sync skips foreign ones). withBackends
+// is given the key and the VIPs bound to the link. orphans are source NAT
+// entries without a virtual server.
+func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (st State, orphans []Key, err error) {
+	st = NewState()
+	addrs, err := d.nl.AddrList(d.link, netlink.FAMILY_ALL)
+	// An address dump is interrupted (and may be incomplete) when any
+	// address of the namespace changes meanwhile: try again.
+	for try := 0; try < 10 && errors.Is(err, netlink.ErrDumpInterrupted); try++ {
+		addrs, err = d.nl.AddrList(d.link, netlink.FAMILY_ALL)
+	}
+	if err != nil {
+		return st, nil, fmt.Errorf("list addresses of %s: %w", d.name, err)
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || ip.IsLinkLocalUnicast() {
+			continue // the kernel's own IPv6 link-local address
+		}
+		st.VIPs[ip.Unmap()] = struct{}{}
+	}
+	svcs, err := d.ipvs.GetServices()
+	if err != nil {
+		return st, nil, fmt.Errorf("list IPVS services: %w", err)
+	}
+	for _, ks := range svcs {
+		if ks.FWMark != 0 {
+			continue // firewall-mark services are never vipcast's
+		}
+		vip, ok := netip.AddrFromSlice(ks.Address)
+		if !ok {
+			continue
+		}
+		svc := Service{
+			VIP:       vip.Unmap(),
+			Port:      ks.Port,
+			Protocol:  Protocol(ks.Protocol),
+			Scheduler: ks.SchedName,
+			Flags:     ks.Flags & userFlags,
+		}
+		if ks.Flags&FlagPersistent != 0 {
+			svc.Persistent = ks.Timeout
+		}
+		if withBackends == nil || withBackends(svc.Key(), st.VIPs) {
+			dests, err := d.ipvs.GetDestinations(ks)
+			if err != nil {
+				return st, nil, fmt.Errorf("list real servers of %s: %w", svc.Key(), err)
+			}
+			for _, kd := range dests {
+				a, ok := netip.AddrFromSlice(kd.Address)
+				if !ok {
+					continue
+				}
+				svc.Backends = append(svc.Backends, Backend{Addr: a.Unmap(), Port: kd.Port, Weight: kd.Weight})
+			}
+		}
+		st.Services[svc.Key()] = svc.Normalize()
+	}
+	if d.snat != nil {
+		keys, err := d.snat.read()
+		if err != nil {
+			return st, nil, err
+		}
+		for k := range keys {
+			if svc, ok := st.Services[k]; ok {
+				svc.SNAT = true
+				st.Services[k] = svc
+			} else {
+				orphans = append(orphans, k)
+			}
+		}
+	}
+	return st, orphans, nil
+}
+
+// Sync makes the kernel match desired with a full read: Read, Diff, Apply.
+// It returns the plan it applied (empty when nothing differed), also when
+// Apply failed part way. It refreshes the in-memory state SyncService
+// works from, so a periodic Sync repairs drift (a virtual server deleted by
+// hand, a real server changed by someone else).
+func (d *Dataplane) Sync(desired State) (Plan, error) {
+	if err := d.validate(desired); err != nil {
+		return Plan{}, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	want := desired.allVIPs()
+	actual, orphans, err := d.read(func(k Key, linkVIPs map[netip.Addr]struct{}) bool {
+		if _, ok := want[k.VIP]; ok {
+			return true
+		}
+		_, ok := linkVIPs[k.VIP]
+		return ok
+	})
+	if err != nil {
+		d.stale = true
+		return Plan{}, err
+	}
+	p := Diff(desired, actual)
+	p.DelSNAT = append(p.DelSNAT, orphans...)
+	d.cache, d.stale = actual, false
+	return p, d.apply(p)
+}
+
+func (d *Dataplane) validate(desired State) error {
+	if err := desired.Validate(); err != nil {
+		return err
+	}
+	if d.snat == nil {
+		for _, k := range desired.keys() {
+			if desired.Services[k].SNAT {
+				return fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", k)
+			}
+		}
+	}
+	return nil
+}
+
+// SyncService makes one virtual server match desired (nil: delete it) using
+// the in-memory state of the last Sync and the changes applied since: no
+// kernel read, kernel work only for that service. When the kernel refuses a
+// change (it drifted from the in-memory state), SyncService reads the
+// kernel again and redoes the service once; the plan returned is the one of
+// the last attempt.
+func (d *Dataplane) SyncService(key Key, desired *Service) (Plan, error) {
+	if desired != nil {
+		if err := desired.Validate(); err != nil {
+			return Plan{}, err
+		}
+		if desired.SNAT && d.snat == nil {
+			return Plan{}, fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", desired.Key())
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.refresh(); err != nil {
+		return Plan{}, err
+	}
+	p := DiffService(key, desired, d.cache)
+	err := d.apply(p)
+	if err == nil {
+		return p, nil
+	}
+	// The kernel was not what the in-memory state said (a virtual server
+	// deleted by hand, say): read it again and redo this service once.
+	if rerr := d.refresh(); rerr != nil {
+		return p, errors.Join(err, rerr)
+	}
+	p = DiffService(key, desired, d.cache)
+	return p, d.apply(p)
+}
+
+// State returns a copy of the in-memory state (the kernel as Dataplane
+// believes it is), reading the kernel first when that is unknown.
+func (d *Dataplane) State() (State, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.refresh(); err != nil {
+		return State{}, err
+	}
+	return d.cache.Clone(), nil
+}
+
+func (d *Dataplane) refresh() error {
+	if !d.stale {
+		return nil
+	}
+	st, _, err := d.read(nil)
+	if err != nil {
+		return err
+	}
+	d.cache, d.stale = st, false
+	return nil
+}
+
+// Apply performs p on the kernel, in the order documented on Plan. It
+// tolerates a kernel that is already there (an add of something present
+// becomes an update, a delete of something absent is skipped), goes on past
+// other errors and returns them all.
+func (d *Dataplane) Apply(p Plan) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.refresh(); err != nil {
+		return err
+	}
+	return d.apply(p)
+}
+
+func (d *Dataplane) apply(p Plan) error {
+	var errs []error
+	fail := func(what string, err error) {
+		errs = append(errs, fmt.Errorf("%s: %w", what, err))
+	}
+	for _, a := range p.AddVIPs {
+		if err := d.nl.AddrAdd(d.link, vipAddr(a)); err != nil && !errors.Is(err, unix.EEXIST) {
+			fail("bind VIP "+a.String(), err)
+		}
+	}
+	if len(p.AddSNAT) > 0 {
+		if d.snat == nil {
+			fail("source NAT", errors.New("disabled (NoSNAT)"))
+		} else if err := d.snat.apply(p.AddSNAT, nil); err != nil {
+			fail("start source NAT", err)
+		}
+	}
+	for _, s := range p.AddServices {
+		ks := kernelService(s)
+		err := d.ipvs.NewService(ks)
+		if errors.Is(err, unix.EEXIST) {
+			err = d.ipvs.UpdateService(ks)
+		}
+		if err != nil {
+			fail("add virtual server "+s.Key().String(), err)
+		}
+	}
+	for _, s := range p.UpdateServices {
+		if err := d.ipvs.UpdateService(kernelService(s)); err != nil {
+			fail("update virtual server "+s.Key().String(), err)
+		}
+	}
+	for _, c := range p.DelBackends {
+		if err := d.ipvs.DelDestination(keyService(c.Key), kernelDest(c.Backend)); err != nil && !isNotFound(err) {
+			fail("delete real server "+c.String(), err)
+		}
+	}
+	for _, c := range p.UpdateBackends {
+		if err := d.ipvs.UpdateDestination(keyService(c.Key), kernelDest(c.Backend)); err != nil {
+			fail("update real server "+c.String(), err)
+		}
+	}
+	for _, c := range p.AddBackends {
+		ks, kd := keyService(c.Key), kernelDest(c.Backend)
+		err := d.ipvs.NewDestination(ks, kd)
+		if errors.Is(err, unix.EEXIST) {
+			err = d.ipvs.UpdateDestination(ks, kd)
+		}
+		if err != nil {
+			fail("add real server "+c.String(), err)
+		}
+	}
+	for _, k := range p.DelServices {
+		if err := d.ipvs.DelService(keyService(k)); err != nil && !isNotFound(err) {
+			fail("delete virtual server "+k.String(), err)
+		}
+	}
+	if len(p.DelSNAT) > 0 && d.snat != nil {
+		if err := d.snat.apply(nil, p.DelSNAT); err != nil {
+			fail("stop source NAT", err)
+		}
+	}
+	for _, a := range p.DelVIPs {
+		if err := d.nl.AddrDel(d.link, vipAddr(a)); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			fail("unbind VIP "+a.String(), err)
+		}
+	}
+	if len(errs) > 0 {
+		d.stale = true
+		return errors.Join(errs...)
+	}
+	p.ApplyTo(&d.cache)
+	return nil
+}
+
+func isNotFound(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH)
+}
+
+// vipAddr is a host address: /32 or /128; IPv6 without duplicate address
+// detection (a VIP is announced by many nodes at once, and DAD would keep
+// it tentative and unusable for a second or more).
+func vipAddr(a netip.Addr) *netlink.Addr {
+	bits := a.BitLen()
+	na := &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, bits)}}
+	if a.Is6() {
+		na.Flags = unix.IFA_F_NODAD
+	}
+	return na
+}
+
+func family(a netip.Addr) uint16 {
+	if a.Is4() {
+		return syscall.AF_INET
+	}
+	return syscall.AF_INET6
+}
+
+func keyService(k Key) *libipvs.Service {
+	return &libipvs.Service{
+		Address:       k.VIP.AsSlice(),
+		Port:          k.Port,
+		Protocol:      uint16(k.Protocol),
+		AddressFamily: family(k.VIP),
+		Netmask:       netmask(k.VIP),
+	}
+}
+
+func netmask(a netip.Addr) uint32 {
+	if a.Is4() {
+		return 0xffffffff
+	}
+	return 128
+}
+
+func kernelService(s Service) *libipvs.Service {
+	ks := keyService(s.Key())
+	ks.SchedName = s.Scheduler
+	ks.Flags = s.Flags & userFlags
+	if s.Persistent > 0 {
+		ks.Flags |= FlagPersistent
+		ks.Timeout = s.Persistent
+	}
+	return ks
+}
+
+func kernelDest(b Backend) *libipvs.Destination {
+	return &libipvs.Destination{
+		Address:         b.Addr.AsSlice(),
+		Port:            b.Port,
+		Weight:          b.Weight,
+		ConnectionFlags: libipvs.ConnectionFlagMasq,
+		AddressFamily:   family(b.Addr),
+	}
+}

@@ -1,0 +1,334 @@
+package ipvs
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// BackendChange is a real server operation on the virtual server Key.
+type BackendChange struct {
+	Key     Key
+	Backend Backend
+}
+
+func (c BackendChange) String() string { return c.Key.String() + " -> " + c.Backend.String() }
+
+// Plan is a set of kernel changes, in the order Apply performs them: bind
+// VIPs, start source NAT, add virtual servers, update virtual servers,
+// delete, update and add real servers, delete virtual servers (their real
+// servers go with them), stop source NAT, unbind VIPs. Every slice is
+// sorted.
+type Plan struct {
+	AddVIPs []netip.Addr
+	// AddSNAT: virtual servers whose connections become masqueraded. Done
+	// before they get real servers: a connection whose first packet is
+	// not masqueraded never is.
+	AddSNAT        []Key
+	AddServices    []Service // without backends: AddBackends holds them
+	UpdateServices []Service // scheduler, flags or persistence changed
+	DelBackends    []BackendChange
+	UpdateBackends []BackendChange // weight changed
+	AddBackends    []BackendChange
+	DelServices    []Key
+	DelSNAT        []Key
+	DelVIPs        []netip.Addr
+}
+
+// Len is the number of kernel operations in p.
+func (p Plan) Len() int {
+	return len(p.AddVIPs) + len(p.AddSNAT) + len(p.DelSNAT) + len(p.AddServices) + len(p.UpdateServices) + len(p.DelBackends) +
+		len(p.UpdateBackends) + len(p.AddBackends) + len(p.DelServices) + len(p.DelVIPs)
+}
+
+// Empty reports whether p changes nothing.
+func (p Plan) Empty() bool { return p.Len() == 0 }
+
+// String summarises p, e.g. "+vip 1, +svc 1, +rs 3".
+func (p Plan) String() string {
+	var parts []string
+	add := func(name string, n int) {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", name, n))
+		}
+	}
+	add("+vip", len(p.AddVIPs))
+	add("+snat", len(p.AddSNAT))
+	add("+svc", len(p.AddServices))
+	add("~svc", len(p.UpdateServices))
+	add("-rs", len(p.DelBackends))
+	add("~rs", len(p.UpdateBackends))
+	add("+rs", len(p.AddBackends))
+	add("-svc", len(p.DelServices))
+	add("-snat", len(p.DelSNAT))
+	add("-vip", len(p.DelVIPs))
+	if len(parts) == 0 {
+		return "no changes"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Merge appends q's changes to p (for plans over disjoint services).
+func (p *Plan) Merge(q Plan) {
+	p.AddVIPs = append(p.AddVIPs, q.AddVIPs...)
+	p.AddSNAT = append(p.AddSNAT, q.AddSNAT...)
+	p.DelSNAT = append(p.DelSNAT, q.DelSNAT...)
+	p.AddServices = append(p.AddServices, q.AddServices...)
+	p.UpdateServices = append(p.UpdateServices, q.UpdateServices...)
+	p.DelBackends = append(p.DelBackends, q.DelBackends...)
+	p.UpdateBackends = append(p.UpdateBackends, q.UpdateBackends...)
+	p.AddBackends = append(p.AddBackends, q.AddBackends...)
+	p.DelServices = append(p.DelServices, q.DelServices...)
+	p.DelVIPs = append(p.DelVIPs, q.DelVIPs...)
+}
+
+func (p *Plan) sort() {
+	slices.SortFunc(p.AddVIPs, netip.Addr.Compare)
+	slices.SortFunc(p.DelVIPs, netip.Addr.Compare)
+	bySvc := func(a, b Service) int { return a.Key().compare(b.Key()) }
+	slices.SortFunc(p.AddServices, bySvc)
+	slices.SortFunc(p.UpdateServices, bySvc)
+	slices.SortFunc(p.DelServices, Key.compare)
+	slices.SortFunc(p.AddSNAT, Key.compare)
+	slices.SortFunc(p.DelSNAT, Key.compare)
+	byChange := func(a, b BackendChange) int {
+		if c := a.Key.compare(b.Key); c != 0 {
+			return c
+		}
+		return a.Backend.AddrPort().Compare(b.Backend.AddrPort())
+	}
+	slices.SortFunc(p.DelBackends, byChange)
+	slices.SortFunc(p.UpdateBackends, byChange)
+	slices.SortFunc(p.AddBackends, byChange)
+}
+
+// Diff returns the minimal changes that turn actual into desired.
+//
+// Ownership: a virtual server belongs to vipcast when its VIP is one of
+// vipcast's VIPs, that is a VIP of desired (its VIPs and its services'
+// VIPs) or one bound to vipcast's dummy link in actual (vipcast bound it, so
+// it is a VIP vipcast served before). Diff only adds, changes or deletes
+// virtual servers it owns; any other virtual server in actual (kube-proxy's
+// ClusterIPs, an operator's own) is left alone, whatever desired says.
+// Nothing is ever flushed.
+func Diff(desired, actual State) Plan {
+	want := desired.allVIPs()
+	var p Plan
+	for a := range want {
+		if _, ok := actual.VIPs[a]; !ok {
+			p.AddVIPs = append(p.AddVIPs, a)
+		}
+	}
+	for a := range actual.VIPs {
+		if _, ok := want[a]; !ok {
+			p.DelVIPs = append(p.DelVIPs, a)
+		}
+	}
+	owned := func(k Key) bool {
+		if _, ok := want[k.VIP]; ok {
+			return true
+		}
+		_, ok := actual.VIPs[k.VIP]
+		return ok
+	}
+	wantKeys := make(map[Key]struct{}, len(desired.Services))
+	for _, svc := range desired.Services {
+		svc = svc.Normalize()
+		k := svc.Key()
+		wantKeys[k] = struct{}{}
+		if have, ok := actual.Services[k]; ok {
+			diffService(&p, &svc, &have)
+		} else {
+			diffService(&p, &svc, nil)
+		}
+	}
+	for k, have := range actual.Services {
+		if _, ok := wantKeys[k]; ok {
+			continue
+		}
+		if owned(k) {
+			p.DelServices = append(p.DelServices, k)
+		}
+		if have.SNAT {
+			// The source NAT set is vipcast's alone, whoever owns the
+			// virtual server.
+			p.DelSNAT = append(p.DelSNAT, k)
+		}
+	}
+	p.sort()
+	return p
+}
+
+// DiffService returns the changes for the one virtual server key: desired
+// nil deletes it. actual is only read. VIPs: the service's VIP is bound when
+// missing; when desired is nil and no other service of actual uses the VIP,
+// the VIP is unbound. Foreign virtual servers (VIP not in actual.VIPs and not
+// desired's) are not touched.
+func DiffService(key Key, desired *Service, actual State) Plan {
+	var p Plan
+	if desired != nil {
+		svc := desired.Normalize()
+		key = svc.Key()
+		if _, ok := actual.VIPs[key.VIP]; !ok {
+			p.AddVIPs = append(p.AddVIPs, key.VIP)
+		}
+		if have, ok := actual.Services[key]; ok {
+			diffService(&p, &svc, &have)
+		} else {
+			diffService(&p, &svc, nil)
+		}
+		p.sort()
+		return p
+	}
+	key.VIP = key.VIP.Unmap()
+	if _, ours := actual.VIPs[key.VIP]; !ours {
+		return p
+	}
+	if have, ok := actual.Services[key]; ok {
+		p.DelServices = append(p.DelServices, key)
+		if have.SNAT {
+			p.DelSNAT = append(p.DelSNAT, key)
+		}
+	}
+	// Unbind the VIP when no other virtual server uses it (a scan of the
+	// in-memory table: no kernel work).
+	for k := range actual.Services {
+		if k.VIP == key.VIP && k != key {
+			return p
+		}
+	}
+	p.DelVIPs = append(p.DelVIPs, key.VIP)
+	return p
+}
+
+// diffService adds the changes from have (nil: absent) to want, both
+// normalized, to p.
+func diffService(p *Plan, want, have *Service) {
+	k := want.Key()
+	if want.SNAT && (have == nil || !have.SNAT) {
+		p.AddSNAT = append(p.AddSNAT, k)
+	}
+	if !want.SNAT && have != nil && have.SNAT {
+		p.DelSNAT = append(p.DelSNAT, k)
+	}
+	if have == nil {
+		p.AddServices = append(p.AddServices, want.withoutBackends())
+		for _, b := range want.Backends {
+			p.AddBackends = append(p.AddBackends, BackendChange{Key: k, Backend: b})
+		}
+		return
+	}
+	if !want.sameAttrs(*have) {
+		p.UpdateServices = append(p.UpdateServices, want.withoutBackends())
+	}
+	// Both backend lists are sorted by address and port: merge them.
+	w, h := want.Backends, have.Backends
+	i, j := 0, 0
+	for i < len(w) || j < len(h) {
+		var c int
+		switch {
+		case i == len(w):
+			c = 1
+		case j == len(h):
+			c = -1
+		default:
+			c = w[i].AddrPort().Compare(h[j].AddrPort())
+		}
+		switch {
+		case c < 0:
+			p.AddBackends = append(p.AddBackends, BackendChange{Key: k, Backend: w[i]})
+			i++
+		case c > 0:
+			p.DelBackends = append(p.DelBackends, BackendChange{Key: k, Backend: h[j]})
+			j++
+		default:
+			if w[i].Weight != h[j].Weight {
+				p.UpdateBackends = append(p.UpdateBackends, BackendChange{Key: k, Backend: w[i]})
+			}
+			i++
+			j++
+		}
+	}
+}
+
+// ApplyTo performs p on s in memory, the way Apply performs it on the
+// kernel. Dataplane keeps its view of the kernel this way; tests check plans
+// with it.
+func (p Plan) ApplyTo(s *State) {
+	if s.Services == nil {
+		s.Services = map[Key]Service{}
+	}
+	if s.VIPs == nil {
+		s.VIPs = map[netip.Addr]struct{}{}
+	}
+	for _, a := range p.AddVIPs {
+		s.VIPs[a] = struct{}{}
+	}
+	for _, svc := range p.AddServices {
+		svc = svc.withoutBackends()
+		svc.SNAT = false // AddSNAT sets it
+		s.Services[svc.Key()] = svc
+	}
+	for _, svc := range p.UpdateServices {
+		old := s.Services[svc.Key()]
+		svc.Backends, svc.SNAT = old.Backends, old.SNAT
+		s.Services[svc.Key()] = svc
+	}
+	setSNAT := func(keys []Key, on bool) {
+		for _, k := range keys {
+			if svc, ok := s.Services[k]; ok {
+				svc.SNAT = on
+				s.Services[k] = svc
+			}
+		}
+	}
+	setSNAT(p.AddSNAT, true)
+	setSNAT(p.DelSNAT, false)
+	touched := map[Key]bool{}
+	edit := func(c BackendChange, fn func(bs []Backend) []Backend) {
+		svc, ok := s.Services[c.Key]
+		if !ok {
+			return
+		}
+		if !touched[c.Key] {
+			// Copy on first write: s may share backing arrays with a
+			// clone or with the desired state.
+			svc.Backends = slices.Clone(svc.Backends)
+			touched[c.Key] = true
+		}
+		svc.Backends = fn(svc.Backends)
+		s.Services[c.Key] = svc
+	}
+	for _, c := range p.DelBackends {
+		edit(c, func(bs []Backend) []Backend {
+			return slices.DeleteFunc(bs, func(b Backend) bool { return b.AddrPort() == c.Backend.AddrPort() })
+		})
+	}
+	for _, c := range p.UpdateBackends {
+		edit(c, func(bs []Backend) []Backend {
+			for i := range bs {
+				if bs[i].AddrPort() == c.Backend.AddrPort() {
+					bs[i].Weight = c.Backend.Weight
+				}
+			}
+			return bs
+		})
+	}
+	for _, c := range p.AddBackends {
+		edit(c, func(bs []Backend) []Backend {
+			i, found := slices.BinarySearchFunc(bs, c.Backend.AddrPort(), func(b Backend, t netip.AddrPort) int { return b.AddrPort().Compare(t) })
+			if found {
+				bs[i] = c.Backend
+				return bs
+			}
+			return slices.Insert(bs, i, c.Backend)
+		})
+	}
+	for _, k := range p.DelServices {
+		delete(s.Services, k)
+	}
+	for _, a := range p.DelVIPs {
+		delete(s.VIPs, a)
+	}
+}

@@ -1,0 +1,28 @@
+// Package ipvs is vipcast's dataplane: it turns the desired virtual and real
+// servers into the minimal set of kernel IPVS changes (github.com/moby/ipvs),
+// keeps the VIPs on a local dummy link (github.com/vishvananda/netlink) and
+// source-NATs the connections of externalTrafficPolicy Cluster Services
+// (nftables over netlink, github.com/google/nftables). It is the only
+// package that imports those libraries.
+//
+// Pure logic and I/O are apart:
+//
+//   - Service, Backend, State, Key: what a node wants (or has);
+//   - Diff(desired, actual) and DiffService(key, desired, actual): the
+//     minimal Plan, which never touches a virtual server vipcast does not
+//     own (ownership: the VIP is one of vipcast's, that is desired or
+//     bound to vipcast's dummy link); Plan.ApplyTo performs a plan in
+//     memory;
+//   - Dataplane: New (dummy link, IPVS and nftables handles), Read, Apply,
+//     Sync (full read + diff + apply: start-up and periodic drift repair)
+//     and SyncService (one Service, from the in-memory state: the
+//     per-EndpointSlice path, no kernel read).
+//
+// Nothing is ever flushed: a restarted speaker reads the kernel, finds what
+// it wants already there and changes nothing, so established connections
+// survive. A terminating endpoint is a Backend with weight 0: it keeps its
+// connections and gets no new ones.
+//
+// Its kernel tests run inside a real Debian kernel under qemu
+// (github.com/vipcast/vipcast/test/vm), since CI hosts often lack IPVS.
+package ipvs

@@ -1,0 +1,490 @@
+package ipvs
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	libipvs "github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipcast/vipcast/test/vm"
+)
+
+// TestKernel runs the dataplane against Linux IPVS in a real kernel: one VM
+// boot for all subtests. The root namespace of the VM is the director (the
+// node); clients and backends are network namespaces wired to it with veth
+// pairs. Each subtest uses its own dummy link, so that the VIPs (and hence
+// the virtual servers) of one are foreign to the others.
+func TestKernel(t *testing.T) {
+	if !vm.InVM() {
+		vm.RunTest(t, vm.Options{Timeout: 4 * time.Minute})
+		return
+	}
+	sysctl(t, "net/ipv4/ip_forward", "1")
+	sysctl(t, "net/ipv6/conf/all/forwarding", "1")
+	t.Run("MobyMasquerade", testMobyMasquerade)
+	t.Run("SpreadRemoveDrain", testSpreadRemoveDrain)
+	t.Run("Restart", testRestart)
+	t.Run("DriftAndForeign", testDriftAndForeign)
+	t.Run("UDPAndIPv6", testUDPAndIPv6)
+	t.Run("SNAT", testSNAT)
+}
+
+func newDataplane(t *testing.T, link string) *Dataplane {
+	t.Helper()
+	d, err := New(Options{LinkName: link})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func syncOK(t *testing.T, d *Dataplane, desired State) Plan {
+	t.Helper()
+	p, err := d.Sync(desired)
+	if err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	t.Logf("Sync: %v", p)
+	return p
+}
+
+func backends(w int, bs ...*backend) []Backend {
+	var out []Backend
+	for _, b := range bs {
+		out = append(out, Backend{Addr: b.v4(), Port: backendPort, Weight: w})
+	}
+	return out
+}
+
+// testSpreadRemoveDrain: connections to the VIP spread over the ready
+// backends (default scheduler: mh, port hashing, fallback); a backend
+// removed by Sync gets no new connections; a backend drained (weight 0, via
+// the incremental SyncService) keeps its established connection and gets no
+// new ones.
+func testSpreadRemoveDrain(t *testing.T) {
+	d := newDataplane(t, "vipcast-a")
+	cl := newClient(t)
+	b1, b2, b3 := newBackend(t, "b1", true), newBackend(t, "b2", true), newBackend(t, "b3", true)
+	vip := netip.AddrPortFrom(ip("192.0.2.10"), 80)
+	s := Service{VIP: vip.Addr(), Port: vip.Port(), Protocol: TCP, Backends: backends(1, b1, b2, b3)}
+	p := syncOK(t, d, state(s))
+	if len(p.AddServices) != 1 || len(p.AddBackends) != 3 || len(p.AddVIPs) != 1 {
+		t.Fatalf("first Sync: %v", p)
+	}
+	got := cl.spread(t, vip, 60)
+	t.Logf("3 backends, 60 connections: %v", got)
+	for _, b := range []string{"b1", "b2", "b3"} {
+		if got[b] == 0 {
+			t.Errorf("backend %s got no connection: %v", b, got)
+		}
+	}
+
+	// Remove b3.
+	s.Backends = backends(1, b1, b2)
+	if p := syncOK(t, d, state(s)); p.Len() != 1 || len(p.DelBackends) != 1 {
+		t.Fatalf("remove b3: %v", p)
+	}
+	got = cl.spread(t, vip, 30)
+	t.Logf("b3 removed, 30 connections: %v", got)
+	if got["b3"] != 0 || got["b1"] == 0 || got["b2"] == 0 {
+		t.Errorf("after removing b3: %v", got)
+	}
+
+	// Hold a connection, drain its backend.
+	held, err := cl.dial(t, vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	drained, other := b1, b2
+	if held.backend == "b2" {
+		drained, other = b2, b1
+	}
+	s.Backends = append(backends(0, drained), backends(1, other)...)
+	p, err = d.SyncService(s.Key(), &s)
+	if err != nil {
+		t.Fatalf("SyncService: %v", err)
+	}
+	if p.Len() != 1 || len(p.UpdateBackends) != 1 || p.UpdateBackends[0].Backend.Weight != 0 {
+		t.Fatalf("drain %s: %v", drained.name, p)
+	}
+	got = cl.spread(t, vip, 30)
+	t.Logf("%s drained, 30 connections: %v", drained.name, got)
+	if got[drained.name] != 0 || got[other.name] != 30 {
+		t.Errorf("a drained backend got new connections: %v", got)
+	}
+	ans, err := held.ask("still there?")
+	if err != nil || ans != drained.name+" still there?" {
+		t.Errorf("established connection to the drained %s: %q, %v", drained.name, ans, err)
+	}
+	// The kernel agrees with the in-memory state.
+	st, err := d.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := s.Normalize(); !reflect.DeepEqual(st.Services[s.Key()], want) {
+		t.Errorf("kernel: %+v\nwant    %+v", st.Services[s.Key()], want)
+	}
+	syncOK(t, d, NewState())
+}
+
+// testRestart: a second Dataplane on the same kernel (a restarted speaker)
+// syncing the same desired state changes nothing, and an established
+// connection survives.
+func testRestart(t *testing.T) {
+	cl := newClient(t)
+	b1, b2 := newBackend(t, "r1", true), newBackend(t, "r2", true)
+	desired := NewState()
+	vip := netip.AddrPortFrom(ip("192.0.2.20"), 443)
+	desired.Add(Service{VIP: vip.Addr(), Port: vip.Port(), Protocol: TCP, Backends: append(backends(1, b1), backends(0, b2)...)})
+	desired.Add(Service{VIP: vip.Addr(), Port: 8443, Protocol: TCP, Scheduler: "rr", Persistent: 600, Backends: backends(3, b1, b2)})
+	desired.Add(Service{VIP: ip("2001:db8::20"), Port: 443, Protocol: TCP, Scheduler: "wlc", Backends: []Backend{{Addr: b1.v6(), Port: backendPort, Weight: 2}}})
+
+	d1, err := New(Options{LinkName: "vipcast-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := syncOK(t, d1, desired); p.Empty() {
+		t.Fatal("first Sync changed nothing")
+	}
+	held, err := cl.dial(t, vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	d1.Close()
+
+	d2 := newDataplane(t, "vipcast-b")
+	if p := syncOK(t, d2, desired); !p.Empty() {
+		t.Errorf("Sync after restart: %v %+v, want no changes", p, p)
+	}
+	for _, s := range desired.Services {
+		if p, err := d2.SyncService(s.Key(), &s); err != nil || !p.Empty() {
+			t.Errorf("SyncService(%s) after restart: %v, %v", s.Key(), p, err)
+		}
+	}
+	if ans, err := held.ask("ping"); err != nil || ans != "r1 ping" {
+		t.Errorf("established connection after restart: %q, %v", ans, err)
+	}
+	syncOK(t, d2, NewState())
+}
+
+// testDriftAndForeign: a virtual server deleted by hand and a weight
+// changed by hand are repaired by the next full Sync; a foreign virtual
+// server (a VIP that is not vipcast's) is never touched, even by a Sync of
+// an empty state.
+func testDriftAndForeign(t *testing.T) {
+	d := newDataplane(t, "vipcast-c")
+	cl := newClient(t)
+	b1 := newBackend(t, "d1", true)
+	h, err := libipvs.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	foreign := &libipvs.Service{Address: net.ParseIP("198.51.100.7"), Protocol: unix.IPPROTO_TCP, Port: 80,
+		AddressFamily: unix.AF_INET, SchedName: "rr", Netmask: 0xffffffff}
+	must(t, h.NewService(foreign))
+	must(t, h.NewDestination(foreign, &libipvs.Destination{Address: b1.v4().AsSlice(), Port: backendPort, Weight: 5, AddressFamily: unix.AF_INET}))
+	defer h.DelService(foreign)
+	readForeign := func() string {
+		st, err := d.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("%+v", st.Services[Key{VIP: ip("198.51.100.7"), Port: 80, Protocol: TCP}])
+	}
+	before := readForeign()
+
+	a := Service{VIP: ip("192.0.2.30"), Port: 80, Protocol: TCP, Backends: backends(1, b1)}
+	b := Service{VIP: ip("192.0.2.31"), Port: 80, Protocol: TCP, Backends: backends(1, b1)}
+	desired := state(a, b)
+	syncOK(t, d, desired)
+
+	// Drift: a deleted by hand, b's weight changed by hand.
+	must(t, h.DelService(kernelService(a)))
+	must(t, h.UpdateDestination(kernelService(b), kernelDest(Backend{Addr: b1.v4(), Port: backendPort, Weight: 9})))
+	if _, err := cl.dial(t, netip.AddrPortFrom(a.VIP, 80)); err == nil {
+		t.Fatal("the deleted virtual server still answers")
+	}
+	p := syncOK(t, d, desired)
+	if len(p.AddServices) != 1 || p.AddServices[0].Key() != a.Key() || len(p.AddBackends) != 1 ||
+		len(p.UpdateBackends) != 1 || p.Len() != 3 {
+		t.Errorf("repair: %+v", p)
+	}
+	if cn, err := cl.dial(t, netip.AddrPortFrom(a.VIP, 80)); err != nil {
+		t.Errorf("repaired virtual server: %v", err)
+	} else {
+		cn.Close()
+	}
+	if p := syncOK(t, d, desired); !p.Empty() {
+		t.Errorf("second Sync: %v", p)
+	}
+	if after := readForeign(); after != before {
+		t.Errorf("foreign virtual server changed:\n%s\n%s", before, after)
+	}
+
+	// The incremental path does not read the kernel: a change to a virtual
+	// server deleted by hand fails, SyncService reads the kernel again and
+	// repairs the service.
+	must(t, h.DelService(kernelService(a)))
+	a.Backends[0].Weight = 2
+	p, err = d.SyncService(a.Key(), &a)
+	if err != nil || len(p.AddServices) != 1 || len(p.AddBackends) != 1 || p.Len() != 2 {
+		t.Errorf("SyncService on a virtual server deleted by hand: %+v, %v", p, err)
+	}
+	if cn, err := cl.dial(t, netip.AddrPortFrom(a.VIP, 80)); err != nil {
+		t.Errorf("virtual server repaired by SyncService: %v", err)
+	} else {
+		cn.Close()
+	}
+	desired.Add(a)
+	if p := syncOK(t, d, desired); !p.Empty() {
+		t.Errorf("Sync after SyncService repair: %v", p)
+	}
+
+	// A restarted speaker that wants nothing removes only its own.
+	d2 := newDataplane(t, "vipcast-c")
+	p = syncOK(t, d2, NewState())
+	if len(p.DelServices) != 2 || len(p.DelVIPs) != 2 || p.Len() != 4 {
+		t.Errorf("Sync(empty): %+v", p)
+	}
+	if after := readForeign(); after != before {
+		t.Errorf("foreign virtual server changed by Sync(empty):\n%s\n%s", before, after)
+	}
+}
+
+// testUDPAndIPv6: UDP through an IPv4 VIP, TCP and UDP through an IPv6 VIP
+// (bound without DAD, usable at once).
+func testUDPAndIPv6(t *testing.T) {
+	d := newDataplane(t, "vipcast-d")
+	cl := newClient(t)
+	b1, b2 := newBackend(t, "u1", true), newBackend(t, "u2", true)
+	v6 := func(bs ...*backend) []Backend {
+		var out []Backend
+		for _, b := range bs {
+			out = append(out, Backend{Addr: b.v6(), Port: backendPort, Weight: 1})
+		}
+		return out
+	}
+	desired := state(
+		Service{VIP: ip("192.0.2.40"), Port: 53, Protocol: UDP, Backends: backends(1, b1, b2)},
+		Service{VIP: ip("2001:db8::40"), Port: 80, Protocol: TCP, Backends: v6(b1, b2)},
+		Service{VIP: ip("2001:db8::40"), Port: 53, Protocol: UDP, Backends: v6(b1, b2)},
+	)
+	syncOK(t, d, desired)
+	for _, to := range []netip.AddrPort{netip.MustParseAddrPort("192.0.2.40:53"), netip.MustParseAddrPort("[2001:db8::40]:53")} {
+		got := map[string]int{}
+		for i := 0; i < 20; i++ {
+			name, src, err := cl.udp(t, to)
+			if err != nil {
+				t.Fatalf("UDP %s: %v", to, err)
+			}
+			if !strings.HasPrefix(src, "10.100.") && !strings.HasPrefix(src, "fd00:100:") {
+				t.Errorf("UDP %s: backend saw source %s, want the client's", to, src)
+			}
+			got[name]++
+		}
+		t.Logf("UDP %s, 20 sockets: %v", to, got)
+		if got["u1"] == 0 || got["u2"] == 0 {
+			t.Errorf("UDP %s did not spread: %v", to, got)
+		}
+	}
+	got := cl.spread(t, netip.MustParseAddrPort("[2001:db8::40]:80"), 20)
+	t.Logf("TCP over IPv6, 20 connections: %v", got)
+	if got["u1"] == 0 || got["u2"] == 0 {
+		t.Errorf("IPv6 TCP did not spread: %v", got)
+	}
+	syncOK(t, d, NewState())
+}
+
+// testMobyMasquerade is the bare moby/ipvs recipe the dataplane builds on:
+// a VIP on a dummy link, a virtual server VIP:80 (rr, masquerade) with two
+// real servers in two backend namespaces, and a client namespace routed
+// through the root namespace. Connections reach both backends, in
+// round-robin order.
+func testMobyMasquerade(t *testing.T) {
+	const (
+		vip   = "10.96.0.10"
+		port  = 80
+		conns = 10
+	)
+	dummy := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "moby0"}}
+	must(t, netlink.LinkAdd(dummy))
+	defer netlink.LinkDel(dummy)
+	must(t, netlink.AddrAdd(dummy, addr(t, vip+"/32")))
+	must(t, netlink.LinkSetUp(dummy))
+
+	client := newNS(t)
+	wire(t, client, "mc", "10.0.0.1", "10.0.0.2")
+	backends := map[string]string{"b1": "10.0.1.2", "b2": "10.0.2.2"}
+	for i, name := range []string{"b1", "b2"} {
+		ns := newNS(t)
+		wire(t, ns, "m"+name, fmt.Sprintf("10.0.%d.1", i+1), backends[name])
+		serve(t, ns, backends[name], 8080, name)
+	}
+
+	// The modules are loaded by the VM's init: moby/ipvs would try to run
+	// modprobe, and it resolves the IPVS netlink family once per process.
+	h, err := libipvs.New("")
+	if err != nil {
+		t.Fatalf("ipvs.New: %v", err)
+	}
+	defer h.Close()
+	svc := &libipvs.Service{
+		Address:       net.ParseIP(vip),
+		Protocol:      unix.IPPROTO_TCP,
+		Port:          port,
+		AddressFamily: unix.AF_INET,
+		SchedName:     "rr",
+		Netmask:       0xffffffff,
+	}
+	if err := h.NewService(svc); err != nil {
+		t.Fatalf("NewService: %v", err)
+	}
+	defer h.DelService(svc)
+	for _, name := range []string{"b1", "b2"} {
+		d := &libipvs.Destination{
+			Address:         net.ParseIP(backends[name]),
+			Port:            8080,
+			Weight:          1,
+			ConnectionFlags: libipvs.ConnectionFlagMasq,
+			AddressFamily:   unix.AF_INET,
+		}
+		if err := h.NewDestination(svc, d); err != nil {
+			t.Fatalf("NewDestination %s: %v", name, err)
+		}
+	}
+
+	got := map[string]int{}
+	var order []string
+	for i := 0; i < conns; i++ {
+		var c net.Conn
+		err := inNS(t, client, func() (err error) {
+			c, err = net.DialTimeout("tcp4", net.JoinHostPort(vip, fmt.Sprint(port)), 10*time.Second)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("connection %d to the VIP: %v", i, err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		if err != nil {
+			t.Fatalf("connection %d: read: %v", i, err)
+		}
+		name := strings.TrimSpace(line)
+		got[name]++
+		order = append(order, name)
+	}
+	t.Logf("backends in connection order: %v", order)
+	if got["b1"] != conns/2 || got["b2"] != conns/2 {
+		t.Errorf("rr over %d connections: got %v, want %d each", conns, got, conns/2)
+	}
+
+	dests, err := h.GetDestinations(svc)
+	if err != nil {
+		t.Fatalf("GetDestinations: %v", err)
+	}
+	for _, d := range dests {
+		t.Logf("real server %s:%d active %d inactive %d", d.Address, d.Port, d.ActiveConnections, d.InactiveConnections)
+		if n := d.ActiveConnections + d.InactiveConnections; n != conns/2 {
+			t.Errorf("real server %s: IPVS counts %d connections, want %d", d.Address, n, conns/2)
+		}
+	}
+}
+
+// testSNAT: externalTrafficPolicy Local keeps the client's address;
+// Cluster (SNAT) masquerades to the node's address, which is what lets a
+// backend without a route back to the client (on another node) answer, for
+// TCP and UDP, IPv4 and IPv6. Without SNAT that backend cannot answer. The
+// source NAT state survives a restart (no changes) and goes with its
+// virtual server.
+func testSNAT(t *testing.T) {
+	d := newDataplane(t, "vipcast-e")
+	cl := newClient(t)
+	local := newBackend(t, "local", true)
+	remote := newBackend(t, "remote", false) // no route to the client
+	remoteV6 := []Backend{{Addr: remote.v6(), Port: backendPort, Weight: 1}}
+	desired := state(
+		Service{VIP: ip("192.0.2.50"), Port: 80, Protocol: TCP, Backends: backends(1, local)},
+		Service{VIP: ip("192.0.2.51"), Port: 80, Protocol: TCP, SNAT: true, Backends: backends(1, remote)},
+		Service{VIP: ip("192.0.2.51"), Port: 53, Protocol: UDP, SNAT: true, Backends: backends(1, remote)},
+		Service{VIP: ip("192.0.2.52"), Port: 80, Protocol: TCP, Backends: backends(1, remote)},
+		Service{VIP: ip("2001:db8::51"), Port: 80, Protocol: TCP, SNAT: true, Backends: remoteV6},
+	)
+	p := syncOK(t, d, desired)
+	if len(p.AddSNAT) != 3 {
+		t.Fatalf("first Sync: %+v", p)
+	}
+	nodeV4, nodeV6 := remote.v4().Prev().String(), remote.v6().Prev().String() // the root side, .1 / ::1
+
+	cn, err := cl.dial(t, netip.MustParseAddrPort("192.0.2.50:80"))
+	if err != nil {
+		t.Fatalf("Local: %v", err)
+	}
+	cn.Close()
+	if cn.source != cl.addrs[0].String() {
+		t.Errorf("Local: backend saw source %s, want the client's %s", cn.source, cl.addrs[0])
+	}
+	for _, to := range []string{"192.0.2.51:80", "[2001:db8::51]:80"} {
+		cn, err := cl.dial(t, netip.MustParseAddrPort(to))
+		if err != nil {
+			t.Fatalf("Cluster %s to a remote backend: %v", to, err)
+		}
+		if cn.source != nodeV4 && cn.source != nodeV6 {
+			t.Errorf("Cluster %s: backend saw source %s, want the node's (%s or %s)", to, cn.source, nodeV4, nodeV6)
+		}
+		if ans, err := cn.ask("hi"); err != nil || ans != "remote hi" {
+			t.Errorf("Cluster %s: %q, %v", to, ans, err)
+		}
+		cn.Close()
+	}
+	if name, src, err := cl.udp(t, netip.MustParseAddrPort("192.0.2.51:53")); err != nil || name != "remote" || src != nodeV4 {
+		t.Errorf("Cluster UDP: %s %s %v, want remote %s", name, src, err, nodeV4)
+	}
+	// Without SNAT the remote backend's replies have no way back.
+	var nc net.Conn
+	_ = inNS(t, cl.ns, func() (err error) {
+		nc, err = net.DialTimeout("tcp", "192.0.2.52:80", 1500*time.Millisecond)
+		return err
+	})
+	if nc != nil {
+		nc.Close()
+		t.Errorf("a remote backend answered without source NAT: the test topology does not test SNAT")
+	}
+
+	// Restart: the source NAT set is read back, nothing changes.
+	d2 := newDataplane(t, "vipcast-e")
+	if p := syncOK(t, d2, desired); !p.Empty() {
+		t.Errorf("Sync after restart: %+v", p)
+	}
+	// Cluster -> Local on 192.0.2.51:80: the remote backend becomes
+	// unreachable (as it should), the element goes.
+	s := desired.Services[Key{VIP: ip("192.0.2.51"), Port: 80, Protocol: TCP}]
+	s.SNAT = false
+	p, err = d2.SyncService(s.Key(), &s)
+	if err != nil || p.Len() != 1 || len(p.DelSNAT) != 1 {
+		t.Errorf("SNAT off: %+v, %v", p, err)
+	}
+	desired.Add(s)
+	if p := syncOK(t, d2, desired); !p.Empty() {
+		t.Errorf("Sync after SNAT off: %+v", p)
+	}
+	p = syncOK(t, d2, NewState())
+	if len(p.DelSNAT) != 2 || len(p.DelServices) != 5 {
+		t.Errorf("Sync(empty): %+v", p)
+	}
+	if p := syncOK(t, d2, NewState()); !p.Empty() {
+		t.Errorf("second Sync(empty): %+v", p)
+	}
+}

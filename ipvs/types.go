@@ -1,0 +1,284 @@
+package ipvs
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Protocol is a virtual server's transport protocol; the values are the IP
+// protocol numbers the kernel uses.
+type Protocol uint16
+
+// Protocols IPVS balances.
+const (
+	TCP  Protocol = 6
+	UDP  Protocol = 17
+	SCTP Protocol = 132
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	case SCTP:
+		return "SCTP"
+	}
+	return fmt.Sprintf("proto-%d", uint16(p))
+}
+
+// ParseProtocol accepts a Kubernetes protocol name (TCP, UDP, SCTP; any
+// case).
+func ParseProtocol(s string) (Protocol, error) {
+	switch strings.ToUpper(s) {
+	case "TCP", "":
+		return TCP, nil
+	case "UDP":
+		return UDP, nil
+	case "SCTP":
+		return SCTP, nil
+	}
+	return 0, fmt.Errorf("unknown protocol %q (want TCP, UDP or SCTP)", s)
+}
+
+// Service flags (include/uapi/linux/ip_vs.h, IP_VS_SVC_F_*). The persistent
+// flag is not set through Flags: it follows Service.Persistent.
+const (
+	FlagPersistent uint32 = 0x0001 // IP_VS_SVC_F_PERSISTENT
+	flagHashed     uint32 = 0x0002 // IP_VS_SVC_F_HASHED, kernel-internal
+	FlagOnePacket  uint32 = 0x0004 // IP_VS_SVC_F_ONEPACKET
+	FlagSched1     uint32 = 0x0008 // IP_VS_SVC_F_SCHED1
+	FlagSched2     uint32 = 0x0010 // IP_VS_SVC_F_SCHED2
+	FlagSched3     uint32 = 0x0020 // IP_VS_SVC_F_SCHED3
+
+	// FlagMHFallback (IP_VS_SVC_F_SCHED_MH_FALLBACK): mh picks another
+	// real server when the hashed one is unavailable (weight 0 or
+	// overloaded) instead of dropping the packet.
+	FlagMHFallback = FlagSched1
+	// FlagMHPort (IP_VS_SVC_F_SCHED_MH_PORT): mh hashes the source port
+	// too, so the connections of one client spread over the real servers.
+	FlagMHPort = FlagSched2
+
+	// userFlags are the flags a Service carries in Flags.
+	userFlags = FlagOnePacket | FlagSched1 | FlagSched2 | FlagSched3
+)
+
+// Key identifies a virtual server.
+type Key struct {
+	VIP      netip.Addr
+	Port     uint16
+	Protocol Protocol
+}
+
+func (k Key) String() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.VIP, k.Port), k.Protocol)
+}
+
+func (k Key) compare(o Key) int {
+	if c := k.VIP.Compare(o.VIP); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(k.Port, o.Port); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.Protocol, o.Protocol)
+}
+
+// Backend is one real server of a virtual server. Weight 0 drains it: its
+// established connections go on, it gets no new ones (a terminating
+// endpoint).
+type Backend struct {
+	Addr   netip.Addr
+	Port   uint16
+	Weight int
+}
+
+// AddrPort is the backend's address and port: its identity in the service.
+func (b Backend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b.Port) }
+
+func (b Backend) String() string { return fmt.Sprintf("%s w%d", b.AddrPort(), b.Weight) }
+
+// Service is one virtual server, VIP:Port/Protocol, with its real servers.
+// All of them are forwarded with masquerading (IPVS NAT).
+type Service struct {
+	VIP      netip.Addr
+	Port     uint16
+	Protocol Protocol
+	// Scheduler is an IPVS scheduler name; "" means DefaultScheduler with
+	// DefaultSchedulerFlags.
+	Scheduler string
+	// Flags are IPVS service flags (FlagMHPort, FlagMHFallback, ...);
+	// persistence is set by Persistent, not here.
+	Flags uint32
+	// Persistent is the client affinity timeout in seconds
+	// (sessionAffinity: ClientIP); 0 means none.
+	Persistent uint32
+	// SNAT masquerades the connections to this virtual server to the
+	// node's address (externalTrafficPolicy: Cluster, see snat.go); false
+	// keeps the client's address (Local).
+	SNAT     bool
+	Backends []Backend
+}
+
+// Key of the virtual server.
+func (s Service) Key() Key { return Key{VIP: s.VIP, Port: s.Port, Protocol: s.Protocol} }
+
+// Normalize returns s in the form the kernel reports it: the default
+// scheduler filled in, addresses unmapped, the flags reduced to those a
+// Service carries, backends sorted by address and port with duplicates
+// removed (the last one wins).
+func (s Service) Normalize() Service {
+	s.VIP = s.VIP.Unmap()
+	if s.Scheduler == "" {
+		s.Scheduler = DefaultScheduler
+		if s.Flags == 0 {
+			s.Flags = DefaultSchedulerFlags
+		}
+	}
+	s.Flags &= userFlags
+	bs := make([]Backend, 0, len(s.Backends))
+	for _, b := range s.Backends {
+		b.Addr = b.Addr.Unmap()
+		bs = append(bs, b)
+	}
+	slices.SortStableFunc(bs, func(a, b Backend) int { return a.AddrPort().Compare(b.AddrPort()) })
+	out := bs[:0]
+	for _, b := range bs {
+		if n := len(out); n > 0 && out[n-1].AddrPort() == b.AddrPort() {
+			out[n-1] = b
+			continue
+		}
+		out = append(out, b)
+	}
+	s.Backends = out
+	return s
+}
+
+// Validate reports what the kernel would refuse: an invalid VIP, port 0,
+// an unknown protocol or scheduler, a backend of another address family,
+// a negative weight.
+func (s Service) Validate() error {
+	var errs []error
+	if !s.VIP.IsValid() {
+		errs = append(errs, errors.New("no VIP"))
+	}
+	if s.Port == 0 {
+		errs = append(errs, errors.New("port 0"))
+	}
+	switch s.Protocol {
+	case TCP, UDP, SCTP:
+	default:
+		errs = append(errs, fmt.Errorf("unknown protocol %d", uint16(s.Protocol)))
+	}
+	if s.Scheduler != "" {
+		if err := ValidScheduler(s.Scheduler); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, b := range s.Backends {
+		switch {
+		case !b.Addr.IsValid():
+			errs = append(errs, errors.New("backend without address"))
+		case b.Addr.Unmap().Is4() != s.VIP.Unmap().Is4():
+			errs = append(errs, fmt.Errorf("backend %s: address family differs from the VIP's", b.AddrPort()))
+		case b.Port == 0:
+			errs = append(errs, fmt.Errorf("backend %s: port 0", b.AddrPort()))
+		case b.Weight < 0 || b.Weight > 65535:
+			errs = append(errs, fmt.Errorf("backend %s: weight %d out of 0..65535", b.AddrPort(), b.Weight))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("virtual server %s: %w", s.Key(), err)
+	}
+	return nil
+}
+
+func (s Service) sameAttrs(o Service) bool {
+	return s.Scheduler == o.Scheduler && s.Flags == o.Flags && s.Persistent == o.Persistent
+}
+
+func (s Service) withoutBackends() Service {
+	s.Backends = nil
+	return s
+}
+
+// State is a node's IPVS configuration: virtual servers by key and the VIPs
+// bound to the dummy link. A desired State's VIPs include the VIP of each of
+// its services (Diff adds them).
+type State struct {
+	Services map[Key]Service
+	VIPs     map[netip.Addr]struct{}
+}
+
+// NewState returns an empty State.
+func NewState() State {
+	return State{Services: map[Key]Service{}, VIPs: map[netip.Addr]struct{}{}}
+}
+
+// Add puts svc (normalized) into s and binds its VIP.
+func (s *State) Add(svc Service) {
+	if s.Services == nil {
+		s.Services = map[Key]Service{}
+	}
+	svc = svc.Normalize()
+	s.Services[svc.Key()] = svc
+	s.AddVIP(svc.VIP)
+}
+
+// AddVIP binds a VIP without any virtual server.
+func (s *State) AddVIP(a netip.Addr) {
+	if s.VIPs == nil {
+		s.VIPs = map[netip.Addr]struct{}{}
+	}
+	s.VIPs[a.Unmap()] = struct{}{}
+}
+
+// Validate checks every service.
+func (s State) Validate() error {
+	var errs []error
+	for _, k := range s.keys() {
+		if err := s.Services[k].Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Clone returns a deep copy.
+func (s State) Clone() State {
+	c := State{Services: make(map[Key]Service, len(s.Services)), VIPs: make(map[netip.Addr]struct{}, len(s.VIPs))}
+	for k, v := range s.Services {
+		v.Backends = slices.Clone(v.Backends)
+		c.Services[k] = v
+	}
+	for a := range s.VIPs {
+		c.VIPs[a] = struct{}{}
+	}
+	return c
+}
+
+func (s State) keys() []Key {
+	ks := make([]Key, 0, len(s.Services))
+	for k := range s.Services {
+		ks = append(ks, k)
+	}
+	slices.SortFunc(ks, Key.compare)
+	return ks
+}
+
+// allVIPs is s.VIPs plus every service's VIP.
+func (s State) allVIPs() map[netip.Addr]struct{} {
+	m := make(map[netip.Addr]struct{}, len(s.VIPs)+len(s.Services))
+	for a := range s.VIPs {
+		m[a.Unmap()] = struct{}{}
+	}
+	for k := range s.Services {
+		m[k.VIP.Unmap()] = struct{}{}
+	}
+	return m
+}
