@@ -42,6 +42,10 @@ const Component = "vipcast-speaker"
 // Service's namespace/name.
 const keyConfig = "\x00config"
 
+// keyResync is the queue key for a full dataplane resync (a kernel read),
+// on start-up and every Options.DataplaneResync.
+const keyResync = "\x00resync"
+
 // sliceIndex indexes EndpointSlices by the namespace/name of their Service.
 const sliceIndex = "service"
 
@@ -59,6 +63,11 @@ type Options struct {
 	Resync time.Duration
 	// Metrics records the speaker's own metrics; nil records nothing.
 	Metrics *Metrics
+	// Dataplane programs IPVS; nil announces routes only.
+	Dataplane Dataplane
+	// DataplaneResync is how often the whole kernel table is compared
+	// with the desired state, repairing drift.
+	DataplaneResync time.Duration
 }
 
 // Controller is the speaker's routing reconciler: it watches Services,
@@ -82,6 +91,7 @@ type Controller struct {
 	// Owned by the worker goroutine.
 	view  *View
 	table *RouteTable
+	prog  *programmer // nil without a dataplane
 	// peerProblems remembers which BGPPeers were last reported unusable,
 	// so an Event is recorded once per change, not once per resync.
 	peerProblems map[string]string
@@ -102,6 +112,9 @@ func NewController(opts Options) (*Controller, error) {
 	}
 	if opts.Resync <= 0 {
 		opts.Resync = 5 * time.Minute
+	}
+	if opts.DataplaneResync <= 0 {
+		opts.DataplaneResync = time.Minute
 	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
@@ -127,6 +140,9 @@ func NewController(opts Options) (*Controller, error) {
 		announced:    map[netip.Prefix]bool{},
 		uncertain:    map[netip.Prefix]bool{},
 		sessionUp:    map[string]bool{},
+	}
+	if opts.Dataplane != nil {
+		c.prog = newProgrammer(opts.Dataplane)
 	}
 	c.services = c.factory.Core().V1().Services().Informer()
 	c.slices = c.factory.Discovery().V1().EndpointSlices().Informer()
@@ -267,24 +283,30 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	// The first config sync computes everything; drop the Service keys the
 	// informers queued meanwhile, they are covered.
-	if err := c.syncConfig(ctx); err != nil {
+	if err := c.syncConfig(ctx, true); err != nil {
 		logger.Error(err, "Initial sync failed; retrying")
-		c.queue.AddRateLimited(keyConfig)
+		c.queue.AddRateLimited(keyResync)
 	}
 	c.mu.Lock()
 	c.synced = true
 	c.mu.Unlock()
 
 	go func() {
-		t := time.NewTicker(c.opts.Resync)
-		defer t.Stop()
+		config := time.NewTicker(c.opts.Resync)
+		defer config.Stop()
+		resync := time.NewTicker(c.opts.DataplaneResync)
+		defer resync.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				c.queue.ShutDown()
 				return
-			case <-t.C:
+			case <-config.C:
 				c.queue.Add(keyConfig)
+			case <-resync.C:
+				if c.prog != nil {
+					c.queue.Add(keyResync)
+				}
 			}
 		}
 	}()
@@ -300,9 +322,12 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	}
 	defer c.queue.Done(key)
 	var err error
-	if key == keyConfig {
-		err = c.syncConfig(ctx)
-	} else {
+	switch key {
+	case keyConfig:
+		err = c.syncConfig(ctx, false)
+	case keyResync:
+		err = c.syncConfig(ctx, true)
+	default:
 		err = c.syncService(ctx, key)
 	}
 	if err != nil {
@@ -315,15 +340,21 @@ func (c *Controller) processNext(ctx context.Context) bool {
 }
 
 func printableKey(key string) string {
-	if key == keyConfig {
+	switch key {
+	case keyConfig:
 		return "config"
+	case keyResync:
+		return "resync"
 	}
 	return key
 }
 
-// syncConfig recomputes this node's view of pools and peers, reconfigures
-// the sessions, and recomputes every Service's routes.
-func (c *Controller) syncConfig(ctx context.Context) error {
+// syncConfig recomputes this node's view of pools and peers, reprograms
+// the dataplane (with full, by comparing the whole kernel table, else
+// Service by Service from what it last programmed), recomputes every
+// Service's routes and reconfigures the sessions. The dataplane comes
+// first: a VIP is announced only once this node can forward its traffic.
+func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 	start := time.Now()
 	logger := klog.FromContext(ctx)
 	node, err := c.currentNode()
@@ -355,6 +386,10 @@ func (c *Controller) syncConfig(ctx context.Context) error {
 	}
 	c.view = view
 
+	var dpErr error
+	if full {
+		dpErr = c.resyncDataplane(ctx)
+	}
 	var announce []bgp.Route
 	var withdraw []netip.Prefix
 	for _, obj := range c.services.GetStore().List() {
@@ -362,7 +397,13 @@ func (c *Controller) syncConfig(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		a, w := c.table.Set(svc.Namespace+"/"+svc.Name, c.routesFor(svc))
+		key := ServiceKey(svc)
+		slices := c.slicesOf(svc)
+		if !full && c.prog != nil {
+			dpErr = errors.Join(dpErr, c.program(ctx, key, c.desiredFor(ctx, svc, slices)))
+		}
+		routes, _ := ServiceRoutes(svc, slices, c.view)
+		a, w := c.table.Set(key, routes)
 		announce, withdraw = append(announce, a...), append(withdraw, w...)
 	}
 	// Services gone from the cache while their delete event was queued.
@@ -370,6 +411,13 @@ func (c *Controller) syncConfig(ctx context.Context) error {
 		if _, exists, _ := c.services.GetStore().GetByKey(key); !exists {
 			a, w := c.table.Delete(key)
 			announce, withdraw = append(announce, a...), append(withdraw, w...)
+		}
+	}
+	if c.prog != nil && !full {
+		for key := range c.prog.programmed {
+			if _, exists, _ := c.services.GetStore().GetByKey(key); !exists {
+				dpErr = errors.Join(dpErr, c.program(ctx, key, nil))
+			}
 		}
 	}
 	if c.hasUncertain() {
@@ -393,7 +441,7 @@ func (c *Controller) syncConfig(ctx context.Context) error {
 	c.opts.Metrics.observeSync("config", start)
 	logger.V(2).Info("Configuration synced", "peers", len(bgpPeers), "routes", c.table.Len(),
 		"announced", len(announce), "withdrawn", len(withdraw), "duration", time.Since(start))
-	return nil
+	return dpErr
 }
 
 // syncService recomputes one Service's routes.
@@ -409,32 +457,40 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	case err != nil:
 		return fmt.Errorf("service %s from cache: %w", key, err)
 	case !exists:
+		dpErr := c.program(ctx, key, nil)
 		a, w = c.table.Delete(key)
-	default:
-		svc, ok := obj.(*v1.Service)
-		if !ok {
-			return nil
+		if err := c.apply(ctx, a, w); err != nil {
+			return errors.Join(dpErr, err)
 		}
-		a, w = c.table.Set(key, c.routesFor(svc))
+		return dpErr
 	}
+	svc, ok := obj.(*v1.Service)
+	if !ok {
+		return nil
+	}
+	slices := c.slicesOf(svc)
+	// The dataplane first; routes go either way (a withdrawal must not
+	// wait for the kernel), and a dataplane error retries the key.
+	dpErr := c.program(ctx, key, c.desiredFor(ctx, svc, slices))
+	routes, _ := ServiceRoutes(svc, slices, c.view)
+	a, w = c.table.Set(key, routes)
 	if err := c.apply(ctx, a, w); err != nil {
-		return err
+		return errors.Join(dpErr, err)
 	}
 	c.opts.Metrics.observeSync("service", start)
-	return nil
+	return dpErr
 }
 
-// routesFor computes one Service's routes from the caches.
-func (c *Controller) routesFor(svc *v1.Service) []bgp.Route {
-	objs, _ := c.slices.GetIndexer().ByIndex(sliceIndex, svc.Namespace+"/"+svc.Name)
+// slicesOf returns one Service's EndpointSlices from the cache.
+func (c *Controller) slicesOf(svc *v1.Service) []*discoveryv1.EndpointSlice {
+	objs, _ := c.slices.GetIndexer().ByIndex(sliceIndex, ServiceKey(svc))
 	slices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
 	for _, o := range objs {
 		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
 			slices = append(slices, s)
 		}
 	}
-	routes, _ := ServiceRoutes(svc, slices, c.view)
-	return routes
+	return slices
 }
 
 // apply hands a change to BGP and remembers what is announced.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/ipvs"
 )
 
 // flakyBGP is a bgp.Speaker that holds routes in memory and fails the
@@ -135,7 +137,132 @@ func testSlice(svc string) *discoveryv1.EndpointSlice {
 	return &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
 		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Port: ptr.To[int32](8080), Protocol: ptr.To(v1.ProtocolTCP)}},
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.1"}, NodeName: ptr.To("n2"),
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+	}
+}
+
+// recordingDataplane records what the controller asks of the dataplane.
+type recordingDataplane struct {
+	mu      sync.Mutex
+	syncs   []ipvs.State
+	service []ipvs.Key // SyncService calls, in order
+	deletes []ipvs.Key // SyncService calls with nil
+}
+
+func (d *recordingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.syncs = append(d.syncs, desired.Clone())
+	return ipvs.Plan{}, nil
+}
+
+func (d *recordingDataplane) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if desired == nil {
+		d.deletes = append(d.deletes, key)
+	} else {
+		d.service = append(d.service, key)
+	}
+	return ipvs.Plan{}, nil
+}
+
+func (d *recordingDataplane) counts() (syncs, services, deletes int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.syncs), len(d.service), len(d.deletes)
+}
+
+// TestControllerProgramsDataplane checks the dataplane wiring: one full
+// Sync with every Service's virtual servers at start-up; an EndpointSlice
+// change costs one SyncService for that Service only; a deleted Service
+// removes its virtual server; the resync timer compares the whole table
+// again.
+func TestControllerProgramsDataplane(t *testing.T) {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
+	objs := []runtime.Object{node}
+	for i := range 4 {
+		name := string(rune('a' + i))
+		objs = append(objs, testLBService(name, "10.100.0."+string(rune('1'+i))), testSlice(name))
+	}
+	client := fake.NewClientset(objs...)
+	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
+		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: []string{"10.100.0.0/24"}}}
+	scheme := runtime.NewScheme()
+	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
+		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
+	}, pool)
+	dp := &recordingDataplane{}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = c.Run(ctx) }()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				s, u, d := dp.counts()
+				t.Fatalf("timed out waiting for %s (syncs %d, service syncs %d, deletes %d)", what, s, u, d)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFor("the start-up Sync", func() bool { s, _, _ := dp.counts(); return s >= 1 })
+	dp.mu.Lock()
+	first := dp.syncs[0]
+	dp.mu.Unlock()
+	if len(first.Services) != 4 {
+		t.Fatalf("start-up Sync with %d virtual servers, want 4: %v", len(first.Services), first.Services)
+	}
+	for k, s := range first.Services {
+		if len(s.Backends) != 1 || !s.SNAT || k.Port != 80 {
+			t.Errorf("virtual server %s = %+v, want port 80, SNAT (Cluster) and one backend", k, s)
+		}
+	}
+
+	// Stop counting resyncs' effect: an EndpointSlice change of Service a.
+	_, before, _ := dp.counts()
+	slice := testSlice("a")
+	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.244.0.9"}, NodeName: ptr.To("n3"),
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("a SyncService for Service a", func() bool { _, n, _ := dp.counts(); return n > before })
+	time.Sleep(100 * time.Millisecond)
+	dp.mu.Lock()
+	calls := slices.Clone(dp.service[before:])
+	dp.mu.Unlock()
+	want := ipvs.Key{VIP: netip.MustParseAddr("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}
+	if len(calls) != 1 || calls[0] != want {
+		t.Errorf("one EndpointSlice change made SyncService calls %v, want exactly [%v]", calls, want)
+	}
+
+	// Deleting Service b removes its virtual server.
+	if err := client.CoreV1().Services("ns").Delete(ctx, "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the virtual server of b removed", func() bool { _, _, d := dp.counts(); return d == 1 })
+
+	// The timer resyncs the whole table, now without b.
+	s0, _, _ := dp.counts()
+	waitFor("a periodic resync", func() bool { s, _, _ := dp.counts(); return s > s0 })
+	dp.mu.Lock()
+	last := dp.syncs[len(dp.syncs)-1]
+	dp.mu.Unlock()
+	if len(last.Services) != 3 {
+		t.Errorf("resync with %d virtual servers, want 3", len(last.Services))
 	}
 }

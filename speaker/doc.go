@@ -1,9 +1,10 @@
-// Package speaker holds the routing decisions of vipcast-speaker as pure
+// Package speaker is vipcast-speaker's reconciler. Its decisions are pure
 // functions: given the API objects the speaker watches (this node, the
 // IPPools and BGPPeers, one Service and its EndpointSlices) they compute the
-// BGP sessions this node opens and the routes it announces. Nothing here
-// talks to the API server, the kernel or a BGP engine; the informer wiring
-// calls these functions and hands the results to package bgp.
+// BGP sessions this node opens, the routes it announces and the IPVS
+// virtual servers it programs. The Controller (informers, one workqueue)
+// calls them and hands the results to package bgp and, through the
+// Dataplane interface, to package ipvs.
 //
 // The work is split so that an event costs work for the object it is about:
 //
@@ -13,6 +14,8 @@
 //   - PeersForNode turns the BGPPeers into the sessions of this node.
 //   - ServiceRoutes computes the routes of one Service against a View; it
 //     looks at that Service and its EndpointSlices only.
+//   - ServiceDataplane computes the virtual servers of one Service, also
+//     against a View.
 //   - RouteTable merges the per-Service routes into the distinct prefixes
 //     this node announces and returns the minimal announce/withdraw
 //     difference for one Service's change.

@@ -185,19 +185,8 @@ func familyName(ip netip.Addr) string {
 func countEndpoints(svc *v1.Service, eps []*discoveryv1.EndpointSlice, nodeName string, wantLocal bool) endpointCounts {
 	var c endpointCounts
 	for _, s := range eps {
-		if s == nil || s.Namespace != svc.Namespace {
-			continue
-		}
-		if name, ok := s.Labels[discoveryv1.LabelServiceName]; ok && name != svc.Name {
-			continue
-		}
-		var slot int
-		switch s.AddressType {
-		case discoveryv1.AddressTypeIPv4:
-			slot = 0
-		case discoveryv1.AddressTypeIPv6:
-			slot = 1
-		default:
+		slot, ok := sliceSlot(s)
+		if !ok || !ownSlice(svc, s) {
 			continue
 		}
 		for i := range s.Endpoints {

@@ -1,8 +1,9 @@
-// Command vipcast-speaker runs on every node (a DaemonSet): it announces the
-// VIPs of LoadBalancer Services that this node can serve to the BGP routers
-// selected for it, and withdraws them when it no longer can. On SIGTERM it
-// withdraws everything, waits for the fabric to converge, and closes its
-// sessions.
+// Command vipcast-speaker runs on every node (a DaemonSet): it programs the
+// node's IPVS virtual servers for the VIPs of LoadBalancer Services,
+// announces the VIPs this node can serve to the BGP routers selected for
+// it, and withdraws them when it no longer can. On SIGTERM it withdraws
+// everything, waits for the fabric to converge, and closes its sessions;
+// the IPVS state stays for the next speaker to take over.
 package main
 
 import (
@@ -16,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -31,6 +33,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/ipvs"
 	"github.com/vipcast/vipcast/speaker"
 )
 
@@ -44,6 +47,9 @@ type flags struct {
 	resync           time.Duration
 	qps              float64
 	burst            int
+	ipvs             bool
+	ipvsLink         string
+	dataplaneResync  time.Duration
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -57,6 +63,9 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed (this also re-reads BGP passwords from their Secrets).")
 	fs.Float64Var(&f.qps, "kube-api-qps", 50, "Queries per second to the API server.")
 	fs.IntVar(&f.burst, "kube-api-burst", 100, "Burst of queries to the API server.")
+	fs.BoolVar(&f.ipvs, "ipvs", true, "Program IPVS virtual servers for the VIPs (needs NET_ADMIN and the ip_vs modules); false only announces routes.")
+	fs.StringVar(&f.ipvsLink, "ipvs-link", ipvs.DefaultLinkName, "Dummy link that carries the VIPs (created if missing).")
+	fs.DurationVar(&f.dataplaneResync, "dataplane-resync-period", time.Minute, "How often the whole IPVS table is compared with the desired state, repairing drift.")
 	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -71,6 +80,10 @@ func parseFlags(args []string) (*flags, error) {
 		return nil, fmt.Errorf("--convergence-delay=%v is negative: use 0s or more, such as 3s", f.convergenceDelay)
 	case f.resync < time.Second:
 		return nil, fmt.Errorf("--resync-period=%v is too short: use 1s or more, such as 5m", f.resync)
+	case f.dataplaneResync < time.Second:
+		return nil, fmt.Errorf("--dataplane-resync-period=%v is too short: use 1s or more, such as 1m", f.dataplaneResync)
+	case f.ipvs && (f.ipvsLink == "" || len(f.ipvsLink) > 15 || strings.ContainsAny(f.ipvsLink, "/ \t")):
+		return nil, fmt.Errorf("--ipvs-link=%q is not a valid link name: use 1-15 characters without '/' or spaces, such as %s", f.ipvsLink, ipvs.DefaultLinkName)
 	case f.qps <= 0 || f.burst <= 0:
 		return nil, fmt.Errorf("--kube-api-qps=%v and --kube-api-burst=%d must be positive", f.qps, f.burst)
 	}
@@ -150,14 +163,26 @@ func run(f *flags) error {
 	if err := reg.Register(bgp.NewCollector(engine)); err != nil {
 		return fmt.Errorf("bgp metrics: %w", err)
 	}
-	ctrl, err := speaker.NewController(speaker.Options{
-		NodeName: f.nodeName,
-		Client:   client,
-		Dynamic:  dyn,
-		BGP:      engine,
-		Resync:   f.resync,
-		Metrics:  metrics,
-	})
+	opts := speaker.Options{
+		NodeName:        f.nodeName,
+		Client:          client,
+		Dynamic:         dyn,
+		BGP:             engine,
+		Resync:          f.resync,
+		Metrics:         metrics,
+		DataplaneResync: f.dataplaneResync,
+	}
+	if f.ipvs {
+		// The kernel state outlives the process on purpose: a restarted
+		// speaker takes it over without dropping a connection.
+		dp, err := ipvs.New(ipvs.Options{LinkName: f.ipvsLink})
+		if err != nil {
+			return fmt.Errorf("opening IPVS (load the ip_vs modules and grant NET_ADMIN, or pass --ipvs=false to announce routes only): %w", err)
+		}
+		defer dp.Close()
+		opts.Dataplane = dp
+	}
+	ctrl, err := speaker.NewController(opts)
 	if err != nil {
 		return err
 	}

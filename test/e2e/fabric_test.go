@@ -124,7 +124,8 @@ spec:
 	run := func(i int) *speakerProc {
 		name := fmt.Sprintf("node%d", i)
 		args := nodeNS[i].Command(speakerBinary, "--kubeconfig", kubeconfigs[i], "--node-name", name,
-			"--metrics-bind-address", "0", "--convergence-delay", "2s", "-v", "2")
+			"--metrics-bind-address", "0", "--convergence-delay", "2s", "-v", "2",
+			"--ipvs=false") // the host kernel may lack IPVS; the dataplane has its own tier
 		log := filepath.Join(e.cp.Dir, fmt.Sprintf("speaker-%s-%d.log", name, time.Now().UnixNano()))
 		p, err := proc.Start(log, args[0], args[1:]...)
 		if err != nil {

@@ -40,6 +40,10 @@ func (e *env) startSpeaker(node string, extra ...string) *speakerProc {
 		"--node-name", node,
 		"--metrics-bind-address", "0",
 		"--convergence-delay", "500ms",
+		// Routing only: the speaker runs in the test's own network
+		// namespace, whose kernel may lack IPVS (the dataplane has its
+		// own tier, in a VM).
+		"--ipvs=false",
 		"-v", "2",
 	}, extra...)
 	p, err := proc.Start(log, speakerBinary, args...)

@@ -1,0 +1,337 @@
+package speaker
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/vipcast/vipcast/ipvs"
+)
+
+// AnnotationScheduler, on a Service, picks the IPVS scheduler of its
+// virtual servers (one of ipvs.Schedulers); unset or empty means
+// ipvs.DefaultScheduler (mh with source-port hashing and fallback).
+const AnnotationScheduler = ipvs.SchedulerAnnotation
+
+// ServiceDataplane returns the IPVS virtual servers this node programs for
+// one Service — the node's desired dataplane state for it — sorted by VIP,
+// port and protocol, and the problems with the Service's input that the
+// user should fix (messages for logs and Events; empty when there is none).
+// Like ServiceRoutes it reads only svc, its EndpointSlices and the view, so
+// a change of one Service or its endpoints costs work for that Service
+// only, and the caller applies the result with ipvs.DiffService/SyncService
+// for that Service's keys.
+//
+// The rules:
+//
+//   - The Service is vipcast's under ServiceRoutes' rule: spec.type
+//     LoadBalancer and no spec.loadBalancerClass. Its VIPs are the IPs of
+//     status.loadBalancer.ingress (hostnames and unparsable IPs skipped).
+//     Anything else has no virtual server and no problem.
+//   - Each VIP must lie in an IPPool of the view. A VIP outside every pool
+//     is not vipcast's (the CCM and ServiceRoutes agree on which pool owns
+//     an address): binding it to the node and capturing its traffic could
+//     hijack an address another load balancer, or the network, uses.
+//     ServiceRoutes already reports such a VIP, so it is not a problem
+//     here.
+//   - Unlike announcements, the dataplane does not depend on the node being
+//     excluded (node.kubernetes.io/exclude-from-external-load-balancers) or
+//     cordoned, nor on the pool's spec.bgp (nodeSelector, peers, a Disabled
+//     pool): a node that stops announcing keeps forwarding the traffic still
+//     in flight while the routers converge (graceful withdraw), and starts
+//     again without churn. Whether traffic reaches the node is BGP's
+//     business; what the node does with it is this function's.
+//   - One virtual server per VIP and ServicePort: Port is spec.ports[].port,
+//     Protocol spec.ports[].protocol (ipvs.ParseProtocol, unset means TCP).
+//     A port out of 1-65535 or an unknown protocol is skipped and reported
+//     (the API server does not let either through). Two ServicePorts with
+//     the same port and protocol make one virtual server (the first wins).
+//   - Backends (real servers) are the endpoints of the VIP's family: an
+//     EndpointSlice of addressType IPv4 for an IPv4 VIP, IPv6 for an IPv6
+//     VIP; FQDN slices and slices of another Service are ignored; an
+//     endpoint's first address is used (the only one the EndpointSlice API
+//     gives a meaning to) and must be of the slice's family. The target port
+//     is the slice's port with the ServicePort's name (both possibly empty)
+//     and protocol; a slice without one gives this ServicePort no backend.
+//   - Weight 1 for a ready endpoint (conditions.ready true or unset); weight
+//     0 for a terminating one (conditions.terminating true and ready false):
+//     it drains — its established connections go on, it gets no new ones —
+//     until its EndpointSlice drops it. An endpoint neither ready nor
+//     terminating is left out. The same address and port in several slices
+//     is one backend, ready winning over terminating.
+//   - externalTrafficPolicy Local: only the endpoints on this node
+//     (EndpointSlice nodeName == view.Node.Name), and SNAT false, so the
+//     client's address is kept. Cluster (or unset): every endpoint, and
+//     SNAT true, so replies from another node's endpoint come back through
+//     this node.
+//   - A virtual server without backend is kept, with no real server, as
+//     kube-proxy's IPVS mode does. IPVS then refuses new connections to
+//     VIP:port cleanly (ICMP port unreachable) instead of letting them reach
+//     whatever listens on the node's own sockets (the VIP is bound to the
+//     node), and the virtual server, its scheduler state and its SNAT
+//     element are not deleted and recreated when endpoints flap. ServiceRoutes
+//     stops announcing such a VIP, so this only catches traffic in flight.
+//   - Scheduler: the AnnotationScheduler annotation through
+//     ipvs.ParseScheduler. Unset or empty gives Scheduler "" and no flags
+//     (the ipvs package's default: mh with ipvs.DefaultSchedulerFlags); mh
+//     gets the same flags; another valid scheduler no flags. An invalid
+//     value keeps the default and is reported with the annotation, the bad
+//     value and the allowed values: nothing else of the Service is lost.
+//   - sessionAffinity ClientIP: Persistent is
+//     sessionAffinityConfig.clientIP.timeoutSeconds, 10800 (the API's
+//     default) when unset or not positive; None: 0.
+//
+// Backends are sorted by address and port; a virtual server's Backends do
+// not alias another's (appending to them reallocates). A nil view (configuration not loaded yet) gives
+// nothing: the caller must not apply that as the Service's desired state.
+func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View) (services []ipvs.Service, problems []string) {
+	if view == nil || svc.Spec.Type != v1.ServiceTypeLoadBalancer || svc.Spec.LoadBalancerClass != nil {
+		return nil, nil
+	}
+	var vips []netip.Addr
+	var fams [2]bool // families with a VIP in a pool
+	for _, vip := range serviceVIPs(svc) {
+		if view.PoolFor(vip) != nil {
+			vips = append(vips, vip)
+			fams[famSlot(vip)] = true
+		}
+	}
+	if len(vips) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(vips, netip.Addr.Compare)
+
+	ports, problems := dataplanePorts(svc)
+	if len(ports) == 0 {
+		return nil, problems
+	}
+	var sched string // "": the ipvs package's default
+	var flags uint32
+	if raw := strings.TrimSpace(svc.Annotations[AnnotationScheduler]); raw != "" {
+		var err error
+		if sched, flags, err = ipvs.ParseScheduler(raw); err != nil {
+			problems = append(problems, fmt.Sprintf("%v; the virtual servers use the default scheduler (%s) until it is fixed", err, ipvs.DefaultScheduler))
+			sched, flags = "", 0
+		}
+	}
+	var persistent uint32
+	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		persistent = uint32(v1.DefaultClientIPServiceAffinitySeconds)
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
+			persistent = uint32(*c.ClientIP.TimeoutSeconds)
+		}
+	}
+	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	backends := dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, local)
+
+	services = make([]ipvs.Service, 0, len(vips)*len(ports))
+	var used [2]bool // whether a family's backends were handed out already
+	for _, vip := range vips {
+		slot := famSlot(vip)
+		for i, p := range ports {
+			bs := backends[i][slot]
+			if used[slot] {
+				bs = slices.Clone(bs)
+			}
+			services = append(services, ipvs.Service{
+				VIP:        vip,
+				Port:       p.port,
+				Protocol:   p.proto,
+				Scheduler:  sched,
+				Flags:      flags,
+				Persistent: persistent,
+				SNAT:       !local,
+				Backends:   bs,
+			})
+		}
+		used[slot] = true
+	}
+	return services, problems
+}
+
+// dataplanePort is a ServicePort as the dataplane needs it.
+type dataplanePort struct {
+	name  string
+	port  uint16
+	proto ipvs.Protocol
+}
+
+// dataplanePorts returns the Service's usable ports sorted by port and
+// protocol, one per port and protocol (the first wins), and a problem for
+// each unusable one.
+func dataplanePorts(svc *v1.Service) (ports []dataplanePort, problems []string) {
+	ports = make([]dataplanePort, 0, len(svc.Spec.Ports))
+	for i, sp := range svc.Spec.Ports {
+		if sp.Port < 1 || sp.Port > 65535 {
+			problems = append(problems, fmt.Sprintf("spec.ports[%d]: port %d is out of range 1-65535; it has no virtual server", i, sp.Port))
+			continue
+		}
+		proto, err := ipvs.ParseProtocol(string(sp.Protocol))
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("spec.ports[%d]: %v; it has no virtual server", i, err))
+			continue
+		}
+		ports = append(ports, dataplanePort{name: sp.Name, port: uint16(sp.Port), proto: proto})
+	}
+	slices.SortStableFunc(ports, compareDataplanePort)
+	return slices.CompactFunc(ports, func(a, b dataplanePort) bool { return compareDataplanePort(a, b) == 0 }), problems
+}
+
+func compareDataplanePort(a, b dataplanePort) int {
+	return cmp.Or(cmp.Compare(a.port, b.port), cmp.Compare(a.proto, b.proto))
+}
+
+// ownSlice reports whether s is one of svc's EndpointSlices: same
+// namespace, and the kubernetes.io/service-name label, when present, names
+// svc (the rule of countEndpoints).
+func ownSlice(svc *v1.Service, s *discoveryv1.EndpointSlice) bool {
+	if s == nil || s.Namespace != svc.Namespace {
+		return false
+	}
+	name, ok := s.Labels[discoveryv1.LabelServiceName]
+	return !ok || name == svc.Name
+}
+
+// dataplaneBackends returns, per port (indexed like ports) and per family
+// slot, the sorted, deduplicated backends of the families in fams.
+func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, fams [2]bool, nodeName string, local bool) [][2][]ipvs.Backend {
+	// One backing array per family, carved per port with its capacity
+	// capped, sized by the count of candidate endpoints: the appends below
+	// never reallocate.
+	var n [2]int
+	for _, s := range endpointSlices {
+		slot, ok := sliceSlot(s)
+		if !ok || !fams[slot] || !ownSlice(svc, s) {
+			continue
+		}
+		if !local {
+			n[slot] += len(s.Endpoints)
+			continue
+		}
+		for i := range s.Endpoints {
+			if onNode(&s.Endpoints[i], nodeName) {
+				n[slot]++
+			}
+		}
+	}
+	out := make([][2][]ipvs.Backend, len(ports))
+	for slot := range n {
+		if n[slot] == 0 {
+			continue
+		}
+		buf := make([]ipvs.Backend, n[slot]*len(ports))
+		for i := range out {
+			out[i][slot] = buf[i*n[slot] : i*n[slot] : (i+1)*n[slot]]
+		}
+	}
+	targets := make([]uint16, len(ports)) // target port per ServicePort in the current slice
+	for _, s := range endpointSlices {
+		slot, ok := sliceSlot(s)
+		if !ok || !fams[slot] || len(s.Endpoints) == 0 || !ownSlice(svc, s) || !sliceTargets(s, ports, targets) {
+			continue
+		}
+		for i := range s.Endpoints {
+			e := &s.Endpoints[i]
+			if len(e.Addresses) == 0 || (local && !onNode(e, nodeName)) {
+				continue
+			}
+			var weight int
+			switch c := e.Conditions; {
+			case c.Ready == nil || *c.Ready:
+				weight = 1
+			case c.Terminating != nil && *c.Terminating:
+				weight = 0 // drain
+			default:
+				continue
+			}
+			addr, err := netip.ParseAddr(e.Addresses[0])
+			if err != nil || addr.Zone() != "" || addr.IsUnspecified() {
+				continue
+			}
+			if addr = addr.Unmap(); famSlot(addr) != slot {
+				continue
+			}
+			for j, tp := range targets {
+				if tp != 0 {
+					out[j][slot] = append(out[j][slot], ipvs.Backend{Addr: addr, Port: tp, Weight: weight})
+				}
+			}
+		}
+	}
+	for i := range out {
+		for slot := range out[i] {
+			if bs := sortBackends(out[i][slot]); len(bs) > 0 {
+				out[i][slot] = bs
+			} else {
+				out[i][slot] = nil
+			}
+		}
+	}
+	return out
+}
+
+func onNode(e *discoveryv1.Endpoint, nodeName string) bool {
+	return e.NodeName != nil && *e.NodeName == nodeName
+}
+
+// sliceSlot returns the family slot of an IPv4 or IPv6 EndpointSlice.
+func sliceSlot(s *discoveryv1.EndpointSlice) (int, bool) {
+	if s == nil {
+		return 0, false
+	}
+	switch s.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+		return 0, true
+	case discoveryv1.AddressTypeIPv6:
+		return 1, true
+	}
+	return 0, false
+}
+
+// sliceTargets sets targets[i] to the port of s named like ports[i] with
+// its protocol, or 0, and reports whether any is set.
+func sliceTargets(s *discoveryv1.EndpointSlice, ports []dataplanePort, targets []uint16) bool {
+	found := false
+	for i, p := range ports {
+		targets[i] = 0
+		for _, sp := range s.Ports {
+			if sp.Port == nil || *sp.Port < 1 || *sp.Port > 65535 {
+				continue
+			}
+			var name, proto string
+			if sp.Name != nil {
+				name = *sp.Name
+			}
+			if sp.Protocol != nil {
+				proto = string(*sp.Protocol)
+			}
+			if name != p.name {
+				continue
+			}
+			if pr, err := ipvs.ParseProtocol(proto); err != nil || pr != p.proto {
+				continue
+			}
+			targets[i] = uint16(*sp.Port)
+			found = true
+			break
+		}
+	}
+	return found
+}
+
+// sortBackends sorts bs by address and port and removes duplicates, the
+// highest weight (ready) winning.
+func sortBackends(bs []ipvs.Backend) []ipvs.Backend {
+	if len(bs) < 2 {
+		return bs
+	}
+	slices.SortFunc(bs, func(a, b ipvs.Backend) int {
+		return cmp.Or(a.AddrPort().Compare(b.AddrPort()), cmp.Compare(b.Weight, a.Weight))
+	})
+	return slices.CompactFunc(bs, func(a, b ipvs.Backend) bool { return a.AddrPort() == b.AddrPort() })
+}

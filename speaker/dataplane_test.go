@@ -1,0 +1,696 @@
+package speaker
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/ipvs"
+)
+
+// dpView is the view of the dataplane tests: an IPv4 and an IPv6 pool, and
+// a pool whose nodeSelector does not select the test node (Disabled).
+func dpView(t testing.TB, node Node) *View {
+	t.Helper()
+	pools := []*v1alpha1.IPPool{
+		mkPool("p4", 0, "192.0.2.0/24"),
+		mkPool("p6", 0, "2001:db8::/64"),
+		withBGP(mkPool("zoneb", 0, "203.0.113.0/25"), v1alpha1.IPPoolBGP{
+			NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}}),
+	}
+	view, errs := Compile(pools, nil, node)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	return view
+}
+
+// dpSvc returns a Cluster-policy LoadBalancer Service "s" with the given
+// ingress IPs and one port, http 80/TCP.
+func dpSvc(ips ...string) *v1.Service {
+	s := mkSvc("s", ips...)
+	s.Spec.Ports = []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}
+	return s
+}
+
+func withPorts(s *v1.Service, ports ...v1.ServicePort) *v1.Service {
+	s.Spec.Ports = ports
+	return s
+}
+
+func sport(name string, port int32, proto v1.Protocol) v1.ServicePort {
+	return v1.ServicePort{Name: name, Port: port, Protocol: proto}
+}
+
+// eport is an EndpointSlice port; proto "" leaves the protocol unset (TCP).
+func eport(name string, port int32, proto v1.Protocol) discoveryv1.EndpointPort {
+	p := discoveryv1.EndpointPort{Name: ptr.To(name), Port: ptr.To(port)}
+	if proto != "" {
+		p.Protocol = ptr.To(proto)
+	}
+	return p
+}
+
+// dpEP is an endpoint: its address, node ("" leaves nodeName unset) and
+// conditions (nil: unset).
+type dpEP struct {
+	addr        string
+	node        string
+	ready, term *bool
+}
+
+func readyEP(addr, node string) dpEP { return dpEP{addr: addr, node: node, ready: yes} }
+func termEP(addr, node string) dpEP  { return dpEP{addr: addr, node: node, ready: no, term: yes} }
+
+// dpSlice returns an EndpointSlice of Service s with the given ports and
+// endpoints.
+func dpSlice(fam discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps ...dpEP) *discoveryv1.EndpointSlice {
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: "s-x", Labels: map[string]string{discoveryv1.LabelServiceName: "s"}},
+		AddressType: fam,
+		Ports:       ports,
+	}
+	for _, e := range eps {
+		sl.Endpoints = append(sl.Endpoints, e.endpoint())
+	}
+	return sl
+}
+
+func (e dpEP) endpoint() discoveryv1.Endpoint {
+	ep := discoveryv1.Endpoint{
+		Addresses:  []string{e.addr},
+		Conditions: discoveryv1.EndpointConditions{Ready: e.ready, Terminating: e.term},
+	}
+	if e.node != "" {
+		ep.NodeName = ptr.To(e.node)
+	}
+	return ep
+}
+
+func ports(ps ...discoveryv1.EndpointPort) []discoveryv1.EndpointPort { return ps }
+
+// httpPorts is the usual slice port: http -> 8080/TCP.
+var httpPorts = ports(eport("http", 8080, ""))
+
+// vs returns the virtual server VIP:port/proto of a Cluster Service with
+// the default scheduler and no affinity.
+func vs(vip string, port uint16, proto ipvs.Protocol, bs ...ipvs.Backend) ipvs.Service {
+	return ipvs.Service{VIP: netip.MustParseAddr(vip), Port: port, Protocol: proto, SNAT: true, Backends: bs}
+}
+
+func be(addr string, port uint16, w int) ipvs.Backend {
+	return ipvs.Backend{Addr: netip.MustParseAddr(addr), Port: port, Weight: w}
+}
+
+func with(s ipvs.Service, f func(*ipvs.Service)) ipvs.Service {
+	f(&s)
+	return s
+}
+
+func noSNAT(s *ipvs.Service) { s.SNAT = false }
+
+func TestServiceDataplane(t *testing.T) {
+	tests := []struct {
+		name     string
+		svc      *v1.Service
+		slices   []*discoveryv1.EndpointSlice
+		node     func(*Node)
+		want     []ipvs.Service
+		problems []string // substrings, one per problem
+	}{
+		// Ours or not.
+		{name: "not LoadBalancer", svc: func() *v1.Service {
+			s := dpSvc("192.0.2.10")
+			s.Spec.Type = v1.ServiceTypeNodePort
+			return s
+		}(), slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))}},
+		{name: "loadBalancerClass", svc: func() *v1.Service {
+			s := dpSvc("192.0.2.10")
+			s.Spec.LoadBalancerClass = ptr.To("other.io/lb")
+			return s
+		}(), slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))}},
+		{name: "no VIP yet", svc: dpSvc(),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))}},
+		{name: "hostname and garbage ingress skipped", svc: func() *v1.Service {
+			s := dpSvc("192.0.2.10")
+			s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress,
+				v1.LoadBalancerIngress{Hostname: "lb.example"}, v1.LoadBalancerIngress{IP: "nope"})
+			return s
+		}(), want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP)}},
+
+		// Pools.
+		{name: "VIP outside every pool", svc: dpSvc("198.51.100.1"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))}},
+		{name: "one VIP of two outside every pool", svc: dpSvc("198.51.100.1", "192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))},
+			want:   []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}},
+		{name: "pool not announced from this node still programmed", svc: dpSvc("203.0.113.5"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n2"))},
+			want:   []ipvs.Service{vs("203.0.113.5", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}},
+		{name: "node excluded still programmed", svc: dpSvc("192.0.2.10"),
+			node:   func(n *Node) { n.Excluded = true },
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n2"))},
+			want:   []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}},
+		{name: "node cordoned still programmed", svc: local(dpSvc("192.0.2.10")),
+			node:   func(n *Node) { n.Cordoned = true },
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))},
+			want:   []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1)), noSNAT)}},
+
+		// Ports and protocols.
+		{name: "one virtual server per port and protocol, sorted",
+			svc: withPorts(dpSvc("192.0.2.10"),
+				sport("http", 80, v1.ProtocolTCP), sport("dns-tcp", 53, v1.ProtocolTCP),
+				sport("dns", 53, v1.ProtocolUDP), sport("sctp", 9000, v1.ProtocolSCTP), sport("dflt", 81, "")),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, ports(
+				eport("dns", 5353, v1.ProtocolUDP), eport("dns-tcp", 5353, v1.ProtocolTCP),
+				eport("http", 8080, v1.ProtocolTCP), eport("sctp", 9999, v1.ProtocolSCTP), eport("dflt", 8081, "")),
+				readyEP("10.244.0.1", "n2"))},
+			want: []ipvs.Service{
+				vs("192.0.2.10", 53, ipvs.TCP, be("10.244.0.1", 5353, 1)),
+				vs("192.0.2.10", 53, ipvs.UDP, be("10.244.0.1", 5353, 1)),
+				vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1)),
+				vs("192.0.2.10", 81, ipvs.TCP, be("10.244.0.1", 8081, 1)),
+				vs("192.0.2.10", 9000, ipvs.SCTP, be("10.244.0.1", 9999, 1)),
+			}},
+		{name: "same name, other protocol: no match",
+			svc: withPorts(dpSvc("192.0.2.10"), sport("dns", 53, v1.ProtocolUDP)),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, ports(eport("dns", 5353, v1.ProtocolTCP)),
+				readyEP("10.244.0.1", "n2"))},
+			want: []ipvs.Service{vs("192.0.2.10", 53, ipvs.UDP)}},
+		{name: "named port: slice port of another name gives no backend",
+			svc: dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, ports(eport("web", 8080, ""), eport("", 8081, "")),
+				readyEP("10.244.0.1", "n2"))},
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP)}},
+		{name: "unnamed port matches the unnamed slice port",
+			svc: withPorts(dpSvc("192.0.2.10"), sport("", 80, v1.ProtocolTCP)),
+			slices: []*discoveryv1.EndpointSlice{
+				dpSlice(v4, ports(eport("http", 9090, "")), readyEP("10.244.0.9", "n2")),
+				dpSlice(v4, []discoveryv1.EndpointPort{{Port: ptr.To[int32](8080)}}, readyEP("10.244.0.1", "n2")),
+			},
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}},
+		{name: "slice port without a port number is skipped",
+			svc: dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, []discoveryv1.EndpointPort{{Name: ptr.To("http")}},
+				readyEP("10.244.0.1", "n2"))},
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP)}},
+		{name: "bad ServicePorts reported and skipped, duplicates merged",
+			svc: withPorts(dpSvc("192.0.2.10"),
+				sport("http", 80, v1.ProtocolTCP), sport("icmp", 7, "ICMP"), sport("zero", 0, v1.ProtocolTCP),
+				sport("http-again", 80, v1.ProtocolTCP)),
+			slices:   []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n2"))},
+			want:     []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))},
+			problems: []string{`spec.ports[1]: unknown protocol "ICMP"`, "spec.ports[2]: port 0 is out of range"}},
+		{name: "no usable port", svc: withPorts(dpSvc("192.0.2.10"), sport("icmp", 7, "ICMP")),
+			problems: []string{"spec.ports[0]"}},
+
+		// Families.
+		{name: "dual-stack: each VIP gets its family's endpoints, VIPs sorted",
+			svc: dpSvc("2001:db8::10", "192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{
+				dpSlice(v6, httpPorts, readyEP("fd44::1", "n2"), readyEP("10.244.0.7", "n2")), // wrong family inside
+				dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n2"), readyEP("fd44::7", "n2"), readyEP("::ffff:10.244.0.2", "n2")),
+				dpSlice(discoveryv1.AddressTypeFQDN, httpPorts, readyEP("backend.example", "n2")),
+			},
+			want: []ipvs.Service{
+				vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1)),
+				vs("2001:db8::10", 80, ipvs.TCP, be("fd44::1", 8080, 1)),
+			}},
+		{name: "IPv4-only Service ignores IPv6 slices",
+			svc: dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{
+				dpSlice(v6, httpPorts, readyEP("fd44::1", "n2")),
+			},
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP)}},
+		{name: "slices of another Service or namespace ignored",
+			svc: dpSvc("192.0.2.10"),
+			slices: func() []*discoveryv1.EndpointSlice {
+				other := dpSlice(v4, httpPorts, readyEP("10.244.0.8", "n2"))
+				other.Labels[discoveryv1.LabelServiceName] = "other"
+				ns := dpSlice(v4, httpPorts, readyEP("10.244.0.9", "n2"))
+				ns.Namespace = "kube-system"
+				unlabelled := dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n2"))
+				unlabelled.Labels = nil
+				return []*discoveryv1.EndpointSlice{other, nil, ns, unlabelled}
+			}(),
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}},
+
+		// Traffic policy.
+		{name: "Cluster: every node's endpoints, SNAT",
+			svc: dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts,
+				readyEP("10.244.0.3", "n3"), readyEP("10.244.0.1", "n1"), readyEP("10.244.0.2", ""))},
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP,
+				be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1), be("10.244.0.3", 8080, 1))}},
+		{name: "Local: this node's endpoints only, no SNAT",
+			svc: local(dpSvc("192.0.2.10")),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts,
+				readyEP("10.244.0.3", "n3"), readyEP("10.244.0.1", "n1"), readyEP("10.244.0.2", ""), termEP("10.244.0.4", "n1"))},
+			want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP,
+				be("10.244.0.1", 8080, 1), be("10.244.0.4", 8080, 0)), noSNAT)}},
+		{name: "Local without endpoint here: empty virtual server",
+			svc:    local(dpSvc("192.0.2.10")),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.3", "n3"))},
+			want:   []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), noSNAT)}},
+
+		// Conditions.
+		{name: "ready unset or true: weight 1; false: left out; terminating: weight 0",
+			svc: dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts,
+				dpEP{addr: "10.244.0.1", node: "n2"},                        // ready unset
+				dpEP{addr: "10.244.0.2", node: "n2", ready: yes, term: no},  // ready
+				dpEP{addr: "10.244.0.3", node: "n2", ready: no},             // not ready
+				dpEP{addr: "10.244.0.4", node: "n2", ready: no, term: no},   // not ready
+				termEP("10.244.0.5", "n2"),                                  // draining
+				dpEP{addr: "10.244.0.6", node: "n2", ready: yes, term: yes}, // ready wins
+			)},
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP,
+				be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1), be("10.244.0.5", 8080, 0), be("10.244.0.6", 8080, 1))}},
+		{name: "endpoint without address or with a bad one skipped",
+			svc: dpSvc("192.0.2.10"),
+			slices: func() []*discoveryv1.EndpointSlice {
+				s := dpSlice(v4, httpPorts, readyEP("bogus", "n2"), readyEP("0.0.0.0", "n2"), readyEP("10.244.0.1", "n2"))
+				s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{})
+				return []*discoveryv1.EndpointSlice{s}
+			}(),
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}},
+		{name: "only the first address of an endpoint",
+			svc: dpSvc("192.0.2.10"),
+			slices: func() []*discoveryv1.EndpointSlice {
+				s := dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n2"))
+				s.Endpoints[0].Addresses = append(s.Endpoints[0].Addresses, "10.244.0.99")
+				return []*discoveryv1.EndpointSlice{s}
+			}(),
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}},
+		{name: "dedupe across slices: ready wins over terminating",
+			svc: dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{
+				dpSlice(v4, httpPorts, termEP("10.244.0.1", "n2"), readyEP("10.244.0.2", "n2")),
+				dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n2"), readyEP("10.244.0.2", "n2"), termEP("10.244.0.3", "n2")),
+				dpSlice(v4, httpPorts, termEP("10.244.0.3", "n2")),
+				dpSlice(v4, ports(eport("http", 9090, "")), readyEP("10.244.0.1", "n2")), // other port: another backend
+			},
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP,
+				be("10.244.0.1", 8080, 1), be("10.244.0.1", 9090, 1), be("10.244.0.2", 8080, 1), be("10.244.0.3", 8080, 0))}},
+		{name: "no endpoints: virtual servers without backends",
+			svc:  withPorts(dpSvc("192.0.2.10", "2001:db8::10"), sport("http", 80, v1.ProtocolTCP), sport("dns", 53, v1.ProtocolUDP)),
+			want: []ipvs.Service{vs("192.0.2.10", 53, ipvs.UDP), vs("192.0.2.10", 80, ipvs.TCP), vs("2001:db8::10", 53, ipvs.UDP), vs("2001:db8::10", 80, ipvs.TCP)}},
+
+		// Scheduler.
+		{name: "scheduler annotation empty: default", svc: withAnnotation(dpSvc("192.0.2.10"), AnnotationScheduler, "  "),
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP)}},
+		{name: "scheduler annotation wlc", svc: withAnnotation(dpSvc("192.0.2.10"), AnnotationScheduler, " wlc"),
+			want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), func(s *ipvs.Service) { s.Scheduler = "wlc" })}},
+		{name: "scheduler annotation mh: default flags", svc: withAnnotation(dpSvc("192.0.2.10"), AnnotationScheduler, "mh"),
+			want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), func(s *ipvs.Service) {
+				s.Scheduler, s.Flags = "mh", ipvs.DefaultSchedulerFlags
+			})}},
+		{name: "scheduler annotation invalid: default kept, reported",
+			svc:      withAnnotation(dpSvc("192.0.2.10"), AnnotationScheduler, "fastest"),
+			slices:   []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n2"))},
+			want:     []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))},
+			problems: []string{`annotation vipcast.io/scheduler: unknown IPVS scheduler "fastest" (allowed: rr, wrr, lc, wlc`}},
+
+		// Session affinity.
+		{name: "ClientIP affinity without timeout: 10800", svc: func() *v1.Service {
+			s := dpSvc("192.0.2.10")
+			s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+			return s
+		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), func(s *ipvs.Service) { s.Persistent = 10800 })}},
+		{name: "ClientIP affinity with timeout", svc: func() *v1.Service {
+			s := dpSvc("192.0.2.10")
+			s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+			s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](600)}}
+			return s
+		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), func(s *ipvs.Service) { s.Persistent = 600 })}},
+		{name: "affinity None ignores a config", svc: func() *v1.Service {
+			s := dpSvc("192.0.2.10")
+			s.Spec.SessionAffinity = v1.ServiceAffinityNone
+			s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](600)}}
+			return s
+		}(), want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP)}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			node := testNode()
+			if tc.node != nil {
+				tc.node(&node)
+			}
+			got, problems := ServiceDataplane(tc.svc, tc.slices, dpView(t, node))
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("services:\n got %v\nwant %v", got, tc.want)
+			}
+			if len(problems) != len(tc.problems) {
+				t.Fatalf("problems = %q, want %d matching %q", problems, len(tc.problems), tc.problems)
+			}
+			for i, want := range tc.problems {
+				if !strings.Contains(problems[i], want) {
+					t.Errorf("problem %d = %q, want it to contain %q", i, problems[i], want)
+				}
+			}
+			for _, s := range got {
+				if err := s.Validate(); err != nil {
+					t.Errorf("invalid virtual server: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func withAnnotation(s *v1.Service, k, v string) *v1.Service {
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[k] = v
+	return s
+}
+
+func TestServiceDataplaneNilView(t *testing.T) {
+	got, problems := ServiceDataplane(dpSvc("192.0.2.10"), nil, nil)
+	if got != nil || problems != nil {
+		t.Errorf("nil view: got %v, %q; want nothing", got, problems)
+	}
+}
+
+// Two VIPs of one family get equal but separate Backends slices.
+func TestServiceDataplaneBackendsNotShared(t *testing.T) {
+	got, _ := ServiceDataplane(dpSvc("192.0.2.10", "192.0.2.11"),
+		[]*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n2"))}, dpView(t, testNode()))
+	if len(got) != 2 || !reflect.DeepEqual(got[0].Backends, got[1].Backends) {
+		t.Fatalf("got %v", got)
+	}
+	got[0].Backends[0].Weight = 7
+	if got[1].Backends[0].Weight != 1 {
+		t.Error("the two virtual servers share their Backends")
+	}
+}
+
+// The output is already in the form the ipvs package normalizes to.
+func TestServiceDataplaneNormalized(t *testing.T) {
+	got, _ := ServiceDataplane(withAnnotation(dpSvc("192.0.2.10"), AnnotationScheduler, "mh"),
+		[]*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.2", "n2"), termEP("10.244.0.1", "n2"))},
+		dpView(t, testNode()))
+	for _, s := range got {
+		if n := s.Normalize(); !reflect.DeepEqual(n, s) {
+			t.Errorf("not normalized:\n got %v\nnorm %v", s, n)
+		}
+	}
+	// The default scheduler ("") normalizes to the same virtual server as
+	// an explicit mh.
+	def, _ := ServiceDataplane(dpSvc("192.0.2.10"),
+		[]*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.2", "n2"), termEP("10.244.0.1", "n2"))},
+		dpView(t, testNode()))
+	if !reflect.DeepEqual(def[0].Normalize(), got[0]) {
+		t.Errorf("default %v != mh %v", def[0].Normalize(), got[0])
+	}
+}
+
+// Fuzzing universe: VIPs (the last outside every pool), ServicePorts,
+// EndpointSlice ports and endpoint addresses (of both families, mapped,
+// and garbage), so that inputs collide often.
+var (
+	fuzzVIPs      = []string{"192.0.2.1", "192.0.2.2", "2001:db8::1", "2001:db8::2", "::ffff:192.0.2.3", "198.51.100.1"}
+	fuzzSvcPorts  = []v1.ServicePort{sport("http", 80, v1.ProtocolTCP), sport("dns", 53, v1.ProtocolUDP), sport("", 53, v1.ProtocolTCP), sport("x", 80, "")}
+	fuzzEndPorts  = []discoveryv1.EndpointPort{eport("http", 8080, ""), eport("dns", 5353, v1.ProtocolUDP), eport("", 53, ""), eport("x", 81, v1.ProtocolTCP), eport("dns", 5300, v1.ProtocolTCP), {Name: ptr.To("http")}}
+	fuzzAddrs     = []string{"10.244.0.1", "10.244.0.2", "fd44::1", "fd44::2", "::ffff:10.244.0.3", "bogus", "fe80::1%eth0", "10.244.0.1"}
+	fuzzFams      = []discoveryv1.AddressType{v4, v6, discoveryv1.AddressTypeFQDN, v4}
+	fuzzNodes     = []string{"", "n1", "n2", "n1"}
+	fuzzConds     = []*bool{nil, yes, no, no}
+	fuzzAnnotated = []string{"", "rr", "bad", "mh"}
+)
+
+// FuzzServiceDataplane builds a Service and EndpointSlices from random
+// bytes and checks that ServiceDataplane never panics, and that its output
+// is sorted, deduplicated, of valid virtual servers whose backends are of
+// the VIP's family, and equal to a naive model of the rules.
+func FuzzServiceDataplane(f *testing.F) {
+	f.Add([]byte{0x3f, 0x0f, 0x00, 0x02, 0x00, 0x3f, 0x12, 0x34, 0x56})
+	f.Add([]byte{0x81, 0xff, 0xc5, 0x01, 0x1b, 0x3f, 0xff, 0x00, 0x4d, 0x01, 0x2c, 0x05, 0xaa})
+	f.Add([]byte{0x07, 0x03, 0x40, 0x03, 0x00, 0x3f, 0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07})
+	view := dpView(f, testNode())
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := &fuzzBytes{data: data}
+		svc, eps := fuzzInput(r)
+		got, _ := ServiceDataplane(svc, eps, view)
+
+		for i, s := range got {
+			if i > 0 && compareKeys(got[i-1].Key(), s.Key()) >= 0 {
+				t.Fatalf("not sorted or duplicated: %v then %v", got[i-1].Key(), s.Key())
+			}
+			if err := s.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			for j, b := range s.Backends {
+				if b.Addr.Is4() != s.VIP.Is4() || b.Addr.Is4In6() {
+					t.Fatalf("%v: backend %v of another family", s.Key(), b)
+				}
+				if b.Weight != 0 && b.Weight != 1 {
+					t.Fatalf("%v: backend %v weight", s.Key(), b)
+				}
+				if j > 0 && s.Backends[j-1].AddrPort().Compare(b.AddrPort()) >= 0 {
+					t.Fatalf("%v: backends not sorted or duplicated: %v", s.Key(), s.Backends)
+				}
+			}
+		}
+		if want := naiveDataplane(svc, eps, view); !reflect.DeepEqual(asMap(got), want) {
+			t.Fatalf("got %v\nwant %v", asMap(got), want)
+		}
+	})
+}
+
+type fuzzBytes struct{ data []byte }
+
+func (r *fuzzBytes) next() byte {
+	if len(r.data) == 0 {
+		return 0
+	}
+	b := r.data[0]
+	r.data = r.data[1:]
+	return b
+}
+
+// fuzzInput reads a Service (VIP mask, port mask, policy/affinity/scheduler
+// byte) and then slices (family/port-mask byte, endpoint count, then two
+// bytes per endpoint) until the data runs out.
+func fuzzInput(r *fuzzBytes) (*v1.Service, []*discoveryv1.EndpointSlice) {
+	vipMask, portMask, opts := r.next(), r.next(), r.next()
+	var ips []string
+	for i, ip := range fuzzVIPs {
+		if vipMask&(1<<i) != 0 {
+			ips = append(ips, ip)
+		}
+	}
+	if vipMask&0x80 != 0 {
+		slices.Reverse(ips)
+	}
+	svc := mkSvc("s", ips...)
+	for i, p := range fuzzSvcPorts {
+		if portMask&(1<<i) != 0 {
+			svc.Spec.Ports = append(svc.Spec.Ports, p)
+		}
+	}
+	if portMask&0x80 != 0 {
+		slices.Reverse(svc.Spec.Ports)
+	}
+	if opts&1 != 0 {
+		local(svc)
+	}
+	if opts&2 != 0 {
+		svc.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+	}
+	withAnnotation(svc, AnnotationScheduler, fuzzAnnotated[opts>>2&3])
+
+	var eps []*discoveryv1.EndpointSlice
+	for len(r.data) > 0 {
+		head, n := r.next(), int(r.next()%6)
+		var ps []discoveryv1.EndpointPort
+		for i, p := range fuzzEndPorts {
+			if head>>2&(1<<i) != 0 {
+				ps = append(ps, p)
+			}
+		}
+		sl := dpSlice(fuzzFams[head&3], ps)
+		for range n {
+			a, c := r.next(), r.next()
+			e := dpEP{addr: fuzzAddrs[a&7], node: fuzzNodes[a>>3&3], ready: fuzzConds[c&3], term: fuzzConds[c>>2&3]}
+			sl.Endpoints = append(sl.Endpoints, e.endpoint())
+		}
+		eps = append(eps, sl)
+	}
+	return svc, eps
+}
+
+func compareKeys(a, b ipvs.Key) int {
+	return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
+}
+
+type modelService struct {
+	sched      string
+	flags      uint32
+	persistent uint32
+	snat       bool
+	backends   map[netip.AddrPort]int
+}
+
+func asMap(ss []ipvs.Service) map[ipvs.Key]modelService {
+	m := map[ipvs.Key]modelService{}
+	for _, s := range ss {
+		ms := modelService{s.Scheduler, s.Flags, s.Persistent, s.SNAT, map[netip.AddrPort]int{}}
+		for _, b := range s.Backends {
+			ms.backends[b.AddrPort()] = b.Weight
+		}
+		m[s.Key()] = ms
+	}
+	return m
+}
+
+// naiveDataplane is the rules written the slow, obvious way.
+func naiveDataplane(svc *v1.Service, eps []*discoveryv1.EndpointSlice, view *View) map[ipvs.Key]modelService {
+	m := map[ipvs.Key]modelService{}
+	var sched string
+	var flags uint32
+	switch a := svc.Annotations[AnnotationScheduler]; a {
+	case "rr":
+		sched = "rr"
+	case "mh":
+		sched, flags = "mh", ipvs.DefaultSchedulerFlags
+	}
+	var persistent uint32
+	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		persistent = 10800
+	}
+	isLocal := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		vip := netip.MustParseAddr(ing.IP).Unmap()
+		if view.PoolFor(vip) == nil {
+			continue
+		}
+		for _, sp := range svc.Spec.Ports {
+			proto, _ := ipvs.ParseProtocol(string(sp.Protocol))
+			key := ipvs.Key{VIP: vip, Port: uint16(sp.Port), Protocol: proto}
+			if _, dup := m[key]; dup {
+				continue
+			}
+			ms := modelService{sched, flags, persistent, !isLocal, map[netip.AddrPort]int{}}
+			m[key] = ms
+			for _, sl := range eps {
+				if (sl.AddressType == v4) != vip.Is4() || sl.AddressType == discoveryv1.AddressTypeFQDN {
+					continue
+				}
+				var target int32
+				for _, p := range sl.Ports {
+					var pp v1.Protocol
+					if p.Protocol != nil {
+						pp = *p.Protocol
+					}
+					if pproto, _ := ipvs.ParseProtocol(string(pp)); *p.Name == sp.Name && pproto == proto && p.Port != nil {
+						target = *p.Port
+						break
+					}
+				}
+				if target == 0 {
+					continue
+				}
+				for _, e := range sl.Endpoints {
+					if isLocal && (e.NodeName == nil || *e.NodeName != "n1") {
+						continue
+					}
+					a, err := netip.ParseAddr(e.Addresses[0])
+					if err != nil || a.Zone() != "" || a.Unmap().Is4() != vip.Is4() {
+						continue
+					}
+					ap := netip.AddrPortFrom(a.Unmap(), uint16(target))
+					ready := e.Conditions.Ready == nil || *e.Conditions.Ready
+					term := e.Conditions.Terminating != nil && *e.Conditions.Terminating
+					switch {
+					case ready:
+						ms.backends[ap] = 1
+					case term:
+						if _, seen := ms.backends[ap]; !seen {
+							ms.backends[ap] = 0
+						}
+					}
+				}
+			}
+		}
+	}
+	return m
+}
+
+// BenchmarkServiceDataplane measures ServiceDataplane for 10,000 Services
+// of 10 endpoints each (8 ready on 5 nodes, 1 terminating, 1 not ready),
+// two ports (http 80, https 443). ns/op is per Service.
+//
+//   - Cluster, Local: one IPv4 VIP and one IPv4 EndpointSlice;
+//   - DualStack: an IPv4 and an IPv6 VIP, an EndpointSlice of 10 per
+//     family.
+func BenchmarkServiceDataplane(b *testing.B) {
+	view := dpView(b, testNode())
+	for _, bc := range []struct {
+		name        string
+		local, dual bool
+	}{{"Cluster", false, false}, {"Local", true, false}, {"DualStack", false, true}} {
+		svcs, eps := dpBenchFixture(bc.local, bc.dual)
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			backends := 0
+			n := 0
+			for b.Loop() {
+				i := n % len(svcs)
+				n++
+				got, _ := ServiceDataplane(svcs[i], eps[i], view)
+				for _, s := range got {
+					backends += len(s.Backends)
+				}
+			}
+			b.ReportMetric(float64(backends)/float64(n), "backends/op")
+		})
+	}
+}
+
+func dpBenchFixture(localPolicy, dual bool) (svcs []*v1.Service, eps [][]*discoveryv1.EndpointSlice) {
+	const services, endpoints = 10000, 10
+	ps := ports(eport("http", 8080, ""), eport("https", 8443, ""))
+	for i := range services {
+		ips := []string{netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}).String()}
+		if dual {
+			ips = append(ips, netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 14: byte(i >> 8), 15: byte(i)}).String())
+		}
+		s := withPorts(mkSvc("s", ips...), sport("http", 80, v1.ProtocolTCP), sport("https", 443, v1.ProtocolTCP))
+		if localPolicy {
+			local(s)
+		}
+		var e4, e6 []dpEP
+		for j := range endpoints {
+			node := fmt.Sprintf("n%d", j%5+1)
+			c := dpEP{node: node, ready: yes}
+			switch j {
+			case 8:
+				c = dpEP{node: node, ready: no, term: yes}
+			case 9:
+				c = dpEP{node: node, ready: no}
+			}
+			c.addr = netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), byte(j + 1)}).String()
+			e4 = append(e4, c)
+			c.addr = netip.AddrFrom16([16]byte{0xfd, 0x44, 12: byte(i >> 8), 13: byte(i), 15: byte(j + 1)}).String()
+			e6 = append(e6, c)
+		}
+		sl := []*discoveryv1.EndpointSlice{dpSlice(v4, ps, e4...)}
+		if dual {
+			sl = append(sl, dpSlice(v6, ps, e6...))
+		}
+		svcs = append(svcs, s)
+		eps = append(eps, sl)
+	}
+	return svcs, eps
+}
