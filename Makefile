@@ -78,12 +78,14 @@ test: verify tools routers ## everything: unit, control-plane and routing tiers
 fuzz: ## run the allocator fuzzer for a while (FUZZTIME=60s)
 	$(GO) test -run '^$$' -fuzz FuzzAllocator -fuzztime $${FUZZTIME:-60s} ./ipam/
 
-bench: tools routers ## print the ipam, CCM and speaker benchmarks (figures and ratios)
+bench: tools routers ## print the ipam, CCM, speaker and dataplane benchmarks (figures and ratios)
 	@mkdir -p _output
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ ./speaker/ | tee _output/bench-ipam.txt
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
 	$(GO) test -count=1 -timeout 10m -run '^$$' -bench BenchmarkAnnounce10k -benchtime 3x ./bgp/ 2>&1 | tee _output/bench-bgp.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkSpeakerAnnounce -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-speaker.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
+	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkDiff' -benchmem ./ipvs/ | tee _output/bench-ipvs-diff.txt
+	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkKernelDataplane -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-ipvs.txt | grep -E '^Benchmark|^ok|FAIL'
 
 lab: ## the end-to-end lab (comes with the end-to-end issue)
 	@echo "make lab is not there yet: it arrives with the end-to-end issue (Helm chart, speakers, ToR)."; exit 1
