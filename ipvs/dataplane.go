@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -222,7 +223,17 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 		return Plan{}, err
 	}
 	p := Diff(desired, actual)
-	p.DelSNAT = append(p.DelSNAT, orphans...)
+	for _, k := range orphans {
+		if s, ok := desired.Services[k]; ok && s.SNAT {
+			// The element outlived its virtual server (deleted by hand),
+			// which comes back wanting it: keep it, or the recreated
+			// virtual server would forward unmasqueraded connections
+			// until the next Sync.
+			p.AddSNAT = slices.DeleteFunc(p.AddSNAT, func(x Key) bool { return x == k })
+			continue
+		}
+		p.DelSNAT = append(p.DelSNAT, k)
+	}
 	d.cache, d.stale = actual, false
 	return p, d.apply(p)
 }

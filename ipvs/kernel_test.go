@@ -2,9 +2,13 @@ package ipvs
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -137,9 +141,13 @@ func testSpreadRemoveDrain(t *testing.T) {
 	syncOK(t, d, NewState())
 }
 
-// testRestart: a second Dataplane on the same kernel (a restarted speaker)
-// syncing the same desired state changes nothing, and an established
-// connection survives.
+// testRestart: a restarted speaker is a new process on the same kernel.
+// The test binary is run again (TestHelperDataplaneSync, a separate
+// process inside the VM) with the same desired state: its fresh Dataplane
+// reads the kernel and its Sync changes nothing, the kernel table is
+// unchanged, an established connection survives and still exchanges data,
+// and this process's Dataplane (the "old" speaker) still sees nothing to
+// change, incrementally or with a full read.
 func testRestart(t *testing.T) {
 	cl := newClient(t)
 	b1, b2 := newBackend(t, "r1", true), newBackend(t, "r2", true)
@@ -147,12 +155,10 @@ func testRestart(t *testing.T) {
 	vip := netip.AddrPortFrom(ip("192.0.2.20"), 443)
 	desired.Add(Service{VIP: vip.Addr(), Port: vip.Port(), Protocol: TCP, Backends: append(backends(1, b1), backends(0, b2)...)})
 	desired.Add(Service{VIP: vip.Addr(), Port: 8443, Protocol: TCP, Scheduler: "rr", Persistent: 600, Backends: backends(3, b1, b2)})
+	desired.Add(Service{VIP: ip("192.0.2.21"), Port: 80, Protocol: TCP, SNAT: true, Backends: backends(1, b1)})
 	desired.Add(Service{VIP: ip("2001:db8::20"), Port: 443, Protocol: TCP, Scheduler: "wlc", Backends: []Backend{{Addr: b1.v6(), Port: backendPort, Weight: 2}}})
 
-	d1, err := New(Options{LinkName: "vipcast-b"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d1 := newDataplane(t, "vipcast-b")
 	if p := syncOK(t, d1, desired); p.Empty() {
 		t.Fatal("first Sync changed nothing")
 	}
@@ -161,21 +167,145 @@ func testRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
-	d1.Close()
-
-	d2 := newDataplane(t, "vipcast-b")
-	if p := syncOK(t, d2, desired); !p.Empty() {
-		t.Errorf("Sync after restart: %v %+v, want no changes", p, p)
+	if ans, err := held.ask("before"); err != nil || ans != "r1 before" {
+		t.Fatalf("established connection before the restart: %q, %v", ans, err)
 	}
+	before, err := d1.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	res := runSyncHelper(t, "vipcast-b", desired)
+	if res.Services != len(desired.Services) {
+		t.Fatalf("the helper synced %d virtual servers, want %d", res.Services, len(desired.Services))
+	}
+	if res.Len != 0 || !res.Plan.Empty() {
+		t.Errorf("Sync in a new process: %d changes (%s) %+v, want none", res.Len, res.String, res.Plan)
+	}
+	if after, err := d1.Read(); err != nil {
+		t.Fatal(err)
+	} else if !reflect.DeepEqual(after, before) {
+		t.Errorf("kernel changed by the restarted reconciler:\n%+v\n%+v", before, after)
+	}
+	if ans, err := held.ask("after restart"); err != nil || ans != "r1 after restart" {
+		t.Errorf("established connection after the restart: %q, %v", ans, err)
+	}
+	// The parent's own reconciler: nothing to do, incrementally (from its
+	// in-memory state) or with a kernel read.
 	for _, s := range desired.Services {
-		if p, err := d2.SyncService(s.Key(), &s); err != nil || !p.Empty() {
-			t.Errorf("SyncService(%s) after restart: %v, %v", s.Key(), p, err)
+		if p, err := d1.SyncService(s.Key(), &s); err != nil || !p.Empty() {
+			t.Errorf("SyncService(%s) after the restart: %v, %v", s.Key(), p, err)
 		}
 	}
-	if ans, err := held.ask("ping"); err != nil || ans != "r1 ping" {
-		t.Errorf("established connection after restart: %q, %v", ans, err)
+	if p := syncOK(t, d1, desired); !p.Empty() {
+		t.Errorf("Sync after the restart: %v %+v, want no changes", p, p)
 	}
-	syncOK(t, d2, NewState())
+	if ans, err := held.ask("ping"); err != nil || ans != "r1 ping" {
+		t.Errorf("established connection at the end: %q, %v", ans, err)
+	}
+	syncOK(t, d1, NewState())
+}
+
+// envSyncHelper names the directory through which TestHelperDataplaneSync
+// talks to its parent: it reads desired.json (a syncRequest) and writes
+// result.json (a syncResult).
+const envSyncHelper = "VIPCAST_TEST_SYNC_HELPER"
+
+type syncRequest struct {
+	Link     string
+	Services []Service
+	VIPs     []netip.Addr
+}
+
+type syncResult struct {
+	PID, PPID int
+	Services  int // virtual servers in the desired state
+	Len       int
+	String    string
+	Plan      Plan
+	Error     string
+}
+
+// runSyncHelper runs Sync of desired on link in a new process (this test
+// binary, TestHelperDataplaneSync) and returns what it did.
+func runSyncHelper(t *testing.T, link string, desired State) syncResult {
+	t.Helper()
+	dir := t.TempDir()
+	req := syncRequest{Link: link}
+	for _, k := range desired.keys() {
+		req.Services = append(req.Services, desired.Services[k])
+	}
+	for a := range desired.VIPs {
+		req.VIPs = append(req.VIPs, a)
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, os.WriteFile(filepath.Join(dir, "desired.json"), b, 0o644))
+	start := time.Now()
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestHelperDataplaneSync$", "-test.v", "-test.count=1", "-test.timeout", "60s")
+	cmd.Env = append(os.Environ(), envSyncHelper+"="+dir)
+	out, err := cmd.CombinedOutput()
+	t.Logf("helper process (%s):\n%s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatalf("helper process: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: TestHelperDataplaneSync") {
+		t.Fatal("helper process did not pass")
+	}
+	b, err = os.ReadFile(filepath.Join(dir, "result.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res syncResult
+	must(t, json.Unmarshal(b, &res))
+	if res.Error != "" {
+		t.Fatalf("helper process: %s", res.Error)
+	}
+	if res.PID == os.Getpid() || res.PPID != os.Getpid() {
+		t.Fatalf("helper ran as pid %d (parent %d), want a child of %d", res.PID, res.PPID, os.Getpid())
+	}
+	return res
+}
+
+// TestHelperDataplaneSync is not a test: runSyncHelper runs it in a child
+// process (a restarted speaker). It opens a new Dataplane on the link of
+// the request, runs one Sync and reports the plan.
+func TestHelperDataplaneSync(t *testing.T) {
+	dir := os.Getenv(envSyncHelper)
+	if dir == "" {
+		t.Skip("helper process for TestKernel/Restart")
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "desired.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req syncRequest
+	must(t, json.Unmarshal(b, &req))
+	desired := NewState()
+	for _, s := range req.Services {
+		desired.Add(s)
+	}
+	for _, a := range req.VIPs {
+		desired.AddVIP(a)
+	}
+	res := syncResult{PID: os.Getpid(), PPID: os.Getppid(), Services: len(desired.Services)}
+	d, err := New(Options{LinkName: req.Link})
+	if err == nil {
+		res.Plan, err = d.Sync(desired)
+		d.Close()
+	}
+	if err != nil {
+		res.Error = err.Error()
+	}
+	res.Len, res.String = res.Plan.Len(), res.Plan.String()
+	fmt.Printf("helper pid %d: Sync of %d virtual servers on %s: %d changes (%s)\n", res.PID, res.Services, req.Link, res.Len, res.String)
+	b, err = json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, os.WriteFile(filepath.Join(dir, "result.json"), b, 0o644))
 }
 
 // testDriftAndForeign: a virtual server deleted by hand and a weight

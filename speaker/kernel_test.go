@@ -1,0 +1,559 @@
+package speaker
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	libipvs "github.com/moby/ipvs"
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/ipvs"
+	"github.com/vipcast/vipcast/test/vm"
+)
+
+// recordingKernel is the real dataplane with a record of the plans the
+// controller had it apply.
+type recordingKernel struct {
+	dp *ipvs.Dataplane
+	mu sync.Mutex
+	// calls are Sync (full) and SyncService calls, in order.
+	calls []kernelCall
+}
+
+type kernelCall struct {
+	full bool
+	key  ipvs.Key // SyncService
+	del  bool     // SyncService(key, nil)
+	plan ipvs.Plan
+	err  error
+}
+
+func (c kernelCall) String() string {
+	switch {
+	case c.full:
+		return fmt.Sprintf("Sync: %v (err %v)", c.plan, c.err)
+	case c.del:
+		return fmt.Sprintf("SyncService(%s, nil): %v (err %v)", c.key, c.plan, c.err)
+	}
+	return fmt.Sprintf("SyncService(%s): %v (err %v)", c.key, c.plan, c.err)
+}
+
+func (r *recordingKernel) Sync(desired ipvs.State) (ipvs.Plan, error) {
+	p, err := r.dp.Sync(desired)
+	r.mu.Lock()
+	r.calls = append(r.calls, kernelCall{full: true, plan: p, err: err})
+	r.mu.Unlock()
+	return p, err
+}
+
+func (r *recordingKernel) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error) {
+	p, err := r.dp.SyncService(key, desired)
+	r.mu.Lock()
+	r.calls = append(r.calls, kernelCall{key: key, del: desired == nil, plan: p, err: err})
+	r.mu.Unlock()
+	return p, err
+}
+
+// since returns the calls from index i on, and the current count.
+func (r *recordingKernel) since(i int) ([]kernelCall, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls[i:]), len(r.calls)
+}
+
+func (r *recordingKernel) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.calls)
+}
+
+func (r *recordingKernel) fullSyncs() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.calls {
+		if c.full {
+			n++
+		}
+	}
+	return n
+}
+
+// planKeys returns the virtual servers a plan touches and the VIPs it binds
+// or unbinds.
+func planKeys(p ipvs.Plan) (keys map[ipvs.Key]bool, vips []netip.Addr) {
+	keys = map[ipvs.Key]bool{}
+	for _, k := range slices.Concat(p.AddSNAT, p.DelSNAT, p.DelServices) {
+		keys[k] = true
+	}
+	for _, s := range slices.Concat(p.AddServices, p.UpdateServices) {
+		keys[s.Key()] = true
+	}
+	for _, c := range slices.Concat(p.AddBackends, p.UpdateBackends, p.DelBackends) {
+		keys[c.Key] = true
+	}
+	return keys, slices.Concat(p.AddVIPs, p.DelVIPs)
+}
+
+// TestControllerKernel runs a real Controller (fake API server, fake BGP)
+// with the real ipvs.Dataplane in the VM's kernel and checks the kernel
+// table it produces: the start-up state, an EndpointSlice update of one
+// Service, drift repair by the periodic resync next to a foreign virtual
+// server, and Service deletion. One VM boot.
+func TestControllerKernel(t *testing.T) {
+	if !vm.InVM() {
+		vm.RunTest(t, vm.Options{Timeout: 4 * time.Minute})
+		return
+	}
+	const link = "vipcast-k"
+	const resync = time.Second
+	addr := netip.MustParseAddr
+
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
+	svc := func(name string, ports []v1.ServicePort, vips ...string) *v1.Service {
+		s := &v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+			Spec:       v1.ServiceSpec{Type: v1.ServiceTypeLoadBalancer, Ports: ports},
+		}
+		for _, ip := range vips {
+			s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
+		}
+		return s
+	}
+	type kep struct {
+		addr, node string
+		ready      bool
+		term       bool
+	}
+	slice := func(svc, name string, fam discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps ...kep) *discoveryv1.EndpointSlice {
+		s := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+			AddressType: fam,
+			Ports:       ports,
+		}
+		for _, e := range eps {
+			s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.addr}, NodeName: ptr.To(e.node),
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(e.ready), Terminating: ptr.To(e.term)}})
+		}
+		return s
+	}
+	eport := func(name string, port int32, proto v1.Protocol) discoveryv1.EndpointPort {
+		return discoveryv1.EndpointPort{Name: ptr.To(name), Port: ptr.To(port), Protocol: ptr.To(proto)}
+	}
+	tcp := func(port int32) []v1.ServicePort { return []v1.ServicePort{{Port: port, Protocol: v1.ProtocolTCP}} }
+	tcpSlicePort := func(port int32) []discoveryv1.EndpointPort {
+		return []discoveryv1.EndpointPort{eport("", port, v1.ProtocolTCP)}
+	}
+
+	// a: Cluster, two ports (TCP and UDP, named), two ready endpoints.
+	svcA := svc("a", []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}, {Name: "dns", Port: 53, Protocol: v1.ProtocolUDP}}, "10.100.0.1")
+	aPorts := []discoveryv1.EndpointPort{eport("http", 8080, v1.ProtocolTCP), eport("dns", 5353, v1.ProtocolUDP)}
+	sliceA := slice("a", "a-1", discoveryv1.AddressTypeIPv4, aPorts,
+		kep{"10.244.1.1", "n1", true, false}, kep{"10.244.1.2", "n2", true, false})
+	// b: Local, scheduler rr: this node's ready and terminating endpoints only.
+	svcB := svc("b", tcp(443), "10.100.0.2")
+	svcB.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	svcB.Annotations = map[string]string{AnnotationScheduler: "rr"}
+	sliceB := slice("b", "b-1", discoveryv1.AddressTypeIPv4, tcpSlicePort(8443),
+		kep{"10.244.2.1", "n1", true, false}, kep{"10.244.2.2", "n2", true, false}, kep{"10.244.2.3", "n1", false, true})
+	// c: Cluster, dual-stack, client affinity.
+	svcC := svc("c", tcp(8080), "10.100.0.3", "fd00:100::3")
+	svcC.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+	svcC.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](600)}}
+	sliceC4 := slice("c", "c-4", discoveryv1.AddressTypeIPv4, tcpSlicePort(80), kep{"10.244.3.1", "n2", true, false})
+	sliceC6 := slice("c", "c-6", discoveryv1.AddressTypeIPv6, tcpSlicePort(80), kep{"fd00:244::3:1", "n2", true, false})
+	// d and e share a VIP.
+	svcD, svcE := svc("d", tcp(80), "10.100.0.4"), svc("e", tcp(81), "10.100.0.4")
+	sliceD := slice("d", "d-1", discoveryv1.AddressTypeIPv4, tcpSlicePort(8080), kep{"10.244.4.1", "n2", true, false})
+	sliceE := slice("e", "e-1", discoveryv1.AddressTypeIPv4, tcpSlicePort(8081), kep{"10.244.4.2", "n2", true, false})
+
+	client := fake.NewClientset(node, svcA, sliceA, svcB, sliceB, svcC, sliceC4, sliceC6, svcD, sliceD, svcE, sliceE)
+	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
+		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: []string{"10.100.0.0/24", "fd00:100::/120"}}}
+	scheme := runtime.NewScheme()
+	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
+		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
+	}, pool)
+
+	dp, err := ipvs.New(ipvs.Options{LinkName: link})
+	if err != nil {
+		t.Fatalf("ipvs.New: %v", err)
+	}
+	// Closed once: a second Close would close file descriptors that may
+	// have been reused by then.
+	closeDP := sync.OnceValue(dp.Close)
+	defer closeDP()
+	rec := &recordingKernel{dp: dp}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+		Resync: time.Hour, Dataplane: rec, DataplaneResync: resync})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { _ = c.Run(ctx); close(done) }()
+	stop := func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("Controller.Run did not return after its context ended")
+		}
+	}
+	defer stop()
+
+	// The expected kernel table, written out by hand.
+	rs := func(a string, port uint16, w int) ipvs.Backend {
+		return ipvs.Backend{Addr: addr(a), Port: port, Weight: w}
+	}
+	mh := func(s ipvs.Service) ipvs.Service {
+		s.Scheduler, s.Flags = ipvs.DefaultScheduler, ipvs.DefaultSchedulerFlags
+		return s
+	}
+	want := map[ipvs.Key]ipvs.Service{}
+	put := func(s ipvs.Service) { want[s.Key()] = s.Normalize() }
+	aTCP := ipvs.Key{VIP: addr("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}
+	aUDP := ipvs.Key{VIP: addr("10.100.0.1"), Port: 53, Protocol: ipvs.UDP}
+	bKey := ipvs.Key{VIP: addr("10.100.0.2"), Port: 443, Protocol: ipvs.TCP}
+	c4 := ipvs.Key{VIP: addr("10.100.0.3"), Port: 8080, Protocol: ipvs.TCP}
+	c6 := ipvs.Key{VIP: addr("fd00:100::3"), Port: 8080, Protocol: ipvs.TCP}
+	dKey := ipvs.Key{VIP: addr("10.100.0.4"), Port: 80, Protocol: ipvs.TCP}
+	eKey := ipvs.Key{VIP: addr("10.100.0.4"), Port: 81, Protocol: ipvs.TCP}
+	put(mh(ipvs.Service{VIP: aTCP.VIP, Port: 80, Protocol: ipvs.TCP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.1.1", 8080, 1), rs("10.244.1.2", 8080, 1)}}))
+	put(mh(ipvs.Service{VIP: aUDP.VIP, Port: 53, Protocol: ipvs.UDP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.1.1", 5353, 1), rs("10.244.1.2", 5353, 1)}}))
+	put(ipvs.Service{VIP: bKey.VIP, Port: 443, Protocol: ipvs.TCP, Scheduler: "rr", Backends: []ipvs.Backend{rs("10.244.2.1", 8443, 1), rs("10.244.2.3", 8443, 0)}})
+	put(mh(ipvs.Service{VIP: c4.VIP, Port: 8080, Protocol: ipvs.TCP, SNAT: true, Persistent: 600, Backends: []ipvs.Backend{rs("10.244.3.1", 80, 1)}}))
+	put(mh(ipvs.Service{VIP: c6.VIP, Port: 8080, Protocol: ipvs.TCP, SNAT: true, Persistent: 600, Backends: []ipvs.Backend{rs("fd00:244::3:1", 80, 1)}}))
+	put(mh(ipvs.Service{VIP: dKey.VIP, Port: 80, Protocol: ipvs.TCP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.4.1", 8080, 1)}}))
+	put(mh(ipvs.Service{VIP: eKey.VIP, Port: 81, Protocol: ipvs.TCP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.4.2", 8081, 1)}}))
+	wantVIPs := map[netip.Addr]struct{}{}
+	for k := range want {
+		wantVIPs[k.VIP] = struct{}{}
+	}
+
+	// foreign are virtual servers vipcast does not own (created by hand
+	// below); the kernel holds them next to want.
+	foreign := map[ipvs.Key]ipvs.Service{}
+	read := func() ipvs.State {
+		t.Helper()
+		st, err := dp.Read()
+		if err != nil {
+			t.Fatalf("Read: %v", err)
+		}
+		return st
+	}
+	matches := func(st ipvs.State) bool {
+		all := maps.Clone(want)
+		maps.Copy(all, foreign)
+		return reflect.DeepEqual(st.Services, all) && reflect.DeepEqual(st.VIPs, wantVIPs)
+	}
+	describe := func(st ipvs.State) string {
+		var b strings.Builder
+		all := maps.Clone(want)
+		maps.Copy(all, foreign)
+		keys := slices.Collect(maps.Keys(st.Services))
+		for k := range all {
+			if _, ok := st.Services[k]; !ok {
+				keys = append(keys, k)
+			}
+		}
+		slices.SortFunc(keys, func(x, y ipvs.Key) int { return strings.Compare(x.String(), y.String()) })
+		for _, k := range keys {
+			got, ok := st.Services[k]
+			w, wok := all[k]
+			switch {
+			case !ok:
+				fmt.Fprintf(&b, "\n  missing %s: want %+v", k, w)
+			case !wok:
+				fmt.Fprintf(&b, "\n  extra   %s: %+v", k, got)
+			case !reflect.DeepEqual(got, w):
+				fmt.Fprintf(&b, "\n  differs %s:\n    got  %+v\n    want %+v", k, got, w)
+			}
+		}
+		fmt.Fprintf(&b, "\n  VIPs on %s: %v, want %v", link, sortedAddrs(st.VIPs), sortedAddrs(wantVIPs))
+		return b.String()
+	}
+	waitKernel := func(what string, within time.Duration) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for {
+			st := read()
+			if matches(st) {
+				return time.Since(start)
+			}
+			if time.Since(start) > within {
+				calls, _ := rec.since(0)
+				t.Fatalf("%s: the kernel does not match after %s:%s\ncontroller's dataplane calls: %v", what, within, describe(st), calls)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// quiet checks that every call from index i on changed nothing or
+	// only the virtual servers in keys, and no VIP.
+	quiet := func(what string, i int, vipsOK bool, keys ...ipvs.Key) int {
+		t.Helper()
+		calls, n := rec.since(i)
+		for _, call := range calls {
+			if call.err != nil {
+				t.Errorf("%s: %v", what, call)
+			}
+			touched, vips := planKeys(call.plan)
+			for k := range touched {
+				if !slices.Contains(keys, k) {
+					t.Errorf("%s: %v touches %s", what, call, k)
+				}
+			}
+			if len(vips) > 0 && !vipsOK {
+				t.Errorf("%s: %v binds or unbinds VIPs %v", what, call, vips)
+			}
+		}
+		return n
+	}
+
+	// a) Start-up: exactly the Services' virtual servers and real servers,
+	// programmed by the start-up Sync.
+	start := time.Now()
+	for !c.HasSynced() {
+		if time.Since(start) > 30*time.Second {
+			t.Fatal("the controller did not sync")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("controller synced after %s", time.Since(start).Round(time.Millisecond))
+	st := read()
+	if !matches(st) {
+		t.Fatalf("a) kernel after start-up:%s", describe(st))
+	}
+	nSNAT, nRS := 0, 0
+	for _, s := range want {
+		if s.SNAT {
+			nSNAT++
+		}
+		nRS += len(s.Backends)
+	}
+	calls, n := rec.since(0)
+	if len(calls) == 0 || !calls[0].full || calls[0].plan.Len() != len(wantVIPs)+nSNAT+len(want)+nRS {
+		t.Fatalf("a) the first dataplane call is %v, want the start-up Sync: %d VIPs, %d SNAT, %d virtual servers, %d real servers",
+			calls, len(wantVIPs), nSNAT, len(want), nRS)
+	}
+	t.Logf("a) start-up: %v", calls[0])
+	for _, call := range calls[1:] {
+		if !call.plan.Empty() || call.err != nil {
+			t.Errorf("a) after the start-up Sync: %v", call)
+		}
+	}
+	for _, k := range []ipvs.Key{aTCP, aUDP, c4, c6, dKey, eKey} {
+		if s := st.Services[k]; s.Scheduler != "mh" || !s.SNAT {
+			t.Errorf("a) %s: scheduler %q, SNAT %v; want mh with SNAT (Cluster)", k, s.Scheduler, s.SNAT)
+		}
+	}
+	if s := st.Services[bKey]; s.Scheduler != "rr" || s.SNAT {
+		t.Errorf("a) %s: scheduler %q, SNAT %v; want rr without SNAT (Local)", bKey, s.Scheduler, s.SNAT)
+	}
+
+	// b) An EndpointSlice update of Service a: only a's real servers
+	// change; 10.244.1.1 terminates (weight 0), 10.244.1.3 arrives.
+	others := func(st ipvs.State) map[ipvs.Key]ipvs.Service {
+		m := maps.Clone(st.Services)
+		delete(m, aTCP)
+		delete(m, aUDP)
+		return m
+	}
+	before := others(st)
+	sliceA = slice("a", "a-1", discoveryv1.AddressTypeIPv4, aPorts,
+		kep{"10.244.1.1", "n1", false, true}, kep{"10.244.1.2", "n2", true, false}, kep{"10.244.1.3", "n2", true, false})
+	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, sliceA, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	put(mh(ipvs.Service{VIP: aTCP.VIP, Port: 80, Protocol: ipvs.TCP, SNAT: true,
+		Backends: []ipvs.Backend{rs("10.244.1.1", 8080, 0), rs("10.244.1.2", 8080, 1), rs("10.244.1.3", 8080, 1)}}))
+	put(mh(ipvs.Service{VIP: aUDP.VIP, Port: 53, Protocol: ipvs.UDP, SNAT: true,
+		Backends: []ipvs.Backend{rs("10.244.1.1", 5353, 0), rs("10.244.1.2", 5353, 1), rs("10.244.1.3", 5353, 1)}}))
+	took := waitKernel("b) EndpointSlice update of a", 10*time.Second)
+	t.Logf("b) a's real servers updated in the kernel after %s", took.Round(time.Millisecond))
+	if after := others(read()); !reflect.DeepEqual(after, before) {
+		t.Errorf("b) the other Services' virtual servers changed:\nbefore %+v\nafter  %+v", before, after)
+	}
+	time.Sleep(resync + resync/2) // and a periodic resync finds nothing to do
+	calls, _ = rec.since(n)
+	t.Logf("b) dataplane calls: %v", calls)
+	n = quiet("b) EndpointSlice update of a", n, false, aTCP, aUDP)
+
+	// c) Drift: a virtual server of b (Local) and one of a (Cluster, with
+	// source NAT) deleted by hand come back within the resync period; a
+	// foreign virtual server (a VIP not on the link, one outside the pools
+	// and one inside) is left alone.
+	h, err := libipvs.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for _, f := range []struct {
+		vip  string
+		port uint16
+	}{{"198.51.100.7", 80}, {"10.100.0.99", 80}} {
+		ks := &libipvs.Service{Address: net.ParseIP(f.vip), Protocol: unix.IPPROTO_TCP, Port: f.port,
+			AddressFamily: unix.AF_INET, SchedName: "rr", Netmask: 0xffffffff}
+		if err := h.NewService(ks); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.NewDestination(ks, &libipvs.Destination{Address: net.ParseIP("10.244.9.9"), Port: 80, Weight: 5,
+			ConnectionFlags: libipvs.ConnectionFlagMasq, AddressFamily: unix.AF_INET}); err != nil {
+			t.Fatal(err)
+		}
+		s := ipvs.Service{VIP: addr(f.vip), Port: f.port, Protocol: ipvs.TCP, Scheduler: "rr", Backends: []ipvs.Backend{rs("10.244.9.9", 80, 5)}}
+		foreign[s.Key()] = s.Normalize()
+	}
+	if st := read(); !matches(st) {
+		t.Fatalf("c) with the foreign virtual servers:%s", describe(st))
+	}
+	n = rec.count()
+	for _, k := range []ipvs.Key{bKey, aTCP} {
+		ks := &libipvs.Service{Address: k.VIP.AsSlice(), Protocol: uint16(k.Protocol), Port: k.Port, AddressFamily: unix.AF_INET, Netmask: 0xffffffff}
+		if err := h.DelService(ks); err != nil {
+			t.Fatalf("delete %s by hand: %v", k, err)
+		}
+	}
+	deleted := time.Now()
+	for {
+		st := read()
+		_, okB := st.Services[bKey]
+		_, okA := st.Services[aTCP]
+		if okA && okB {
+			t.Logf("c) the virtual servers deleted by hand are back after %s: %v, %v", time.Since(deleted).Round(time.Millisecond),
+				st.Services[bKey], st.Services[aTCP])
+			if !st.Services[aTCP].SNAT {
+				t.Errorf("c) %s is back without its source NAT element (a Sync dropped the element that outlived it)", aTCP)
+			}
+			break
+		}
+		if time.Since(deleted) > 3*resync {
+			t.Fatalf("c) the virtual servers deleted by hand are not back within %s:%s", 3*resync, describe(st))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	took = waitKernel("c) drift repaired", 5*resync)
+	t.Logf("c) kernel table complete again %s later", took.Round(time.Millisecond))
+	// Two more resyncs with the foreign virtual servers around.
+	for full := rec.fullSyncs(); rec.fullSyncs() < full+2; {
+		if time.Since(deleted) > 10*resync {
+			t.Fatal("c) no periodic resync")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := read(); !matches(st) {
+		t.Errorf("c) kernel after two more resyncs:%s", describe(st))
+	}
+	calls, _ = rec.since(n)
+	t.Logf("c) dataplane calls: %v", calls)
+	n = quiet("c) drift", n, false, aTCP, bKey)
+	for _, k := range []ipvs.Key{aTCP, bKey} {
+		var repaired bool
+		for _, call := range calls {
+			if keys, _ := planKeys(call.plan); call.full && keys[k] {
+				repaired = true
+			}
+		}
+		if !repaired {
+			t.Errorf("c) no periodic Sync repaired %s", k)
+		}
+	}
+
+	// d) Deleting Services: c's two virtual servers go and both its VIPs
+	// are unbound; d's goes, but its VIP stays for e.
+	for _, name := range []string{"c", "d"} {
+		if err := client.CoreV1().Services("ns").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []ipvs.Key{c4, c6, dKey} {
+		delete(want, k)
+	}
+	delete(wantVIPs, c4.VIP)
+	delete(wantVIPs, c6.VIP)
+	took = waitKernel("d) Services c and d deleted", 10*time.Second)
+	t.Logf("d) Services c and d removed from the kernel after %s", took.Round(time.Millisecond))
+	time.Sleep(resync + resync/2)
+	if st := read(); !matches(st) {
+		t.Errorf("d) kernel after a resync:%s", describe(st))
+	}
+	calls, _ = rec.since(n)
+	t.Logf("d) dataplane calls: %v", calls)
+	quiet("d) Services deleted", n, true, c4, c6, dKey)
+	var unbound []netip.Addr
+	for _, call := range calls {
+		unbound = append(unbound, call.plan.DelVIPs...)
+	}
+	slices.SortFunc(unbound, netip.Addr.Compare)
+	if want := []netip.Addr{c4.VIP, c6.VIP}; !slices.Equal(unbound, want) {
+		t.Errorf("d) unbound VIPs %v, want %v", unbound, want)
+	}
+
+	// e) A restarted speaker (a new Controller and a new Dataplane on the
+	// same kernel) takes the table over without a single change: what
+	// ServiceDataplane computes is what the kernel reports.
+	stop()
+	closeDP()
+	dp2, err := ipvs.New(ipvs.Options{LinkName: link})
+	if err != nil {
+		t.Fatalf("ipvs.New after the restart: %v", err)
+	}
+	defer dp2.Close()
+	dp = dp2 // read() reads through it from now on
+	rec2 := &recordingKernel{dp: dp2}
+	c2, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+		Resync: time.Hour, Dataplane: rec2, DataplaneResync: resync})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	done2 := make(chan struct{})
+	go func() { _ = c2.Run(ctx2); close(done2) }()
+	defer func() { cancel2(); <-done2 }()
+	start = time.Now()
+	for rec2.fullSyncs() < 2 {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("e) the restarted controller did not resync")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	calls, _ = rec2.since(0)
+	t.Logf("e) restarted controller's dataplane calls: %v", calls)
+	for _, call := range calls {
+		if !call.plan.Empty() || call.err != nil {
+			t.Errorf("e) after the restart: %v, want no change", call)
+		}
+	}
+	if st := read(); !matches(st) {
+		t.Errorf("e) kernel after the restart:%s", describe(st))
+	}
+}
+
+func sortedAddrs(m map[netip.Addr]struct{}) []netip.Addr {
+	return slices.SortedFunc(maps.Keys(m), netip.Addr.Compare)
+}
