@@ -32,22 +32,25 @@ const DefaultScheduler = "mh"
 // port, fall back when the hashed real server is unavailable.
 const DefaultSchedulerFlags = FlagMHPort | FlagMHFallback
 
-// Schedulers are the IPVS schedulers of the Linux kernel (net/netfilter/ipvs,
-// ip_vs_<name>.ko): round robin, weighted round robin, least connection,
-// weighted least connection, locality-based least connection (with
-// replication), destination hashing, source hashing, shortest expected
-// delay, never queue, weighted failover, weighted overflow, Maglev hashing,
-// weighted random twos choice.
-var Schedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos"}
+// Schedulers returns the IPVS schedulers of the Linux kernel
+// (net/netfilter/ipvs, ip_vs_<name>.ko): round robin, weighted round robin,
+// least connection, weighted least connection, locality-based least
+// connection (with replication), destination hashing, source hashing,
+// shortest expected delay, never queue, weighted failover, weighted
+// overflow, Maglev hashing, weighted random twos choice.
+func Schedulers() []string {
+	return []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos"}
+}
 
 // ValidScheduler reports an error unless name is an IPVS scheduler of the
 // kernel. The error names the annotation, the value and the allowed values.
 func ValidScheduler(name string) error {
-	if slices.Contains(Schedulers, name) {
+	all := Schedulers()
+	if slices.Contains(all, name) {
 		return nil
 	}
 	return fmt.Errorf("annotation %s: unknown IPVS scheduler %q (allowed: %s)",
-		SchedulerAnnotation, name, strings.Join(Schedulers, ", "))
+		SchedulerAnnotation, name, strings.Join(all, ", "))
 }
 
 // ParseScheduler turns the value of the vipcast.io/scheduler annotation into

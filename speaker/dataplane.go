@@ -14,7 +14,7 @@ import (
 )
 
 // AnnotationScheduler, on a Service, picks the IPVS scheduler of its
-// virtual servers (one of ipvs.Schedulers); unset or empty means
+// virtual servers (one of ipvs.Schedulers()); unset or empty means
 // ipvs.DefaultScheduler (mh with source-port hashing and fallback).
 const AnnotationScheduler = ipvs.SchedulerAnnotation
 
