@@ -265,8 +265,8 @@ func (c *Controller) HasSynced() bool {
 // ends. Routes are handed to BGP before any session is configured, so a
 // restarted speaker sends its routers the full set in its first updates
 // instead of an empty table followed by a storm of announcements.
-// Run returns once the queue has drained after ctx ends; Shutdown then
-// withdraws and stops BGP.
+// Run returns once ctx ends; the caller then withdraws (WithdrawAll) and
+// stops BGP.
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	c.events.StartStructuredLogging(3)
@@ -281,15 +281,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	logger.Info("Caches synced", "services", len(c.services.GetStore().ListKeys()), "node", c.opts.NodeName)
 
-	// The first config sync computes everything; drop the Service keys the
-	// informers queued meanwhile, they are covered.
+	// The first sync computes everything; the Service keys the informers
+	// queued meanwhile are processed afterwards and find nothing to change.
 	if err := c.syncConfig(ctx, true); err != nil {
 		logger.Error(err, "Initial sync failed; retrying")
 		c.queue.AddRateLimited(keyResync)
 	}
-	c.mu.Lock()
-	c.synced = true
-	c.mu.Unlock()
 
 	go func() {
 		config := time.NewTicker(c.opts.Resync)
@@ -386,9 +383,17 @@ func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 	}
 	c.view = view
 
+	// Until a first full sync has succeeded every sync is a full one.
+	full = full || !c.HasSynced()
 	var dpErr error
 	if full {
 		dpErr = c.resyncDataplane(ctx)
+		if dpErr != nil && !c.HasSynced() {
+			// Announcing VIPs this node cannot forward would black-hole
+			// their traffic: no routes and no sessions until the
+			// dataplane works.
+			return dpErr
+		}
 	}
 	var announce []bgp.Route
 	var withdraw []netip.Prefix
@@ -438,6 +443,9 @@ func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 	if err := c.opts.BGP.SetPeers(ctx, bgpPeers); err != nil {
 		return fmt.Errorf("configuring BGP peers: %w", err)
 	}
+	c.mu.Lock()
+	c.synced = true // the first table is in BGP and the sessions are configured
+	c.mu.Unlock()
 	c.opts.Metrics.observeSync("config", start)
 	logger.V(2).Info("Configuration synced", "peers", len(bgpPeers), "routes", c.table.Len(),
 		"announced", len(announce), "withdrawn", len(withdraw), "duration", time.Since(start))
@@ -446,8 +454,8 @@ func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 
 // syncService recomputes one Service's routes.
 func (c *Controller) syncService(ctx context.Context, key string) error {
-	if c.view == nil {
-		return nil // the first config sync has not run; it covers this key
+	if c.view == nil || !c.HasSynced() {
+		return nil // the first full sync has not succeeded; it covers this key
 	}
 	start := time.Now()
 	var a []bgp.Route

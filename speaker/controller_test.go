@@ -145,7 +145,8 @@ func testSlice(svc string) *discoveryv1.EndpointSlice {
 
 // recordingDataplane records what the controller asks of the dataplane.
 type recordingDataplane struct {
-	mu      sync.Mutex
+	mu        sync.Mutex
+	failSyncs int // Sync fails this many times first
 	syncs   []ipvs.State
 	service []ipvs.Key // SyncService calls, in order
 	deletes []ipvs.Key // SyncService calls with nil
@@ -154,6 +155,10 @@ type recordingDataplane struct {
 func (d *recordingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.failSyncs > 0 {
+		d.failSyncs--
+		return ipvs.Plan{}, errors.New("injected dataplane failure")
+	}
 	d.syncs = append(d.syncs, desired.Clone())
 	return ipvs.Plan{}, nil
 }
@@ -264,5 +269,51 @@ func TestControllerProgramsDataplane(t *testing.T) {
 	dp.mu.Unlock()
 	if len(last.Services) != 3 {
 		t.Errorf("resync with %d virtual servers, want 3", len(last.Services))
+	}
+}
+
+// TestControllerAnnouncesOnlyOnceTheDataplaneWorks checks that a speaker
+// whose dataplane fails at start-up announces nothing and is not ready
+// until the dataplane has been programmed: routes to a node that cannot
+// forward would black-hole traffic.
+func TestControllerAnnouncesOnlyOnceTheDataplaneWorks(t *testing.T) {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
+	client := fake.NewClientset(node, testLBService("a", "10.100.0.1"), testSlice("a"))
+	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
+		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: []string{"10.100.0.0/24"}}}
+	scheme := runtime.NewScheme()
+	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
+		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
+	}, pool)
+	dp := &recordingDataplane{failSyncs: 2}
+	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: engine,
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = c.Run(ctx) }()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		d := func() int { dp.mu.Lock(); defer dp.mu.Unlock(); return dp.failSyncs }()
+		routes := len(engine.prefixes())
+		if d > 0 && (routes > 0 || c.HasSynced()) {
+			t.Fatalf("with the dataplane failing: %d routes announced, ready %v; want none and not ready", routes, c.HasSynced())
+		}
+		if d == 0 && routes == 1 && c.HasSynced() {
+			return // programmed, then announced
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the dataplane recovered: %d routes, ready %v; want 1 and ready", routes, c.HasSynced())
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
