@@ -147,9 +147,9 @@ func testSlice(svc string) *discoveryv1.EndpointSlice {
 type recordingDataplane struct {
 	mu        sync.Mutex
 	failSyncs int // Sync fails this many times first
-	syncs   []ipvs.State
-	service []ipvs.Key // SyncService calls, in order
-	deletes []ipvs.Key // SyncService calls with nil
+	syncs     []ipvs.State
+	service   []ipvs.Key // SyncService calls, in order
+	deletes   []ipvs.Key // SyncService calls with nil
 }
 
 func (d *recordingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
