@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -68,8 +69,8 @@ type snat struct {
 }
 
 func newSNAT() (*snat, error) {
-	if err := os.WriteFile("/proc/sys/net/ipv4/vs/conntrack", []byte("1"), 0o644); err != nil {
-		return nil, fmt.Errorf("sysctl net.ipv4.vs.conntrack=1: %w", err)
+	if err := enableIPVSConntrack(); err != nil {
+		return nil, err
 	}
 	c, err := nftables.New()
 	if err != nil {
@@ -82,6 +83,23 @@ func newSNAT() (*snat, error) {
 		}
 	}
 	return n, nil
+}
+
+// ipvsConntrack is the sysctl that makes IPVS keep conntrack entries.
+const ipvsConntrack = "/proc/sys/net/ipv4/vs/conntrack"
+
+// enableIPVSConntrack sets net.ipv4.vs.conntrack=1 unless it already is:
+// when the node sets it (sysctl.d, or a privileged init container), the
+// speaker needs no write access to /proc/sys, which the kubelet mounts
+// read-only in unprivileged containers.
+func enableIPVSConntrack() error {
+	if v, err := os.ReadFile(ipvsConntrack); err == nil && strings.TrimSpace(string(v)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(ipvsConntrack, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("sysctl net.ipv4.vs.conntrack=1 (needed for Cluster SNAT; set it on the node or run the speaker privileged): %w", err)
+	}
+	return nil
 }
 
 func familyName(f nftables.TableFamily) string {

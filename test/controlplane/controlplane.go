@@ -131,6 +131,8 @@ func start(dir string, logf func(string, ...any)) (*ControlPlane, error) {
 		"--service-cluster-ip-range", "10.96.0.0/16,fd00:10:96::/112",
 		"--endpoint-reconciler-type", "none",
 		"--disable-admission-plugins", "ServiceAccount",
+		// The chart's speaker DaemonSet is privileged (IPVS sysctl).
+		"--allow-privileged=true",
 		// A test run creates thousands of objects quickly; the defaults
 		// (400/200 in flight) are for shared production servers.
 		"--max-requests-inflight", "1000",
