@@ -1,0 +1,90 @@
+{{/* Chart name. */}}
+{{- define "vipcast.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name prefix: <release>-<chart>, or the release name when it already contains the chart name. */}}
+{{- define "vipcast.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "vipcast.ccm.fullname" -}}
+{{- printf "%s-ccm" (include "vipcast.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "vipcast.speaker.fullname" -}}
+{{- printf "%s-speaker" (include "vipcast.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "vipcast.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "vipcast.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: pass (dict "ctx" $ "component" "ccm"). */}}
+{{- define "vipcast.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "vipcast.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "vipcast.componentLabels" -}}
+{{ include "vipcast.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Image reference: pass (dict "ctx" $ "image" .Values.ccm.image). */}}
+{{- define "vipcast.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{/*
+The convergence delay in whole seconds, rounded up. The schema allows only
+"<n>ms", "<n>s" or "<n>m", so this needs no duration parser.
+*/}}
+{{- define "vipcast.speaker.delaySeconds" -}}
+{{- $d := .Values.speaker.convergenceDelay -}}
+{{- if hasSuffix "ms" $d -}}
+{{- div (add (trimSuffix "ms" $d | atoi) 999) 1000 -}}
+{{- else if hasSuffix "m" $d -}}
+{{- mul (trimSuffix "m" $d | atoi) 60 -}}
+{{- else -}}
+{{- trimSuffix "s" $d | atoi -}}
+{{- end -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds of the speaker: explicit (checked) or delay + 35. */}}
+{{- define "vipcast.speaker.gracePeriod" -}}
+{{- $delay := include "vipcast.speaker.delaySeconds" . | atoi -}}
+{{- $grace := .Values.speaker.terminationGracePeriodSeconds -}}
+{{- if $grace -}}
+{{- if le (int $grace) (add $delay 5) -}}
+{{- fail (printf "speaker.terminationGracePeriodSeconds=%v is too short for speaker.convergenceDelay=%s: the kubelet would kill the speaker before it closes its BGP sessions; use at least %d, or leave it empty" $grace .Values.speaker.convergenceDelay (add $delay 6)) -}}
+{{- end -}}
+{{- int $grace -}}
+{{- else -}}
+{{- add $delay 35 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespaces where the speaker may read BGP password Secrets. */}}
+{{- define "vipcast.speaker.secretNamespaces" -}}
+{{- $ns := .Values.speaker.bgpPasswordSecrets.namespaces | default (list .Release.Namespace) -}}
+{{- toJson $ns -}}
+{{- end -}}

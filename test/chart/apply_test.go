@@ -1,0 +1,226 @@
+package chart
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/restmapper"
+
+	"github.com/vipcast/vipcast/test/controlplane"
+)
+
+// serviceMonitorCRD stands in for the Prometheus Operator's CRD, which is
+// not part of this repository: it only makes the API serve the kind, so the
+// chart's ServiceMonitors can be created (their content is not validated).
+func serviceMonitorCRD() *apiextensionsv1.CustomResourceDefinition {
+	preserve := true
+	return &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "servicemonitors.monitoring.coreos.com"},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: "monitoring.coreos.com",
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "servicemonitors", Singular: "servicemonitor", Kind: "ServiceMonitor", ListKind: "ServiceMonitorList"},
+			Scope: apiextensionsv1.NamespaceScoped,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+				Name: "v1", Served: true, Storage: true,
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+					Type: "object", XPreserveUnknownFields: &preserve,
+				}},
+			}},
+		},
+	}
+}
+
+func createCRD(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, crd *apiextensionsv1.CustomResourceDefinition) {
+	t.Helper()
+	crds := cp.APIExtensions.ApiextensionsV1().CustomResourceDefinitions()
+	if _, err := crds.Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating CRD %s: %v", crd.Name, err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := crds.Get(ctx, crd.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("CRD %s not established: %v", crd.Name, err)
+	}
+}
+
+// TestApplyToAPIServer renders the chart twice (defaults, and the full
+// example as a second release) and creates every object on a real
+// kube-apiserver, the CRDs first as Helm does. Every object must be
+// accepted; then the API server's own authorizer is asked what the
+// components' ServiceAccounts may do.
+func TestApplyToAPIServer(t *testing.T) {
+	cp := controlplane.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	def, err := Render(release, namespace, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := Render("full", "full-system", fullValues(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	installCRDs(ctx, t, cp, def)
+	createCRD(ctx, t, cp, serviceMonitorCRD())
+
+	// Helm creates objects in the release namespace, which must exist, and
+	// so must the namespaces the values name (Secrets' namespaces).
+	for _, ns := range []string{namespace, "full-system", "network"} {
+		if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("namespace %s: %v", ns, err)
+		}
+	}
+
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(cp.Client.Discovery()))
+	apply := func(t *testing.T, ns string, objs []*unstructured.Unstructured) {
+		applyObjects(ctx, t, cp, mapper, ns, objs)
+	}
+	t.Run("defaults", func(t *testing.T) { apply(t, namespace, def.Objects) })
+	t.Run("full example", func(t *testing.T) { apply(t, "full-system", full.Objects) })
+	if t.Failed() {
+		return
+	}
+
+	// The API server fills in the pools' defaults and keeps what the values said.
+	pool, err := cp.Dynamic.Resource(mustMapping(t, mapper, "vipcast.io", "IPPool").Resource).Get(ctx, "public", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("IPPool public: %v", err)
+	}
+	if addrs, _, _ := unstructured.NestedStringSlice(pool.Object, "spec", "addresses"); len(addrs) != 3 {
+		t.Errorf("IPPool public addresses %v", addrs)
+	}
+
+	// Ask the API server's RBAC authorizer what each ServiceAccount may do.
+	type check struct {
+		sa      string // ServiceAccount namespace/name
+		verb    string
+		group   string
+		res     string
+		sub     string
+		ns      string
+		name    string
+		allowed bool
+	}
+	speaker := namespace + "/vipcast-speaker"
+	ccm := namespace + "/vipcast-ccm"
+	fullSpeaker := "full-system/full-vipcast-speaker"
+	for _, c := range []check{
+		{speaker, "list", "", "services", "", "web", "", true},
+		{speaker, "watch", "discovery.k8s.io", "endpointslices", "", "web", "", true},
+		{speaker, "get", "", "nodes", "", "", "node-1", true},
+		{speaker, "watch", "vipcast.io", "bgppeers", "", "", "", true},
+		{speaker, "create", "", "events", "", "default", "", true},
+		{speaker, "get", "", "secrets", "", namespace, "tor-a-md5", true},
+		{speaker, "get", "", "secrets", "", "kube-system", "tor-a-md5", false},
+		{speaker, "list", "", "secrets", "", namespace, "", false},
+		{speaker, "patch", "", "services", "", "web", "", false},
+		{speaker, "update", "", "services", "status", "web", "", false},
+		{speaker, "update", "", "nodes", "", "", "node-1", false},
+		{speaker, "update", "vipcast.io", "ippools", "status", "", "public", false},
+		{fullSpeaker, "get", "", "secrets", "", "network", "tor-a-md5", true},
+		{fullSpeaker, "get", "", "secrets", "", "full-system", "tor-a-md5", false},
+		{ccm, "patch", "", "services", "status", "web", "svc", true},
+		{ccm, "patch", "", "services", "", "web", "svc", true},
+		{ccm, "update", "", "services", "", "web", "svc", false},
+		{ccm, "delete", "", "services", "", "web", "svc", false},
+		{ccm, "patch", "", "nodes", "status", "", "node-1", true},
+		{ccm, "update", "", "nodes", "", "", "node-1", true},
+		{ccm, "delete", "", "nodes", "", "", "node-1", false},
+		{ccm, "list", "", "namespaces", "", "", "", true},
+		{ccm, "update", "vipcast.io", "ippools", "status", "", "public", true},
+		{ccm, "update", "vipcast.io", "ippools", "", "", "public", false},
+		{ccm, "list", "vipcast.io", "bgppeers", "", "", "", false},
+		{ccm, "create", "coordination.k8s.io", "leases", "", "kube-system", "", true},
+		{ccm, "update", "coordination.k8s.io", "leases", "", "kube-system", "vipcast-ccm", true},
+		{ccm, "update", "coordination.k8s.io", "leases", "", "kube-system", "kube-controller-manager", false},
+		{ccm, "update", "coordination.k8s.io", "leases", "", namespace, "vipcast-ccm", false},
+		{ccm, "get", "", "configmaps", "", "kube-system", "extension-apiserver-authentication", true},
+		{ccm, "get", "", "configmaps", "", "kube-system", "kubeadm-config", false},
+		{ccm, "create", "authentication.k8s.io", "tokenreviews", "", "", "", true},
+		{ccm, "create", "authorization.k8s.io", "subjectaccessreviews", "", "", "", true},
+		{ccm, "get", "", "secrets", "", "kube-system", "", false},
+		{ccm, "create", "", "serviceaccounts", "token", "kube-system", "node-controller", false},
+	} {
+		ns, name, _ := strings.Cut(c.sa, "/")
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   fmt.Sprintf("system:serviceaccount:%s:%s", ns, name),
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Verb: c.verb, Group: c.group, Resource: c.res, Subresource: c.sub, Namespace: c.ns, Name: c.name,
+			},
+		}}
+		got, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SubjectAccessReview: %v", err)
+		}
+		if got.Status.Allowed != c.allowed {
+			t.Errorf("%s %s %s/%s/%s in %q name %q: allowed=%v, want %v (%s)", c.sa, c.verb, c.group, c.res, c.sub, c.ns, c.name, got.Status.Allowed, c.allowed, got.Status.Reason)
+		}
+	}
+}
+
+// applyObjects creates objs (namespaced ones in ns unless they name their
+// own namespace) and fails the test for each one the API server rejects.
+func applyObjects(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, mapper meta.RESTMapper, ns string, objs []*unstructured.Unstructured) {
+	t.Helper()
+	for _, o := range objs {
+		gvk := o.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Errorf("%s %s: no REST mapping: %v", gvk, o.GetName(), err)
+			continue
+		}
+		res := cp.Dynamic.Resource(m.Resource)
+		var created *unstructured.Unstructured
+		on := o.GetNamespace()
+		if on == "" {
+			on = ns
+		}
+		if m.Scope.Name() == meta.RESTScopeNameNamespace {
+			created, err = res.Namespace(on).Create(ctx, o.DeepCopy(), metav1.CreateOptions{FieldValidation: "Strict"})
+		} else {
+			if o.GetNamespace() != "" {
+				t.Errorf("cluster-scoped %s %s has namespace %q", gvk.Kind, o.GetName(), o.GetNamespace())
+			}
+			created, err = res.Create(ctx, o.DeepCopy(), metav1.CreateOptions{FieldValidation: "Strict"})
+		}
+		if err != nil {
+			t.Errorf("%s %s rejected: %v", gvk.Kind, o.GetName(), err)
+			continue
+		}
+		t.Logf("created %s %s/%s", gvk.Kind, created.GetNamespace(), created.GetName())
+	}
+}
+
+func mustMapping(t *testing.T, mapper meta.RESTMapper, group, kind string) *meta.RESTMapping {
+	t.Helper()
+	m, err := mapper.RESTMapping(schema.GroupKind{Group: group, Kind: kind})
+	if err != nil {
+		t.Fatalf("REST mapping of %s.%s: %v", kind, group, err)
+	}
+	return m
+}

@@ -1,0 +1,586 @@
+package chart
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+const (
+	release   = "vipcast"
+	namespace = "vipcast-system"
+)
+
+// The RBAC each component is meant to have: "apiGroup/resource" → verbs,
+// derived from the binaries' code (see the comments in the chart's rbac-*.yaml).
+// The tests compare the rendered roles with these tables exactly, so a
+// broader verb, a new resource or a lost one fails.
+var (
+	wantCCMClusterRole = map[string][]string{
+		"/services":                          {"list", "patch", "watch"},
+		"/services/status":                   {"patch"},
+		"/nodes":                             {"get", "list", "patch", "update", "watch"},
+		"/nodes/status":                      {"patch"},
+		"/namespaces":                        {"list", "watch"},
+		"/events":                            {"create", "patch"},
+		"vipcast.io/ippools":                 {"list", "watch"},
+		"vipcast.io/ippools/status":          {"update"},
+		"authentication.k8s.io/tokenreviews": {"create"},
+		"authorization.k8s.io/subjectaccessreviews": {"create"},
+	}
+	// Leader election: create any Lease; get/update only the CCM's.
+	wantCCMLeaseRole = map[string][]string{
+		"coordination.k8s.io/leases":              {"create"},
+		"coordination.k8s.io/leases[vipcast-ccm]": {"get", "update"},
+	}
+	wantCCMAuthReaderRole = map[string][]string{
+		"/configmaps[extension-apiserver-authentication]": {"get", "list", "watch"},
+	}
+	wantSpeakerClusterRole = map[string][]string{
+		"/services":                       {"list", "watch"},
+		"discovery.k8s.io/endpointslices": {"list", "watch"},
+		"/nodes":                          {"get", "list", "watch"},
+		"vipcast.io/ippools":              {"list", "watch"},
+		"vipcast.io/bgppeers":             {"list", "watch"},
+		"/events":                         {"create", "patch"},
+	}
+	wantSpeakerSecretRole = map[string][]string{
+		"/secrets": {"get"},
+	}
+)
+
+// render renders with the values in valuesYAML and fails the test on error.
+func render(t *testing.T, valuesYAML string) *Rendered {
+	t.Helper()
+	r, err := Render(release, namespace, []byte(valuesYAML))
+	if err != nil {
+		t.Fatalf("rendering: %v", err)
+	}
+	return r
+}
+
+func fullValues(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(Dir(), "ci", "full-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// one returns the only object of kind and name, converted to T.
+func one[T any](t *testing.T, r *Rendered, kind, name string) *T {
+	t.Helper()
+	objs := r.Find(kind, name)
+	if len(objs) != 1 {
+		t.Fatalf("%d %s objects named %q, want 1 (kinds rendered: %v)", len(objs), kind, name, r.Kinds())
+	}
+	return convert[T](t, objs[0])
+}
+
+func convert[T any](t *testing.T, u *unstructured.Unstructured) *T {
+	t.Helper()
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, out, true); err != nil {
+		t.Fatalf("%s %s does not convert to %T: %v", u.GetKind(), u.GetName(), out, err)
+	}
+	return out
+}
+
+// ruleTable flattens policy rules into "group/resource[names]" → sorted verbs.
+func ruleTable(t *testing.T, rules []rbacv1.PolicyRule) map[string][]string {
+	t.Helper()
+	m := map[string][]string{}
+	for _, r := range rules {
+		if len(r.NonResourceURLs) > 0 {
+			for _, u := range r.NonResourceURLs {
+				m["url:"+u] = append(m["url:"+u], r.Verbs...)
+			}
+			continue
+		}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				key := g + "/" + res
+				if len(r.ResourceNames) > 0 {
+					key += "[" + strings.Join(r.ResourceNames, ",") + "]"
+				}
+				m[key] = append(m[key], r.Verbs...)
+			}
+		}
+	}
+	for k, v := range m {
+		sort.Strings(v)
+		m[k] = slices.Compact(v)
+		for _, verb := range v {
+			if verb == "*" {
+				t.Errorf("rule %s grants every verb", k)
+			}
+		}
+		if strings.Contains(k, "*") {
+			t.Errorf("rule %s uses a wildcard", k)
+		}
+	}
+	return m
+}
+
+func checkRules(t *testing.T, what string, rules []rbacv1.PolicyRule, want map[string][]string) {
+	t.Helper()
+	got := ruleTable(t, rules)
+	for k, v := range want {
+		if !slices.Equal(got[k], v) {
+			t.Errorf("%s: %s verbs %v, want %v", what, k, got[k], v)
+		}
+	}
+	for k, v := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("%s: unexpected rule %s %v", what, k, v)
+		}
+	}
+}
+
+func checkBinding(t *testing.T, subjects []rbacv1.Subject, roleRef rbacv1.RoleRef, kind, role, sa string) {
+	t.Helper()
+	if roleRef.Kind != kind || roleRef.Name != role {
+		t.Errorf("binding refers to %s %s, want %s %s", roleRef.Kind, roleRef.Name, kind, role)
+	}
+	if len(subjects) != 1 || subjects[0].Kind != "ServiceAccount" || subjects[0].Name != sa || subjects[0].Namespace != namespace {
+		t.Errorf("binding of %s has subjects %+v, want only ServiceAccount %s/%s", role, subjects, namespace, sa)
+	}
+}
+
+func arg(args []string, flag string) (string, bool) {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+func wantArg(t *testing.T, what string, args []string, flag, value string) {
+	t.Helper()
+	if v, ok := arg(args, flag); !ok || v != value {
+		t.Errorf("%s: %s=%q (set: %v), want %q; args %q", what, flag, v, ok, value, args)
+	}
+}
+
+// checkCommon checks what holds for every rendering: every object
+// converts to its typed form, the RBAC tables, the ServiceAccounts and bindings.
+func checkCommon(t *testing.T, r *Rendered) {
+	t.Helper()
+	for _, o := range r.Objects {
+		if o.GetName() == "" {
+			t.Errorf("%s without a name", o.GetKind())
+		}
+		if _, ok := o.GetLabels()["app.kubernetes.io/instance"]; !ok {
+			t.Errorf("%s %s without the instance label", o.GetKind(), o.GetName())
+		}
+	}
+	one[corev1.ServiceAccount](t, r, "ServiceAccount", "vipcast-ccm")
+	one[corev1.ServiceAccount](t, r, "ServiceAccount", "vipcast-speaker")
+
+	ccmRole := one[rbacv1.ClusterRole](t, r, "ClusterRole", "vipcast-ccm")
+	checkRules(t, "CCM ClusterRole", ccmRole.Rules, wantCCMClusterRole)
+	crb := one[rbacv1.ClusterRoleBinding](t, r, "ClusterRoleBinding", "vipcast-ccm")
+	checkBinding(t, crb.Subjects, crb.RoleRef, "ClusterRole", "vipcast-ccm", "vipcast-ccm")
+
+	lease := one[rbacv1.Role](t, r, "Role", "vipcast-ccm-leader-election")
+	if lease.Namespace != "kube-system" {
+		t.Errorf("leader-election Role in %q, want kube-system", lease.Namespace)
+	}
+	checkRules(t, "CCM leader-election Role", lease.Rules, wantCCMLeaseRole)
+	lrb := one[rbacv1.RoleBinding](t, r, "RoleBinding", "vipcast-ccm-leader-election")
+	checkBinding(t, lrb.Subjects, lrb.RoleRef, "Role", "vipcast-ccm-leader-election", "vipcast-ccm")
+
+	auth := one[rbacv1.Role](t, r, "Role", "vipcast-ccm-authentication-reader")
+	if auth.Namespace != "kube-system" {
+		t.Errorf("authentication-reader Role in %q, want kube-system", auth.Namespace)
+	}
+	checkRules(t, "CCM authentication-reader Role", auth.Rules, wantCCMAuthReaderRole)
+	arb := one[rbacv1.RoleBinding](t, r, "RoleBinding", "vipcast-ccm-authentication-reader")
+	checkBinding(t, arb.Subjects, arb.RoleRef, "Role", "vipcast-ccm-authentication-reader", "vipcast-ccm")
+
+	spk := one[rbacv1.ClusterRole](t, r, "ClusterRole", "vipcast-speaker")
+	checkRules(t, "speaker ClusterRole", spk.Rules, wantSpeakerClusterRole)
+	for k, verbs := range ruleTable(t, spk.Rules) {
+		for _, v := range verbs {
+			if k != "/events" && !slices.Contains([]string{"get", "list", "watch"}, v) {
+				t.Errorf("speaker may %s %s: it only reads (and records Events)", v, k)
+			}
+		}
+	}
+	srb := one[rbacv1.ClusterRoleBinding](t, r, "ClusterRoleBinding", "vipcast-speaker")
+	checkBinding(t, srb.Subjects, srb.RoleRef, "ClusterRole", "vipcast-speaker", "vipcast-speaker")
+	for _, u := range r.Find("RoleBinding", "vipcast-speaker-bgp-passwords") {
+		b := convert[rbacv1.RoleBinding](t, u)
+		checkBinding(t, b.Subjects, b.RoleRef, "Role", "vipcast-speaker-bgp-passwords", "vipcast-speaker")
+	}
+	for _, u := range r.Find("Role", "vipcast-speaker-bgp-passwords") {
+		checkRules(t, "speaker Secret Role in "+u.GetNamespace(), convert[rbacv1.Role](t, u).Rules, wantSpeakerSecretRole)
+	}
+	// Nobody gets cluster-wide Secrets by default or in the full example.
+	for _, u := range r.Find("ClusterRole", "") {
+		for k := range ruleTable(t, convert[rbacv1.ClusterRole](t, u).Rules) {
+			if strings.HasPrefix(k, "/secrets") {
+				t.Errorf("ClusterRole %s grants %s", u.GetName(), k)
+			}
+		}
+	}
+}
+
+// secretRoleNamespaces lists the namespaces where the speaker may read Secrets.
+func secretRoleNamespaces(t *testing.T, r *Rendered) []string {
+	var ns []string
+	for _, u := range r.Find("Role", "vipcast-speaker-bgp-passwords") {
+		ns = append(ns, u.GetNamespace())
+	}
+	sort.Strings(ns)
+	return ns
+}
+
+// checkSpeaker checks the DaemonSet's invariants and returns it.
+func checkSpeaker(t *testing.T, r *Rendered, delay string, delaySeconds int64) *appsv1.DaemonSet {
+	t.Helper()
+	ds := one[appsv1.DaemonSet](t, r, "DaemonSet", "vipcast-speaker")
+	spec := ds.Spec.Template.Spec
+	if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("speaker hostNetwork=%v dnsPolicy=%q, want true and ClusterFirstWithHostNet", spec.HostNetwork, spec.DNSPolicy)
+	}
+	if spec.ServiceAccountName != "vipcast-speaker" {
+		t.Errorf("speaker ServiceAccount %q", spec.ServiceAccountName)
+	}
+	if !slices.ContainsFunc(spec.Tolerations, func(tl corev1.Toleration) bool {
+		return tl.Key == "" && tl.Operator == corev1.TolerationOpExists && tl.Effect == ""
+	}) {
+		t.Errorf("speaker tolerations %+v do not tolerate every taint", spec.Tolerations)
+	}
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g <= delaySeconds+5 {
+		t.Errorf("terminationGracePeriodSeconds %v, want more than the convergence delay (%ds) + 5s", g, delaySeconds)
+	}
+	if len(spec.Containers) != 1 || len(spec.InitContainers) != 0 {
+		t.Fatalf("speaker has %d containers and %d init containers, want 1 and 0", len(spec.Containers), len(spec.InitContainers))
+	}
+	c := spec.Containers[0]
+	wantArg(t, "speaker", c.Args, "--node-name", "$(NODE_NAME)")
+	wantArg(t, "speaker", c.Args, "--convergence-delay", delay)
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName"
+	}) {
+		t.Errorf("speaker env %+v lacks NODE_NAME from spec.nodeName", c.Env)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.Capabilities == nil {
+		t.Fatalf("speaker has no securityContext capabilities")
+	}
+	if !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		t.Errorf("speaker capabilities drop %v, want ALL", sc.Capabilities.Drop)
+	}
+	for _, cap := range sc.Capabilities.Add {
+		if cap != "NET_ADMIN" {
+			t.Errorf("speaker adds capability %s; it needs NET_ADMIN only (modules are autoloaded by the kernel)", cap)
+		}
+	}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			t.Errorf("speaker mounts host path %s", v.HostPath.Path)
+		}
+	}
+	return ds
+}
+
+func privileged(c corev1.Container) bool {
+	return c.SecurityContext != nil && c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged
+}
+
+func checkCCM(t *testing.T, r *Rendered, replicas int32) *appsv1.Deployment {
+	t.Helper()
+	d := one[appsv1.Deployment](t, r, "Deployment", "vipcast-ccm")
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != replicas {
+		t.Errorf("CCM replicas %v, want %d", d.Spec.Replicas, replicas)
+	}
+	spec := d.Spec.Template.Spec
+	if spec.ServiceAccountName != "vipcast-ccm" {
+		t.Errorf("CCM ServiceAccount %q", spec.ServiceAccountName)
+	}
+	if len(spec.Containers) != 1 {
+		t.Fatalf("CCM has %d containers", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	wantArg(t, "CCM", c.Args, "--leader-elect", "true")
+	wantArg(t, "CCM", c.Args, "--leader-elect-resource-name", "vipcast-ccm")
+	wantArg(t, "CCM", c.Args, "--leader-elect-resource-namespace", "kube-system")
+	wantArg(t, "CCM", c.Args, "--cloud-provider", "vipcast")
+	wantArg(t, "CCM", c.Args, "--use-service-account-credentials", "false")
+	wantArg(t, "CCM", c.Args, "--secure-port", "10258")
+	wantArg(t, "CCM", c.Args, "--configure-cloud-routes", "false")
+	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Scheme != corev1.URISchemeHTTPS || p.HTTPGet.Port.String() != "https" {
+			t.Errorf("CCM probe %+v, want HTTPS GET /healthz on the https port", p)
+		}
+	}
+	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != 10258 || c.Ports[0].Name != "https" {
+		t.Errorf("CCM ports %+v, want https 10258", c.Ports)
+	}
+	if privileged(c) || c.SecurityContext.Capabilities == nil || len(c.SecurityContext.Capabilities.Add) != 0 {
+		t.Errorf("CCM securityContext %+v: it needs no privilege", c.SecurityContext)
+	}
+	if !slices.ContainsFunc(spec.Tolerations, func(tl corev1.Toleration) bool {
+		return tl.Key == "node.cloudprovider.kubernetes.io/uninitialized" && tl.Effect == corev1.TaintEffectNoSchedule
+	}) {
+		t.Errorf("CCM does not tolerate the uninitialized taint: %+v", spec.Tolerations)
+	}
+	pdb := one[policyv1.PodDisruptionBudget](t, r, "PodDisruptionBudget", "vipcast-ccm")
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() < 1 || pdb.Spec.MinAvailable.IntValue() >= int(replicas) {
+		t.Errorf("PDB minAvailable %v, want between 1 and replicas-1 (%d)", pdb.Spec.MinAvailable, replicas-1)
+	}
+	if fmt.Sprint(pdb.Spec.Selector.MatchLabels) != fmt.Sprint(d.Spec.Selector.MatchLabels) {
+		t.Errorf("PDB selects %v, the Deployment %v", pdb.Spec.Selector.MatchLabels, d.Spec.Selector.MatchLabels)
+	}
+	return d
+}
+
+func TestRenderDefaults(t *testing.T) {
+	r := render(t, "")
+	checkCommon(t, r)
+	want := map[string]int{
+		"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 3, "RoleBinding": 3,
+		"Deployment": 1, "PodDisruptionBudget": 1, "DaemonSet": 1,
+	}
+	if got := r.Kinds(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("kinds %v, want %v", got, want)
+	}
+	if len(r.CRDs) != 2 {
+		t.Errorf("%d CRDs, want 2 (IPPool, BGPPeer)", len(r.CRDs))
+	}
+
+	d := checkCCM(t, r, 2)
+	if img := d.Spec.Template.Spec.Containers[0].Image; img != "vipcast/vipcast-ccm:0.1.0" {
+		t.Errorf("CCM image %q, want vipcast/vipcast-ccm:<appVersion>", img)
+	}
+
+	ds := checkSpeaker(t, r, "3s", 3)
+	c := ds.Spec.Template.Spec.Containers[0]
+	if img := c.Image; img != "vipcast/vipcast-speaker:0.1.0" {
+		t.Errorf("speaker image %q", img)
+	}
+	wantArg(t, "speaker", c.Args, "--ipvs", "true")
+	wantArg(t, "speaker", c.Args, "--metrics-bind-address", ":7473")
+	wantArg(t, "speaker", c.Args, "--dataplane-resync-period", "1m")
+	if g := *ds.Spec.Template.Spec.TerminationGracePeriodSeconds; g != 38 {
+		t.Errorf("terminationGracePeriodSeconds %d, want 38 (3s delay + the speaker's 30s shutdown bound + 5s)", g)
+	}
+	// With --ipvs the speaker writes /proc/sys/net/ipv4/vs/conntrack, which
+	// the kubelet makes read-only in every non-privileged container (see
+	// speaker.privileged in values.yaml): privileged is required, and it is
+	// the only way the default differs from NET_ADMIN alone.
+	if !privileged(c) || !slices.Contains(c.SecurityContext.Capabilities.Add, "NET_ADMIN") {
+		t.Errorf("speaker securityContext %+v, want privileged (sysctl) with NET_ADMIN listed", c.SecurityContext)
+	}
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("speaker probes: liveness %+v readiness %+v", c.LivenessProbe, c.ReadinessProbe)
+	}
+	if got := secretRoleNamespaces(t, r); fmt.Sprint(got) != "[vipcast-system]" {
+		t.Errorf("speaker reads Secrets in %v, want the release namespace only", got)
+	}
+	if !strings.Contains(r.Notes, "vipcast-ccm") || !strings.Contains(r.Notes, "create an IPPool") {
+		t.Errorf("NOTES.txt:\n%s", r.Notes)
+	}
+}
+
+func TestRenderFullExample(t *testing.T) {
+	r, err := Render(release, namespace, fullValues(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCommon(t, r)
+	d := checkCCM(t, r, 3)
+	c := d.Spec.Template.Spec.Containers[0]
+	if c.Image != "myorg/vipcast-ccm:v0.1.0" || c.ImagePullPolicy != corev1.PullAlways {
+		t.Errorf("CCM image %q %q", c.Image, c.ImagePullPolicy)
+	}
+	wantArg(t, "CCM", c.Args, "--concurrent-service-syncs", "20")
+	wantArg(t, "CCM", c.Args, "--node-monitor-period", "10s")
+	if pdb := one[policyv1.PodDisruptionBudget](t, r, "PodDisruptionBudget", "vipcast-ccm"); pdb.Spec.MinAvailable.IntValue() != 2 {
+		t.Errorf("PDB minAvailable %v, want 2", pdb.Spec.MinAvailable)
+	}
+	if len(d.Spec.Template.Spec.ImagePullSecrets) != 1 {
+		t.Errorf("CCM imagePullSecrets %v", d.Spec.Template.Spec.ImagePullSecrets)
+	}
+
+	ds := checkSpeaker(t, r, "5s", 5)
+	sc := ds.Spec.Template.Spec.Containers[0]
+	if g := *ds.Spec.Template.Spec.TerminationGracePeriodSeconds; g != 60 {
+		t.Errorf("terminationGracePeriodSeconds %d, want 60 (set)", g)
+	}
+	wantArg(t, "speaker", sc.Args, "--ipvs-link", "vip0")
+	wantArg(t, "speaker", sc.Args, "--dataplane-resync-period", "30s")
+	wantArg(t, "speaker", sc.Args, "--resync-period", "10m")
+	wantArg(t, "speaker", sc.Args, "--one_output", "true")
+	if got := secretRoleNamespaces(t, r); fmt.Sprint(got) != "[network vipcast-system]" {
+		t.Errorf("speaker reads Secrets in %v, want [network vipcast-system]", got)
+	}
+
+	if n := len(r.Find("IPPool", "")); n != 2 {
+		t.Errorf("%d IPPools, want 2", n)
+	}
+	pub := r.Find("IPPool", "public")[0]
+	if pub.GetLabels()["exposure"] != "public" || pub.GetNamespace() != "" {
+		t.Errorf("IPPool public: labels %v namespace %q", pub.GetLabels(), pub.GetNamespace())
+	}
+	if addrs, _, _ := unstructured.NestedStringSlice(pub.Object, "spec", "addresses"); len(addrs) != 3 {
+		t.Errorf("IPPool public addresses %v", addrs)
+	}
+	if n := len(r.Find("BGPPeer", "")); n != 2 {
+		t.Errorf("%d BGPPeers, want 2", n)
+	}
+	if asn, _, _ := unstructured.NestedInt64(r.Find("BGPPeer", "tor-a")[0].Object, "spec", "peerASN"); asn != 64500 {
+		t.Errorf("BGPPeer tor-a peerASN %d", asn)
+	}
+	sms := r.Find("ServiceMonitor", "")
+	if len(sms) != 2 {
+		t.Fatalf("%d ServiceMonitors, want 2", len(sms))
+	}
+	for _, sm := range sms {
+		if sm.GetLabels()["release"] != "prometheus" {
+			t.Errorf("ServiceMonitor %s labels %v", sm.GetName(), sm.GetLabels())
+		}
+	}
+	if n := len(r.Find("Service", "")); n != 2 {
+		t.Errorf("%d metrics Services, want 2", n)
+	}
+	mr := one[rbacv1.ClusterRole](t, r, "ClusterRole", "vipcast-metrics-reader")
+	checkRules(t, "metrics reader", mr.Rules, map[string][]string{"url:/metrics": {"get"}})
+	mrb := one[rbacv1.ClusterRoleBinding](t, r, "ClusterRoleBinding", "vipcast-metrics-reader")
+	if len(mrb.Subjects) != 1 || mrb.Subjects[0].Name != "prometheus-k8s" || mrb.Subjects[0].Namespace != "monitoring" {
+		t.Errorf("metrics-reader subjects %+v", mrb.Subjects)
+	}
+}
+
+// TestRenderSpeakerVariants covers the speaker's security settings and
+// grace period outside the defaults.
+func TestRenderSpeakerVariants(t *testing.T) {
+	t.Run("routes only: no privilege, no capability", func(t *testing.T) {
+		r := render(t, "speaker: {ipvs: {enabled: false}}")
+		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
+		wantArg(t, "speaker", c.Args, "--ipvs", "false")
+		if privileged(c) || len(c.SecurityContext.Capabilities.Add) != 0 || *c.SecurityContext.AllowPrivilegeEscalation {
+			t.Errorf("securityContext %+v, want no privilege", c.SecurityContext)
+		}
+		if _, ok := arg(c.Args, "--ipvs-link"); ok {
+			t.Errorf("--ipvs-link passed without IPVS: %q", c.Args)
+		}
+	})
+	t.Run("privileged false: NET_ADMIN only", func(t *testing.T) {
+		r := render(t, "speaker: {privileged: false}")
+		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
+		if privileged(c) || !slices.Equal(c.SecurityContext.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) || *c.SecurityContext.AllowPrivilegeEscalation {
+			t.Errorf("securityContext %+v, want NET_ADMIN and no privilege", c.SecurityContext)
+		}
+	})
+	t.Run("delay in ms and minutes", func(t *testing.T) {
+		for delay, grace := range map[string]int64{"1500ms": 37, "2m": 155, "0s": 35} {
+			r := render(t, "speaker: {convergenceDelay: "+delay+"}")
+			ds := one[appsv1.DaemonSet](t, r, "DaemonSet", "vipcast-speaker")
+			if g := *ds.Spec.Template.Spec.TerminationGracePeriodSeconds; g != grace {
+				t.Errorf("delay %s: grace %d, want %d", delay, g, grace)
+			}
+		}
+	})
+	t.Run("grace period too short", func(t *testing.T) {
+		_, err := Render(release, namespace, []byte("speaker: {convergenceDelay: 10s, terminationGracePeriodSeconds: 12}"))
+		if err == nil || !strings.Contains(err.Error(), "speaker.terminationGracePeriodSeconds") || !strings.Contains(err.Error(), "at least 16") {
+			t.Errorf("err = %v, want one naming speaker.terminationGracePeriodSeconds and the minimum", err)
+		}
+	})
+	t.Run("PDB that would block drains", func(t *testing.T) {
+		_, err := Render(release, namespace, []byte("ccm: {replicas: 2, podDisruptionBudget: {enabled: true, minAvailable: 2}}"))
+		if err == nil || !strings.Contains(err.Error(), "ccm.podDisruptionBudget.minAvailable=2 must be below ccm.replicas=2") {
+			t.Errorf("err = %v, want one naming ccm.podDisruptionBudget.minAvailable", err)
+		}
+		if _, err := Render(release, namespace, []byte("ccm: {replicas: 1, podDisruptionBudget: {enabled: false}}")); err != nil {
+			t.Errorf("one replica without a PDB: %v", err)
+		}
+	})
+	t.Run("metrics off: no probes", func(t *testing.T) {
+		r := render(t, "speaker: {metrics: {enabled: false, port: 7473}}")
+		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
+		wantArg(t, "speaker", c.Args, "--metrics-bind-address", "0")
+		if c.LivenessProbe != nil || c.ReadinessProbe != nil || len(c.Ports) != 0 {
+			t.Errorf("probes or ports without metrics: %+v %+v %+v", c.LivenessProbe, c.ReadinessProbe, c.Ports)
+		}
+	})
+	t.Run("cluster-wide secrets", func(t *testing.T) {
+		r := render(t, "speaker: {bgpPasswordSecrets: {clusterWide: true}}")
+		want := map[string][]string{"/secrets": {"get"}}
+		for k, v := range wantSpeakerClusterRole {
+			want[k] = v
+		}
+		checkRules(t, "speaker ClusterRole", one[rbacv1.ClusterRole](t, r, "ClusterRole", "vipcast-speaker").Rules, want)
+		if ns := secretRoleNamespaces(t, r); len(ns) != 0 {
+			t.Errorf("per-namespace Secret Roles %v next to the cluster-wide grant", ns)
+		}
+	})
+}
+
+// TestSchemaRejectsWrongType checks that values.schema.json stops bad values
+// at install time with a message naming the key.
+func TestSchemaRejectsWrongType(t *testing.T) {
+	for _, tc := range []struct {
+		name, values string
+		want         []string // substrings of the error
+	}{
+		{"delay is a number", "speaker: {convergenceDelay: 5}", []string{"/speaker/convergenceDelay", "string"}},
+		{"replicas is a string", `ccm: {replicas: "two"}`, []string{"/ccm/replicas", "integer"}},
+		{"replicas zero", "ccm: {replicas: 0}", []string{"/ccm/replicas"}},
+		{"typo in a key", "ccm: {replica: 2}", []string{"/ccm", "replica"}},
+		{"unknown top-level key", "speakers: {}", []string{"speakers"}},
+		{"delay with two units", "speaker: {convergenceDelay: 1m30s}", []string{"/speaker/convergenceDelay"}},
+		{"bad pull policy", "speaker: {image: {pullPolicy: Sometimes}}", []string{"/speaker/image/pullPolicy"}},
+		{"port out of range", "speaker: {metrics: {enabled: true, port: 70000}}", []string{"/speaker/metrics/port"}},
+		{"ipvs link too long", "speaker: {ipvs: {link: averyveryverylonglinkname}}", []string{"/speaker/ipvs/link"}},
+		{"pool without spec", "ipPools: [{name: public}]", []string{"/ipPools/0", "spec"}},
+		{"secret namespace not a name", "speaker: {bgpPasswordSecrets: {namespaces: [Not_A_Namespace]}}", []string{"/speaker/bgpPasswordSecrets/namespaces/0"}},
+		{"router ID not IPv4", "speaker: {routerID: 2001:db8::1}", []string{"/speaker/routerID"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Render(release, namespace, []byte(tc.values))
+			if err == nil {
+				t.Fatalf("values %q rendered; want a schema error", tc.values)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not mention %q:\n%v", w, err)
+				}
+			}
+			t.Logf("%s → %v", tc.values, err)
+		})
+	}
+}
+
+// TestTemplatesHaveNoRegistryHost keeps registry host names out of the
+// chart: images default to plain repository names.
+func TestTemplatesHaveNoRegistryHost(t *testing.T) {
+	r := render(t, "")
+	for _, k := range []string{"Deployment", "DaemonSet"} {
+		for _, u := range r.Find(k, "") {
+			containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+			for _, c := range containers {
+				img := c.(map[string]any)["image"].(string)
+				if first, _, _ := strings.Cut(img, "/"); strings.ContainsAny(first, ".:") {
+					t.Errorf("%s %s image %q names a registry host", k, u.GetName(), img)
+				}
+			}
+		}
+	}
+}
