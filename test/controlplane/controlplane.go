@@ -19,16 +19,21 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"testing"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"github.com/vipcast/vipcast/test/proc"
+
+	"github.com/vipcast/vipcast/test/harness"
 )
 
 // KubernetesVersion is the version of kube-apiserver (and the etcd it pins)
@@ -74,7 +79,7 @@ type ControlPlane struct {
 // Start launches etcd and kube-apiserver on loopback, waits until the API
 // server is ready and registers their shutdown with t.Cleanup. It fails the
 // test if the binaries are missing (run `make tools`) or do not start.
-func Start(t testing.TB) *ControlPlane {
+func Start(t harness.T) *ControlPlane {
 	t.Helper()
 	cp, err := start(t.TempDir(), t.Logf)
 	if cp != nil {
@@ -261,4 +266,40 @@ func waitReady(apiURL, token string, timeout time.Duration) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return fmt.Errorf("after %s: %w", timeout, last)
+}
+
+// InstallCRDs creates the CustomResourceDefinitions in the given YAML files
+// (one per file, as in charts/vipcast/crds) and waits until each is
+// established.
+func (cp *ControlPlane) InstallCRDs(ctx context.Context, files []string) error {
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.UnmarshalStrict(data, crd); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		crds := cp.APIExtensions.ApiextensionsV1().CustomResourceDefinitions()
+		if _, err := crds.Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
+		}
+		err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := crds.Get(ctx, crd.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			for _, c := range got.Status.Conditions {
+				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			return fmt.Errorf("CRD %s not established: %w", crd.Name, err)
+		}
+	}
+	return nil
 }

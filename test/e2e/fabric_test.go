@@ -117,7 +117,7 @@ spec:
 		hostEnd := fmt.Sprintf("169.254.77.%d", 4*i+1)
 		netns.Veth(t, nil, fmt.Sprintf("vcm%d-%d", os.Getpid()%10000, i), hostEnd+"/30", ns, "mgmt", fmt.Sprintf("169.254.77.%d/30", 4*i+2))
 		fwd := hostEnd + ":" + apiPort(t, apiHost)
-		netns.Forward(t, fwd, apiHost)
+		netns.Forward(t, nil, fwd, apiHost)
 		kubeconfigs[i] = e.kubeconfigVia(fwd)
 		e.node(name, nil, addr)
 	}

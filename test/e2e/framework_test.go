@@ -14,7 +14,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -70,31 +69,8 @@ func (e *env) installCRDs() {
 	if err != nil || len(files) == 0 {
 		e.t.Fatalf("no CRD manifests in charts/vipcast/crds (run make generate): %v", err)
 	}
-	ctx := context.Background()
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := yaml.UnmarshalStrict(data, crd); err != nil {
-			e.t.Fatalf("%s: %v", f, err)
-		}
-		if _, err := e.cp.APIExtensions.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-			e.t.Fatalf("creating CRD %s: %v", crd.Name, err)
-		}
-		e.eventually(30*time.Second, "CRD "+crd.Name+" established", func() (bool, error) {
-			got, err := e.cp.APIExtensions.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			for _, c := range got.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
+	if err := e.cp.InstallCRDs(context.Background(), files); err != nil {
+		e.t.Fatal(err)
 	}
 }
 

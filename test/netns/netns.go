@@ -4,19 +4,24 @@
 package netns
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
-	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vipcast/vipcast/test/harness"
 )
 
 // Require fails the test (in CI) or skips it (elsewhere) when this process
 // cannot create network namespaces: not root, or no `ip` command.
-func Require(t testing.TB) {
+func Require(t harness.T) {
 	t.Helper()
 	var why string
 	if os.Geteuid() != 0 {
@@ -39,7 +44,7 @@ type NS struct {
 }
 
 // Ip runs `ip args...` and fails the test on error.
-func Ip(t testing.TB, args ...string) string {
+func Ip(t harness.T, args ...string) string {
 	t.Helper()
 	out, err := exec.Command("ip", args...).CombinedOutput()
 	if err != nil {
@@ -51,7 +56,7 @@ func Ip(t testing.TB, args ...string) string {
 // New creates a namespace named prefix-<pid>-name (so parallel runs do not
 // collide), brings its loopback up, and deletes it at the end of the test.
 // Processes started in it with Cmd must be stopped by the test first.
-func New(t testing.TB, name string) *NS {
+func New(t harness.T, name string) *NS {
 	t.Helper()
 	ns := &NS{Name: fmt.Sprintf("vc%d-%s", os.Getpid()%100000, name)}
 	_ = exec.Command("ip", "netns", "del", ns.Name).Run() // leftover of a killed run
@@ -66,7 +71,7 @@ func New(t testing.TB, name string) *NS {
 }
 
 // Ip runs `ip -n NS args...`.
-func (ns *NS) Ip(t testing.TB, args ...string) string {
+func (ns *NS) Ip(t harness.T, args ...string) string {
 	t.Helper()
 	return Ip(t, append([]string{"-n", ns.Name}, args...)...)
 }
@@ -80,7 +85,7 @@ func (ns *NS) Command(name string, args ...string) []string {
 // namespace) with a veth pair named aName/bName, assigns the addresses
 // (CIDR notation, may be empty) and brings both ends up. Deleting either
 // namespace removes the pair.
-func Veth(t testing.TB, a *NS, aName, aAddr string, b *NS, bName, bAddr string) {
+func Veth(t harness.T, a *NS, aName, aAddr string, b *NS, bName, bAddr string) {
 	t.Helper()
 	tmpA, tmpB := fmt.Sprintf("vct%da", os.Getpid()%100000), fmt.Sprintf("vct%db", os.Getpid()%100000)
 	Ip(t, "link", "add", tmpA, "type", "veth", "peer", "name", tmpB)
@@ -107,7 +112,7 @@ func Veth(t testing.TB, a *NS, aName, aAddr string, b *NS, bName, bAddr string) 
 
 // Bridge creates a bridge in ns (nil: the test's namespace) with an
 // optional address, up.
-func Bridge(t testing.TB, ns *NS, name, addr string) {
+func Bridge(t harness.T, ns *NS, name, addr string) {
 	t.Helper()
 	ip := Ip
 	if ns != nil {
@@ -123,7 +128,7 @@ func Bridge(t testing.TB, ns *NS, name, addr string) {
 }
 
 // Enslave attaches a link to a bridge in ns (nil: the test's namespace).
-func Enslave(t testing.TB, ns *NS, link, bridge string) {
+func Enslave(t harness.T, ns *NS, link, bridge string) {
 	t.Helper()
 	ip := Ip
 	if ns != nil {
@@ -132,12 +137,13 @@ func Enslave(t testing.TB, ns *NS, link, bridge string) {
 	ip(t, "link", "set", link, "master", bridge)
 }
 
-// Forward accepts TCP connections on listen (an address the test created,
-// such as a bridge address namespaces can reach) and relays each to target
-// (such as an API server on the test's loopback), until the test ends.
-func Forward(t testing.TB, listen, target string) {
+// Forward accepts TCP connections on listen, an address in ns (nil: the
+// test's namespace) that the test created, such as a bridge address other
+// namespaces or VMs can reach, and relays each to target in the test's
+// own namespace (such as an API server on loopback), until the test ends.
+func Forward(t harness.T, ns *NS, listen, target string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", listen)
+	ln, err := ns.Listen("tcp", listen)
 	if err != nil {
 		t.Fatalf("forwarder on %s: %v", listen, err)
 	}
@@ -151,6 +157,61 @@ func Forward(t testing.TB, listen, target string) {
 			go relay(in, target)
 		}
 	}()
+}
+
+// Listen opens a listener inside ns (nil: this process's namespace). The
+// socket stays in ns; accepting and serving work from any goroutine.
+func (ns *NS) Listen(network, addr string) (net.Listener, error) {
+	var ln net.Listener
+	err := ns.do(func() (err error) {
+		ln, err = net.Listen(network, addr)
+		return err
+	})
+	return ln, err
+}
+
+// DialContext connects from inside ns (nil: this process's namespace), so
+// a test can be a client in a namespace it created. addr must be an IP
+// literal: name resolution would run outside ns.
+func (ns *NS) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := ns.do(func() (err error) {
+		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// do runs f on an OS thread that has entered ns, and moves the thread back
+// afterwards (a thread that cannot move back is not reused: it ends with
+// the goroutine).
+func (ns *NS) do(f func() error) error {
+	if ns == nil {
+		return f()
+	}
+	runtime.LockOSThread()
+	self, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer self.Close()
+	target, err := os.Open("/run/netns/" + ns.Name)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("netns %s: %w", ns.Name, err)
+	}
+	defer target.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("entering netns %s: %w", ns.Name, err)
+	}
+	ferr := f()
+	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("leaving netns %s: %w", ns.Name, err) // thread stays locked and dies
+	}
+	runtime.UnlockOSThread()
+	return ferr
 }
 
 func relay(in net.Conn, target string) {

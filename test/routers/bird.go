@@ -8,10 +8,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/vipcast/vipcast/test/proc"
+
+	"github.com/vipcast/vipcast/test/harness"
 )
 
 // BIRD binaries, as installed by Debian's bird2 package.
@@ -70,7 +71,7 @@ type BIRD struct {
 //
 // Test next hops must be in 10.0.0.0/8 or fd00::/8: BIRD resolves BGP
 // next hops recursively, through static routes for those prefixes.
-func StartBIRD(t testing.TB, cfg BIRDConfig) *BIRD {
+func StartBIRD(t harness.T, cfg BIRDConfig) *BIRD {
 	t.Helper()
 	requireBinaries(t, BIRDBin, BIRDCBin)
 	if cfg.ASN == 0 {

@@ -7,10 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/vipcast/vipcast/test/proc"
+
+	"github.com/vipcast/vipcast/test/harness"
 )
 
 // FRR binaries, as installed by Debian's frr package.
@@ -93,7 +94,7 @@ type FRR struct {
 
 // StartFRR starts bgpd on loopback with cfg, waits until it answers vtysh
 // and registers its shutdown with t.Cleanup.
-func StartFRR(t testing.TB, cfg FRRConfig) *FRR {
+func StartFRR(t harness.T, cfg FRRConfig) *FRR {
 	t.Helper()
 	requireBinaries(t, FRRBgpd, Vtysh)
 	if cfg.ASN == 0 {

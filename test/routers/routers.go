@@ -19,15 +19,16 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"testing"
 	"time"
 
 	"github.com/vipcast/vipcast/test/proc"
+
+	"github.com/vipcast/vipcast/test/harness"
 )
 
 // requireBinaries skips the test, or fails it on CI, when a binary is
 // missing.
-func requireBinaries(t testing.TB, paths ...string) {
+func requireBinaries(t harness.T, paths ...string) {
 	t.Helper()
 	for _, p := range paths {
 		if _, err := exec.LookPath(p); err != nil {
@@ -43,7 +44,7 @@ func requireBinaries(t testing.TB, paths ...string) {
 // logPath, stops it at the end of the test (showing the log's tail if the
 // test failed), and waits until ready reports true; it fails the test if
 // the daemon exits or is not ready within 10 s.
-func startDaemon(t testing.TB, name, logPath string, ready func() bool, argv ...string) *proc.Process {
+func startDaemon(t harness.T, name, logPath string, ready func() bool, argv ...string) *proc.Process {
 	t.Helper()
 	p, err := proc.Start(logPath, argv[0], argv[1:]...)
 	if err != nil {

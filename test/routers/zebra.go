@@ -7,13 +7,14 @@ import (
 	"os"
 	"os/user"
 	"strconv"
-	"testing"
 	"time"
+
+	"github.com/vipcast/vipcast/test/harness"
 )
 
 // frrRunDir makes a run directory owned by user frr, outside t.TempDir()
 // (whose parents only root may enter), removed at t.Cleanup.
-func frrRunDir(t testing.TB) string {
+func frrRunDir(t harness.T) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "vipcast-frr-")
 	if err != nil {
@@ -34,7 +35,7 @@ func frrRunDir(t testing.TB) string {
 }
 
 // startZebra starts zebra for f inside f's namespace.
-func (f *FRR) startZebra(t testing.TB) {
+func (f *FRR) startZebra(t harness.T) {
 	t.Helper()
 	requireBinaries(t, FRRZebra)
 	if err := os.WriteFile(f.Dir+"/zebra.conf", nil, 0o644); err != nil {

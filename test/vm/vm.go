@@ -31,11 +31,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,6 +92,18 @@ type Options struct {
 	CPUs     int
 	// Logf receives every console line as it arrives.
 	Logf Logf
+	// Files are added to the initramfs: guest path (relative to /, such
+	// as "vm/bin/vipcast-speaker") to host path. They are executable.
+	Files map[string]string
+	// Netns runs qemu inside that network namespace (as root), so that
+	// tap devices created there can back the guest's NICs (QEMUArgs).
+	Netns string
+	// QEMUArgs are appended to qemu's command line; the default has no
+	// NIC at all.
+	QEMUArgs []string
+	// Started, when set, receives qemu's process id once it runs (to
+	// freeze the whole guest with SIGSTOP, say).
+	Started func(pid int)
 }
 
 // Result of a VM run.
@@ -240,6 +254,12 @@ var initOnce = sync.OnceValues(func() (string, error) {
 	return out, goBuild(ctx, "", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/vipcast/vipcast/test/vm/init")
 })
 
+// BuildStatic builds the Go package pkg (an import path or ./relative to
+// dir) into out as a static binary for the guest.
+func BuildStatic(ctx context.Context, dir, pkg, out string) error {
+	return goBuild(ctx, dir, "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+}
+
 // BuildInit builds the guest /init (once per process).
 func BuildInit() (string, error) { return initOnce() }
 
@@ -356,7 +376,12 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 		"-kernel", env.Kernel.Vmlinux, "-initrd", initrd,
 		"-append", "console=ttyS0 quiet panic=-1 mitigations=off",
 	}
-	cmd := exec.CommandContext(ctx, env.QEMU, args...)
+	args = append(args, opts.QEMUArgs...)
+	argv := append([]string{env.QEMU}, args...)
+	if opts.Netns != "" {
+		argv = append([]string{"ip", "netns", "exec", opts.Netns}, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
@@ -376,6 +401,9 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 		return nil, err
 	}
 	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }()
+	if opts.Started != nil {
+		opts.Started(cmd.Process.Pid)
+	}
 
 	res := &Result{ExitCode: -1}
 	var out strings.Builder
@@ -443,6 +471,9 @@ func writeInitrd(path, modules, initBin string, opts Options) error {
 	w.CopyFile("init", 0o755, initBin)
 	w.Symlink("sbin/modprobe", "/init")
 	w.CopyFile("vm/test", 0o755, opts.TestBinary)
+	for _, guest := range slices.Sorted(maps.Keys(opts.Files)) {
+		w.CopyFile(guest, 0o755, opts.Files[guest])
+	}
 	w.File("vm/args", 0o644, []byte(strings.Join(opts.Args, "\x00")))
 	w.File("vm/env", 0o644, []byte(strings.Join(opts.Env, "\x00")))
 	if err := w.Close(); err != nil {
