@@ -480,7 +480,10 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	// The dataplane first; routes go either way (a withdrawal must not
 	// wait for the kernel), and a dataplane error retries the key.
 	dpErr := c.program(ctx, key, c.desiredFor(ctx, svc, slices))
-	routes, _ := ServiceRoutes(svc, slices, c.view)
+	routes, why := ServiceRoutes(svc, slices, c.view)
+	if len(routes) == 0 && len(svc.Status.LoadBalancer.Ingress) > 0 && svc.Spec.LoadBalancerClass == nil {
+		klog.FromContext(ctx).V(2).Info("Not announcing", "service", key, "reason", why)
+	}
 	a, w = c.table.Set(key, routes)
 	if err := c.apply(ctx, a, w); err != nil {
 		return errors.Join(dpErr, err)
