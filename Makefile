@@ -19,7 +19,7 @@ export SOURCE_DATE_EPOCH
 # Test timeouts: the control-plane tier starts real API servers.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build images test test-unit test-controlplane test-routing bench generate verify tools routers lab lint fuzz clean help
+.PHONY: all build images test test-unit test-controlplane test-routing bench generate verify tools routers lab lab-down lint fuzz clean help
 
 all: build
 
@@ -98,8 +98,18 @@ bench: tools routers ## print the ipam, CCM, speaker and dataplane benchmarks (f
 	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkDiff' -benchmem ./ipvs/ | tee _output/bench-ipvs-diff.txt
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkKernelDataplane -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-ipvs.txt | grep -E '^Benchmark|^ok|FAIL'
 
-lab: ## the end-to-end lab (comes with the end-to-end issue)
-	@echo "make lab is not there yet: it arrives with the end-to-end issue (Helm chart, speakers, ToR)."; exit 1
+$(K8S_BIN)/kubectl:
+	@mkdir -p $(K8S_BIN)
+	@echo ">> building kubectl $(K8S_VERSION) into $(K8S_BIN) (first time only)"
+	cd test/tools && $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/kubectl && mv $@.tmp $@
+
+lab: tools routers $(K8S_BIN)/kubectl ## as root: control plane, vipcast-ccm, 2 node VMs with vipcast-speaker, an FRR ToR and a client; Ctrl-C tears down
+	@mkdir -p _output
+	$(GO) build -o _output/lab ./test/lab/cmd/lab
+	_output/lab up -dir _output/lab-run
+
+lab-down: ## stop a running `make lab` (from another terminal) and remove its leftovers
+	$(GO) run ./test/lab/cmd/lab down -dir _output/lab-run
 
 clean:
 	rm -rf $(BIN) _output

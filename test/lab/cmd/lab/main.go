@@ -1,0 +1,241 @@
+// Command lab runs vipcast end to end on this machine (`make lab`): a real
+// control plane and vipcast-ccm, two node VMs running vipcast-speaker, an FRR
+// ToR and a client (see package github.com/vipcast/vipcast/test/lab). It
+// creates an IPPool, a BGPPeer and a LoadBalancer Service, prints what a
+// user wants to see, and keeps everything up until Ctrl-C or `lab down`
+// (`make lab-down`), which tear it all down.
+//
+//	lab [-dir _output/lab]          start, show, wait
+//	lab down [-dir _output/lab]     stop a running lab, remove its leftovers
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vipcast/vipcast/test/controlplane"
+	"github.com/vipcast/vipcast/test/harness"
+	"github.com/vipcast/vipcast/test/lab"
+	"github.com/vipcast/vipcast/test/lab/nodeapi"
+)
+
+func main() {
+	args := os.Args[1:]
+	cmd := "up"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("lab "+cmd, flag.ContinueOnError)
+	dir := fs.String("dir", "_output/lab", "directory for binaries, logs, the kubeconfig and the pid file")
+	if err := fs.Parse(args); err != nil {
+		os.Exit(2)
+	}
+	var err error
+	switch cmd {
+	case "up":
+		err = up(*dir)
+	case "down":
+		err = down(*dir)
+	default:
+		err = fmt.Errorf("unknown command %q: want up or down", cmd)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lab:", err)
+		os.Exit(1)
+	}
+}
+
+func say(format string, args ...any) {
+	fmt.Printf("%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func up(dir string) error {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	pidFile := filepath.Join(dir, "lab.pid")
+	if pid, err := readPid(pidFile); err == nil && alive(pid) {
+		return fmt.Errorf("a lab is already running (pid %d): `make lab-down` first", pid)
+	}
+	_ = os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(pidFile)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	r := harness.NewRunner(func(format string, args ...any) { say(format, args...) })
+	defer func() {
+		say("==> tearing down: VMs, FRR, vipcast-ccm, control plane, namespaces")
+		r.Close()
+		say("==> done")
+	}()
+
+	var l *lab.Lab
+	ready := make(chan error, 1)
+	go func() {
+		ready <- r.Run(func(t harness.T) {
+			l = lab.Up(t, lab.Options{Dir: dir, Logf: func(format string, args ...any) { say(format, args...) }})
+			show(ctx, t, l, dir)
+		})
+	}()
+	select {
+	case err := <-ready:
+		if err != nil {
+			return err
+		}
+	case <-ctx.Done():
+		say("==> interrupted while starting")
+		return nil
+	}
+	say("==> the lab is up. Ctrl-C here or `make lab-down` elsewhere tears it down.")
+	<-ctx.Done()
+	return nil
+}
+
+// show creates the demo objects and prints what a user wants to see.
+func show(ctx context.Context, t harness.T, l *lab.Lab, dir string) {
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	data, err := os.ReadFile(l.CP.Kubeconfig)
+	if err == nil {
+		err = os.WriteFile(kubeconfig, data, 0o600)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	say("==> creating IPPool %q (%s), BGPPeer %q (the ToR) and LoadBalancer Service %s/%s with 4 endpoints on 2 nodes",
+		lab.PoolName, lab.PoolPrefix, lab.PeerName, lab.DemoNamespace, lab.DemoService)
+	if err := l.ApplyDemo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	vip, err := l.WaitVIP(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took, err := l.WaitRoute(ctx, vip, 2*time.Minute, l.Addrs(l.Nodes...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	say("==> VIP %s published; the ToR has an ECMP route over both nodes (%v after the VIP appeared)", vip, took.Round(time.Millisecond))
+
+	kubectl := filepath.Join(controlplane.BinDir(), "kubectl")
+	run := func(title string, argv ...string) {
+		fmt.Printf("\n$ %s\n", title)
+		c := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		c.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+		c.Stdout, c.Stderr = os.Stdout, os.Stdout
+		if err := c.Run(); err != nil {
+			fmt.Printf("(%s: %v)\n", argv[0], err)
+		}
+	}
+	run("kubectl get nodes -o wide", kubectl, "get", "nodes", "-o", "wide")
+	run("kubectl get nodes -o custom-columns=...   (vipcast-ccm initialized them: provider ID set, uninitialized taint gone)",
+		kubectl, "get", "nodes", "-o", "custom-columns=NAME:.metadata.name,PROVIDER-ID:.spec.providerID,TAINTS:.spec.taints[*].key")
+	run("kubectl get ippools,bgppeers", kubectl, "get", "ippools,bgppeers")
+	run("kubectl get svc -n demo -o wide", kubectl, "get", "svc", "-n", lab.DemoNamespace, "-o", "wide")
+	run("kubectl get events -n demo", kubectl, "get", "events", "-n", lab.DemoNamespace)
+	run("(ToR) ip route show "+vip.String(), "ip", "-n", l.TorNS.Name, "route", "show", vip.String())
+	run("(ToR) vtysh -c 'show bgp ipv4 unicast "+vip.String()+"'", "vtysh", "--vty_socket", l.ToR.Dir, "-c", "show bgp ipv4 unicast "+vip.String())
+	for _, n := range l.Nodes {
+		st, err := n.State(ctx)
+		fmt.Printf("\n$ (%s) IPVS table and VIPs on vipcast0\n", n.Name)
+		if err != nil {
+			fmt.Printf("(%v)\n", err)
+			continue
+		}
+		for _, s := range st.Services {
+			fmt.Printf("%s %s\n", s.Key, s.Scheduler)
+			for _, b := range s.Backends {
+				fmt.Printf("  -> %s\n", b)
+			}
+		}
+		fmt.Printf("vipcast0: %s\n", strings.Join(st.VIPs, " "))
+	}
+	addr := netip.AddrPortFrom(vip, 80)
+	fmt.Printf("\n$ (client %s) 8 requests to http://%s/, each on a new connection\n", "192.168.50.2", addr)
+	for range 8 {
+		body, err := l.Get(ctx, addr)
+		if err != nil {
+			body = "error: " + err.Error()
+		}
+		fmt.Println(body)
+	}
+	fmt.Printf(`
+Try it yourself:
+  KUBECONFIG=%s %s get svc -A
+  ip netns exec %s curl -s http://%s/              # the client, behind the ToR
+  vtysh --vty_socket %s -c 'show bgp summary'      # the ToR
+  Logs: %s (vipcast-ccm, node consoles with the speakers' logs)
+  Backends answer on port %d: %s
+`, kubeconfig, kubectl, l.ClientNS.Name, addr, l.ToR.Dir, dir, nodeapi.BackendPort, podList(l))
+}
+
+func podList(l *lab.Lab) string {
+	var s []string
+	for _, p := range l.Pods() {
+		s = append(s, p.Name+"@"+p.Node+"="+p.Addr.String())
+	}
+	return strings.Join(s, " ")
+}
+
+// down stops a running lab and removes anything a killed lab left behind.
+func down(dir string) error {
+	pid, err := readPid(filepath.Join(dir, "lab.pid"))
+	if err == nil && alive(pid) {
+		say("==> stopping the lab (pid %d)", pid)
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		deadline := time.Now().Add(60 * time.Second)
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
+		}
+		if alive(pid) {
+			say("==> the lab did not stop within 60s: killing it")
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) && err != nil {
+		return err
+	}
+	if pid > 0 {
+		// Namespaces are named vc<pid>-<role> (test/netns); their
+		// processes died with the lab (Pdeathsig).
+		out, _ := exec.Command("ip", "netns", "list").Output()
+		for _, line := range strings.Split(string(out), "\n") {
+			name, _, _ := strings.Cut(line, " ")
+			if strings.HasPrefix(name, fmt.Sprintf("vc%d-", pid%100000)) {
+				say("==> removing leftover namespace %s", name)
+				_ = exec.Command("ip", "netns", "del", name).Run()
+			}
+		}
+	}
+	_ = os.Remove(filepath.Join(dir, "lab.pid"))
+	say("==> no lab running")
+	return nil
+}
+
+func readPid(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+func alive(pid int) bool {
+	return pid > 0 && syscall.Kill(pid, 0) == nil
+}

@@ -1,0 +1,763 @@
+// Package lab builds the end-to-end topology that `make lab` shows and the
+// end-to-end tests assert: a real control plane (etcd + kube-apiserver) and
+// vipcast-ccm on the host; two nodes, each a VM running Debian's kernel
+// (test/vm) with the real vipcast-speaker programming IPVS and announcing
+// over BGP; an FRR ToR (zebra + bgpd) in a network namespace whose kernel
+// gets the ECMP routes; and a client namespace behind the ToR.
+//
+//	 client ns              ToR ns (FRR, AS 64500)                 VMs (AS 64501)
+//	192.168.50.2 ── veth ── 192.168.50.1
+//	                        10.0.0.1 on bridge "rack" ─┬─ tap ── node1 10.0.0.11  pods 10.244.1.0/24
+//	                        relay :6443 → API server   └─ tap ── node2 10.0.0.12  pods 10.244.2.0/24
+//
+// There is no kubelet: a small agent in each VM (test/lab/node) plays the
+// kubelet's and the CNI's parts (pods are network namespaces serving HTTP,
+// routed between nodes over the rack), and the lab writes the EndpointSlices
+// the endpoint controller would. Everything else is the real thing.
+//
+// Up needs root, qemu (installed by test/vm when missing), FRR and the
+// control-plane binaries (`make tools routers`). Everything it starts is
+// stopped by the T's cleanups: the VMs, daemons, namespaces and files.
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/vipcast/vipcast/test/controlplane"
+	"github.com/vipcast/vipcast/test/harness"
+	"github.com/vipcast/vipcast/test/lab/nodeapi"
+	"github.com/vipcast/vipcast/test/netns"
+	"github.com/vipcast/vipcast/test/proc"
+	"github.com/vipcast/vipcast/test/routers"
+	"github.com/vipcast/vipcast/test/vm"
+)
+
+// The lab's addresses and numbers.
+const (
+	ToRASN  = 64500
+	NodeASN = 64501
+	// Namespace and Service the demo creates.
+	DemoNamespace = "demo"
+	DemoService   = "web"
+	// PoolName and PeerName are the demo's IPPool and BGPPeer.
+	PoolName = "lab"
+	PeerName = "tor"
+	apiRelay = "6443"
+)
+
+var (
+	torAddr    = netip.MustParseAddr("10.0.0.1")
+	rackBits   = 24
+	clientAddr = netip.MustParseAddr("192.168.50.2")
+	clientGW   = netip.MustParseAddr("192.168.50.1")
+	// PoolPrefix is the demo IPPool's range.
+	PoolPrefix = netip.MustParsePrefix("10.100.0.0/28")
+)
+
+// Options configure a lab.
+type Options struct {
+	// Dir holds binaries and logs (consoles, CCM, routers); default: a
+	// temporary directory of the T.
+	Dir string
+	// Logf shows progress; default the T's Logf.
+	Logf func(format string, args ...any)
+	// Nodes (default 2) and PodsPerNode (default 3).
+	Nodes, PodsPerNode int
+	// HoldTime and KeepaliveTime of the BGP sessions (default 6s and 2s:
+	// emulated VMs on two shared cores miss tighter keepalives).
+	HoldTime, KeepaliveTime time.Duration
+	// NodeMemoryMB per VM (default 768).
+	NodeMemoryMB int
+}
+
+// Lab is a running topology.
+type Lab struct {
+	Opts  Options
+	CP    *controlplane.ControlPlane
+	ToR   *routers.FRR
+	TorNS *netns.NS
+	// ClientNS is the client behind the ToR.
+	ClientNS *netns.NS
+	Nodes    []*Node
+	CCMLog   string
+
+	t harness.T
+}
+
+// Node is one VM.
+type Node struct {
+	Name    string
+	Addr    netip.Addr
+	PodCIDR netip.Prefix
+	Pods    []Pod
+	Console string // console log file
+
+	lab  *Lab
+	pid  int // qemu
+	done chan struct{}
+	err  error
+}
+
+// Pod is a backend serving HTTP on nodeapi.BackendPort.
+type Pod struct {
+	Name string
+	Node string
+	Addr netip.Addr
+}
+
+// Up builds the binaries, starts everything and waits until both nodes'
+// agents answer; Demo then creates the pool, peer and Service.
+func Up(t harness.T, opts Options) *Lab {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the lab needs root: network namespaces, tap devices and routes (run as root)")
+	}
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	if opts.Logf == nil {
+		opts.Logf = t.Logf
+	}
+	if opts.Nodes == 0 {
+		opts.Nodes = 2
+	}
+	if opts.PodsPerNode == 0 {
+		opts.PodsPerNode = 3
+	}
+	if opts.HoldTime == 0 {
+		opts.HoldTime = 6 * time.Second
+	}
+	if opts.KeepaliveTime == 0 {
+		opts.KeepaliveTime = opts.HoldTime / 3
+	}
+	if opts.NodeMemoryMB == 0 {
+		opts.NodeMemoryMB = 768
+	}
+	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l := &Lab{Opts: opts, t: t}
+	logf := opts.Logf
+
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	logf("==> building vipcast-ccm, vipcast-speaker and the lab node agent (static, for the VMs)")
+	bins, err := l.build(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logf("==> preparing the VM kernel and qemu (cached after the first run)")
+	venv, err := vm.Prepare(ctx, vm.Logf(logf))
+	if err != nil {
+		t.Fatalf("vm: %v", err)
+	}
+
+	logf("==> starting etcd and kube-apiserver %s", controlplane.KubernetesVersion)
+	l.CP = controlplane.Start(t)
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	crds, _ := filepath.Glob(filepath.Join(root, "charts/vipcast/crds/*.yaml"))
+	if len(crds) == 0 {
+		t.Fatal("no CRDs in charts/vipcast/crds")
+	}
+	if err := l.CP.InstallCRDs(ctx, crds); err != nil {
+		t.Fatal(err)
+	}
+
+	logf("==> starting vipcast-ccm (leader election on)")
+	l.startCCM(bins["vipcast-ccm"])
+
+	logf("==> network: ToR namespace with bridge rack %s/%d, client %s behind it", torAddr, rackBits, clientAddr)
+	l.TorNS = netns.New(t, "tor")
+	netns.Bridge(t, l.TorNS, "rack", fmt.Sprintf("%s/%d", torAddr, rackBits))
+	sysctl(t, l.TorNS, "net.ipv4.ip_forward", "1")
+	// ECMP by the 5-tuple, as data-centre ToRs do: one client's
+	// connections spread over both nodes.
+	sysctl(t, l.TorNS, "net.ipv4.fib_multipath_hash_policy", "1")
+	l.ClientNS = netns.New(t, "client")
+	netns.Veth(t, l.ClientNS, "eth0", clientAddr.String()+"/24", l.TorNS, "client", clientGW.String()+"/24")
+	l.ClientNS.Ip(t, "route", "add", "default", "via", clientGW.String())
+	apiHost := strings.TrimPrefix(l.CP.Config.Host, "https://")
+	netns.Forward(t, l.TorNS, net.JoinHostPort(torAddr.String(), apiRelay), apiHost)
+
+	for i := 1; i <= opts.Nodes; i++ {
+		n := &Node{
+			Name:    fmt.Sprintf("node%d", i),
+			Addr:    netip.AddrFrom4([4]byte{10, 0, 0, byte(10 + i)}),
+			PodCIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24),
+			lab:     l,
+			done:    make(chan struct{}),
+		}
+		for j := 1; j <= opts.PodsPerNode; j++ {
+			n.Pods = append(n.Pods, Pod{
+				Name: fmt.Sprintf("backend-%d", (i-1)*opts.PodsPerNode+j),
+				Node: n.Name,
+				Addr: netip.AddrFrom4([4]byte{10, 244, byte(i), byte(9 + j)}),
+			})
+		}
+		l.Nodes = append(l.Nodes, n)
+	}
+
+	var neighbors []routers.FRRNeighbor
+	for _, n := range l.Nodes {
+		neighbors = append(neighbors, routers.FRRNeighbor{Address: n.Addr, ASN: NodeASN, KeepaliveTime: opts.KeepaliveTime, HoldTime: opts.HoldTime})
+	}
+	logf("==> starting FRR (zebra + bgpd, AS %d) in the ToR namespace", ToRASN)
+	l.ToR = routers.StartFRR(t, routers.FRRConfig{ASN: ToRASN, ListenAddress: torAddr, Netns: l.TorNS.Name, Zebra: true, Neighbors: neighbors})
+
+	for _, n := range l.Nodes {
+		l.registerNode(n, venv.Kernel.Release)
+	}
+	kubeconfig := l.nodeKubeconfig()
+	logf("==> booting %d node VMs (Debian kernel %s under qemu, %s)", len(l.Nodes), venv.Kernel.Release, venv.Accel)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() }) // VMs go before the namespaces
+	for i, n := range l.Nodes {
+		tap := fmt.Sprintf("tap%d", i+1)
+		l.TorNS.Ip(t, "tuntap", "add", "dev", tap, "mode", "tap")
+		l.TorNS.Ip(t, "link", "set", tap, "master", "rack", "up")
+		opts := l.vmOptions(n, i, tap, bins, kubeconfig)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(n.done)
+			_, n.err = vm.RunContext(ctx, venv, opts)
+		}()
+	}
+	start := time.Now()
+	for _, n := range l.Nodes {
+		if err := n.waitAgent(ctx, 5*time.Minute); err != nil {
+			l.dumpConsoles()
+			t.Fatalf("%s: %v", n.Name, err)
+		}
+		logf("    %s is up at %s (%s after boot started)", n.Name, n.Addr, time.Since(start).Round(time.Second))
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			l.dumpConsoles()
+		}
+	})
+	return l
+}
+
+// build compiles the binaries into Dir/bin.
+func (l *Lab) build(ctx context.Context) (map[string]string, error) {
+	dir := filepath.Join(l.Opts.Dir, "bin")
+	out := map[string]string{}
+	for name, pkg := range map[string]string{
+		"vipcast-ccm":     "github.com/vipcast/vipcast/cmd/vipcast-ccm",
+		"vipcast-speaker": "github.com/vipcast/vipcast/cmd/vipcast-speaker",
+		"lab-node":        "github.com/vipcast/vipcast/test/lab/node",
+	} {
+		out[name] = filepath.Join(dir, name)
+		if err := vm.BuildStatic(ctx, "", pkg, out[name]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// repoRoot is the directory of vipcast's go.mod.
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("not inside the vipcast module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+func sysctl(t harness.T, ns *netns.NS, key, value string) {
+	t.Helper()
+	path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+	argv := ns.Command("sh", "-c", "echo "+value+" > "+path)
+	if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("sysctl %s in %s: %v: %s", key, ns.Name, err, out)
+	}
+}
+
+func (l *Lab) startCCM(bin string) {
+	t := l.t
+	ports, err := proc.FreePorts("127.0.0.1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.CCMLog = filepath.Join(l.Opts.Dir, "vipcast-ccm.log")
+	p, err := proc.Start(l.CCMLog, bin,
+		"--kubeconfig", l.CP.Kubeconfig,
+		"--authentication-kubeconfig", l.CP.Kubeconfig,
+		"--authorization-kubeconfig", l.CP.Kubeconfig,
+		"--bind-address", "127.0.0.1",
+		"--secure-port", strconv.Itoa(ports[0]),
+		"--leader-elect=true",
+		"--configure-cloud-routes=false",
+		"-v", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop(5 * time.Second) })
+}
+
+// registerNode creates the Node as a kubelet started with
+// --cloud-provider=external would: with its address and the
+// uninitialized taint, which vipcast-ccm removes.
+func (l *Lab) registerNode(n *Node, kernel string) {
+	t := l.t
+	ctx := context.Background()
+	node := &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}},
+		Spec: v1.NodeSpec{
+			PodCIDR:  n.PodCIDR.String(),
+			PodCIDRs: []string{n.PodCIDR.String()},
+			Taints:   []v1.Taint{{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: v1.TaintEffectNoSchedule}},
+		},
+	}
+	created, err := l.CP.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("node %s: %v", n.Name, err)
+	}
+	created.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.Addr.String()}, {Type: v1.NodeHostName, Address: n.Name}}
+	created.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}}
+	created.Status.NodeInfo = v1.NodeSystemInfo{
+		KernelVersion: kernel, OSImage: "vipcast lab VM", OperatingSystem: "linux", Architecture: "amd64",
+		KubeletVersion: "none (lab node agent)", ContainerRuntimeVersion: "none (pods are namespaces)",
+	}
+	if _, err := l.CP.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("node %s status: %v", n.Name, err)
+	}
+	// The API server taints every new Node not-ready; the node lifecycle
+	// controller (not running here) lifts it once the Node reports Ready.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := l.CP.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		node.Spec.Taints = slices.DeleteFunc(node.Spec.Taints, func(t v1.Taint) bool { return t.Key == v1.TaintNodeNotReady })
+		_, err = l.CP.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("node %s: lifting the not-ready taint: %v", n.Name, err)
+	}
+}
+
+// nodeKubeconfig writes the admin kubeconfig with the API server reached
+// through the ToR's relay.
+func (l *Lab) nodeKubeconfig() string {
+	t := l.t
+	data, err := os.ReadFile(l.CP.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(l.CP.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.ReplaceAll(string(data), u.Host, net.JoinHostPort(torAddr.String(), apiRelay))
+	path := filepath.Join(l.Opts.Dir, "kubeconfig-nodes")
+	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func (l *Lab) vmOptions(n *Node, i int, tap string, bins map[string]string, kubeconfig string) vm.Options {
+	var pods, routes []string
+	for _, p := range n.Pods {
+		pods = append(pods, p.Name+"="+p.Addr.String())
+	}
+	for _, o := range l.Nodes {
+		if o != n {
+			routes = append(routes, o.PodCIDR.String()+"="+o.Addr.String())
+		}
+	}
+	n.Console = filepath.Join(l.Opts.Dir, n.Name+"-console.log")
+	console, err := os.Create(n.Console)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	l.t.Cleanup(func() { console.Close() })
+	var mu sync.Mutex
+	return vm.Options{
+		TestBinary: bins["lab-node"],
+		Args: append([]string{
+			"-name", n.Name,
+			"-addr", fmt.Sprintf("%s/%d", n.Addr, rackBits),
+			"-gateway", torAddr.String(),
+			"-pod-cidr", n.PodCIDR.String(),
+			"-pods", strings.Join(pods, ","),
+			"-routes", strings.Join(routes, ","),
+			"-speaker", "/vm/bin/vipcast-speaker",
+			"--",
+		}, n.speakerArgs()...),
+		Files: map[string]string{
+			"vm/bin/vipcast-speaker": bins["vipcast-speaker"],
+			"vm/kubeconfig":          kubeconfig,
+		},
+		Modules:  append(slices.Clone(vm.DefaultModules), "virtio_pci", "virtio_net", "bridge"),
+		MemoryMB: l.Opts.NodeMemoryMB,
+		Timeout:  1000 * time.Hour, // until the lab is torn down
+		Netns:    l.TorNS.Name,
+		QEMUArgs: []string{
+			"-netdev", "tap,id=rack,ifname=" + tap + ",script=no,downscript=no",
+			"-device", fmt.Sprintf("virtio-net-pci,netdev=rack,mac=52:54:00:00:00:%02x", 0x11+i),
+		},
+		Started: func(pid int) { n.pid = pid },
+		Logf: func(format string, args ...any) {
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(console, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+		},
+	}
+}
+
+func (n *Node) speakerArgs() []string {
+	return []string{
+		"--kubeconfig", "/vm/kubeconfig",
+		"--node-name", n.Name,
+		"--metrics-bind-address", net.JoinHostPort(n.Addr.String(), "7473"),
+		"--convergence-delay", "2s",
+		"--dataplane-resync-period", "30s",
+		"-v", "2",
+	}
+}
+
+// dumpConsoles shows the end of each VM's console.
+func (l *Lab) dumpConsoles() {
+	for _, n := range l.Nodes {
+		if n.Console == "" {
+			continue
+		}
+		data, _ := os.ReadFile(n.Console)
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		if len(lines) > 60 {
+			lines = lines[len(lines)-60:]
+		}
+		l.t.Logf("--- %s console (last %d lines of %s):\n%s", n.Name, len(lines), n.Console, strings.Join(lines, "\n"))
+	}
+}
+
+// httpClient makes one new connection per request from inside ns.
+func httpClient(ns *netns.NS) *http.Client {
+	return &http.Client{
+		Timeout:   5 * time.Second,
+		Transport: &http.Transport{DialContext: ns.DialContext, DisableKeepAlives: true},
+	}
+}
+
+// waitAgent polls the node's control server until it answers.
+func (n *Node) waitAgent(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		if _, err := n.State(ctx); err == nil {
+			return nil
+		}
+		select {
+		case <-n.done:
+			return fmt.Errorf("the VM ended during boot: %v", n.err)
+		case <-ctx.Done():
+			return fmt.Errorf("the node agent did not answer within %v (see %s)", timeout, n.Console)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// State reads the node's IPVS table and VIPs.
+func (n *Node) State(ctx context.Context) (nodeapi.State, error) {
+	var st nodeapi.State
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.controlURL("/state"), nil)
+	if err != nil {
+		return st, err
+	}
+	resp, err := httpClient(n.lab.TorNS).Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return st, fmt.Errorf("%s: %s", resp.Status, b)
+	}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// Speaker signals the node's vipcast-speaker ("TERM", "STOP", "CONT",
+// "KILL"; wait: until it exited) or, with "start", starts it again.
+func (n *Node) Speaker(ctx context.Context, action string, waitExit bool) error {
+	q := "signal=" + action
+	if action == "start" {
+		q = "start=1"
+	}
+	if waitExit {
+		q += "&wait=1"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.controlURL("/speaker?"+q), nil)
+	if err != nil {
+		return err
+	}
+	c := httpClient(n.lab.TorNS)
+	c.Timeout = 40 * time.Second
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("speaker %s on %s: %s: %s", action, n.Name, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return nil
+}
+
+// Freeze stops the whole VM (qemu gets SIGSTOP): a node that hangs without
+// closing anything. Thaw resumes it.
+func (n *Node) Freeze() error { return syscall.Kill(n.pid, syscall.SIGSTOP) }
+
+// Thaw resumes a frozen VM.
+func (n *Node) Thaw() error { return syscall.Kill(n.pid, syscall.SIGCONT) }
+
+func (n *Node) controlURL(path string) string {
+	return "http://" + net.JoinHostPort(n.Addr.String(), nodeapi.Port) + path
+}
+
+// Pods returns every pod of every node.
+func (l *Lab) Pods() []Pod {
+	var out []Pod
+	for _, n := range l.Nodes {
+		out = append(out, n.Pods...)
+	}
+	return out
+}
+
+// Get sends one HTTP request from the client namespace to addr (VIP:port)
+// on a new connection and returns the answer's body.
+func (l *Lab) Get(ctx context.Context, addr netip.AddrPort) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr.String()+"/", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := httpClient(l.ClientNS).Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(b)), err
+}
+
+// Routes returns the ToR kernel's next hops for prefix (none: no route).
+func (l *Lab) Routes(prefix netip.Prefix) ([]netip.Addr, error) {
+	routes, err := l.ToR.KernelRoutes(routers.IPv4)
+	if err != nil {
+		return nil, err
+	}
+	return slices.SortedFunc(slices.Values(routes[prefix]), netip.Addr.Compare), nil
+}
+
+// ApplyDemo creates the demo IPPool, BGPPeer, namespace and LoadBalancer
+// Service, with endpoints on the first two pods of each node.
+func (l *Lab) ApplyDemo(ctx context.Context) error {
+	pool := fmt.Sprintf(`apiVersion: vipcast.io/v1alpha1
+kind: IPPool
+metadata:
+  name: %s
+spec:
+  addresses: [%q]
+  avoidBuggyIPs: true
+`, PoolName, PoolPrefix)
+	peer := fmt.Sprintf(`apiVersion: vipcast.io/v1alpha1
+kind: BGPPeer
+metadata:
+  name: %s
+spec:
+  peerAddress: %s
+  peerASN: %d
+  localASN: %d
+  holdTime: %s
+  keepaliveTime: %s
+`, PeerName, torAddr, ToRASN, NodeASN, l.Opts.HoldTime, l.Opts.KeepaliveTime)
+	for _, doc := range []string{pool, peer} {
+		if err := l.apply(ctx, doc); err != nil {
+			return err
+		}
+	}
+	if _, err := l.CP.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: DemoNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: DemoService, Namespace: DemoNamespace},
+		Spec: v1.ServiceSpec{
+			Type:     v1.ServiceTypeLoadBalancer,
+			Selector: map[string]string{"app": DemoService},
+			Ports:    []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(nodeapi.BackendPort)}},
+		},
+	}
+	if _, err := l.CP.Client.CoreV1().Services(DemoNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	var eps []Pod
+	for _, n := range l.Nodes {
+		eps = append(eps, n.Pods[:min(2, len(n.Pods))]...)
+	}
+	return l.SetEndpoints(ctx, eps, nil)
+}
+
+// apply creates one vipcast object from YAML.
+func (l *Lab) apply(ctx context.Context, doc string) error {
+	u := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+		return err
+	}
+	res := schema.GroupVersionResource{Group: "vipcast.io", Version: "v1alpha1", Resource: strings.ToLower(u.GetKind()) + "s"}
+	_, err := l.CP.Dynamic.Resource(res).Create(ctx, u, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("creating %s %s: %w", u.GetKind(), u.GetName(), err)
+	}
+	return nil
+}
+
+// SetEndpoints writes the demo Service's EndpointSlice, as the endpoint
+// controller would for a Deployment: ready pods, plus terminating ones.
+func (l *Lab) SetEndpoints(ctx context.Context, ready, terminating []Pod) error {
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      DemoService + "-lab",
+			Namespace: DemoNamespace,
+			Labels:    map[string]string{discoveryv1.LabelServiceName: DemoService, discoveryv1.LabelManagedBy: "vipcast-lab"},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(nodeapi.BackendPort)), Protocol: ptr.To(v1.ProtocolTCP)}},
+	}
+	add := func(p Pod, isReady bool) {
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
+			Addresses: []string{p.Addr.String()},
+			NodeName:  ptr.To(p.Node),
+			TargetRef: &v1.ObjectReference{Kind: "Pod", Namespace: DemoNamespace, Name: p.Name},
+			Conditions: discoveryv1.EndpointConditions{
+				Ready: ptr.To(isReady), Serving: ptr.To(true), Terminating: ptr.To(!isReady),
+			},
+		})
+	}
+	for _, p := range ready {
+		add(p, true)
+	}
+	for _, p := range terminating {
+		add(p, false)
+	}
+	c := l.CP.Client.DiscoveryV1().EndpointSlices(DemoNamespace)
+	old, err := c.Get(ctx, slice.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = c.Create(ctx, slice, metav1.CreateOptions{})
+	case err == nil:
+		slice.ResourceVersion = old.ResourceVersion
+		_, err = c.Update(ctx, slice, metav1.UpdateOptions{})
+	}
+	return err
+}
+
+// WaitVIP waits until the demo Service has a VIP in its status.
+func (l *Lab) WaitVIP(ctx context.Context, timeout time.Duration) (netip.Addr, error) {
+	var vip netip.Addr
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		s, err := l.CP.Client.CoreV1().Services(DemoNamespace).Get(ctx, DemoService, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			if a, err := netip.ParseAddr(in.IP); err == nil {
+				vip = a
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return vip, fmt.Errorf("no VIP in the status of %s/%s after %v (see %s): %w", DemoNamespace, DemoService, timeout, l.CCMLog, err)
+	}
+	return vip, nil
+}
+
+// WaitRoute polls the ToR's kernel until the route to vip has exactly the
+// next hops want (none: no route) and returns how long that took.
+func (l *Lab) WaitRoute(ctx context.Context, vip netip.Addr, timeout time.Duration, want ...netip.Addr) (time.Duration, error) {
+	slices.SortFunc(want, netip.Addr.Compare)
+	prefix := netip.PrefixFrom(vip, 32)
+	start := time.Now()
+	var got []netip.Addr
+	for time.Since(start) < timeout {
+		var err error
+		if got, err = l.Routes(prefix); err != nil {
+			return 0, err
+		}
+		if slices.Equal(got, want) {
+			return time.Since(start), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return 0, fmt.Errorf("ToR route to %s: next hops %v after %v, want %v", prefix, got, timeout, want)
+}
+
+// Addrs returns the nodes' addresses.
+func (l *Lab) Addrs(nodes ...*Node) []netip.Addr {
+	var out []netip.Addr
+	for _, n := range nodes {
+		out = append(out, n.Addr)
+	}
+	return out
+}
+
+// Sample sends n requests through addr and counts the answers per pod; a
+// failed request counts under "error: ...".
+func (l *Lab) Sample(ctx context.Context, addr netip.AddrPort, n int) map[string]int {
+	out := map[string]int{}
+	for range n {
+		body, err := l.Get(ctx, addr)
+		if err != nil {
+			out["error: "+err.Error()]++
+			continue
+		}
+		name, _, _ := strings.Cut(body, " ")
+		out[name]++
+	}
+	return out
+}

@@ -1,0 +1,310 @@
+package lab_test
+
+import (
+	"context"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/vipcast/vipcast/test/lab"
+	"github.com/vipcast/vipcast/test/lab/nodeapi"
+	"github.com/vipcast/vipcast/test/netns"
+)
+
+// TestEndToEnd is the lab's topology, asserted: real API server, CCM, FRR
+// ToR, and two VMs whose speakers program IPVS in their own kernels.
+func TestEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end lab: skipped with -short")
+	}
+	netns.Require(t)
+	l := lab.Up(t, lab.Options{})
+	ctx := t.Context()
+	node1, node2 := l.Nodes[0], l.Nodes[1]
+	pods1, pods2 := node1.Pods, node2.Pods
+
+	// Service created → VIP in status → ECMP route at the ToR → traffic.
+	if err := l.ApplyDemo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	vip, err := l.WaitVIP(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lab.PoolPrefix.Contains(vip) {
+		t.Fatalf("VIP %s is outside the pool %s", vip, lab.PoolPrefix)
+	}
+	took := waitRoute(t, l, vip, 2*time.Minute, node1, node2)
+	t.Logf("VIP %s: ECMP route over both nodes at the ToR %v after it was published", vip, took.Round(time.Millisecond))
+	checkNodesInitialized(t, l)
+	addr := netip.AddrPortFrom(vip, 80)
+	ready := []lab.Pod{pods1[0], pods1[1], pods2[0], pods2[1]}
+	reach(t, l, addr, ready, nil)
+	for _, n := range l.Nodes {
+		waitIPVS(t, n, vip, backendsOf(ready...))
+	}
+	throughBoth(t, l, addr)
+
+	// Scale up to all six pods, then down to one per node.
+	all := slices.Concat(pods1, pods2)
+	setEndpoints(t, l, all, nil)
+	for _, n := range l.Nodes {
+		waitIPVS(t, n, vip, backendsOf(all...))
+	}
+	reach(t, l, addr, all, nil)
+	few := []lab.Pod{pods1[0], pods2[0]}
+	setEndpoints(t, l, few, nil)
+	for _, n := range l.Nodes {
+		waitIPVS(t, n, vip, backendsOf(few...))
+	}
+	reach(t, l, addr, few, all)
+
+	// Local: each node forwards to its own endpoint only and the backend
+	// sees the client's address; a node without a local endpoint withdraws.
+	patchService(t, l, `{"spec":{"externalTrafficPolicy":"Local"}}`)
+	waitIPVS(t, node1, vip, backendsOf(pods1[0]))
+	waitIPVS(t, node2, vip, backendsOf(pods2[0]))
+	for i := range 10 {
+		body, err := l.Get(ctx, addr)
+		if err != nil {
+			t.Fatalf("request %d through %s with Local: %v", i, addr, err)
+		}
+		if !strings.HasSuffix(body, "client 192.168.50.2") {
+			t.Fatalf("with externalTrafficPolicy Local the backend saw %q, want the client's own address 192.168.50.2", body)
+		}
+	}
+	setEndpoints(t, l, []lab.Pod{pods1[0]}, nil)
+	took = waitRoute(t, l, vip, 30*time.Second, node1)
+	t.Logf("Local, no endpoint left on node2: its next hop left the ToR in %v", took.Round(time.Millisecond))
+	waitIPVS(t, node2, vip, nil) // kept without real servers: stray packets are refused, not forwarded
+	reach(t, l, addr, []lab.Pod{pods1[0]}, nil)
+
+	// Back to Cluster with two endpoints per node.
+	patchService(t, l, `{"spec":{"externalTrafficPolicy":"Cluster"}}`)
+	setEndpoints(t, l, ready, nil)
+	waitRoute(t, l, vip, 30*time.Second, node1, node2)
+	for _, n := range l.Nodes {
+		waitIPVS(t, n, vip, backendsOf(ready...))
+	}
+
+	// SIGTERM on node1's speaker: its next hop goes at once and traffic
+	// carries on through node2.
+	start := time.Now()
+	if err := node1.Speaker(ctx, "TERM", false); err != nil {
+		t.Fatal(err)
+	}
+	took = waitRoute(t, l, vip, 10*time.Second, node2)
+	sent := time.Since(start) - took
+	t.Logf("SIGTERM on node1's speaker: next hop gone from the ToR kernel %v later (signal delivery into the VM %v)", took.Round(time.Millisecond), sent.Round(time.Millisecond))
+	if took >= time.Second {
+		t.Errorf("next hop removed %v after SIGTERM, want under 1s", took)
+	}
+	reach(t, l, addr, ready, nil)
+	if err := node1.Speaker(ctx, "KILL", true); err != nil && !strings.Contains(err.Error(), "process already finished") {
+		t.Logf("speaker already gone: %v", err)
+	}
+	if err := node1.Speaker(ctx, "start", false); err != nil {
+		t.Fatal(err)
+	}
+	waitRoute(t, l, vip, time.Minute, node1, node2)
+
+	// A frozen node (the whole VM stopped): gone within the hold time.
+	if err := node2.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	took = waitRoute(t, l, vip, l.Opts.HoldTime+10*time.Second, node1)
+	t.Logf("node2 frozen: its next hop left the ToR %v later (hold time %v)", took.Round(time.Millisecond), l.Opts.HoldTime)
+	if took > l.Opts.HoldTime+time.Second {
+		t.Errorf("frozen node removed after %v, want within the hold time %v (+1s for zebra)", took, l.Opts.HoldTime)
+	}
+	if err := node2.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	took = waitRoute(t, l, vip, 2*time.Minute, node1, node2)
+	t.Logf("node2 thawed %v after freezing: back at the ToR %v later", time.Since(frozen).Round(time.Second)-took.Round(time.Second), took.Round(time.Millisecond))
+
+	// The Service goes: the route goes, and each node's IPVS and dummy
+	// link are clean.
+	if err := l.CP.Client.CoreV1().Services(lab.DemoNamespace).Delete(ctx, lab.DemoService, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRoute(t, l, vip, 30*time.Second)
+	for _, n := range l.Nodes {
+		waitClean(t, n)
+	}
+}
+
+func waitRoute(t *testing.T, l *lab.Lab, vip netip.Addr, timeout time.Duration, nodes ...*lab.Node) time.Duration {
+	t.Helper()
+	took, err := l.WaitRoute(t.Context(), vip, timeout, l.Addrs(nodes...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return took
+}
+
+// checkNodesInitialized: vipcast-ccm removed the uninitialized taint and
+// set the provider ID.
+func checkNodesInitialized(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	for _, n := range l.Nodes {
+		var node *v1.Node
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var err error
+			node, err = l.CP.Client.CoreV1().Nodes().Get(t.Context(), n.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			initialized := node.Spec.ProviderID == "vipcast://"+n.Name && !slices.ContainsFunc(node.Spec.Taints, func(tt v1.Taint) bool {
+				return tt.Key == "node.cloudprovider.kubernetes.io/uninitialized"
+			})
+			if initialized {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s not initialized by vipcast-ccm: providerID %q, taints %v", n.Name, node.Spec.ProviderID, node.Spec.Taints)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+func setEndpoints(t *testing.T, l *lab.Lab, ready, terminating []lab.Pod) {
+	t.Helper()
+	if err := l.SetEndpoints(t.Context(), ready, terminating); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func patchService(t *testing.T, l *lab.Lab, patch string) {
+	t.Helper()
+	if _, err := l.CP.Client.CoreV1().Services(lab.DemoNamespace).Patch(t.Context(), lab.DemoService, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reach sends requests through addr from the client until every pod in want
+// has answered (at most 100), with no failed request and no answer from a
+// pod outside want (such as one in gone).
+func reach(t *testing.T, l *lab.Lab, addr netip.AddrPort, want, gone []lab.Pod) {
+	t.Helper()
+	wantSet := map[string]bool{}
+	for _, p := range want {
+		wantSet[p.Name] = true
+	}
+	seen := map[string]int{}
+	for i := 0; i < 100 && len(seen) < len(wantSet); i++ {
+		body, err := l.Get(t.Context(), addr)
+		if err != nil {
+			t.Fatalf("request %d through %s: %v (answers so far %v)", i, addr, err, seen)
+		}
+		name, _, _ := strings.Cut(body, " ")
+		if !wantSet[name] {
+			t.Fatalf("request %d through %s answered by %q, want one of %v (gone: %v)", i, addr, body, slices.Sorted(maps.Keys(wantSet)), names(gone))
+		}
+		seen[name]++
+	}
+	if len(seen) < len(wantSet) {
+		t.Fatalf("after 100 requests through %s only %v answered, want all of %v", addr, seen, slices.Sorted(maps.Keys(wantSet)))
+	}
+	t.Logf("through %s: %v", addr, seen)
+}
+
+func names(pods []lab.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Name)
+	}
+	return out
+}
+
+// backendsOf renders pods as the node agent lists real servers.
+func backendsOf(pods ...lab.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, netip.AddrPortFrom(p.Addr, nodeapi.BackendPort).String()+" w1")
+	}
+	slices.Sort(out)
+	return out
+}
+
+// waitIPVS waits until n has vip on its dummy link and a virtual server for
+// vip:80 with exactly backends (none: it refuses new connections, as a node
+// without a local endpoint under externalTrafficPolicy Local does).
+func waitIPVS(t *testing.T, n *lab.Node, vip netip.Addr, backends []string) {
+	t.Helper()
+	key := netip.AddrPortFrom(vip, 80).String() + "/TCP"
+	var last nodeapi.State
+	var err error
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		if last, err = n.State(ctx); err == nil {
+			var got []string
+			found := false
+			for _, s := range last.Services {
+				if s.Key == key {
+					got, found = s.Backends, true
+				}
+			}
+			if found && slices.Equal(got, backends) && slices.Contains(last.VIPs, vip.String()) {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s: IPVS %+v (err %v), want %s with %v", n.Name, last, err, key, backends)
+}
+
+// waitClean waits until n has no virtual server and no VIP left.
+func waitClean(t *testing.T, n *lab.Node) {
+	t.Helper()
+	var last nodeapi.State
+	var err error
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if last, err = n.State(t.Context()); err == nil && len(last.Services) == 0 && len(last.VIPs) == 0 {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s: after the Service was deleted IPVS still holds %+v (err %v)", n.Name, last, err)
+}
+
+// throughBoth checks that the ToR's ECMP sends the client's connections
+// through both nodes: under Cluster every backend sees the address of the
+// node that forwarded the connection (its pod bridge for a local pod, its
+// rack address for another node's pod).
+func throughBoth(t *testing.T, l *lab.Lab, addr netip.AddrPort) {
+	t.Helper()
+	via := map[string]int{}
+	for i := 0; i < 60 && len(via) < len(l.Nodes); i++ {
+		body, err := l.Get(t.Context(), addr)
+		if err != nil {
+			t.Fatalf("request %d through %s: %v", i, addr, err)
+		}
+		_, client, _ := strings.Cut(body, ", client ")
+		a, err := netip.ParseAddr(client)
+		if err != nil {
+			t.Fatalf("answer %q names no client address", body)
+		}
+		for _, n := range l.Nodes {
+			if a == n.Addr || a == n.PodCIDR.Addr().Next() {
+				via[n.Name]++
+			}
+		}
+	}
+	if len(via) < len(l.Nodes) {
+		t.Fatalf("the client's connections went through %v only, want every node (ECMP at the ToR)", via)
+	}
+	t.Logf("connections forwarded per node (ECMP at the ToR): %v", via)
+}

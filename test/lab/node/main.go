@@ -1,0 +1,397 @@
+// Command node is what a lab node's VM runs (see package
+// github.com/vipcast/vipcast/test/lab): it plays the parts a kubelet and a
+// CNI plugin play on a real node, then runs the real vipcast-speaker.
+//
+//   - eth0 gets the node's address on the rack network and a default route
+//     to the ToR; routes to the other nodes' pod ranges go via those nodes
+//     (a flat "host-gw" pod network);
+//   - every pod is a network namespace on the bridge cbr0 running an HTTP
+//     server on :8080 that answers with its name, its node and the client
+//     address it saw;
+//   - vipcast-speaker runs as a child with the arguments after "--";
+//   - a control server on the node's address (:9000) lets the host read the
+//     IPVS table (GET /state) and signal or restart the speaker
+//     (POST /speaker?signal=TERM|STOP|CONT|KILL, POST /speaker?start=1).
+//
+// It is built static (CGO_ENABLED=0) and runs as root in the guest.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipcast/vipcast/ipvs"
+	"github.com/vipcast/vipcast/test/lab/nodeapi"
+)
+
+// Pod is one backend on this node.
+type Pod struct {
+	Name string
+	Addr netip.Addr
+}
+
+type config struct {
+	name        string
+	addr        netip.Prefix
+	gateway     netip.Addr
+	podCIDR     netip.Prefix
+	pods        []Pod
+	routes      map[netip.Prefix]netip.Addr
+	control     string
+	speaker     string
+	speakerArgs []string
+}
+
+func main() {
+	cfg, err := parse(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lab-node:", err)
+		os.Exit(2)
+	}
+	if err := run(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "lab-node:", err)
+		os.Exit(1)
+	}
+}
+
+func parse(args []string) (*config, error) {
+	fs := flag.NewFlagSet("lab-node", flag.ContinueOnError)
+	var addr, gw, podCIDR, pods, routes string
+	cfg := &config{routes: map[netip.Prefix]netip.Addr{}}
+	fs.StringVar(&cfg.name, "name", "", "node name")
+	fs.StringVar(&addr, "addr", "", "address of eth0 (CIDR)")
+	fs.StringVar(&gw, "gateway", "", "default gateway (the ToR)")
+	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod range; the bridge takes its first address")
+	fs.StringVar(&pods, "pods", "", "name=address,... of the pods to run")
+	fs.StringVar(&routes, "routes", "", "prefix=via,... routes to other nodes' pod ranges")
+	fs.StringVar(&cfg.control, "control-port", nodeapi.Port, "port of the control server on the node address")
+	fs.StringVar(&cfg.speaker, "speaker", "/vm/bin/vipcast-speaker", "the speaker binary")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	cfg.speakerArgs = fs.Args()
+	var err error
+	if cfg.addr, err = netip.ParsePrefix(addr); err != nil {
+		return nil, fmt.Errorf("-addr: %w", err)
+	}
+	if cfg.gateway, err = netip.ParseAddr(gw); err != nil {
+		return nil, fmt.Errorf("-gateway: %w", err)
+	}
+	if cfg.podCIDR, err = netip.ParsePrefix(podCIDR); err != nil {
+		return nil, fmt.Errorf("-pod-cidr: %w", err)
+	}
+	for _, kv := range strings.Split(pods, ",") {
+		if kv == "" {
+			continue
+		}
+		name, a, ok := strings.Cut(kv, "=")
+		ip, err := netip.ParseAddr(a)
+		if !ok || err != nil || !cfg.podCIDR.Contains(ip) {
+			return nil, fmt.Errorf("-pods: %q is not name=address inside %s", kv, cfg.podCIDR)
+		}
+		cfg.pods = append(cfg.pods, Pod{Name: name, Addr: ip})
+	}
+	for _, kv := range strings.Split(routes, ",") {
+		if kv == "" {
+			continue
+		}
+		p, v, ok := strings.Cut(kv, "=")
+		pfx, err1 := netip.ParsePrefix(p)
+		via, err2 := netip.ParseAddr(v)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("-routes: %q is not prefix=address", kv)
+		}
+		cfg.routes[pfx] = via
+	}
+	return cfg, nil
+}
+
+func run(cfg *config) error {
+	for _, s := range []string{"net/ipv4/ip_forward", "net/ipv4/conf/all/rp_filter", "net/ipv4/conf/default/rp_filter"} {
+		v := "1"
+		if strings.HasSuffix(s, "rp_filter") {
+			v = "0"
+		}
+		if err := os.WriteFile("/proc/sys/"+s, []byte(v), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s: %w", s, err)
+		}
+	}
+	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("rtnetlink: %w", err)
+	}
+	if err := uplink(nl, cfg); err != nil {
+		return err
+	}
+	br, err := bridge(nl, cfg)
+	if err != nil {
+		return err
+	}
+	for i, p := range cfg.pods {
+		if err := startPod(nl, br, cfg, i, p); err != nil {
+			return fmt.Errorf("pod %s: %w", p.Name, err)
+		}
+	}
+	fmt.Printf("lab-node: %s up: %s, pods %v\n", cfg.name, cfg.addr, cfg.pods)
+
+	sp := &speaker{path: cfg.speaker, args: cfg.speakerArgs}
+	if err := sp.start(); err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /state", stateHandler)
+	mux.HandleFunc("POST /speaker", sp.handle)
+	srv := &http.Server{Addr: net.JoinHostPort(cfg.addr.Addr().String(), cfg.control), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	fmt.Printf("lab-node: control server on %s\n", srv.Addr)
+	return srv.ListenAndServe()
+}
+
+// uplink configures eth0, the default route and the routes to other pods.
+func uplink(nl *netlink.Handle, cfg *config) error {
+	eth0, err := nl.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("eth0 (is the VM's NIC there?): %w", err)
+	}
+	if err := nl.AddrAdd(eth0, &netlink.Addr{IPNet: ipNet(cfg.addr)}); err != nil {
+		return fmt.Errorf("eth0 address: %w", err)
+	}
+	if err := nl.LinkSetUp(eth0); err != nil {
+		return fmt.Errorf("eth0 up: %w", err)
+	}
+	if err := nl.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: cfg.gateway.AsSlice()}); err != nil {
+		return fmt.Errorf("default route: %w", err)
+	}
+	for p, via := range cfg.routes {
+		if err := nl.RouteAdd(&netlink.Route{Dst: ipNet(p), Gw: via.AsSlice()}); err != nil {
+			return fmt.Errorf("route %s via %s: %w", p, via, err)
+		}
+	}
+	return nil
+}
+
+// bridge creates cbr0 with the pod range's first address.
+func bridge(nl *netlink.Handle, cfg *config) (netlink.Link, error) {
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "cbr0"}}
+	if err := nl.LinkAdd(br); err != nil {
+		return nil, fmt.Errorf("bridge cbr0: %w", err)
+	}
+	gw := netip.PrefixFrom(cfg.podCIDR.Addr().Next(), cfg.podCIDR.Bits())
+	if err := nl.AddrAdd(br, &netlink.Addr{IPNet: ipNet(gw)}); err != nil {
+		return nil, fmt.Errorf("cbr0 address: %w", err)
+	}
+	return br, nl.LinkSetUp(br)
+}
+
+// startPod makes the pod's namespace, wires it to the bridge and serves
+// HTTP on :8080 inside it.
+func startPod(nl *netlink.Handle, br netlink.Link, cfg *config, i int, p Pod) error {
+	host, peer := fmt.Sprintf("veth%d", i), fmt.Sprintf("vp%d", i)
+	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: host, MasterIndex: br.Attrs().Index}, PeerName: peer}); err != nil {
+		return fmt.Errorf("veth: %w", err)
+	}
+	h, err := nl.LinkByName(host)
+	if err != nil {
+		return err
+	}
+	if err := nl.LinkSetUp(h); err != nil {
+		return err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	ns, err := netns.New() // this thread is now in the pod's namespace
+	if err != nil {
+		return fmt.Errorf("new netns: %w", err)
+	}
+	defer ns.Close()
+	ln, perr := func() (net.Listener, error) {
+		defer netns.Set(orig) //nolint:errcheck // checked below
+		pl, err := nl.LinkByName(peer)
+		if err != nil {
+			return nil, err
+		}
+		if err := nl.LinkSetNsFd(pl, int(ns)); err != nil {
+			return nil, fmt.Errorf("moving %s: %w", peer, err)
+		}
+		pn, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+		if err != nil {
+			return nil, err
+		}
+		defer pn.Close()
+		if pl, err = pn.LinkByName(peer); err != nil {
+			return nil, err
+		}
+		if err := pn.LinkSetName(pl, "eth0"); err != nil {
+			return nil, err
+		}
+		if err := pn.AddrAdd(pl, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(p.Addr, cfg.podCIDR.Bits()))}); err != nil {
+			return nil, err
+		}
+		for _, name := range []string{"lo", "eth0"} {
+			l, err := pn.LinkByName(name)
+			if err != nil {
+				return nil, err
+			}
+			if err := pn.LinkSetUp(l); err != nil {
+				return nil, err
+			}
+		}
+		if err := pn.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: cfg.podCIDR.Addr().Next().AsSlice()}); err != nil {
+			return nil, fmt.Errorf("pod default route: %w", err)
+		}
+		return net.Listen("tcp", fmt.Sprintf(":%d", nodeapi.BackendPort))
+	}()
+	if err := netns.Set(orig); err != nil {
+		return fmt.Errorf("back to the node's namespace: %w", err)
+	}
+	if perr != nil {
+		return perr
+	}
+	go func() {
+		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			client, _, _ := net.SplitHostPort(r.RemoteAddr)
+			fmt.Fprintf(w, "%s on %s, client %s\n", p.Name, cfg.name, client)
+		}))
+	}()
+	return nil
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func stateHandler(w http.ResponseWriter, _ *http.Request) {
+	d, err := ipvs.New(ipvs.Options{NoSNAT: true})
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	defer d.Close()
+	st, err := d.Read()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	var out nodeapi.State
+	for _, s := range st.Services {
+		svc := nodeapi.Service{Key: s.Key().String(), Scheduler: s.Scheduler}
+		for _, b := range s.Backends {
+			svc.Backends = append(svc.Backends, b.String())
+		}
+		slices.Sort(svc.Backends)
+		out.Services = append(out.Services, svc)
+	}
+	slices.SortFunc(out.Services, func(a, b nodeapi.Service) int { return strings.Compare(a.Key, b.Key) })
+	for v := range st.VIPs {
+		out.VIPs = append(out.VIPs, v.String())
+	}
+	slices.Sort(out.VIPs)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// speaker runs vipcast-speaker as a child, its output on the console.
+type speaker struct {
+	path string
+	args []string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (s *speaker) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done != nil {
+		select {
+		case <-s.done:
+		default:
+			return errors.New("the speaker is running")
+		}
+	}
+	cmd := exec.Command(s.path, s.args...)
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", s.path, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			fmt.Printf("speaker| %s\n", sc.Text())
+		}
+	}()
+	go func() {
+		err := cmd.Wait()
+		pw.Close()
+		fmt.Printf("lab-node: speaker exited: %v\n", err)
+		close(done)
+	}()
+	s.cmd, s.done = cmd, done
+	fmt.Printf("lab-node: speaker started (pid %d)\n", cmd.Process.Pid)
+	return nil
+}
+
+func (s *speaker) handle(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("start") != "" {
+		if err := s.start(); err != nil {
+			http.Error(w, err.Error(), http.StatusConflict)
+			return
+		}
+		fmt.Fprintln(w, "started")
+		return
+	}
+	sig, ok := map[string]syscall.Signal{"TERM": syscall.SIGTERM, "STOP": syscall.SIGSTOP, "CONT": syscall.SIGCONT, "KILL": syscall.SIGKILL}[r.URL.Query().Get("signal")]
+	if !ok {
+		http.Error(w, "want ?signal=TERM|STOP|CONT|KILL or ?start=1", http.StatusBadRequest)
+		return
+	}
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		http.Error(w, "no speaker", http.StatusConflict)
+		return
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	}
+	if r.URL.Query().Get("wait") != "" {
+		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+		defer cancel()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			http.Error(w, "the speaker did not exit within 30s", http.StatusGatewayTimeout)
+			return
+		}
+	}
+	fmt.Fprintln(w, "ok")
+}

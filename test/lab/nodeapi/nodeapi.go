@@ -1,0 +1,26 @@
+// Package nodeapi is the small HTTP interface between the lab (on the
+// host) and a lab node (test/lab/node, inside its VM).
+package nodeapi
+
+// Port is the control server's port on the node's address.
+const Port = "9000"
+
+// BackendPort is the port every pod's HTTP server listens on.
+const BackendPort = 8080
+
+// State is what GET /state returns: the node's IPVS table and the VIPs on
+// vipcast's dummy link, read with vipcast's own ipvs package (the
+// `ipvsadm -Ln` of the lab).
+type State struct {
+	Services []Service `json:"services"`
+	VIPs     []string  `json:"vips"`
+}
+
+// Service is one IPVS virtual server.
+type Service struct {
+	// Key is VIP:port/protocol.
+	Key       string `json:"key"`
+	Scheduler string `json:"scheduler"`
+	// Backends are "address:port wWEIGHT", sorted.
+	Backends []string `json:"backends"`
+}
