@@ -117,14 +117,16 @@ type BGPPeerSpec struct {
 	// holdTime is the BGP hold time proposed to the peer: the session is
 	// dropped when nothing is heard from the peer for this long. It is
 	// written as a duration in whole seconds such as 90s or 3m, and must be
-	// 0s (no keepalives, session never times out) or between 3s and 65535s.
+	// between 3s and 65535s. A hold time of 0 (no keepalives, a session
+	// that never times out) is refused: vipcast's BGP engine always
+	// proposes a hold time, and a dead node must not keep its routes.
 	// Defaults to 90s.
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:default="90s"
 	// +kubebuilder:validation:XValidation:rule="self == '0' || (size(self) > 0 && self.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))",message="holdTime must be a duration in whole seconds, such as 90s, 1m30s or 0s"
-	// +kubebuilder:validation:XValidation:rule="!(self == '0' || (size(self) > 0 && self.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))) || duration(self) == duration('0s') || (duration(self) >= duration('3s') && duration(self) <= duration('65535s'))",message="holdTime must be 0s or between 3s and 65535s"
+	// +kubebuilder:validation:XValidation:rule="!(self == '0' || (size(self) > 0 && self.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))) || (duration(self) >= duration('3s') && duration(self) <= duration('65535s'))",message="holdTime must be between 3s and 65535s (0s, no keepalives, is not supported), such as 90s"
 	HoldTime *metav1.Duration `json:"holdTime,omitempty"`
 
 	// keepaliveTime is the interval between BGP keepalive messages, such as
