@@ -57,6 +57,7 @@ type Provider struct {
 	services   corelisters.ServiceLister
 	nsLister   corelisters.NamespaceLister
 	pools      *poolController
+	peers      *peerStatusController
 	annotator  *poolAnnotator
 }
 
@@ -114,7 +115,10 @@ func (p *Provider) initClients(builder cloudprovider.ControllerClientBuilder) er
 		return fmt.Errorf("dynamic client: %w", err)
 	}
 	p.dynFactory = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
-	p.pools, err = newPoolController(p.alloc, p.metrics, dyn, p.client, p.dynFactory)
+	if p.pools, err = newPoolController(p.alloc, p.metrics, dyn, p.client, p.dynFactory); err != nil {
+		return err
+	}
+	p.peers, err = newPeerStatusController(dyn, p.dynFactory)
 	return err
 }
 
@@ -153,8 +157,17 @@ func (p *Provider) SetInformers(factory informers.SharedInformerFactory) {
 		logger.Info("Allocator rebuilt from Service status", "services", restored, "conflicts", conflicts)
 		p.pools.markStatusDirty()
 		go p.annotator.run(ctx)
+		go p.runPeerStatus(ctx)
 		p.pools.run(ctx)
 	}()
+}
+
+// runPeerStatus publishes the BGPPeers' Ready conditions once their cache
+// is synced.
+func (p *Provider) runPeerStatus(ctx context.Context) {
+	if p.peers != nil && cache.WaitForNamedCacheSync(clientName+"-bgppeers", ctx.Done(), p.peers.hasSynced) {
+		p.peers.run(ctx)
+	}
 }
 
 // restore records every VIP found in a Service's status in the allocator,

@@ -8,6 +8,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/vipcast/vipcast/api/v1alpha1"
 )
 
 const (
@@ -24,7 +26,7 @@ const (
 )
 
 // maxASN is the largest usable 4-byte ASN (4294967295 is reserved, RFC 7300).
-const maxASN = 4294967294
+const maxASN = v1alpha1.MaxASN
 
 // Node is the routing decisions' view of the node the speaker runs on.
 type Node struct {

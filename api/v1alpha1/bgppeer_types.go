@@ -49,7 +49,7 @@ const (
 // +kubebuilder:printcolumn:name="Peer ASN",type=integer,JSONPath=".spec.peerASN",description="Autonomous system number of the BGP router"
 // +kubebuilder:printcolumn:name="Local ASN",type=integer,JSONPath=".spec.localASN",description="Autonomous system number vipcast uses"
 // +kubebuilder:printcolumn:name="Port",type=integer,JSONPath=".spec.port",priority=1,description="TCP port of the BGP router"
-// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=".status.conditions[?(@.type==\"Ready\")].status",priority=1,description="Whether vipcast accepted the peer configuration"
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=".status.conditions[?(@.type==\"Ready\")].status",priority=1,description="Whether the configuration is usable (written by vipcast-ccm)"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
 type BGPPeer struct {
 	metav1.TypeMeta `json:",inline"`
@@ -224,10 +224,12 @@ type BGPPeerStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// conditions describe the peer's state. The Ready condition is True
-	// when vipcast accepted the configuration, and False with reason
-	// InvalidConfig, InvalidSelector or SecretNotFound when it cannot use
-	// it.
+	// conditions describe the peer's state. The Ready condition, written
+	// by vipcast-ccm, is True when the configuration is usable and False
+	// with reason InvalidConfig or InvalidSelector when it is not. Sessions
+	// and password Secrets are per node: each speaker reports them in
+	// Events on the BGPPeer (reason SecretNotFound, for example) and in
+	// its vipcast_bgp_session_up metric.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

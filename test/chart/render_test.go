@@ -36,6 +36,8 @@ var (
 		"/events":                            {"create", "patch"},
 		"vipcast.io/ippools":                 {"list", "watch"},
 		"vipcast.io/ippools/status":          {"update"},
+		"vipcast.io/bgppeers":                {"list", "watch"},
+		"vipcast.io/bgppeers/status":         {"update"},
 		"authentication.k8s.io/tokenreviews": {"create"},
 		"authorization.k8s.io/subjectaccessreviews": {"create"},
 	}

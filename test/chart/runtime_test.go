@@ -282,6 +282,19 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 		}
 		return n.Spec.ProviderID != "", nil
 	})
+	eventually("BGPPeer tor-a Ready=True, written by the CCM", func(ctx context.Context) (bool, error) {
+		u, err := cp.Dynamic.Resource(bgppeersGVR).Get(ctx, "tor-a", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			if m, ok := c.(map[string]any); ok && m["type"] == "Ready" && m["status"] == "True" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 	eventually("Service has a VIP from the pool and the pool annotation", func(ctx context.Context) (bool, error) {
 		s, err := cp.Client.CoreV1().Services("web").Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {

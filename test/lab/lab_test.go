@@ -11,8 +11,10 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/test/lab"
 	"github.com/vipcast/vipcast/test/lab/nodeapi"
 	"github.com/vipcast/vipcast/test/netns"
@@ -44,6 +46,7 @@ func TestEndToEnd(t *testing.T) {
 	took := waitRoute(t, l, vip, 2*time.Minute, node1, node2)
 	t.Logf("VIP %s: ECMP route over both nodes at the ToR %v after it was published", vip, took.Round(time.Millisecond))
 	checkNodesInitialized(t, l)
+	checkPeerReady(t, l)
 	addr := netip.AddrPortFrom(vip, 80)
 	ready := []lab.Pod{pods1[0], pods1[1], pods2[0], pods2[1]}
 	reach(t, l, addr, ready, nil)
@@ -307,4 +310,27 @@ func throughBoth(t *testing.T, l *lab.Lab, addr netip.AddrPort) {
 		t.Fatalf("the client's connections went through %v only, want every node (ECMP at the ToR)", via)
 	}
 	t.Logf("connections forwarded per node (ECMP at the ToR): %v", via)
+}
+
+// checkPeerReady: vipcast-ccm published the BGPPeer's Ready condition.
+func checkPeerReady(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	var conds []any
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		u, err := l.CP.Dynamic.Resource(v1alpha1.BGPPeersResource).Get(t.Context(), lab.PeerName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		conds, _, _ = unstructured.NestedSlice(u.Object, "status", "conditions")
+		gen, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
+		for _, c := range conds {
+			m, _ := c.(map[string]any)
+			if m["type"] == v1alpha1.ConditionReady && m["status"] == "True" && gen == u.GetGeneration() {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("BGPPeer %s: conditions %v, want Ready=True for its generation (written by vipcast-ccm)", lab.PeerName, conds)
 }

@@ -147,7 +147,7 @@ func show(ctx context.Context, t harness.T, l *lab.Lab, dir string) {
 	run("kubectl get nodes -o wide", kubectl, "get", "nodes", "-o", "wide")
 	run("kubectl get nodes -o custom-columns=...   (vipcast-ccm initialized them: provider ID set, uninitialized taint gone)",
 		kubectl, "get", "nodes", "-o", "custom-columns=NAME:.metadata.name,PROVIDER-ID:.spec.providerID,TAINTS:.spec.taints[*].key")
-	run("kubectl get ippools,bgppeers", kubectl, "get", "ippools,bgppeers")
+	run("kubectl get ippools,bgppeers -o wide", kubectl, "get", "ippools,bgppeers", "-o", "wide")
 	run("kubectl get svc -n demo -o wide", kubectl, "get", "svc", "-n", lab.DemoNamespace, "-o", "wide")
 	run("kubectl get events -n demo", kubectl, "get", "events", "-n", lab.DemoNamespace)
 	run("(ToR) ip route show "+vip.String(), "ip", "-n", l.TorNS.Name, "route", "show", vip.String())

@@ -1,0 +1,70 @@
+package v1alpha1
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// MaxASN is the largest usable 4-byte ASN (4294967295 is reserved, RFC 7300).
+const MaxASN = 4294967294
+
+// PeerProblem is why a BGPPeer cannot be used: the Ready=False reason
+// (ReasonInvalidConfig or ReasonInvalidSelector) and a message that names
+// the field and the fix.
+//
+// +kubebuilder:object:generate=false
+type PeerProblem struct {
+	Reason  string
+	Message string
+}
+
+func (p *PeerProblem) Error() string { return p.Message }
+
+// Check returns the first problem of the spec that holds on every node,
+// or nil when the spec is usable. The CRD's schema rejects most of these
+// at admission; Check is what vipcast-ccm publishes in the Ready condition
+// and what each speaker applies before it opens a session. Problems that
+// depend on the node (a per-node local ASN, a password Secret the node
+// cannot read) are the speaker's to report.
+func (s *BGPPeerSpec) Check() *PeerProblem {
+	bad := func(reason, format string, args ...any) *PeerProblem {
+		return &PeerProblem{Reason: reason, Message: fmt.Sprintf(format, args...)}
+	}
+	if s.NodeSelector != nil {
+		if _, err := metav1.LabelSelectorAsSelector(s.NodeSelector); err != nil {
+			return bad(ReasonInvalidSelector, "spec.nodeSelector: %v; fix the selector (operators are In, NotIn, Exists, DoesNotExist)", err)
+		}
+	}
+	addr, err := netip.ParseAddr(strings.TrimSpace(s.PeerAddress))
+	if err != nil || addr.Zone() != "" || addr.IsUnspecified() {
+		return bad(ReasonInvalidConfig, "spec.peerAddress %q is not a usable IP address; write an IPv4 or IPv6 address such as 192.0.2.1, without prefix length, port or zone", s.PeerAddress)
+	}
+	addr = addr.Unmap()
+	if s.PeerASN == 0 || s.LocalASN == 0 {
+		return bad(ReasonInvalidConfig, "spec.peerASN and spec.localASN must be 1 to %d", uint64(MaxASN))
+	}
+	if port := s.PortOrDefault(); port < 1 || port > 65535 {
+		return bad(ReasonInvalidConfig, "spec.port %d is out of range: use 1 to 65535, or omit it for 179", port)
+	}
+	if s.SourceAddress != "" {
+		src, err := netip.ParseAddr(strings.TrimSpace(s.SourceAddress))
+		if err != nil || src.Zone() != "" {
+			return bad(ReasonInvalidConfig, "spec.sourceAddress %q is not an IP address; write an address of this node such as 192.0.2.10, or omit it", s.SourceAddress)
+		}
+		if src.Unmap().Is4() != addr.Is4() {
+			return bad(ReasonInvalidConfig, "spec.sourceAddress %s and spec.peerAddress %s are of different IP families; use a source address of the peer's family", src.Unmap(), addr)
+		}
+	}
+	if ttl := s.EBGPMultiHopOrDefault(); ttl < 1 || ttl > 255 {
+		return bad(ReasonInvalidConfig, "spec.ebgpMultiHop %d is out of range: use 1 to 255", ttl)
+	}
+	for _, f := range s.FamiliesOrDefault() {
+		if f != AddressFamilyIPv4Unicast && f != AddressFamilyIPv6Unicast {
+			return bad(ReasonInvalidConfig, "spec.families: unknown family %q; use ipv4-unicast and/or ipv6-unicast", f)
+		}
+	}
+	return nil
+}
