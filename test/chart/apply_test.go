@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/restmapper"
 
@@ -44,24 +43,8 @@ func serviceMonitorCRD() *apiextensionsv1.CustomResourceDefinition {
 
 func createCRD(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, crd *apiextensionsv1.CustomResourceDefinition) {
 	t.Helper()
-	crds := cp.APIExtensions.ApiextensionsV1().CustomResourceDefinitions()
-	if _, err := crds.Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating CRD %s: %v", crd.Name, err)
-	}
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		got, err := crds.Get(ctx, crd.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, c := range got.Status.Conditions {
-			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("CRD %s not established: %v", crd.Name, err)
+	if err := cp.CreateCRD(ctx, crd); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -281,25 +281,47 @@ func (cp *ControlPlane) InstallCRDs(ctx context.Context, files []string) error {
 		if err := yaml.UnmarshalStrict(data, crd); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
-		crds := cp.APIExtensions.ApiextensionsV1().CustomResourceDefinitions()
-		if _, err := crds.Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
-		}
-		err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			got, err := crds.Get(ctx, crd.Name, metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			for _, c := range got.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			return fmt.Errorf("CRD %s not established: %w", crd.Name, err)
+		if err := cp.CreateCRD(ctx, crd); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// CreateCRD creates one CustomResourceDefinition and waits until it is
+// established.
+func (cp *ControlPlane) CreateCRD(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) error {
+	crds := cp.APIExtensions.ApiextensionsV1().CustomResourceDefinitions()
+	if _, err := crds.Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := crds.Get(ctx, crd.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("CRD %s not established: %w", crd.Name, err)
+	}
+	return nil
+}
+
+// ComponentFlags are the flags a controller-manager style binary (such as
+// vipcast-ccm) needs to run against this control plane as admin, serving
+// on loopback at securePort.
+func (cp *ControlPlane) ComponentFlags(securePort int) []string {
+	return []string{
+		"--kubeconfig", cp.Kubeconfig,
+		"--authentication-kubeconfig", cp.Kubeconfig,
+		"--authorization-kubeconfig", cp.Kubeconfig,
+		"--bind-address", "127.0.0.1",
+		"--secure-port", strconv.Itoa(securePort),
+	}
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -97,18 +96,13 @@ func (e *env) startCCMWith(name string, extra ...string) *ccm {
 		e.t.Fatal(err)
 	}
 	log := filepath.Join(e.cp.Dir, "ccm-"+name+".log")
-	args := append([]string{
-		"--kubeconfig", e.cp.Kubeconfig,
-		"--authentication-kubeconfig", e.cp.Kubeconfig,
-		"--authorization-kubeconfig", e.cp.Kubeconfig,
-		"--bind-address", "127.0.0.1",
-		"--secure-port", strconv.Itoa(ports[0]),
+	args := append(e.cp.ComponentFlags(ports[0]),
 		"--leader-elect=true",
 		"--leader-elect-lease-duration", "4s",
 		"--leader-elect-renew-deadline", "3s",
 		"--leader-elect-retry-period", "500ms",
-		"--configure-cloud-routes=false",
-	}, extra...)
+		"--configure-cloud-routes=false")
+	args = append(args, extra...)
 	p, err := proc.Start(log, ccmBinary, args...)
 	if err != nil {
 		e.t.Fatal(err)

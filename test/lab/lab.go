@@ -33,7 +33,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -317,15 +316,8 @@ func (l *Lab) startCCM(bin string) {
 		t.Fatal(err)
 	}
 	l.CCMLog = filepath.Join(l.Opts.Dir, "vipcast-ccm.log")
-	p, err := proc.Start(l.CCMLog, bin,
-		"--kubeconfig", l.CP.Kubeconfig,
-		"--authentication-kubeconfig", l.CP.Kubeconfig,
-		"--authorization-kubeconfig", l.CP.Kubeconfig,
-		"--bind-address", "127.0.0.1",
-		"--secure-port", strconv.Itoa(ports[0]),
-		"--leader-elect=true",
-		"--configure-cloud-routes=false",
-		"-v", "2")
+	p, err := proc.Start(l.CCMLog, bin, append(l.CP.ComponentFlags(ports[0]),
+		"--leader-elect=true", "--configure-cloud-routes=false", "-v", "2")...)
 	if err != nil {
 		t.Fatal(err)
 	}
