@@ -60,7 +60,7 @@ func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Ser
 	a, err := p.alloc.Assign(req)
 	if err != nil {
 		p.metrics.errors.WithLabelValues(string(ipam.ReasonOf(err))).Inc()
-		return nil, err
+		return nil, p.pools.explain(req, err)
 	}
 	if added := newIPs(before.IPs, a.IPs); len(added) > 0 {
 		// New Services are arriving: annotations wait until they stop.

@@ -29,6 +29,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ipam"
+	"github.com/vipcast/vipcast/poolbgp"
 )
 
 // Queue keys of the pool controller.
@@ -191,6 +192,38 @@ func (pc *poolController) syncPools(ctx context.Context) {
 	pc.queue.Add(keyStatus)
 }
 
+// explain adds to an allocation error the reason why a pool the request
+// names, or that contains an address it asks for, was rejected: such a
+// pool is not in the allocator, so the allocator's error alone ("not in any
+// pool") would hide the cause.
+func (pc *poolController) explain(req ipam.Request, err error) error {
+	pc.mu.Lock()
+	rejected := pc.rejected
+	pc.mu.Unlock()
+	if len(rejected) == 0 {
+		return err
+	}
+	for _, pool := range pc.listPools(context.Background()) {
+		r, bad := rejected[pool.Name]
+		if !bad {
+			continue
+		}
+		named := req.Pool == pool.Name
+		if !named {
+			ranges, perr := ipam.ParseAddresses(pool.Spec.Addresses)
+			for _, ip := range req.IPs {
+				for _, rg := range ranges {
+					named = named || (perr == nil && rg.Contains(ip))
+				}
+			}
+		}
+		if named {
+			return fmt.Errorf("%w (IPPool %s is not ready: %s: %s)", err, pool.Name, r.reason, r.message)
+		}
+	}
+	return err
+}
+
 // writeStatuses publishes each pool's capacity, usage and Ready condition,
 // writing only pools whose status changed, and refreshes the metrics.
 func (pc *poolController) writeStatuses(ctx context.Context) error {
@@ -269,15 +302,20 @@ func PoolFromCRD(p *vipcastv1alpha1.IPPool) (ipam.Pool, error) {
 		AvoidBuggyIPs: p.Spec.AvoidBuggyIPs,
 		Priority:      unsetPriority,
 	}
-	if _, err := ipam.ParseAddresses(p.Spec.Addresses); err != nil {
+	ranges, err := ipam.ParseAddresses(p.Spec.Addresses)
+	if err != nil {
 		return pool, fmt.Errorf("spec.addresses: %w", err)
+	}
+	// A pool the speakers would not announce would hand out VIPs that
+	// nobody routes: refuse it until spec.bgp is fixed.
+	if prob := poolbgp.Check(p.Spec.BGP, ranges); prob != nil {
+		return pool, &bgpError{prob}
 	}
 	if alloc := p.Spec.Allocation; alloc != nil {
 		if alloc.Priority != nil {
 			pool.Priority = int(*alloc.Priority)
 		}
 		pool.Namespaces = alloc.Namespaces
-		var err error
 		if pool.NamespaceSelectors, err = selectors("spec.allocation.namespaceSelectors", alloc.NamespaceSelectors); err != nil {
 			return pool, err
 		}
@@ -307,7 +345,10 @@ type rejection struct{ reason, message string }
 func rejectionFor(err error) rejection {
 	r := rejection{reason: vipcastv1alpha1.ReasonInvalidAddresses, message: err.Error()}
 	var sel *selectorError
+	var unannounceable *bgpError
 	switch {
+	case errors.As(err, &unannounceable):
+		r.reason = unannounceable.Reason
 	case errors.As(err, &sel):
 		r.reason = vipcastv1alpha1.ReasonInvalidSelector
 	case ipam.ReasonOf(err) == ipam.ReasonOverlap:
@@ -317,6 +358,13 @@ func rejectionFor(err error) rejection {
 }
 
 // selectorError is a label selector that does not parse.
+// bgpError is a spec.bgp the speakers cannot announce.
+type bgpError struct{ *poolbgp.Problem }
+
+func (e *bgpError) Error() string {
+	return e.Message + " (the speakers would not announce this pool, so no VIP is allocated from it)"
+}
+
 type selectorError struct{ err error }
 
 func (e *selectorError) Error() string { return e.err.Error() }

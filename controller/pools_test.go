@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ipam"
@@ -183,6 +184,24 @@ func TestPoolFromCRDErrors(t *testing.T) {
 			wantIn:     []string{"spec.addresses", "bogus"},
 		},
 		{
+			name:       "aggregation would announce addresses outside the pool",
+			pool:       withBGP(newIPPool(nil, "192.0.2.10-192.0.2.20"), &v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)}),
+			wantReason: v1alpha1.ReasonInvalidAddresses,
+			wantIn:     []string{"spec.bgp.aggregationLength 24", "192.0.2.0/24", "use 32 or longer", "no VIP is allocated"},
+		},
+		{
+			name:       "community the speakers cannot decode",
+			pool:       withBGP(newIPPool(nil, "192.0.2.0/24"), &v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}}),
+			wantReason: v1alpha1.ReasonInvalidConfig,
+			wantIn:     []string{"spec.bgp.communities[1]", "65536:1"},
+		},
+		{
+			name:       "bad BGP node selector",
+			pool:       withBGP(newIPPool(nil, "192.0.2.0/24"), &v1alpha1.IPPoolBGP{NodeSelector: &badOp}),
+			wantReason: v1alpha1.ReasonInvalidSelector,
+			wantIn:     []string{"spec.bgp.nodeSelector", "Near"},
+		},
+		{
 			name:       "entries of one pool overlap",
 			pool:       newIPPool(nil, "192.0.2.0/24", "192.0.2.128/25"),
 			wantReason: v1alpha1.ReasonOverlap,
@@ -209,6 +228,11 @@ func TestPoolFromCRDErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+func withBGP(p *v1alpha1.IPPool, b *v1alpha1.IPPoolBGP) *v1alpha1.IPPool {
+	p.Spec.BGP = b
+	return p
 }
 
 func TestRejectionFor(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,6 +12,7 @@ import (
 	"github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/bgp"
 	"github.com/vipcast/vipcast/ipam"
+	"github.com/vipcast/vipcast/poolbgp"
 )
 
 // View is the configuration compiled for this node: the usable IPPools with
@@ -214,41 +214,30 @@ func allocationSelectorError(p *v1alpha1.IPPool) string {
 func compileBGP(pool *Pool, b *v1alpha1.IPPoolBGP, peers []peerLabels, node Node) string {
 	pool.AggregationLength = int(b.AggregationLengthOrDefault())
 	pool.AggregationLengthV6 = int(b.AggregationLengthV6OrDefault())
-	fail := func(msg string) string {
-		pool.Disabled = fmt.Sprintf("pool %s is not announced: %s", pool.Name, msg)
-		return msg
-	}
-	if msg := checkAggregation(pool); msg != "" {
-		return fail(msg)
+	if prob := poolbgp.Check(b, pool.Ranges); prob != nil {
+		pool.Disabled = fmt.Sprintf("pool %s is not announced: %s", pool.Name, prob.Message)
+		return prob.Message
 	}
 	if b == nil {
 		return ""
 	}
-	for i, c := range b.Communities {
-		v, ok := parseCommunity(c)
-		if !ok {
-			return fail(fmt.Sprintf("spec.bgp.communities[%d] %q is not a community: write ASN:VALUE with both parts 0-65535 (e.g. 64512:100) or a well-known name such as no-export", i, c))
-		}
+	// Check decoded every community already.
+	for _, c := range b.Communities {
+		v, _ := poolbgp.ParseCommunity(c)
 		pool.Communities = append(pool.Communities, v)
 	}
 	slices.Sort(pool.Communities)
 	pool.Communities = slices.Compact(pool.Communities)
-	for i, c := range b.LargeCommunities {
-		v, ok := parseLargeCommunity(c)
-		if !ok {
-			return fail(fmt.Sprintf("spec.bgp.largeCommunities[%d] %q is not a large community: write GLOBAL:LOCAL1:LOCAL2 with each part 0-4294967295 (e.g. 4200000000:1:2)", i, c))
-		}
-		pool.LargeCommunities = append(pool.LargeCommunities, v)
+	for _, c := range b.LargeCommunities {
+		v, _ := poolbgp.ParseLargeCommunity(c)
+		pool.LargeCommunities = append(pool.LargeCommunities, bgp.LargeCommunity(v))
 	}
 	slices.SortFunc(pool.LargeCommunities, compareLarge)
 	pool.LargeCommunities = slices.Compact(pool.LargeCommunities)
 	pool.LocalPref = b.LocalPref
 
 	if b.PeerSelector != nil {
-		sel, err := metav1.LabelSelectorAsSelector(b.PeerSelector)
-		if err != nil {
-			return fail(fmt.Sprintf("spec.bgp.peerSelector: %v; fix the selector (operators are In, NotIn, Exists, DoesNotExist)", err))
-		}
+		sel, _ := metav1.LabelSelectorAsSelector(b.PeerSelector) // Check parsed it
 		pool.HasPeerSelector = true
 		pool.Peers = []string{}
 		for _, p := range peers {
@@ -258,138 +247,12 @@ func compileBGP(pool *Pool, b *v1alpha1.IPPoolBGP, peers []peerLabels, node Node
 		}
 	}
 	if b.NodeSelector != nil {
-		sel, err := metav1.LabelSelectorAsSelector(b.NodeSelector)
-		if err != nil {
-			return fail(fmt.Sprintf("spec.bgp.nodeSelector: %v; fix the selector (operators are In, NotIn, Exists, DoesNotExist)", err))
-		}
+		sel, _ := metav1.LabelSelectorAsSelector(b.NodeSelector) // Check parsed it
 		if !sel.Matches(node.Labels) {
 			pool.Disabled = fmt.Sprintf("pool %s's nodeSelector does not select this node", pool.Name)
 		}
 	}
 	return ""
-}
-
-// checkAggregation rejects aggregation lengths out of range, or that would
-// announce a prefix covering addresses outside the pool: for each range,
-// the aggregate blocks holding its first and last addresses must lie inside
-// the pool (the blocks in between lie inside the range itself). For CIDR
-// entries this is the API server's own rule; for first-last ranges it
-// catches, e.g., 192.0.2.10-192.0.2.20 with aggregationLength 24.
-func checkAggregation(pool *Pool) string {
-	merged := mergeRanges(pool.Ranges)
-	for _, fam := range []struct {
-		field string
-		bits  int
-		agg   int
-	}{{"aggregationLength", 32, pool.AggregationLength}, {"aggregationLengthV6", 128, pool.AggregationLengthV6}} {
-		if fam.agg < 0 || fam.agg > fam.bits {
-			return fmt.Sprintf("spec.bgp.%s %d is out of range: use 0 to %d", fam.field, fam.agg, fam.bits)
-		}
-		fits := func(length int) (ipam.Range, netip.Prefix, bool) {
-			for _, r := range pool.Ranges {
-				if r.First.BitLen() != fam.bits {
-					continue
-				}
-				for _, ip := range []netip.Addr{r.First, r.Last} {
-					if b := blockOf(ip, length); !covered(merged, b) {
-						return r, b, false
-					}
-				}
-			}
-			return ipam.Range{}, netip.Prefix{}, true
-		}
-		if r, block, ok := fits(fam.agg); !ok {
-			shortest := fam.agg + 1
-			for ; shortest < fam.bits; shortest++ {
-				if _, _, ok := fits(shortest); ok {
-					break
-				}
-			}
-			return fmt.Sprintf("spec.bgp.%s %d would announce %s, which covers addresses outside the pool (entry %s); use %d or longer, or make the pool's addresses fill whole /%d blocks",
-				fam.field, fam.agg, block, r, shortest, fam.agg)
-		}
-	}
-	return ""
-}
-
-// blockOf returns ip's covering prefix of the given length.
-func blockOf(ip netip.Addr, length int) netip.Prefix {
-	return netip.PrefixFrom(ip, length).Masked()
-}
-
-// mergeRanges sorts ranges and merges overlapping or adjacent ones.
-func mergeRanges(rs []ipam.Range) []ipam.Range {
-	out := slices.Clone(rs)
-	slices.SortFunc(out, func(a, b ipam.Range) int { return a.First.Compare(b.First) })
-	merged := out[:0]
-	for _, r := range out {
-		if n := len(merged); n > 0 && merged[n-1].Family() == r.Family() {
-			last := &merged[n-1]
-			if next := last.Last.Next(); r.First.Compare(last.Last) <= 0 || (next.IsValid() && next == r.First) {
-				if r.Last.Compare(last.Last) > 0 {
-					last.Last = r.Last
-				}
-				continue
-			}
-		}
-		merged = append(merged, r)
-	}
-	return merged
-}
-
-// covered reports whether every address of p lies in one of the merged
-// ranges.
-func covered(merged []ipam.Range, p netip.Prefix) bool {
-	first := p.Addr()
-	// merged ranges are sorted and disjoint: the first whose Last is at or
-	// after first is the only candidate.
-	i, _ := slices.BinarySearchFunc(merged, first, func(r ipam.Range, ip netip.Addr) int { return r.Last.Compare(ip) })
-	return i < len(merged) && merged[i].Contains(first) && merged[i].Contains(lastAddr(p))
-}
-
-// lastAddr returns the last address of a masked prefix.
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
-// parseCommunity decodes ASN:VALUE or a well-known community name.
-func parseCommunity(s string) (uint32, bool) {
-	s = strings.TrimSpace(s)
-	if v, ok := v1alpha1.WellKnownCommunities[s]; ok {
-		return v, true
-	}
-	hi, lo, ok := strings.Cut(s, ":")
-	if !ok {
-		return 0, false
-	}
-	a, err1 := strconv.ParseUint(hi, 10, 16)
-	b, err2 := strconv.ParseUint(lo, 10, 16)
-	if err1 != nil || err2 != nil {
-		return 0, false
-	}
-	return uint32(a)<<16 | uint32(b), true
-}
-
-// parseLargeCommunity decodes GLOBAL:LOCAL1:LOCAL2.
-func parseLargeCommunity(s string) (bgp.LargeCommunity, bool) {
-	parts := strings.Split(strings.TrimSpace(s), ":")
-	if len(parts) != 3 {
-		return bgp.LargeCommunity{}, false
-	}
-	var v [3]uint32
-	for i, p := range parts {
-		n, err := strconv.ParseUint(p, 10, 32)
-		if err != nil {
-			return bgp.LargeCommunity{}, false
-		}
-		v[i] = uint32(n)
-	}
-	return bgp.LargeCommunity{Global: v[0], Local1: v[1], Local2: v[2]}, true
 }
 
 func compareLarge(a, b bgp.LargeCommunity) int {

@@ -286,7 +286,25 @@ func TestPoolValidation(t *testing.T) {
 		ready, _, _ := e.poolReady("older")
 		return ready == "True", nil
 	})
-	e.waitAllAllocated(30*time.Second, "ov", func(*v1.Service) int { return 1 })
+	// A pool the speakers could not announce (its aggregate would cover
+	// addresses outside it; only the CCM can see that) hands out nothing.
+	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: dark}\nspec: {addresses: [10.71.0.10-10.71.0.20], bgp: {aggregationLength: 24}}\n")
+	e.eventually(30*time.Second, "IPPool dark to be Ready=False naming spec.bgp.aggregationLength", func() (bool, error) {
+		ready, reason, msg := e.poolReady("dark")
+		return ready == "False" && reason == vipcastv1alpha1.ReasonInvalidAddresses && strings.Contains(msg, "spec.bgp.aggregationLength 24"),
+			fmt.Errorf("Ready=%s reason=%s message=%q", ready, reason, msg)
+	})
+	e.createService(lbService("ov", "dark", withAnnotation(controller.AnnotationIPs, "10.71.0.15")))
+	e.waitEvent("ov", "dark", "10.71.0.15", "IPPool dark is not ready: InvalidAddresses: spec.bgp.aggregationLength 24")
+	if s, err := e.cp.Client.CoreV1().Services("ov").Get(context.Background(), "dark", metav1.GetOptions{}); err != nil || len(s.Status.LoadBalancer.Ingress) != 0 {
+		t.Fatalf("Service ov/dark from the unannounceable pool: ingress %v (err %v), want none", s.Status.LoadBalancer.Ingress, err)
+	}
+	e.waitAllAllocated(30*time.Second, "ov", func(s *v1.Service) int {
+		if s.Name == "dark" {
+			return 0
+		}
+		return 1
+	})
 	e.eventually(30*time.Second, "ov/s to be annotated with pool older", func() (bool, error) {
 		s, err := e.cp.Client.CoreV1().Services("ov").Get(context.Background(), "s", metav1.GetOptions{})
 		if err != nil {

@@ -1,0 +1,188 @@
+// Package poolbgp checks and decodes an IPPool's spec.bgp — aggregation
+// lengths, communities, large communities and selectors — so that
+// vipcast-ccm, which refuses to allocate from a pool the speakers could not
+// announce, and vipcast-speaker, which announces it, agree. Pure logic.
+package poolbgp
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/ipam"
+)
+
+// LargeCommunity is a decoded RFC 8092 large community.
+type LargeCommunity struct {
+	Global, Local1, Local2 uint32
+}
+
+// Problem is why a pool's spec.bgp cannot be announced: a condition reason
+// (v1alpha1.ReasonInvalidAddresses, ReasonInvalidConfig or
+// ReasonInvalidSelector) and a message that names the field and the fix.
+type Problem struct {
+	Reason  string
+	Message string
+}
+
+// Check returns the first problem of b (nil: the pool's defaults) for a
+// pool of the given ranges, in the order aggregation lengths, communities,
+// large communities, peerSelector, nodeSelector; nil when it is usable.
+func Check(b *v1alpha1.IPPoolBGP, ranges []ipam.Range) *Problem {
+	if msg := CheckAggregation(ranges, int(b.AggregationLengthOrDefault()), int(b.AggregationLengthV6OrDefault())); msg != "" {
+		return &Problem{v1alpha1.ReasonInvalidAddresses, msg}
+	}
+	if b == nil {
+		return nil
+	}
+	for i, c := range b.Communities {
+		if _, ok := ParseCommunity(c); !ok {
+			return &Problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.communities[%d] %q is not a community: write ASN:VALUE with both parts 0-65535 (e.g. 64512:100) or a well-known name such as no-export", i, c)}
+		}
+	}
+	for i, c := range b.LargeCommunities {
+		if _, ok := ParseLargeCommunity(c); !ok {
+			return &Problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.largeCommunities[%d] %q is not a large community: write GLOBAL:LOCAL1:LOCAL2 with each part 0-4294967295 (e.g. 4200000000:1:2)", i, c)}
+		}
+	}
+	for _, sel := range []struct {
+		field string
+		s     *metav1.LabelSelector
+	}{{"peerSelector", b.PeerSelector}, {"nodeSelector", b.NodeSelector}} {
+		if sel.s == nil {
+			continue
+		}
+		if _, err := metav1.LabelSelectorAsSelector(sel.s); err != nil {
+			return &Problem{v1alpha1.ReasonInvalidSelector, fmt.Sprintf("spec.bgp.%s: %v; fix the selector (operators are In, NotIn, Exists, DoesNotExist)", sel.field, err)}
+		}
+	}
+	return nil
+}
+
+// CheckAggregation rejects aggregation lengths out of range, or that would
+// announce a prefix covering addresses outside the pool: for each range,
+// the aggregate blocks holding its first and last addresses must lie inside
+// the pool (the blocks in between lie inside the range itself). For CIDR
+// entries this is the API server's own rule; for first-last ranges it
+// catches, e.g., 192.0.2.10-192.0.2.20 with aggregationLength 24.
+func CheckAggregation(ranges []ipam.Range, agg4, agg6 int) string {
+	merged := mergeRanges(ranges)
+	for _, fam := range []struct {
+		field string
+		bits  int
+		agg   int
+	}{{"aggregationLength", 32, agg4}, {"aggregationLengthV6", 128, agg6}} {
+		if fam.agg < 0 || fam.agg > fam.bits {
+			return fmt.Sprintf("spec.bgp.%s %d is out of range: use 0 to %d", fam.field, fam.agg, fam.bits)
+		}
+		fits := func(length int) (ipam.Range, netip.Prefix, bool) {
+			for _, r := range ranges {
+				if r.First.BitLen() != fam.bits {
+					continue
+				}
+				for _, ip := range []netip.Addr{r.First, r.Last} {
+					if b := blockOf(ip, length); !covered(merged, b) {
+						return r, b, false
+					}
+				}
+			}
+			return ipam.Range{}, netip.Prefix{}, true
+		}
+		if r, block, ok := fits(fam.agg); !ok {
+			shortest := fam.agg + 1
+			for ; shortest < fam.bits; shortest++ {
+				if _, _, ok := fits(shortest); ok {
+					break
+				}
+			}
+			return fmt.Sprintf("spec.bgp.%s %d would announce %s, which covers addresses outside the pool (entry %s); use %d or longer, or make the pool's addresses fill whole /%d blocks",
+				fam.field, fam.agg, block, r, shortest, fam.agg)
+		}
+	}
+	return ""
+}
+
+// blockOf returns ip's covering prefix of the given length.
+func blockOf(ip netip.Addr, length int) netip.Prefix {
+	return netip.PrefixFrom(ip, length).Masked()
+}
+
+// mergeRanges sorts ranges and merges overlapping or adjacent ones.
+func mergeRanges(rs []ipam.Range) []ipam.Range {
+	out := slices.Clone(rs)
+	slices.SortFunc(out, func(a, b ipam.Range) int { return a.First.Compare(b.First) })
+	merged := out[:0]
+	for _, r := range out {
+		if n := len(merged); n > 0 && merged[n-1].Family() == r.Family() {
+			last := &merged[n-1]
+			if next := last.Last.Next(); r.First.Compare(last.Last) <= 0 || (next.IsValid() && next == r.First) {
+				if r.Last.Compare(last.Last) > 0 {
+					last.Last = r.Last
+				}
+				continue
+			}
+		}
+		merged = append(merged, r)
+	}
+	return merged
+}
+
+// covered reports whether every address of p lies in one of the merged
+// ranges.
+func covered(merged []ipam.Range, p netip.Prefix) bool {
+	first := p.Addr()
+	// merged ranges are sorted and disjoint: the first whose Last is at or
+	// after first is the only candidate.
+	i, _ := slices.BinarySearchFunc(merged, first, func(r ipam.Range, ip netip.Addr) int { return r.Last.Compare(ip) })
+	return i < len(merged) && merged[i].Contains(first) && merged[i].Contains(lastAddr(p))
+}
+
+// lastAddr returns the last address of a masked prefix.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// ParseCommunity decodes ASN:VALUE or a well-known community name.
+func ParseCommunity(s string) (uint32, bool) {
+	s = strings.TrimSpace(s)
+	if v, ok := v1alpha1.WellKnownCommunities[s]; ok {
+		return v, true
+	}
+	hi, lo, ok := strings.Cut(s, ":")
+	if !ok {
+		return 0, false
+	}
+	a, err1 := strconv.ParseUint(hi, 10, 16)
+	b, err2 := strconv.ParseUint(lo, 10, 16)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return uint32(a)<<16 | uint32(b), true
+}
+
+// ParseLargeCommunity decodes GLOBAL:LOCAL1:LOCAL2.
+func ParseLargeCommunity(s string) (LargeCommunity, bool) {
+	parts := strings.Split(strings.TrimSpace(s), ":")
+	if len(parts) != 3 {
+		return LargeCommunity{}, false
+	}
+	var v [3]uint32
+	for i, p := range parts {
+		n, err := strconv.ParseUint(p, 10, 32)
+		if err != nil {
+			return LargeCommunity{}, false
+		}
+		v[i] = uint32(n)
+	}
+	return LargeCommunity{Global: v[0], Local1: v[1], Local2: v[2]}, true
+}
