@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -158,8 +157,8 @@ func Compile(pools []*v1alpha1.IPPool, peers []*v1alpha1.BGPPeer, node Node) (*V
 			continue
 		}
 		pool := &Pool{Name: p.Name, Ranges: rs}
-		if msg := compileBGP(pool, p.Spec.BGP, selected, node); msg != "" {
-			errs = append(errs, PoolError{p.Name, reasonForBGP(msg), msg})
+		if prob := compileBGP(pool, p.Spec.BGP, selected, node); prob != nil {
+			errs = append(errs, PoolError{p.Name, prob.Reason, prob.Message})
 		}
 		v.pools[p.Name] = pool
 		for _, r := range rs {
@@ -175,17 +174,6 @@ func reasonFor(err error) string {
 		return v1alpha1.ReasonOverlap
 	}
 	return v1alpha1.ReasonInvalidAddresses
-}
-
-// reasonForBGP maps a compileBGP problem to a condition reason.
-func reasonForBGP(msg string) string {
-	switch {
-	case strings.HasPrefix(msg, "spec.bgp.nodeSelector"), strings.HasPrefix(msg, "spec.bgp.peerSelector"):
-		return v1alpha1.ReasonInvalidSelector
-	case strings.HasPrefix(msg, "spec.bgp.aggregationLength"):
-		return v1alpha1.ReasonInvalidAddresses
-	}
-	return v1alpha1.ReasonInvalidConfig
 }
 
 // allocationSelectorError mirrors the CCM, which rejects a pool whose
@@ -211,15 +199,15 @@ func allocationSelectorError(p *v1alpha1.IPPool) string {
 // compileBGP fills pool's BGP attributes. It returns the problem that
 // disables the pool, if any; a nodeSelector that does not select the node
 // disables the pool without a problem.
-func compileBGP(pool *Pool, b *v1alpha1.IPPoolBGP, peers []peerLabels, node Node) string {
+func compileBGP(pool *Pool, b *v1alpha1.IPPoolBGP, peers []peerLabels, node Node) *poolbgp.Problem {
 	pool.AggregationLength = int(b.AggregationLengthOrDefault())
 	pool.AggregationLengthV6 = int(b.AggregationLengthV6OrDefault())
 	if prob := poolbgp.Check(b, pool.Ranges); prob != nil {
 		pool.Disabled = fmt.Sprintf("pool %s is not announced: %s", pool.Name, prob.Message)
-		return prob.Message
+		return prob
 	}
 	if b == nil {
-		return ""
+		return nil
 	}
 	// Check decoded every community already.
 	for _, c := range b.Communities {
@@ -252,7 +240,7 @@ func compileBGP(pool *Pool, b *v1alpha1.IPPoolBGP, peers []peerLabels, node Node
 			pool.Disabled = fmt.Sprintf("pool %s's nodeSelector does not select this node", pool.Name)
 		}
 	}
-	return ""
+	return nil
 }
 
 func compareLarge(a, b bgp.LargeCommunity) int {
