@@ -54,12 +54,12 @@ tools: $(K8S_BIN)/kube-apiserver $(K8S_BIN)/etcd ## build the control-plane bina
 $(K8S_BIN)/kube-apiserver:
 	@mkdir -p $(K8S_BIN)
 	@echo ">> building kube-apiserver $(K8S_VERSION) into $(K8S_BIN) (first time only, ~10 min)"
-	cd test/tools && $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/kube-apiserver && mv $@.tmp $@
+	cd test/tools && ../../hack/progress.sh "building kube-apiserver" $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/kube-apiserver && mv $@.tmp $@
 
 $(K8S_BIN)/etcd:
 	@mkdir -p $(K8S_BIN)
 	@echo ">> building etcd into $(K8S_BIN) (first time only)"
-	cd test/tools && $(GO) build -trimpath -ldflags '-s -w' -o $@.tmp go.etcd.io/etcd/server/v3 && mv $@.tmp $@
+	cd test/tools && ../../hack/progress.sh "building etcd" $(GO) build -trimpath -ldflags '-s -w' -o $@.tmp go.etcd.io/etcd/server/v3 && mv $@.tmp $@
 
 generate: ## regenerate deepcopy code and CRD manifests
 	hack/generate.sh
@@ -101,7 +101,7 @@ bench: tools routers ## print the ipam, CCM, speaker and dataplane benchmarks (f
 $(K8S_BIN)/kubectl:
 	@mkdir -p $(K8S_BIN)
 	@echo ">> building kubectl $(K8S_VERSION) into $(K8S_BIN) (first time only)"
-	cd test/tools && $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/kubectl && mv $@.tmp $@
+	cd test/tools && ../../hack/progress.sh "building kubectl" $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/kubectl && mv $@.tmp $@
 
 lab: tools routers $(K8S_BIN)/kubectl ## as root: control plane, vipcast-ccm, 2 node VMs with vipcast-speaker, an FRR ToR and a client; Ctrl-C tears down
 	@mkdir -p _output
