@@ -176,6 +176,9 @@ func show(ctx context.Context, t harness.T, l *lab.Lab, dir string) {
 		}
 		fmt.Println(body)
 	}
+	fmt.Println("(externalTrafficPolicy Cluster: a backend sees the node that forwarded the connection — 10.0.0.1x\n" +
+		" when that node is another, 10.244.x.1 when it is its own — so replies go back through it. With\n" +
+		" externalTrafficPolicy: Local it would see the client's own 192.168.50.2.)")
 	fmt.Printf(`
 Try it yourself:
   KUBECONFIG=%s %s get svc -A
