@@ -43,13 +43,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/test/controlplane"
 	"github.com/vipcast/vipcast/test/harness"
 	"github.com/vipcast/vipcast/test/lab/nodeapi"
@@ -635,7 +635,10 @@ func (l *Lab) apply(ctx context.Context, doc string) error {
 	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
 		return err
 	}
-	res := schema.GroupVersionResource{Group: "vipcast.io", Version: "v1alpha1", Resource: strings.ToLower(u.GetKind()) + "s"}
+	res := v1alpha1.IPPoolsResource
+	if u.GetKind() == "BGPPeer" {
+		res = v1alpha1.BGPPeersResource
+	}
 	_, err := l.CP.Dynamic.Resource(res).Create(ctx, u, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("creating %s %s: %w", u.GetKind(), u.GetName(), err)
