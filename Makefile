@@ -19,7 +19,7 @@ export SOURCE_DATE_EPOCH
 # Test timeouts: the control-plane tier starts real API servers.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build images test test-unit test-controlplane test-routing bench generate verify tools routers lab lab-down lint fuzz clean help
+.PHONY: all build images test test-unit test-controlplane test-routing bench generate verify tools routers lab lab-root lab-down lint fuzz clean help
 
 all: build
 
@@ -103,7 +103,10 @@ $(K8S_BIN)/kubectl:
 	@echo ">> building kubectl $(K8S_VERSION) into $(K8S_BIN) (first time only)"
 	cd test/tools && ../../hack/progress.sh "building kubectl" $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/kubectl && mv $@.tmp $@
 
-lab: tools routers $(K8S_BIN)/kubectl ## as root: control plane, vipcast-ccm, 2 node VMs with vipcast-speaker, an FRR ToR and a client; Ctrl-C tears down
+lab-root:
+	@[ "$$(id -u)" = 0 ] || { echo "make lab needs root: it creates network namespaces, tap devices and VMs. Run it as root."; exit 1; }
+
+lab: lab-root tools routers $(K8S_BIN)/kubectl ## as root: control plane, vipcast-ccm, 2 node VMs with vipcast-speaker, an FRR ToR and a client; Ctrl-C tears down
 	@mkdir -p _output
 	$(GO) build -o _output/lab ./test/lab/cmd/lab
 	_output/lab up -dir _output/lab-run
