@@ -72,8 +72,15 @@ func (l *gobgpLogger) observe(msg string, fields gobgplog.Fields) {
 		return
 	}
 	l.mu.Lock()
+	changed := l.reasons[key] != reason
 	l.reasons[key] = reason
 	l.mu.Unlock()
+	// A session that never comes up stays Active without a state change:
+	// gobgp retries quietly (its "failed to connect" is a debug message).
+	// Say it once per distinct error, at the default verbosity.
+	if msg == "failed to connect" && changed {
+		l.log.Info("Cannot connect to BGP peer; retrying", "peer", key, "error", reason)
+	}
 }
 
 func (l *gobgpLogger) kv(fields gobgplog.Fields) []any {
