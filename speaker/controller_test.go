@@ -67,29 +67,46 @@ func (f *flakyBGP) prefixes() map[netip.Prefix]bool {
 	return out
 }
 
+// testNodeObject is Node n1 with InternalIP 10.0.0.2.
+func testNodeObject() *v1.Node {
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
+}
+
+// fakeServices is a fake API with node n1 and n LoadBalancer Services
+// a, b, ... with VIPs 10.100.0.1, .2, ... and one ready endpoint each.
+func fakeServices(n int) *fake.Clientset {
+	objs := []runtime.Object{testNodeObject()}
+	for i := range n {
+		name := string(rune('a' + i))
+		objs = append(objs, testLBService(name, "10.100.0."+string(rune('1'+i))), testSlice(name))
+	}
+	return fake.NewClientset(objs...)
+}
+
+// fakePool is a fake dynamic API serving IPPools and BGPPeers, holding
+// IPPool "p" with the given addresses.
+func fakePool(t *testing.T, addresses ...string) *dynamicfake.FakeDynamicClient {
+	t.Helper()
+	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
+		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: addresses}}
+	scheme := runtime.NewScheme()
+	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
+		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
+	}, pool)
+}
+
 // TestControllerRecoversFromFailedApply checks that when the BGP engine
 // fails midway, the speaker re-applies its whole table: every wanted route
 // ends up announced and every unwanted one withdrawn, although its route
 // table had already recorded the change.
 func TestControllerRecoversFromFailedApply(t *testing.T) {
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
-		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
-	objs := []runtime.Object{node}
-	for i := range 4 {
-		name := string(rune('a' + i))
-		objs = append(objs, testLBService(name, "10.100.0."+string(rune('1'+i))), testSlice(name))
-	}
-	client := fake.NewClientset(objs...)
-	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
-		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: []string{"10.100.0.0/24"}}}
-	scheme := runtime.NewScheme()
-	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
-		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
-		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
-	}, pool)
+	client := fakeServices(4)
+	dyn := fakePool(t, "10.100.0.0/24")
 	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}, failures: 1}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: engine, Resync: time.Hour})
 	if err != nil {
@@ -118,6 +135,7 @@ func TestControllerRecoversFromFailedApply(t *testing.T) {
 	engine.mu.Lock()
 	engine.failures = 1
 	engine.mu.Unlock()
+	node := testNodeObject()
 	node.Labels = map[string]string{LabelExcludeFromExternalLB: ""}
 	if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
@@ -186,24 +204,8 @@ func (d *recordingDataplane) counts() (syncs, services, deletes int) {
 // removes its virtual server; the resync timer compares the whole table
 // again.
 func TestControllerProgramsDataplane(t *testing.T) {
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
-		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
-	objs := []runtime.Object{node}
-	for i := range 4 {
-		name := string(rune('a' + i))
-		objs = append(objs, testLBService(name, "10.100.0."+string(rune('1'+i))), testSlice(name))
-	}
-	client := fake.NewClientset(objs...)
-	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
-		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: []string{"10.100.0.0/24"}}}
-	scheme := runtime.NewScheme()
-	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
-		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
-		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
-	}, pool)
+	client := fakeServices(4)
+	dyn := fakePool(t, "10.100.0.0/24")
 	dp := &recordingDataplane{}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: 500 * time.Millisecond})
@@ -277,19 +279,8 @@ func TestControllerProgramsDataplane(t *testing.T) {
 // until the dataplane has been programmed: routes to a node that cannot
 // forward would black-hole traffic.
 func TestControllerAnnouncesOnlyOnceTheDataplaneWorks(t *testing.T) {
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
-		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
-	client := fake.NewClientset(node, testLBService("a", "10.100.0.1"), testSlice("a"))
-	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
-		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: []string{"10.100.0.0/24"}}}
-	scheme := runtime.NewScheme()
-	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
-		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
-		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
-	}, pool)
+	client := fakeServices(1)
+	dyn := fakePool(t, "10.100.0.0/24")
 	dp := &recordingDataplane{failSyncs: 2}
 	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: engine,

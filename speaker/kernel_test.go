@@ -18,13 +18,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
-	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/bgp"
 	"github.com/vipcast/vipcast/ipvs"
 	"github.com/vipcast/vipcast/test/vm"
@@ -128,8 +124,7 @@ func TestControllerKernel(t *testing.T) {
 	const resync = time.Second
 	addr := netip.MustParseAddr
 
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
-		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
+	node := testNodeObject()
 	svc := func(name string, ports []v1.ServicePort, vips ...string) *v1.Service {
 		s := &v1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
@@ -188,16 +183,7 @@ func TestControllerKernel(t *testing.T) {
 	sliceE := slice("e", "e-1", discoveryv1.AddressTypeIPv4, tcpSlicePort(8081), kep{"10.244.4.2", "n2", true, false})
 
 	client := fake.NewClientset(node, svcA, sliceA, svcB, sliceB, svcC, sliceC4, sliceC6, svcD, sliceD, svcE, sliceE)
-	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
-		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: []string{"10.100.0.0/24", "fd00:100::/120"}}}
-	scheme := runtime.NewScheme()
-	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
-		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
-		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
-	}, pool)
+	dyn := fakePool(t, "10.100.0.0/24", "fd00:100::/120")
 
 	dp, err := ipvs.New(ipvs.Options{LinkName: link})
 	if err != nil {
