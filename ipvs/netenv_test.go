@@ -14,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	tnetns "github.com/vipcast/vipcast/test/netns"
 )
 
 // Test topology helpers for the kernel tests (run inside the VM, as root):
@@ -25,25 +27,7 @@ import (
 // used from any goroutine afterwards.
 func inNS(t testing.TB, ns netns.NsHandle, fn func() error) error {
 	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		// Leave the thread locked: it dies with this goroutine instead of
-		// running other goroutines in the wrong namespace.
-		t.Fatalf("restore netns: %v", err)
-	}
-	runtime.UnlockOSThread()
-	return ferr
+	return tnetns.Do(int(ns), fn)
 }
 
 // newNS creates an unnamed network namespace without entering it.

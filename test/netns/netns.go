@@ -182,13 +182,25 @@ func (ns *NS) DialContext(ctx context.Context, network, addr string) (net.Conn, 
 	return c, err
 }
 
-// do runs f on an OS thread that has entered ns, and moves the thread back
-// afterwards (a thread that cannot move back is not reused: it ends with
-// the goroutine).
+// do runs f inside ns (nil: this process's namespace); see Do.
 func (ns *NS) do(f func() error) error {
 	if ns == nil {
 		return f()
 	}
+	target, err := os.Open("/run/netns/" + ns.Name)
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", ns.Name, err)
+	}
+	defer target.Close()
+	return Do(int(target.Fd()), f)
+}
+
+// Do runs f on an OS thread that has entered the network namespace open as
+// fd (a /run/netns file, a /proc/PID/ns/net file or a namespace handle),
+// and moves the thread back afterwards. Sockets f opens stay in that
+// namespace. A thread that cannot move back is not reused: it stays locked
+// and ends with the goroutine.
+func Do(fd int, f func() error) error {
 	runtime.LockOSThread()
 	self, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
@@ -196,19 +208,13 @@ func (ns *NS) do(f func() error) error {
 		return err
 	}
 	defer self.Close()
-	target, err := os.Open("/run/netns/" + ns.Name)
-	if err != nil {
+	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
-		return fmt.Errorf("netns %s: %w", ns.Name, err)
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("entering netns %s: %w", ns.Name, err)
+		return fmt.Errorf("entering network namespace: %w", err)
 	}
 	ferr := f()
 	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("leaving netns %s: %w", ns.Name, err) // thread stays locked and dies
+		return fmt.Errorf("leaving network namespace: %w", err)
 	}
 	runtime.UnlockOSThread()
 	return ferr

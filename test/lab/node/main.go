@@ -42,6 +42,7 @@ import (
 
 	"github.com/vipcast/vipcast/ipvs"
 	"github.com/vipcast/vipcast/test/lab/nodeapi"
+	tnetns "github.com/vipcast/vipcast/test/netns"
 )
 
 // Pod is one backend on this node.
@@ -216,60 +217,50 @@ func startPod(nl *netlink.Handle, br netlink.Link, cfg *config, i int, p Pod) er
 	if err := nl.LinkSetUp(h); err != nil {
 		return err
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
+	ns, err := newNS()
 	if err != nil {
 		return err
 	}
-	defer orig.Close()
-	ns, err := netns.New() // this thread is now in the pod's namespace
+	pl, err := nl.LinkByName(peer)
 	if err != nil {
-		return fmt.Errorf("new netns: %w", err)
+		return err
 	}
-	defer ns.Close()
-	ln, perr := func() (net.Listener, error) {
-		defer netns.Set(orig) //nolint:errcheck // checked below
-		pl, err := nl.LinkByName(peer)
-		if err != nil {
-			return nil, err
-		}
-		if err := nl.LinkSetNsFd(pl, int(ns)); err != nil {
-			return nil, fmt.Errorf("moving %s: %w", peer, err)
-		}
-		pn, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
-		if err != nil {
-			return nil, err
-		}
-		defer pn.Close()
-		if pl, err = pn.LinkByName(peer); err != nil {
-			return nil, err
-		}
-		if err := pn.LinkSetName(pl, "eth0"); err != nil {
-			return nil, err
-		}
-		if err := pn.AddrAdd(pl, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(p.Addr, cfg.podCIDR.Bits()))}); err != nil {
-			return nil, err
-		}
-		for _, name := range []string{"lo", "eth0"} {
-			l, err := pn.LinkByName(name)
-			if err != nil {
-				return nil, err
-			}
-			if err := pn.LinkSetUp(l); err != nil {
-				return nil, err
-			}
-		}
-		if err := pn.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: cfg.podCIDR.Addr().Next().AsSlice()}); err != nil {
-			return nil, fmt.Errorf("pod default route: %w", err)
-		}
-		return net.Listen("tcp", fmt.Sprintf(":%d", nodeapi.BackendPort))
-	}()
-	if err := netns.Set(orig); err != nil {
-		return fmt.Errorf("back to the node's namespace: %w", err)
+	if err := nl.LinkSetNsFd(pl, int(ns)); err != nil {
+		return fmt.Errorf("moving %s: %w", peer, err)
 	}
-	if perr != nil {
-		return perr
+	pn, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		return err
+	}
+	defer pn.Close()
+	if pl, err = pn.LinkByName(peer); err != nil {
+		return err
+	}
+	if err := pn.LinkSetName(pl, "eth0"); err != nil {
+		return err
+	}
+	if err := pn.AddrAdd(pl, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(p.Addr, cfg.podCIDR.Bits()))}); err != nil {
+		return err
+	}
+	for _, name := range []string{"lo", "eth0"} {
+		l, err := pn.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		if err := pn.LinkSetUp(l); err != nil {
+			return err
+		}
+	}
+	if err := pn.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: cfg.podCIDR.Addr().Next().AsSlice()}); err != nil {
+		return fmt.Errorf("pod default route: %w", err)
+	}
+	var ln net.Listener
+	err = tnetns.Do(int(ns), func() (err error) {
+		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", nodeapi.BackendPort))
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	go func() {
 		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -278,6 +269,26 @@ func startPod(nl *netlink.Handle, br netlink.Link, cfg *config, i int, p Pod) er
 		}))
 	}()
 	return nil
+}
+
+// newNS creates a network namespace without leaving this one; the pod's
+// handle stays open for the life of the process.
+func newNS() (netns.NsHandle, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return 0, err
+	}
+	defer orig.Close()
+	ns, err := netns.New() // this thread is now in it
+	if err != nil {
+		return 0, fmt.Errorf("new netns: %w", err)
+	}
+	if err := netns.Set(orig); err != nil {
+		return 0, fmt.Errorf("back to the node's namespace: %w", err)
+	}
+	return ns, nil
 }
 
 func ipNet(p netip.Prefix) *net.IPNet {
