@@ -740,19 +740,3 @@ func (l *Lab) Addrs(nodes ...*Node) []netip.Addr {
 	}
 	return out
 }
-
-// Sample sends n requests through addr and counts the answers per pod; a
-// failed request counts under "error: ...".
-func (l *Lab) Sample(ctx context.Context, addr netip.AddrPort, n int) map[string]int {
-	out := map[string]int{}
-	for range n {
-		body, err := l.Get(ctx, addr)
-		if err != nil {
-			out["error: "+err.Error()]++
-			continue
-		}
-		name, _, _ := strings.Cut(body, " ")
-		out[name]++
-	}
-	return out
-}
