@@ -16,7 +16,6 @@ import (
 	"sort"
 	"strings"
 
-	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
@@ -105,9 +104,6 @@ func Render(name, namespace string, valuesYAML []byte) (*Rendered, error) {
 	}
 	return r, nil
 }
-
-// LoadChart loads the chart (for its metadata).
-func LoadChart() (*chart.Chart, error) { return loader.Load(Dir()) }
 
 // decode splits a multi-document YAML stream into objects, skipping empty
 // documents; every object must have an apiVersion and a kind.
