@@ -71,7 +71,7 @@ verify: ## gofmt, go vet, generated files up to date
 	hack/verify-generate.sh
 
 test-unit: ## pure-logic tests (ipam, request translation, CRD schemas, speaker decisions)
-	$(GO) test -count=1 ./ipam/... ./controller/... ./api/... ./speaker/...
+	$(GO) test -count=1 ./ipam/... ./ccm/... ./api/... ./speaker/...
 
 test-controlplane: tools ## tests against a real kube-apiserver + etcd
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v ./test/e2e/... 2>&1 | tee _output/controlplane-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}

@@ -22,7 +22,7 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"  // build info metric
 	"k8s.io/klog/v2"
 
-	"github.com/vipcast/vipcast/controller"
+	"github.com/vipcast/vipcast/ccm"
 )
 
 // Defaults that differ from the cloud-provider app's. Its stock defaults (one
@@ -42,13 +42,13 @@ func main() {
 	if err != nil {
 		klog.Fatalf("Unable to initialize command options: %v", err)
 	}
-	opts.KubeCloudShared.CloudProvider.Name = controller.ProviderName
+	opts.KubeCloudShared.CloudProvider.Name = ccm.ProviderName
 	opts.ServiceController.ConcurrentServiceSyncs = defaultServiceSyncs
 	opts.Generic.ClientConnection.QPS = defaultClientQPS
 	opts.Generic.ClientConnection.Burst = defaultClientBurst
 	opts.Generic.LeaderElection.ResourceName = leaseName
 
-	controller.Register(legacyregistry.Register)
+	ccm.Register(legacyregistry.Register)
 
 	cmd := app.NewCloudControllerManagerCommand(opts, initCloud, app.DefaultInitFuncConstructors,
 		names.CCMControllerAliases(), cliflag.NamedFlagSets{}, wait.NeverStop)
@@ -64,7 +64,7 @@ func initCloud(cfg *config.CompletedConfig) cloudprovider.Interface {
 		klog.Fatalf("Cloud provider %q could not be initialized: %v", shared.Name, err)
 	}
 	if cloud == nil {
-		klog.Fatalf("Cloud provider %q is unknown; this binary provides %q", shared.Name, controller.ProviderName)
+		klog.Fatalf("Cloud provider %q is unknown; this binary provides %q", shared.Name, ccm.ProviderName)
 	}
 	return cloud
 }

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
-	"github.com/vipcast/vipcast/controller"
+	"github.com/vipcast/vipcast/ccm"
 )
 
 const mixPools = `
@@ -76,17 +76,17 @@ func mixedServices(ns string, n int) ([]*v1.Service, map[string]expectation) {
 			e = expectation{pool: "v6-main", families: []v1.IPFamily{v6}}
 		case 2:
 			ip := netip.MustParseAddr(fmt.Sprintf("10.20.1.%d", 100+i/8))
-			s = lbService(ns, name, withAnnotation(controller.AnnotationIPs, ip.String()))
+			s = lbService(ns, name, withAnnotation(ccm.AnnotationIPs, ip.String()))
 			e = expectation{pool: "v4-main", families: []v1.IPFamily{v4}, requested: []netip.Addr{ip}}
 		case 3:
-			s = lbService(ns, name, withAnnotation(controller.AnnotationPool, "dual"))
+			s = lbService(ns, name, withAnnotation(ccm.AnnotationPool, "dual"))
 			e = expectation{pool: "dual", families: []v1.IPFamily{v4}}
 		case 4:
 			key := fmt.Sprintf("grp-%d", i/16)
-			s = lbService(ns, name, withAnnotation(controller.AnnotationSharingKey, key), withPorts(int32(1000+i)))
+			s = lbService(ns, name, withAnnotation(ccm.AnnotationSharingKey, key), withPorts(int32(1000+i)))
 			e = expectation{pool: "v4-main", families: []v1.IPFamily{v4}, sharingKey: key}
 		case 5:
-			s = lbService(ns, name, withAnnotation(controller.AnnotationPool, "dual"),
+			s = lbService(ns, name, withAnnotation(ccm.AnnotationPool, "dual"),
 				withFamilies(v1.IPFamilyPolicyPreferDualStack, v6, v4))
 			e = expectation{pool: "dual", families: []v1.IPFamily{v6, v4}}
 		case 6:
@@ -182,10 +182,10 @@ func checkNoDoubleHolders(t testing.TB, svcs map[string]*v1.Service) {
 		if len(hs) < 2 {
 			continue
 		}
-		key := hs[0].Annotations[controller.AnnotationSharingKey]
+		key := hs[0].Annotations[ccm.AnnotationSharingKey]
 		ports := map[string]string{}
 		for _, s := range hs {
-			if k := s.Annotations[controller.AnnotationSharingKey]; key == "" || k != key {
+			if k := s.Annotations[ccm.AnnotationSharingKey]; key == "" || k != key {
 				t.Errorf("%s is held by %s/%s and %s/%s, which may not share it", ip, hs[0].Namespace, hs[0].Name, s.Namespace, s.Name)
 			}
 			for _, p := range s.Spec.Ports {
@@ -237,11 +237,11 @@ func TestAllocation(t *testing.T) {
 		got = e.listServices("mix")
 		missing := 0
 		for _, s := range got {
-			if s.Annotations[controller.AnnotationPool] == "" {
+			if s.Annotations[ccm.AnnotationPool] == "" {
 				missing++
 			}
 		}
-		return missing == 0, fmt.Errorf("%d Services without %s", missing, controller.AnnotationPool)
+		return missing == 0, fmt.Errorf("%d Services without %s", missing, ccm.AnnotationPool)
 	})
 
 	sharedIP := map[string]netip.Addr{}
@@ -259,8 +259,8 @@ func TestAllocation(t *testing.T) {
 		if want.requested != nil && !equalAddrs(ips, want.requested) {
 			t.Errorf("%s: got %v, requested %v", key, ips, want.requested)
 		}
-		if ann := s.Annotations[controller.AnnotationPool]; ann != want.pool {
-			t.Errorf("%s: annotation %s=%q, want %q", key, controller.AnnotationPool, ann, want.pool)
+		if ann := s.Annotations[ccm.AnnotationPool]; ann != want.pool {
+			t.Errorf("%s: annotation %s=%q, want %q", key, ccm.AnnotationPool, ann, want.pool)
 		}
 		if want.sharingKey != "" {
 			if prev, ok := sharedIP[want.sharingKey]; ok && prev != ips[0] {
@@ -291,7 +291,7 @@ func TestAllocation(t *testing.T) {
 		}
 		return left == 0 && total == 0, fmt.Errorf("%d Services left, %d addresses in use", left, total)
 	})
-	again := e.createService(lbService("mix", "again", withAnnotation(controller.AnnotationIPs, "10.20.1.100")))
+	again := e.createService(lbService("mix", "again", withAnnotation(ccm.AnnotationIPs, "10.20.1.100")))
 	e.eventually(30*time.Second, "a released address to be handed out again", func() (bool, error) {
 		s, err := e.cp.Client.CoreV1().Services("mix").Get(context.Background(), again.Name, metav1.GetOptions{})
 		if err != nil {

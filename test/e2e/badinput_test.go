@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
-	"github.com/vipcast/vipcast/controller"
+	"github.com/vipcast/vipcast/ccm"
 )
 
 const badInputPools = `
@@ -101,31 +101,31 @@ func TestBadInput(t *testing.T) {
 
 	// Good Services first; their VIPs must survive everything below.
 	e.createService(lbService("bad", "g1"))
-	e.createService(lbService("bad", "g2", withAnnotation(controller.AnnotationIPs, "10.60.0.5")))
-	e.createService(lbService("bad", "g3", withAnnotation(controller.AnnotationIPs, "10.60.0.6"),
-		withAnnotation(controller.AnnotationSharingKey, "s")))
-	e.createService(lbService("bad", "tiny1", withAnnotation(controller.AnnotationPool, "tiny")))
+	e.createService(lbService("bad", "g2", withAnnotation(ccm.AnnotationIPs, "10.60.0.5")))
+	e.createService(lbService("bad", "g3", withAnnotation(ccm.AnnotationIPs, "10.60.0.6"),
+		withAnnotation(ccm.AnnotationSharingKey, "s")))
+	e.createService(lbService("bad", "tiny1", withAnnotation(ccm.AnnotationPool, "tiny")))
 	e.waitAllAllocated(30*time.Second, "bad", func(*v1.Service) int { return 1 })
 	good := e.snapshot("bad")
 
-	lbIPConflict := lbService("bad", "lbip-conflict", withAnnotation(controller.AnnotationIPs, "10.60.0.9"))
+	lbIPConflict := lbService("bad", "lbip-conflict", withAnnotation(ccm.AnnotationIPs, "10.60.0.9"))
 	lbIPConflict.Spec.LoadBalancerIP = "10.60.0.10"
 	cases := []struct {
 		svc  *v1.Service
 		want []string // substrings of the Event message
 	}{
-		{lbService("bad", "unknown-pool", withAnnotation(controller.AnnotationPool, "nope")), []string{"nope"}},
-		{lbService("bad", "outside", withAnnotation(controller.AnnotationIPs, "192.0.2.77")), []string{"192.0.2.77"}},
-		{lbService("bad", "taken", withAnnotation(controller.AnnotationIPs, "10.60.0.5")), []string{"10.60.0.5", "bad/g2"}},
-		{lbService("bad", "steal-foreign", withAnnotation(controller.AnnotationIPs, "10.60.0.7")), []string{"10.60.0.7", "bad/foreign"}},
-		{lbService("bad", "port-clash", withAnnotation(controller.AnnotationIPs, "10.60.0.6"),
-			withAnnotation(controller.AnnotationSharingKey, "s")), []string{"bad/g3"}},
-		{lbService("bad", "tiny2", withAnnotation(controller.AnnotationPool, "tiny")), []string{"tiny"}},
-		{lbService("bad", "bad-ips", withAnnotation(controller.AnnotationIPs, "10.0.0.300")), []string{controller.AnnotationIPs, "10.0.0.300"}},
-		{lbService("bad", "bad-pool-name", withAnnotation(controller.AnnotationPool, "Bad_Pool!")), []string{controller.AnnotationPool}},
-		{lbService("bad", "two-v4", withAnnotation(controller.AnnotationIPs, "10.60.0.11,10.60.0.12")), []string{controller.AnnotationIPs, "at most one VIP per family"}},
-		{lbIPConflict, []string{"spec.loadBalancerIP", controller.AnnotationIPs}},
-		{lbService("bad", "wrong-ns", withAnnotation(controller.AnnotationPool, "ns-only")), []string{"ns-only"}},
+		{lbService("bad", "unknown-pool", withAnnotation(ccm.AnnotationPool, "nope")), []string{"nope"}},
+		{lbService("bad", "outside", withAnnotation(ccm.AnnotationIPs, "192.0.2.77")), []string{"192.0.2.77"}},
+		{lbService("bad", "taken", withAnnotation(ccm.AnnotationIPs, "10.60.0.5")), []string{"10.60.0.5", "bad/g2"}},
+		{lbService("bad", "steal-foreign", withAnnotation(ccm.AnnotationIPs, "10.60.0.7")), []string{"10.60.0.7", "bad/foreign"}},
+		{lbService("bad", "port-clash", withAnnotation(ccm.AnnotationIPs, "10.60.0.6"),
+			withAnnotation(ccm.AnnotationSharingKey, "s")), []string{"bad/g3"}},
+		{lbService("bad", "tiny2", withAnnotation(ccm.AnnotationPool, "tiny")), []string{"tiny"}},
+		{lbService("bad", "bad-ips", withAnnotation(ccm.AnnotationIPs, "10.0.0.300")), []string{ccm.AnnotationIPs, "10.0.0.300"}},
+		{lbService("bad", "bad-pool-name", withAnnotation(ccm.AnnotationPool, "Bad_Pool!")), []string{ccm.AnnotationPool}},
+		{lbService("bad", "two-v4", withAnnotation(ccm.AnnotationIPs, "10.60.0.11,10.60.0.12")), []string{ccm.AnnotationIPs, "at most one VIP per family"}},
+		{lbIPConflict, []string{"spec.loadBalancerIP", ccm.AnnotationIPs}},
+		{lbService("bad", "wrong-ns", withAnnotation(ccm.AnnotationPool, "ns-only")), []string{"ns-only"}},
 	}
 	for _, c := range cases {
 		e.createService(c.svc)
@@ -160,7 +160,7 @@ func TestBadInput(t *testing.T) {
 	// by vipcast) names the pool.
 	e.eventually(30*time.Second, "bad/g1 to carry its pool annotation", func() (bool, error) {
 		s, err := e.cp.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{})
-		return err == nil && s.Annotations[controller.AnnotationPool] == "main", err
+		return err == nil && s.Annotations[ccm.AnnotationPool] == "main", err
 	})
 	main, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), "main", metav1.GetOptions{})
 	if err != nil {
@@ -277,7 +277,7 @@ func TestPoolValidation(t *testing.T) {
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: newer}\nspec: {addresses: [10.70.0.128/25]}\n")
 	e.startCCM("a")
 	e.namespace("ov", nil)
-	e.createService(lbService("ov", "s", withAnnotation(controller.AnnotationIPs, "10.70.0.200")))
+	e.createService(lbService("ov", "s", withAnnotation(ccm.AnnotationIPs, "10.70.0.200")))
 	e.eventually(30*time.Second, "IPPool newer to be Ready=False naming the older pool", func() (bool, error) {
 		ready, reason, msg := e.poolReady("newer")
 		return ready == "False" && strings.Contains(msg, "older"), fmt.Errorf("Ready=%s reason=%s message=%q", ready, reason, msg)
@@ -294,7 +294,7 @@ func TestPoolValidation(t *testing.T) {
 		return ready == "False" && reason == vipcastv1alpha1.ReasonInvalidAddresses && strings.Contains(msg, "spec.bgp.aggregationLength 24"),
 			fmt.Errorf("Ready=%s reason=%s message=%q", ready, reason, msg)
 	})
-	e.createService(lbService("ov", "dark", withAnnotation(controller.AnnotationIPs, "10.71.0.15")))
+	e.createService(lbService("ov", "dark", withAnnotation(ccm.AnnotationIPs, "10.71.0.15")))
 	e.waitEvent("ov", "dark", "10.71.0.15", "IPPool dark is not ready: InvalidAddresses: spec.bgp.aggregationLength 24")
 	if s, err := e.cp.Client.CoreV1().Services("ov").Get(context.Background(), "dark", metav1.GetOptions{}); err != nil || len(s.Status.LoadBalancer.Ingress) != 0 {
 		t.Fatalf("Service ov/dark from the unannounceable pool: ingress %v (err %v), want none", s.Status.LoadBalancer.Ingress, err)
@@ -310,7 +310,7 @@ func TestPoolValidation(t *testing.T) {
 		if err != nil {
 			return false, err
 		}
-		ann := s.Annotations[controller.AnnotationPool]
+		ann := s.Annotations[ccm.AnnotationPool]
 		return ann == "older", fmt.Errorf("annotation %q", ann)
 	})
 }

@@ -9,7 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/vipcast/vipcast/controller"
+	"github.com/vipcast/vipcast/ccm"
 )
 
 const durabilityPools = `
@@ -37,7 +37,7 @@ func durabilityServices(ns string, n int) []*v1.Service {
 			svcs = append(svcs, lbService(ns, name, withFamilies(v1.IPFamilyPolicySingleStack, v1.IPv6Protocol)))
 		case 2:
 			svcs = append(svcs, lbService(ns, name,
-				withAnnotation(controller.AnnotationSharingKey, fmt.Sprintf("k-%d", i/10)), withPorts(int32(2000+i))))
+				withAnnotation(ccm.AnnotationSharingKey, fmt.Sprintf("k-%d", i/10)), withPorts(int32(2000+i))))
 		default:
 			svcs = append(svcs, lbService(ns, name))
 		}
@@ -66,7 +66,7 @@ func (e *env) waitSomeAllocated(ns string, n int) {
 
 // killMidBurst creates 500 Services in namespace burst, SIGKILLs victim once
 // 100 have VIPs and returns the VIPs published at that moment.
-func (e *env) killMidBurst(victim *ccm) map[string][]netip.Addr {
+func (e *env) killMidBurst(victim *ccmProcess) map[string][]netip.Addr {
 	e.t.Helper()
 	created := e.createAllAsync(durabilityServices("burst", 500), 8)
 	e.waitSomeAllocated("burst", 100)
@@ -124,8 +124,8 @@ func TestLeaderChange(t *testing.T) {
 	e := newEnv(t)
 	e.mustApplyPools(durabilityPools)
 	e.namespace("burst", nil)
-	replicas := []*ccm{e.startCCM("r1"), e.startCCM("r2")}
-	var leader, standby *ccm
+	replicas := []*ccmProcess{e.startCCM("r1"), e.startCCM("r2")}
+	var leader, standby *ccmProcess
 	e.eventually(30*time.Second, "one replica to become leader", func() (bool, error) {
 		for i, r := range replicas {
 			if r.isLeader() {

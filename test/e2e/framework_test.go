@@ -73,8 +73,8 @@ func (e *env) installCRDs() {
 	}
 }
 
-// ccm is a running vipcast-ccm process.
-type ccm struct {
+// ccmProcess is a running vipcast-ccm process.
+type ccmProcess struct {
 	*proc.Process
 	log  string
 	port int
@@ -83,13 +83,13 @@ type ccm struct {
 // startCCM starts vipcast-ccm against the control plane with leader election
 // on (short timings so takeovers are quick in tests) and its own port; extra
 // flags follow (tests add -v=2 for useful logs on failure).
-func (e *env) startCCM(name string, extra ...string) *ccm {
+func (e *env) startCCM(name string, extra ...string) *ccmProcess {
 	return e.startCCMWith(name, append([]string{"-v", "2"}, extra...)...)
 }
 
 // startCCMWith starts vipcast-ccm with only the flags the harness needs plus
 // extra: the binary's defaults otherwise.
-func (e *env) startCCMWith(name string, extra ...string) *ccm {
+func (e *env) startCCMWith(name string, extra ...string) *ccmProcess {
 	e.t.Helper()
 	ports, err := proc.FreePorts("127.0.0.1", 1)
 	if err != nil {
@@ -107,7 +107,7 @@ func (e *env) startCCMWith(name string, extra ...string) *ccm {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	c := &ccm{Process: p, log: log, port: ports[0]}
+	c := &ccmProcess{Process: p, log: log, port: ports[0]}
 	e.t.Cleanup(func() {
 		c.Stop(5 * time.Second)
 		if e.t.Failed() {
@@ -118,7 +118,7 @@ func (e *env) startCCMWith(name string, extra ...string) *ccm {
 }
 
 // isLeader reports whether the process logged that it acquired the lease.
-func (c *ccm) isLeader() bool {
+func (c *ccmProcess) isLeader() bool {
 	data, err := os.ReadFile(c.log)
 	return err == nil && strings.Contains(string(data), "Successfully acquired lease")
 }

@@ -3,7 +3,7 @@
 // returns them (ipMode Proxy) for the service controller to publish;
 // InstancesV2 initializes nodes. The allocation logic lives in ipam; this
 // package feeds it Services and IPPools and writes results back.
-package controller
+package ccm
 
 import (
 	"context"
