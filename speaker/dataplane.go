@@ -90,7 +90,7 @@ const AnnotationScheduler = ipvs.SchedulerAnnotation
 // not alias another's (appending to them reallocates). A nil view (configuration not loaded yet) gives
 // nothing: the caller must not apply that as the Service's desired state.
 func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View) (services []ipvs.Service, problems []string) {
-	if view == nil || svc.Spec.Type != v1.ServiceTypeLoadBalancer || svc.Spec.LoadBalancerClass != nil {
+	if view == nil || notVipcasts(svc) != "" {
 		return nil, nil
 	}
 	var vips []netip.Addr
@@ -110,22 +110,11 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 	if len(ports) == 0 {
 		return nil, problems
 	}
-	var sched string // "": the ipvs package's default
-	var flags uint32
-	if raw := strings.TrimSpace(svc.Annotations[AnnotationScheduler]); raw != "" {
-		var err error
-		if sched, flags, err = ipvs.ParseScheduler(raw); err != nil {
-			problems = append(problems, fmt.Sprintf("%v; the virtual servers use the default scheduler (%s) until it is fixed", err, ipvs.DefaultScheduler))
-			sched, flags = "", 0
-		}
+	sched, flags, problem := serviceScheduler(svc)
+	if problem != "" {
+		problems = append(problems, problem)
 	}
-	var persistent uint32
-	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
-		persistent = uint32(v1.DefaultClientIPServiceAffinitySeconds)
-		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
-			persistent = uint32(*c.ClientIP.TimeoutSeconds)
-		}
-	}
+	persistent := sessionPersistence(svc)
 	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
 	backends := dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, local)
 
@@ -152,6 +141,35 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 		used[slot] = true
 	}
 	return services, problems
+}
+
+// serviceScheduler returns the scheduler and flags of the Service's virtual
+// servers from AnnotationScheduler: "" and 0 (the ipvs package's default)
+// when unset, empty or invalid, and then, for an invalid value, the problem
+// to report.
+func serviceScheduler(svc *v1.Service) (sched string, flags uint32, problem string) {
+	raw := strings.TrimSpace(svc.Annotations[AnnotationScheduler])
+	if raw == "" {
+		return "", 0, ""
+	}
+	sched, flags, err := ipvs.ParseScheduler(raw)
+	if err != nil {
+		return "", 0, fmt.Sprintf("%v; the virtual servers use the default scheduler (%s) until it is fixed", err, ipvs.DefaultScheduler)
+	}
+	return sched, flags, ""
+}
+
+// sessionPersistence returns the IPVS persistence timeout in seconds for
+// sessionAffinity ClientIP (its timeoutSeconds, or the API's default when
+// unset or not positive), and 0 for None.
+func sessionPersistence(svc *v1.Service) uint32 {
+	if svc.Spec.SessionAffinity != v1.ServiceAffinityClientIP {
+		return 0
+	}
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
+		return uint32(*c.ClientIP.TimeoutSeconds)
+	}
+	return uint32(v1.DefaultClientIPServiceAffinitySeconds)
 }
 
 // dataplanePort is a ServicePort as the dataplane needs it.
@@ -186,49 +204,10 @@ func compareDataplanePort(a, b dataplanePort) int {
 	return cmp.Or(cmp.Compare(a.port, b.port), cmp.Compare(a.proto, b.proto))
 }
 
-// ownSlice reports whether s is one of svc's EndpointSlices: same
-// namespace, and the kubernetes.io/service-name label, when present, names
-// svc (the rule of countEndpoints).
-func ownSlice(svc *v1.Service, s *discoveryv1.EndpointSlice) bool {
-	if s == nil || s.Namespace != svc.Namespace {
-		return false
-	}
-	name, ok := s.Labels[discoveryv1.LabelServiceName]
-	return !ok || name == svc.Name
-}
-
 // dataplaneBackends returns, per port (indexed like ports) and per family
 // slot, the sorted, deduplicated backends of the families in fams.
 func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, fams [2]bool, nodeName string, local bool) [][2][]ipvs.Backend {
-	// One backing array per family, carved per port with its capacity
-	// capped, sized by the count of candidate endpoints: the appends below
-	// never reallocate.
-	var n [2]int
-	for _, s := range endpointSlices {
-		slot, ok := sliceSlot(s)
-		if !ok || !fams[slot] || !ownSlice(svc, s) {
-			continue
-		}
-		if !local {
-			n[slot] += len(s.Endpoints)
-			continue
-		}
-		for i := range s.Endpoints {
-			if onNode(&s.Endpoints[i], nodeName) {
-				n[slot]++
-			}
-		}
-	}
-	out := make([][2][]ipvs.Backend, len(ports))
-	for slot := range n {
-		if n[slot] == 0 {
-			continue
-		}
-		buf := make([]ipvs.Backend, n[slot]*len(ports))
-		for i := range out {
-			out[i][slot] = buf[i*n[slot] : i*n[slot] : (i+1)*n[slot]]
-		}
-	}
+	out := backendBuffers(svc, endpointSlices, len(ports), fams, nodeName, local)
 	targets := make([]uint16, len(ports)) // target port per ServicePort in the current slice
 	for _, s := range endpointSlices {
 		slot, ok := sliceSlot(s)
@@ -237,23 +216,11 @@ func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSl
 		}
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
-			if len(e.Addresses) == 0 || (local && !onNode(e, nodeName)) {
+			if local && !onNode(e, nodeName) {
 				continue
 			}
-			var weight int
-			switch c := e.Conditions; {
-			case c.Ready == nil || *c.Ready:
-				weight = 1
-			case c.Terminating != nil && *c.Terminating:
-				weight = 0 // drain
-			default:
-				continue
-			}
-			addr, err := netip.ParseAddr(e.Addresses[0])
-			if err != nil || addr.Zone() != "" || addr.IsUnspecified() {
-				continue
-			}
-			if addr = addr.Unmap(); famSlot(addr) != slot {
+			addr, weight, ok := endpointBackend(e)
+			if !ok || famSlot(addr) != slot {
 				continue
 			}
 			for j, tp := range targets {
@@ -275,22 +242,62 @@ func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSl
 	return out
 }
 
-func onNode(e *discoveryv1.Endpoint, nodeName string) bool {
-	return e.NodeName != nil && *e.NodeName == nodeName
+// backendBuffers returns, per port and family slot, an empty slice whose
+// capacity is the count of candidate endpoints: one backing array per
+// family, carved per port with its capacity capped, so that the appends of
+// dataplaneBackends never reallocate.
+func backendBuffers(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, nports int, fams [2]bool, nodeName string, local bool) [][2][]ipvs.Backend {
+	var n [2]int
+	for _, s := range endpointSlices {
+		slot, ok := sliceSlot(s)
+		if !ok || !fams[slot] || !ownSlice(svc, s) {
+			continue
+		}
+		if !local {
+			n[slot] += len(s.Endpoints)
+			continue
+		}
+		for i := range s.Endpoints {
+			if onNode(&s.Endpoints[i], nodeName) {
+				n[slot]++
+			}
+		}
+	}
+	out := make([][2][]ipvs.Backend, nports)
+	for slot := range n {
+		if n[slot] == 0 {
+			continue
+		}
+		buf := make([]ipvs.Backend, n[slot]*nports)
+		for i := range out {
+			out[i][slot] = buf[i*n[slot] : i*n[slot] : (i+1)*n[slot]]
+		}
+	}
+	return out
 }
 
-// sliceSlot returns the family slot of an IPv4 or IPv6 EndpointSlice.
-func sliceSlot(s *discoveryv1.EndpointSlice) (int, bool) {
-	if s == nil {
-		return 0, false
+// endpointBackend returns an endpoint's address and weight: 1 when it is
+// ready (conditions.ready true or unset), 0 when it is terminating and not
+// ready (it drains). It reports false for an endpoint that is neither, or
+// whose first address is missing, zoned, unspecified or unparsable.
+func endpointBackend(e *discoveryv1.Endpoint) (netip.Addr, int, bool) {
+	if len(e.Addresses) == 0 {
+		return netip.Addr{}, 0, false
 	}
-	switch s.AddressType {
-	case discoveryv1.AddressTypeIPv4:
-		return 0, true
-	case discoveryv1.AddressTypeIPv6:
-		return 1, true
+	var weight int
+	switch c := e.Conditions; {
+	case c.Ready == nil || *c.Ready:
+		weight = 1
+	case c.Terminating != nil && *c.Terminating:
+		weight = 0 // drain
+	default:
+		return netip.Addr{}, 0, false
 	}
-	return 0, false
+	addr, err := netip.ParseAddr(e.Addresses[0])
+	if err != nil || addr.Zone() != "" || addr.IsUnspecified() {
+		return netip.Addr{}, 0, false
+	}
+	return addr.Unmap(), weight, true
 }
 
 // sliceTargets sets targets[i] to the port of s named like ports[i] with

@@ -19,4 +19,12 @@
 //   - RouteTable merges the per-Service routes into the distinct prefixes
 //     this node announces and returns the minimal announce/withdraw
 //     difference for one Service's change.
+//
+// The Controller is split by concern, one file each: informers.go (the
+// informers, decoding, the cache reads), sync.go (the sync steps: view →
+// dataplane → routes → sessions, and one Service's sync), announcer.go
+// (what BGP has been told, repaired after a failed Apply), program.go (what
+// the dataplane has been told), report.go (Events and problem logs, once
+// per change) and service.go (the reading of a Service and its
+// EndpointSlices that the routes and the dataplane share).
 package speaker

@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/vipcast/vipcast/ipvs"
@@ -30,47 +27,27 @@ type Dataplane interface {
 // so that a change of one Service costs kernel work for that Service only.
 // It is used by the controller's single worker goroutine.
 type programmer struct {
-	dp Dataplane
+	dp      Dataplane
+	metrics *Metrics
 	// programmed are the virtual servers last applied, by Service key.
 	programmed map[string][]ipvs.Service
 	// owner is the Service key of each virtual server.
 	owner map[ipvs.Key]string
-	// problems are the last reported dataplane problems, by Service key.
-	problems map[string]string
 }
 
-func newProgrammer(dp Dataplane) *programmer {
-	return &programmer{dp: dp, programmed: map[string][]ipvs.Service{}, owner: map[ipvs.Key]string{}, problems: map[string]string{}}
+func newProgrammer(dp Dataplane, m *Metrics) *programmer {
+	return &programmer{dp: dp, metrics: m, programmed: map[string][]ipvs.Service{}, owner: map[ipvs.Key]string{}}
 }
 
-// desiredFor computes one Service's virtual servers (none without a
-// dataplane) and reports a changed problem with its annotations or ports.
-func (c *Controller) desiredFor(ctx context.Context, svc *v1.Service, slices []*discoveryv1.EndpointSlice) []ipvs.Service {
-	if c.prog == nil {
-		return nil
-	}
-	services, problems := ServiceDataplane(svc, slices, c.view)
-	key := ServiceKey(svc)
-	msg := strings.Join(problems, "; ")
-	if msg != c.prog.problems[key] {
-		if msg != "" {
-			klog.FromContext(ctx).Info("Service has a dataplane problem", "service", key, "problem", msg)
-			c.recorder.Eventf(svc, v1.EventTypeWarning, "InvalidDataplaneConfig", "node %s: %s", c.opts.NodeName, msg)
-			c.prog.problems[key] = msg
-		} else {
-			delete(c.prog.problems, key)
-		}
-	}
-	return services
+// serviceServers is one Service's desired virtual servers.
+type serviceServers struct {
+	key      string
+	services []ipvs.Service
 }
 
 // program applies one Service's desired virtual servers (nil: the Service
 // is gone) through SyncService, touching only what changed.
-func (c *Controller) program(ctx context.Context, key string, desired []ipvs.Service) error {
-	if c.prog == nil {
-		return nil
-	}
-	p := c.prog
+func (p *programmer) program(key string, desired []ipvs.Service) error {
 	old := map[ipvs.Key]ipvs.Service{}
 	for _, s := range p.programmed[key] {
 		old[s.Key()] = s
@@ -89,9 +66,7 @@ func (c *Controller) program(ctx context.Context, key string, desired []ipvs.Ser
 			errs = append(errs, fmt.Errorf("virtual server %s is already programmed for Service %s", k, other))
 			continue
 		}
-		plan, err := p.dp.SyncService(k, &d)
-		c.opts.Metrics.kernelChanges(plan.Len())
-		if err != nil {
+		if err := p.syncOne(k, &d); err != nil {
 			errs = append(errs, fmt.Errorf("programming %s: %w", k, err))
 			if o, ok := old[k]; ok {
 				applied = append(applied, o) // what may still be there
@@ -104,9 +79,7 @@ func (c *Controller) program(ctx context.Context, key string, desired []ipvs.Ser
 		delete(old, k)
 	}
 	for k, o := range old {
-		plan, err := p.dp.SyncService(k, nil)
-		c.opts.Metrics.kernelChanges(plan.Len())
-		if err != nil {
+		if err := p.syncOne(k, nil); err != nil {
 			errs = append(errs, fmt.Errorf("removing %s: %w", k, err))
 			applied = append(applied, o)
 			continue
@@ -118,46 +91,46 @@ func (c *Controller) program(ctx context.Context, key string, desired []ipvs.Ser
 	} else {
 		p.programmed[key] = applied
 	}
-	c.opts.Metrics.setVirtualServers(len(p.owner))
+	p.metrics.setVirtualServers(len(p.owner))
 	return errors.Join(errs...)
 }
 
-// resyncDataplane computes every Service's virtual servers and has the
-// dataplane compare the whole kernel table with them: it repairs drift
-// (a virtual server deleted by hand) and, at start-up, takes over what a
-// previous speaker programmed without touching established connections.
-func (c *Controller) resyncDataplane(ctx context.Context) error {
-	if c.prog == nil {
-		return nil
-	}
+// syncOne makes one virtual server match desired (nil: delete it).
+func (p *programmer) syncOne(k ipvs.Key, desired *ipvs.Service) error {
+	plan, err := p.dp.SyncService(k, desired)
+	p.metrics.kernelChanges(plan.Len())
+	return err
+}
+
+// resync has the dataplane compare the whole kernel table with every
+// Service's virtual servers: it repairs drift (a virtual server deleted by
+// hand) and, at start-up, takes over what a previous speaker programmed
+// without touching established connections. A virtual server two Services
+// want goes to the first.
+func (p *programmer) resync(ctx context.Context, all []serviceServers) error {
 	start := time.Now()
 	desired := ipvs.NewState()
 	programmed := map[string][]ipvs.Service{}
 	owner := map[ipvs.Key]string{}
-	for _, obj := range c.services.GetStore().List() {
-		svc, ok := obj.(*v1.Service)
-		if !ok {
-			continue
-		}
-		key := ServiceKey(svc)
-		for _, s := range c.desiredFor(ctx, svc, c.slicesOf(svc)) {
+	for _, ss := range all {
+		for _, s := range ss.services {
 			if other, taken := owner[s.Key()]; taken {
-				klog.FromContext(ctx).Info("Virtual server wanted by two Services; the first keeps it", "key", s.Key(), "service", key, "holder", other)
+				klog.FromContext(ctx).Info("Virtual server wanted by two Services; the first keeps it", "key", s.Key(), "service", ss.key, "holder", other)
 				continue
 			}
-			owner[s.Key()] = key
-			programmed[key] = append(programmed[key], s)
+			owner[s.Key()] = ss.key
+			programmed[ss.key] = append(programmed[ss.key], s)
 			desired.Add(s)
 		}
 	}
-	plan, err := c.prog.dp.Sync(desired)
-	c.opts.Metrics.kernelChanges(plan.Len())
+	plan, err := p.dp.Sync(desired)
+	p.metrics.kernelChanges(plan.Len())
 	if err != nil {
 		return fmt.Errorf("dataplane resync: %w", err)
 	}
-	c.prog.programmed, c.prog.owner = programmed, owner
-	c.opts.Metrics.setVirtualServers(len(owner))
-	c.opts.Metrics.observeSync("dataplane-resync", start)
+	p.programmed, p.owner = programmed, owner
+	p.metrics.setVirtualServers(len(owner))
+	p.metrics.observeSync("dataplane-resync", start)
 	if !plan.Empty() {
 		klog.FromContext(ctx).Info("Dataplane resynced", "changes", plan.String(), "virtualServers", len(owner), "duration", time.Since(start))
 	}

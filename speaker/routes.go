@@ -12,10 +12,6 @@ import (
 	"github.com/vipcast/vipcast/bgp"
 )
 
-// ServiceKey returns the key of a Service in a RouteTable: "namespace/name",
-// the informer cache key and the CCM's allocator owner.
-func ServiceKey(svc *v1.Service) string { return svc.Namespace + "/" + svc.Name }
-
 // ServiceRoutes returns the routes this node announces for one Service,
 // sorted by prefix, and, whenever one of the Service's VIPs is not
 // announced, a short human reason for logs and Events (empty when every VIP
@@ -61,11 +57,8 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 	if view == nil {
 		return nil, "configuration not loaded yet"
 	}
-	if svc.Spec.Type != v1.ServiceTypeLoadBalancer {
-		return nil, "not a LoadBalancer Service"
-	}
-	if c := svc.Spec.LoadBalancerClass; c != nil {
-		return nil, "handled by loadBalancerClass " + *c
+	if why := notVipcasts(svc); why != "" {
+		return nil, why
 	}
 	vips := serviceVIPs(svc)
 	if len(vips) == 0 {
@@ -83,49 +76,15 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 
 	routes = make([]bgp.Route, 0, len(vips))
 	var reasons []string
-	why := func(s string) {
-		if !slices.Contains(reasons, s) {
-			reasons = append(reasons, s)
-		}
-	}
 	for _, vip := range vips {
-		pool := view.PoolFor(vip)
-		if pool == nil {
-			why(fmt.Sprintf("VIP %s is in no IPPool", vip))
-			continue
-		}
-		if pool.Disabled != "" {
-			why(pool.Disabled)
-			continue
-		}
-		if msg := eps.missing(vip, local); msg != "" {
-			why(msg)
-			continue
-		}
-		nh, ok := node.NextHop(vip)
-		if !ok {
-			why(fmt.Sprintf("node has no %s address (InternalIP or ExternalIP) to announce VIP %s with", familyName(vip), vip))
-			continue
-		}
-		if pool.HasPeerSelector && len(pool.Peers) == 0 {
-			why(fmt.Sprintf("pool %s's peerSelector selects none of this node's BGPPeers", pool.Name))
-			continue
-		}
-		bits := vip.BitLen()
-		if !local {
-			bits = pool.AggregationLength
-			if vip.Is6() {
-				bits = pool.AggregationLengthV6
+		r, why := vipRoute(vip, view, &eps, local)
+		if why != "" {
+			if !slices.Contains(reasons, why) {
+				reasons = append(reasons, why)
 			}
+			continue
 		}
-		routes = append(routes, bgp.Route{
-			Prefix:           netip.PrefixFrom(vip, bits).Masked(),
-			NextHop:          nh,
-			Communities:      pool.Communities,
-			LargeCommunities: pool.LargeCommunities,
-			LocalPref:        pool.LocalPref,
-			Peers:            pool.Peers,
-		})
+		routes = append(routes, r)
 	}
 	if len(routes) > 1 {
 		slices.SortFunc(routes, func(a, b bgp.Route) int { return comparePrefix(a.Prefix, b.Prefix) })
@@ -138,44 +97,47 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 	return routes, strings.Join(reasons, "; ")
 }
 
-// serviceVIPs returns the distinct IPs of status.loadBalancer.ingress, in
-// order, unmapped.
-func serviceVIPs(svc *v1.Service) []netip.Addr {
-	var out []netip.Addr
-	for _, ing := range svc.Status.LoadBalancer.Ingress {
-		if ing.IP == "" {
-			continue
-		}
-		ip, err := netip.ParseAddr(ing.IP)
-		if err != nil || ip.Zone() != "" {
-			continue
-		}
-		ip = ip.Unmap()
-		if !slices.Contains(out, ip) {
-			out = append(out, ip)
+// vipRoute returns the route of one VIP of a Service under ServiceRoutes'
+// rules, or why it is not announced.
+func vipRoute(vip netip.Addr, view *View, eps *endpointCounts, local bool) (bgp.Route, string) {
+	pool := view.PoolFor(vip)
+	switch {
+	case pool == nil:
+		return bgp.Route{}, fmt.Sprintf("VIP %s is in no IPPool", vip)
+	case pool.Disabled != "":
+		return bgp.Route{}, pool.Disabled
+	}
+	if msg := eps.missing(vip, local); msg != "" {
+		return bgp.Route{}, msg
+	}
+	nh, ok := view.Node.NextHop(vip)
+	if !ok {
+		return bgp.Route{}, fmt.Sprintf("node has no %s address (InternalIP or ExternalIP) to announce VIP %s with", familyName(vip), vip)
+	}
+	if pool.HasPeerSelector && len(pool.Peers) == 0 {
+		return bgp.Route{}, fmt.Sprintf("pool %s's peerSelector selects none of this node's BGPPeers", pool.Name)
+	}
+	bits := vip.BitLen()
+	if !local {
+		bits = pool.AggregationLength
+		if vip.Is6() {
+			bits = pool.AggregationLengthV6
 		}
 	}
-	return out
+	return bgp.Route{
+		Prefix:           netip.PrefixFrom(vip, bits).Masked(),
+		NextHop:          nh,
+		Communities:      pool.Communities,
+		LargeCommunities: pool.LargeCommunities,
+		LocalPref:        pool.LocalPref,
+		Peers:            pool.Peers,
+	}, ""
 }
 
 // endpointCounts records, per family (0 IPv4, 1 IPv6), whether a ready
 // endpoint exists anywhere and on this node.
 type endpointCounts struct {
 	any, local [2]bool
-}
-
-func famSlot(ip netip.Addr) int {
-	if ip.Is4() {
-		return 0
-	}
-	return 1
-}
-
-func familyName(ip netip.Addr) string {
-	if ip.Is4() {
-		return "IPv4"
-	}
-	return "IPv6"
 }
 
 // countEndpoints scans the Service's EndpointSlices. Slices of another

@@ -1,0 +1,321 @@
+package speaker
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"reflect"
+	"sort"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+)
+
+// sliceIndex indexes EndpointSlices by the namespace/name of their Service.
+const sliceIndex = "service"
+
+// watched holds the speaker's informers and reads the API objects from
+// their caches, decoded: Services, EndpointSlices, this Node, IPPools and
+// BGPPeers. Only password Secrets are read from the API server directly.
+type watched struct {
+	nodeName string
+	client   kubernetes.Interface
+	factory  informers.SharedInformerFactory
+	nodes    informers.SharedInformerFactory
+	dynamic  dynamicinformer.DynamicSharedInformerFactory
+	services cache.SharedIndexInformer
+	slices   cache.SharedIndexInformer
+	node     cache.SharedIndexInformer
+	pools    cache.SharedIndexInformer
+	peers    cache.SharedIndexInformer
+}
+
+// newWatched creates the informers and routes their events to q: a
+// Service's key for a Service or EndpointSlice change, keyConfig for a
+// change of the node, the pools or the peers.
+func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*watched, error) {
+	w := &watched{
+		nodeName: opts.NodeName,
+		client:   opts.Client,
+		factory:  informers.NewSharedInformerFactory(opts.Client, 0),
+		nodes: informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
+		})),
+		dynamic: dynamicinformer.NewDynamicSharedInformerFactory(opts.Dynamic, 0),
+	}
+	w.services = w.factory.Core().V1().Services().Informer()
+	w.slices = w.factory.Discovery().V1().EndpointSlices().Informer()
+	w.node = w.nodes.Core().V1().Nodes().Informer()
+	w.pools = w.dynamic.ForResource(vipcastv1alpha1.IPPoolsResource).Informer()
+	w.peers = w.dynamic.ForResource(vipcastv1alpha1.BGPPeersResource).Informer()
+
+	if err := w.slices.AddIndexers(cache.Indexers{sliceIndex: sliceServiceKey}); err != nil {
+		return nil, fmt.Errorf("endpointslice index: %w", err)
+	}
+	handlers := []struct {
+		inf cache.SharedIndexInformer
+		h   cache.ResourceEventHandler
+	}{
+		{w.services, keysHandler(q, serviceKeys)},
+		{w.slices, keysHandler(q, sliceServiceKey)},
+		{w.node, nodeHandler(q)},
+		{w.pools, configHandler(q)},
+		{w.peers, configHandler(q)},
+	}
+	for _, h := range handlers {
+		if _, err := h.inf.AddEventHandler(h.h); err != nil {
+			return nil, fmt.Errorf("event handler: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// start starts the informers and waits until their caches are filled.
+func (w *watched) start(ctx context.Context) error {
+	w.factory.Start(ctx.Done())
+	w.nodes.Start(ctx.Done())
+	w.dynamic.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), w.services.HasSynced, w.slices.HasSynced, w.node.HasSynced, w.pools.HasSynced, w.peers.HasSynced) {
+		return fmt.Errorf("informer caches did not sync: %w", ctx.Err())
+	}
+	return nil
+}
+
+// keysHandler enqueues the keys that keys returns for every added, updated
+// or deleted object.
+func keysHandler(q workqueue.TypedRateLimitingInterface[string], keys func(any) ([]string, error)) cache.ResourceEventHandler {
+	add := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		ks, _ := keys(obj)
+		for _, k := range ks {
+			q.Add(k)
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    add,
+		UpdateFunc: func(_, cur any) { add(cur) },
+		DeleteFunc: add,
+	}
+}
+
+// serviceKeys returns a Service's queue key.
+func serviceKeys(obj any) ([]string, error) {
+	key, err := cache.MetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return nil, err
+	}
+	return []string{key}, nil
+}
+
+// nodeHandler enqueues a full recompute when the node changes in a way the
+// decisions see (labels, cordon, addresses, the local-ASN annotation), not
+// on every status heartbeat.
+func nodeHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
+	add := func(any) { q.Add(keyConfig) }
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: add,
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*v1.Node)
+			n, ok2 := cur.(*v1.Node)
+			if ok1 && ok2 {
+				a, errsA := NodeFrom(o)
+				b, errsB := NodeFrom(n)
+				if reflect.DeepEqual(a, b) && len(errsA) == len(errsB) &&
+					o.Annotations[AnnotationLocalASN] == n.Annotations[AnnotationLocalASN] {
+					return
+				}
+			}
+			add(cur)
+		},
+		DeleteFunc: add,
+	}
+}
+
+// configHandler enqueues a full recompute for an IPPool or BGPPeer change.
+// Updates that change neither metadata.generation nor the labels (peer
+// selectors match labels) are status writes and are ignored.
+func configHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
+	add := func(any) { q.Add(keyConfig) }
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: add,
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*unstructured.Unstructured)
+			n, ok2 := cur.(*unstructured.Unstructured)
+			if ok1 && ok2 && o.GetGeneration() == n.GetGeneration() && maps.Equal(o.GetLabels(), n.GetLabels()) {
+				return
+			}
+			add(cur)
+		},
+		DeleteFunc: add,
+	}
+}
+
+// sliceServiceKey indexes an EndpointSlice by its Service's namespace/name.
+func sliceServiceKey(obj any) ([]string, error) {
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	name := s.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return nil, nil
+	}
+	return []string{s.Namespace + "/" + name}, nil
+}
+
+// service returns the Service with the given key from the cache; nil when
+// it is gone.
+func (w *watched) service(key string) (*v1.Service, error) {
+	obj, exists, err := w.services.GetStore().GetByKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("service %s from cache: %w", key, err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	svc, ok := obj.(*v1.Service)
+	if !ok {
+		return nil, fmt.Errorf("service %s: unexpected %T in cache", key, obj)
+	}
+	return svc, nil
+}
+
+// hasService reports whether the Service with the given key is in the cache.
+func (w *watched) hasService(key string) bool {
+	_, exists, _ := w.services.GetStore().GetByKey(key)
+	return exists
+}
+
+// listServices returns every Service in the cache.
+func (w *watched) listServices() []*v1.Service {
+	objs := w.services.GetStore().List()
+	out := make([]*v1.Service, 0, len(objs))
+	for _, obj := range objs {
+		if svc, ok := obj.(*v1.Service); ok {
+			out = append(out, svc)
+		}
+	}
+	return out
+}
+
+// slicesOf returns one Service's EndpointSlices from the cache.
+func (w *watched) slicesOf(svc *v1.Service) []*discoveryv1.EndpointSlice {
+	objs, _ := w.slices.GetIndexer().ByIndex(sliceIndex, ServiceKey(svc))
+	slices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			slices = append(slices, s)
+		}
+	}
+	return slices
+}
+
+// currentNode returns this node from the cache; a Node with only its name
+// when it does not exist, so that nothing is announced until it appears.
+func (w *watched) currentNode() (*v1.Node, error) {
+	obj, exists, err := w.node.GetStore().GetByKey(w.nodeName)
+	if err != nil {
+		return nil, fmt.Errorf("node %s from cache: %w", w.nodeName, err)
+	}
+	if !exists {
+		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: w.nodeName}}, nil
+	}
+	node, ok := obj.(*v1.Node)
+	if !ok {
+		return nil, fmt.Errorf("node %s: unexpected %T in cache", w.nodeName, obj)
+	}
+	return node, nil
+}
+
+// listPools returns the IPPools in the cache that decode.
+func (w *watched) listPools(ctx context.Context) []*vipcastv1alpha1.IPPool {
+	var out []*vipcastv1alpha1.IPPool
+	for _, obj := range w.pools.GetStore().List() {
+		p := &vipcastv1alpha1.IPPool{}
+		if decode(ctx, obj, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// listPeers returns the BGPPeers in the cache that decode, sorted by name.
+func (w *watched) listPeers(ctx context.Context) []*vipcastv1alpha1.BGPPeer {
+	var out []*vipcastv1alpha1.BGPPeer
+	for _, obj := range w.peers.GetStore().List() {
+		p := &vipcastv1alpha1.BGPPeer{}
+		if decode(ctx, obj, p) {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// peer returns the BGPPeer called name from the cache, or nil.
+func (w *watched) peer(ctx context.Context, name string) *vipcastv1alpha1.BGPPeer {
+	obj, exists, err := w.peers.GetStore().GetByKey(name)
+	if err != nil || !exists {
+		return nil
+	}
+	p := &vipcastv1alpha1.BGPPeer{}
+	if !decode(ctx, obj, p) {
+		return nil
+	}
+	return p
+}
+
+// decode converts an informer's unstructured object into a typed one.
+func decode(ctx context.Context, obj any, into runtime.Object) bool {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return false
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into); err != nil {
+		klog.FromContext(ctx).Error(err, "Decoding object", "kind", u.GetKind(), "name", u.GetName())
+		return false
+	}
+	return true
+}
+
+// passwords returns the lookup PeersForNode uses for TCP MD5 passwords:
+// a read of the Secret, re-done on every config sync (and so at least every
+// resync period), cached within one sync.
+func (w *watched) passwords(ctx context.Context) func(*vipcastv1alpha1.SecretKeyReference) (string, error) {
+	seen := map[string]*v1.Secret{}
+	return func(ref *vipcastv1alpha1.SecretKeyReference) (string, error) {
+		k := ref.Namespace + "/" + ref.Name
+		s, ok := seen[k]
+		if !ok {
+			var err error
+			s, err = w.client.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return "", fmt.Errorf("secret %s not found: create it with the key %q", k, ref.KeyOrDefault())
+			}
+			if err != nil {
+				return "", fmt.Errorf("reading secret %s: %w", k, err)
+			}
+			seen[k] = s
+		}
+		v, ok := s.Data[ref.KeyOrDefault()]
+		if !ok {
+			return "", fmt.Errorf("secret %s has no key %q: add it, or set passwordSecretRef.key to the key that holds the password", k, ref.KeyOrDefault())
+		}
+		return string(v), nil
+	}
+}

@@ -1,0 +1,143 @@
+package speaker
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/bgp"
+)
+
+// reporter tells users about problems and session changes: a log line and,
+// where a user looks, an Event — once per change of a problem, not once
+// per resync. The problem memories are used by the controller's single
+// worker goroutine; session states come from the BGP engine's goroutine and
+// are locked.
+type reporter struct {
+	recorder record.EventRecorder
+	nodeName string
+
+	node    string            // the last node configuration problem
+	pools   string            // the last IPPool problems, joined
+	peers   map[string]string // BGPPeer name → its last problem
+	service map[string]string // Service key → its last dataplane problem
+
+	mu        sync.Mutex
+	sessionUp map[string]bool // last known Established state per peer
+}
+
+func newReporter(recorder record.EventRecorder, nodeName string) *reporter {
+	return &reporter{
+		recorder:  recorder,
+		nodeName:  nodeName,
+		peers:     map[string]string{},
+		service:   map[string]string{},
+		sessionUp: map[string]bool{},
+	}
+}
+
+// nodeProblems reports the problems NodeFrom found with this node's
+// configuration, with a Warning Event on the Node.
+func (r *reporter) nodeProblems(ctx context.Context, node *v1.Node, errs []error) {
+	msg := errors.Join(errs...)
+	if msg == nil {
+		r.node = ""
+		return
+	}
+	if msg.Error() == r.node {
+		return
+	}
+	klog.FromContext(ctx).Error(msg, "Node configuration problem", "node", r.nodeName)
+	r.recorder.Eventf(node, v1.EventTypeWarning, "InvalidConfig", "%v", msg)
+	r.node = msg.Error()
+}
+
+// poolProblems logs the IPPools this node cannot use for announcements.
+// The CCM reports pool problems on the IPPool's status; each speaker only
+// logs them.
+func (r *reporter) poolProblems(ctx context.Context, errs []PoolError) {
+	msgs := make([]string, 0, len(errs))
+	for _, e := range errs {
+		msgs = append(msgs, e.Error())
+	}
+	joined := strings.Join(msgs, "; ")
+	if joined == r.pools {
+		return
+	}
+	for _, e := range errs {
+		klog.FromContext(ctx).Error(e, "IPPool not usable for announcements on this node", "pool", e.Pool, "reason", e.Reason)
+	}
+	r.pools = joined
+}
+
+// peerProblems records a Warning Event on each BGPPeer this node cannot
+// use.
+func (r *reporter) peerProblems(ctx context.Context, peers []*vipcastv1alpha1.BGPPeer, problems []PeerError) {
+	byName := map[string]*vipcastv1alpha1.BGPPeer{}
+	for _, p := range peers {
+		byName[p.Name] = p
+	}
+	current := map[string]string{}
+	for _, pe := range problems {
+		msg := pe.Error()
+		current[pe.Peer] = msg
+		if r.peers[pe.Peer] == msg {
+			continue
+		}
+		klog.FromContext(ctx).Error(pe, "BGPPeer not usable on this node", "peer", pe.Peer)
+		if p := byName[pe.Peer]; p != nil {
+			r.recorder.Eventf(p, v1.EventTypeWarning, pe.Reason, "node %s: %s", r.nodeName, msg)
+		}
+	}
+	r.peers = current
+}
+
+// dataplaneProblems reports a changed problem with a Service's annotations
+// or ports (ServiceDataplane's problems), with a Warning Event on it.
+func (r *reporter) dataplaneProblems(ctx context.Context, svc *v1.Service, problems []string) {
+	key := ServiceKey(svc)
+	msg := strings.Join(problems, "; ")
+	if msg == r.service[key] {
+		return
+	}
+	if msg == "" {
+		delete(r.service, key)
+		return
+	}
+	klog.FromContext(ctx).Info("Service has a dataplane problem", "service", key, "problem", msg)
+	r.recorder.Eventf(svc, v1.EventTypeWarning, "InvalidDataplaneConfig", "node %s: %s", r.nodeName, msg)
+	r.service[key] = msg
+}
+
+// sessionChanged logs every session state change and records an Event on
+// the BGPPeer (found by peer, nil when unknown) when the session comes up
+// or goes down, not for each retry in between.
+func (r *reporter) sessionChanged(ctx context.Context, s bgp.SessionState, peer func(string) *vipcastv1alpha1.BGPPeer) {
+	klog.FromContext(ctx).Info("BGP session state changed", "peer", s.Peer, "address", s.Address, "state", s.State, "reason", s.Reason)
+	r.mu.Lock()
+	wasUp := r.sessionUp[s.Peer]
+	r.sessionUp[s.Peer] = s.Established()
+	r.mu.Unlock()
+	if wasUp == s.Established() {
+		return
+	}
+	p := peer(s.Peer)
+	if p == nil {
+		return
+	}
+	if s.Established() {
+		r.recorder.Eventf(p, v1.EventTypeNormal, "SessionEstablished", "node %s: session with %s established", r.nodeName, s.Address)
+		return
+	}
+	reason := s.Reason
+	if reason == "" {
+		reason = "no reason given"
+	}
+	r.recorder.Eventf(p, v1.EventTypeWarning, "SessionDown", "node %s: session with %s went down (%s): %s", r.nodeName, s.Address, s.State, reason)
+}

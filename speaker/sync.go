@@ -1,0 +1,167 @@
+package speaker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/klog/v2"
+
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/ipvs"
+)
+
+// syncConfig recomputes everything, in four steps: this node's view of the
+// pools and peers; the dataplane (with full, by comparing the whole kernel
+// table, else Service by Service from what it last programmed); every
+// Service's routes; the sessions. The dataplane comes before the routes: a
+// VIP is announced only once this node can forward its traffic; the routes
+// come before the sessions, so a new session gets the whole table at once.
+func (c *Controller) syncConfig(ctx context.Context, full bool) error {
+	start := time.Now()
+	node, peers, err := c.syncView(ctx)
+	if err != nil {
+		return err
+	}
+	// Until a first full sync has succeeded every sync is a full one.
+	full = full || !c.HasSynced()
+	dpErr := c.syncDataplane(ctx, full)
+	if dpErr != nil && full && !c.HasSynced() {
+		// Announcing VIPs this node cannot forward would black-hole
+		// their traffic: no routes and no sessions until the dataplane
+		// works.
+		return dpErr
+	}
+	announced, withdrawn, err := c.ann.syncAll(ctx, c.allRoutes)
+	if err != nil {
+		return err
+	}
+	sessions, err := c.syncSessions(ctx, peers, node)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.synced = true // the first table is in BGP and the sessions are configured
+	c.mu.Unlock()
+	c.opts.Metrics.observeSync("config", start)
+	klog.FromContext(ctx).V(2).Info("Configuration synced", "peers", sessions, "routes", c.ann.table.Len(),
+		"announced", announced, "withdrawn", withdrawn, "duration", time.Since(start))
+	return dpErr
+}
+
+// syncView compiles this node's View of the pools and peers into c.view,
+// reporting problems with the node and the pools; it returns the node and
+// the peers for the sessions step.
+func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGPPeer, error) {
+	node, err := c.watch.currentNode()
+	if err != nil {
+		return Node{}, nil, err
+	}
+	n, nodeErrs := NodeFrom(node)
+	c.report.nodeProblems(ctx, node, nodeErrs)
+	peers := c.watch.listPeers(ctx)
+	view, poolErrs := Compile(c.watch.listPools(ctx), peers, n)
+	c.report.poolProblems(ctx, poolErrs)
+	c.view = view
+	return n, peers, nil
+}
+
+// syncDataplane programs every Service's virtual servers: with full, by a
+// resync against the kernel table; else Service by Service, from what was
+// last programmed, also removing those of Services gone from the cache.
+func (c *Controller) syncDataplane(ctx context.Context, full bool) error {
+	if c.prog == nil {
+		return nil
+	}
+	services := c.watch.listServices()
+	if full {
+		all := make([]serviceServers, 0, len(services))
+		for _, svc := range services {
+			all = append(all, serviceServers{ServiceKey(svc), c.desiredFor(ctx, svc, c.watch.slicesOf(svc))})
+		}
+		return c.prog.resync(ctx, all)
+	}
+	var errs []error
+	for _, svc := range services {
+		errs = append(errs, c.prog.program(ServiceKey(svc), c.desiredFor(ctx, svc, c.watch.slicesOf(svc))))
+	}
+	for key := range c.prog.programmed {
+		if !c.watch.hasService(key) {
+			errs = append(errs, c.prog.program(key, nil))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// allRoutes yields every Service in the cache with its routes.
+func (c *Controller) allRoutes(yield func(string, []bgp.Route) bool) {
+	for _, svc := range c.watch.listServices() {
+		routes, _ := ServiceRoutes(svc, c.watch.slicesOf(svc), c.view)
+		if !yield(ServiceKey(svc), routes) {
+			return
+		}
+	}
+}
+
+// syncSessions configures this node's BGP sessions, reporting the peers it
+// cannot use; it returns the count of sessions.
+func (c *Controller) syncSessions(ctx context.Context, peers []*vipcastv1alpha1.BGPPeer, node Node) (int, error) {
+	bgpPeers, problems := PeersForNode(peers, node, c.watch.passwords(ctx))
+	c.report.peerProblems(ctx, peers, problems)
+	if err := c.opts.BGP.SetPeers(ctx, bgpPeers); err != nil {
+		return 0, fmt.Errorf("configuring BGP peers: %w", err)
+	}
+	return len(bgpPeers), nil
+}
+
+// syncService recomputes one Service's virtual servers and routes. The
+// dataplane goes first; routes go either way (a withdrawal must not wait
+// for the kernel), and a dataplane error retries the key.
+func (c *Controller) syncService(ctx context.Context, key string) error {
+	if c.view == nil || !c.HasSynced() {
+		return nil // the first full sync has not succeeded; it covers this key
+	}
+	start := time.Now()
+	svc, err := c.watch.service(key)
+	if err != nil {
+		return err
+	}
+	if svc == nil {
+		dpErr := c.program(key, nil)
+		return errors.Join(dpErr, c.ann.deleteService(ctx, key))
+	}
+	slices := c.watch.slicesOf(svc)
+	dpErr := c.program(key, c.desiredFor(ctx, svc, slices))
+	routes, why := ServiceRoutes(svc, slices, c.view)
+	if len(routes) == 0 && len(svc.Status.LoadBalancer.Ingress) > 0 && svc.Spec.LoadBalancerClass == nil {
+		klog.FromContext(ctx).V(2).Info("Not announcing", "service", key, "reason", why)
+	}
+	if err := c.ann.setService(ctx, key, routes); err != nil {
+		return errors.Join(dpErr, err)
+	}
+	c.opts.Metrics.observeSync("service", start)
+	return dpErr
+}
+
+// desiredFor computes one Service's virtual servers (none without a
+// dataplane) and reports a changed problem with its annotations or ports.
+func (c *Controller) desiredFor(ctx context.Context, svc *v1.Service, slices []*discoveryv1.EndpointSlice) []ipvs.Service {
+	if c.prog == nil {
+		return nil
+	}
+	services, problems := ServiceDataplane(svc, slices, c.view)
+	c.report.dataplaneProblems(ctx, svc, problems)
+	return services
+}
+
+// program applies one Service's virtual servers when there is a dataplane.
+func (c *Controller) program(key string, desired []ipvs.Service) error {
+	if c.prog == nil {
+		return nil
+	}
+	return c.prog.program(key, desired)
+}
