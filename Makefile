@@ -1,5 +1,6 @@
-# vipcast — the two README commands live here: `make test` (and, with a later
-# issue, `make lab`). Every target installs what it needs itself.
+# vipcast — the two README commands live here: `make lab` (a whole vipcast
+# installation on this machine) and `make test` (every test tier, against real
+# components). Every target installs what it needs itself.
 
 SHELL := /bin/bash
 GO ?= go
