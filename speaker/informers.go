@@ -71,9 +71,9 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	}{
 		{w.services, keysHandler(q, serviceKeys)},
 		{w.slices, keysHandler(q, sliceServiceKey)},
-		{w.node, nodeHandler(q)},
-		{w.pools, configHandler(q)},
-		{w.peers, configHandler(q)},
+		{w.node, configHandler(q, sameNode)},
+		{w.pools, configHandler(q, sameSpec)},
+		{w.peers, configHandler(q, sameSpec)},
 	}
 	for _, h := range handlers {
 		if _, err := h.inf.AddEventHandler(h.h); err != nil {
@@ -122,47 +122,44 @@ func serviceKeys(obj any) ([]string, error) {
 	return []string{key}, nil
 }
 
-// nodeHandler enqueues a full recompute when the node changes in a way the
-// decisions see (labels, cordon, addresses, the local-ASN annotation), not
-// on every status heartbeat.
-func nodeHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
+// configHandler enqueues a full recompute (keyConfig) for an added or
+// deleted object, and for an update unless unchanged says the decisions
+// cannot see it.
+func configHandler(q workqueue.TypedRateLimitingInterface[string], unchanged func(old, cur any) bool) cache.ResourceEventHandler {
 	add := func(any) { q.Add(keyConfig) }
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: add,
 		UpdateFunc: func(old, cur any) {
-			o, ok1 := old.(*v1.Node)
-			n, ok2 := cur.(*v1.Node)
-			if ok1 && ok2 {
-				a, errsA := NodeFrom(o)
-				b, errsB := NodeFrom(n)
-				if reflect.DeepEqual(a, b) && len(errsA) == len(errsB) &&
-					o.Annotations[AnnotationLocalASN] == n.Annotations[AnnotationLocalASN] {
-					return
-				}
+			if !unchanged(old, cur) {
+				add(cur)
 			}
-			add(cur)
 		},
 		DeleteFunc: add,
 	}
 }
 
-// configHandler enqueues a full recompute for an IPPool or BGPPeer change.
-// Updates that change neither metadata.generation nor the labels (peer
-// selectors match labels) are status writes and are ignored.
-func configHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
-	add := func(any) { q.Add(keyConfig) }
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc: add,
-		UpdateFunc: func(old, cur any) {
-			o, ok1 := old.(*unstructured.Unstructured)
-			n, ok2 := cur.(*unstructured.Unstructured)
-			if ok1 && ok2 && o.GetGeneration() == n.GetGeneration() && maps.Equal(o.GetLabels(), n.GetLabels()) {
-				return
-			}
-			add(cur)
-		},
-		DeleteFunc: add,
+// sameNode reports whether a Node update leaves what the decisions see
+// (labels, cordon, addresses, the local-ASN annotation) unchanged, as a
+// status heartbeat does.
+func sameNode(old, cur any) bool {
+	o, ok1 := old.(*v1.Node)
+	n, ok2 := cur.(*v1.Node)
+	if !ok1 || !ok2 {
+		return false
 	}
+	a, errsA := NodeFrom(o)
+	b, errsB := NodeFrom(n)
+	return reflect.DeepEqual(a, b) && len(errsA) == len(errsB) &&
+		o.Annotations[AnnotationLocalASN] == n.Annotations[AnnotationLocalASN]
+}
+
+// sameSpec reports whether an IPPool or BGPPeer update changes neither
+// metadata.generation nor the labels (peer selectors match labels): a
+// status write.
+func sameSpec(old, cur any) bool {
+	o, ok1 := old.(*unstructured.Unstructured)
+	n, ok2 := cur.(*unstructured.Unstructured)
+	return ok1 && ok2 && o.GetGeneration() == n.GetGeneration() && maps.Equal(o.GetLabels(), n.GetLabels())
 }
 
 // sliceServiceKey indexes an EndpointSlice by its Service's namespace/name.
