@@ -118,50 +118,26 @@ func run(f *flags) error {
 	logger := klog.Background().WithValues("node", f.nodeName)
 	ctx = klog.NewContext(ctx, logger)
 
-	cfg, err := restConfig(f.kubeconfig)
+	client, dyn, err := clients(f)
 	if err != nil {
 		return err
-	}
-	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
-	cfg.UserAgent = speaker.Component
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("dynamic client: %w", err)
 	}
 	routerID, err := pickRouterID(ctx, f, client)
 	if err != nil {
 		return err
 	}
-
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics, err := speaker.NewMetrics(reg)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-
-	// The controller is built before BGP so the session callback has
-	// somewhere to go; it only reaches BGP once Run starts.
+	// The controller is built after BGP, but the session callback needs
+	// it: it is reached through ctrlRef once it exists.
 	var ctrlRef atomic.Pointer[speaker.Controller]
-	engine, err := bgp.New(bgp.Config{
-		RouterID:   routerID,
-		ListenPort: -1,
-		Logger:     logger.WithName("bgp"),
-		OnSessionChange: func(s bgp.SessionState) {
-			if c := ctrlRef.Load(); c != nil {
-				c.SessionChanged(ctx, s)
-			}
-		},
-	})
+	engine, err := startBGP(ctx, routerID, reg, &ctrlRef)
 	if err != nil {
-		return fmt.Errorf("starting BGP: %w", err)
-	}
-	if err := reg.Register(bgp.NewCollector(engine)); err != nil {
-		return fmt.Errorf("bgp metrics: %w", err)
+		return err
 	}
 	opts := speaker.Options{
 		NodeName:        f.nodeName,
@@ -195,6 +171,47 @@ func run(f *flags) error {
 	logger.Info("Starting vipcast-speaker", "routerID", routerID)
 	runErr := ctrl.Run(ctx)
 	return shutdown(logger, ctrl, engine, f.convergenceDelay, runErr)
+}
+
+// clients returns the typed and dynamic API clients the flags configure.
+func clients(f *flags) (kubernetes.Interface, dynamic.Interface, error) {
+	cfg, err := restConfig(f.kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
+	cfg.UserAgent = speaker.Component
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dynamic client: %w", err)
+	}
+	return client, dyn, nil
+}
+
+// startBGP starts the BGP engine (it listens on no port) with its metrics
+// in reg; session changes go to the controller in ctrl once it is set.
+func startBGP(ctx context.Context, routerID netip.Addr, reg prometheus.Registerer, ctrl *atomic.Pointer[speaker.Controller]) (*bgp.GoBGP, error) {
+	engine, err := bgp.New(bgp.Config{
+		RouterID:   routerID,
+		ListenPort: -1,
+		Logger:     klog.FromContext(ctx).WithName("bgp"),
+		OnSessionChange: func(s bgp.SessionState) {
+			if c := ctrl.Load(); c != nil {
+				c.SessionChanged(ctx, s)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting BGP: %w", err)
+	}
+	if err := reg.Register(bgp.NewCollector(engine)); err != nil {
+		return nil, fmt.Errorf("bgp metrics: %w", err)
+	}
+	return engine, nil
 }
 
 // shutdown withdraws every route with the sessions still up, waits for the
