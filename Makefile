@@ -65,10 +65,25 @@ $(K8S_BIN)/etcd:
 generate: ## regenerate deepcopy code and CRD manifests
 	hack/generate.sh
 
-verify: ## gofmt, go vet, generated files up to date
+# Every module of the repository; make verify fails when go mod tidy would
+# change the go.mod or go.sum of any of them.
+GO_MODULES := . hack/image test/tools
+
+verify: ## gofmt, go vet, go mod tidy, generated files up to date
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) -C hack/image vet ./...
+	@for m in $(GO_MODULES); do \
+		echo "$(GO) -C $$m mod tidy -diff"; \
+		diff=$$($(GO) -C $$m mod tidy -diff) && continue; \
+		if [ -n "$$diff" ]; then \
+			echo "$$diff"; \
+			echo "$$m: go.mod/go.sum are not tidy; run: (cd $$m && go mod tidy)"; \
+		else \
+			echo "$$m: go mod tidy -diff failed (see above)"; \
+		fi; \
+		exit 1; \
+	done
 	hack/verify-generate.sh
 
 test-unit: ## pure-logic tests (ipam, request translation, CRD schemas, speaker decisions)
