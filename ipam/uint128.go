@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"encoding/binary"
 	"math/big"
 	"math/bits"
 	"net/netip"
@@ -65,29 +66,23 @@ func (a u128) big() *big.Int {
 func addrValue(ip netip.Addr) u128 {
 	if ip.Is4() {
 		b := ip.As4()
-		return u64(uint64(b[0])<<24 | uint64(b[1])<<16 | uint64(b[2])<<8 | uint64(b[3]))
+		return u64(uint64(binary.BigEndian.Uint32(b[:])))
 	}
 	b := ip.As16()
-	var v u128
-	for i := 0; i < 8; i++ {
-		v.hi = v.hi<<8 | uint64(b[i])
-		v.lo = v.lo<<8 | uint64(b[i+8])
-	}
-	return v
+	return u128{hi: binary.BigEndian.Uint64(b[:8]), lo: binary.BigEndian.Uint64(b[8:])}
 }
 
 // valueAddr is the inverse of addrValue for the given family.
 func valueAddr(v u128, f Family) netip.Addr {
 	if f == IPv4 {
-		x := uint32(v.lo)
-		return netip.AddrFrom4([4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)})
+		var b [4]byte
+		// Callers pass an IPv4 address's value or one between a range's
+		// first and last, so it is below 2^32 and fits.
+		binary.BigEndian.PutUint32(b[:], uint32(v.lo)) //nolint:gosec // see above
+		return netip.AddrFrom4(b)
 	}
 	var b [16]byte
-	for i := 7; i >= 0; i-- {
-		b[i] = byte(v.hi)
-		b[i+8] = byte(v.lo)
-		v.hi >>= 8
-		v.lo >>= 8
-	}
+	binary.BigEndian.PutUint64(b[:8], v.hi)
+	binary.BigEndian.PutUint64(b[8:], v.lo)
 	return netip.AddrFrom16(b)
 }

@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -185,7 +186,10 @@ func (n *snat) close() {
 // a 32-bit register slot.
 func snatElement(k Key) nftables.SetElement {
 	b := k.VIP.AsSlice()
-	b = append(b, byte(k.Protocol), 0, 0, 0, byte(k.Port>>8), byte(k.Port), 0, 0)
+	// IP protocol numbers are 8-bit (TCP 6, UDP 17, SCTP 132).
+	b = append(b, byte(k.Protocol), 0, 0, 0) //nolint:gosec // see above
+	b = binary.BigEndian.AppendUint16(b, k.Port)
+	b = append(b, 0, 0)
 	return nftables.SetElement{Key: b}
 }
 

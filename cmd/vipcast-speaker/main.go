@@ -266,8 +266,8 @@ func pickRouterID(ctx context.Context, f *flags, client kubernetes.Interface) (n
 	}
 	h := fnv.New32a()
 	h.Write([]byte(f.nodeName))
-	s := h.Sum32()
-	return netip.AddrFrom4([4]byte{byte(s >> 24), byte(s >> 16), byte(s >> 8), byte(s)}), nil
+	// Sum gives the four bytes of Sum32, most significant first.
+	return netip.AddrFrom4([4]byte(h.Sum(nil))), nil
 }
 
 // serve starts the metrics and health endpoints.

@@ -52,8 +52,10 @@ func (c *cpioWriter) header(name string, mode uint32, size int64, rdevMajor, rde
 	if mode&0o170000 == cpioModeDir {
 		nlink = 2
 	}
+	// newc sizes are 32-bit: CopyFile refuses larger files, and the other
+	// entries (directories, links, generated files) are small.
 	hdr := fmt.Sprintf("070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
-		c.ino, mode, 0, 0, nlink, 0, uint32(size), 0, 0, rdevMajor, rdevMinor, len(name)+1, 0)
+		c.ino, mode, 0, 0, nlink, 0, uint32(size), 0, 0, rdevMajor, rdevMinor, len(name)+1, 0) //nolint:gosec // see above
 	c.write([]byte(hdr))
 	c.write([]byte(name))
 	c.write([]byte{0})
