@@ -228,7 +228,7 @@ func checkELF(b []byte, arch string) error {
 	if err != nil {
 		return fmt.Errorf("not an ELF binary: %w", err)
 	}
-	defer f.Close()
+	// A File from NewFile has nothing to close.
 	want := map[string]elf.Machine{
 		"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64, "386": elf.EM_386,
 		"arm": elf.EM_ARM, "ppc64le": elf.EM_PPC64, "s390x": elf.EM_S390, "riscv64": elf.EM_RISCV,
@@ -258,7 +258,7 @@ func Write(s Spec, img v1.Image, out string) (v1.Hash, error) {
 	case FormatDocker, "":
 		tmp := out + ".tmp"
 		if err := tarball.WriteToFile(tmp, ref, img); err != nil {
-			os.Remove(tmp)
+			_ = os.Remove(tmp) // the write error says what went wrong
 			return v1.Hash{}, err
 		}
 		if err := os.Rename(tmp, out); err != nil {
@@ -300,7 +300,7 @@ func writeOCI(ref name.Tag, img v1.Image, out string) error {
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(d)
+		defer func() { _ = os.RemoveAll(d) }() // a leftover only costs space
 		dir = d
 	} else if err := os.RemoveAll(dir); err != nil {
 		return err
@@ -339,8 +339,17 @@ func tarDir(dir, out string) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp)
-	tw := tar.NewWriter(f)
+	defer func() { _ = os.Remove(tmp) }() // nothing left to remove once renamed
+	if err := errors.Join(writeTar(f, dir, files), f.Close()); err != nil {
+		return err
+	}
+	return os.Rename(tmp, out)
+}
+
+// writeTar writes the files (slash-separated, relative to dir, sorted) and
+// their parent directories to w as a tar archive.
+func writeTar(w io.Writer, dir string, files []string) error {
+	tw := tar.NewWriter(w)
 	seen := map[string]bool{}
 	for _, rel := range files {
 		for _, d := range parents(rel) {
@@ -349,32 +358,21 @@ func tarDir(dir, out string) error {
 			}
 			seen[d] = true
 			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: time.Unix(0, 0), Format: tar.FormatUSTAR}); err != nil {
-				f.Close()
 				return err
 			}
 		}
 		b, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(rel)))
 		if err != nil {
-			f.Close()
 			return err
 		}
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: rel, Mode: 0o644, Size: int64(len(b)), ModTime: time.Unix(0, 0), Format: tar.FormatUSTAR}); err != nil {
-			f.Close()
 			return err
 		}
 		if _, err := tw.Write(b); err != nil {
-			f.Close()
 			return err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, out)
+	return tw.Close()
 }
 
 func parents(rel string) []string {

@@ -50,7 +50,7 @@ func run(args []string, stdout io.Writer) error {
 		created = fl.String("created", "", "creation time and file mtime: RFC 3339 or Unix seconds (default $SOURCE_DATE_EPOCH, else 1970-01-01T00:00:00Z)")
 	)
 	fl.Usage = func() {
-		fmt.Fprintln(fl.Output(), "usage: image -binary PATH -name REPO -tag TAG -out FILE [flags]\n       image -tag TAG [-outdir DIR] [flags] BINARY...")
+		_, _ = fmt.Fprintln(fl.Output(), "usage: image -binary PATH -name REPO -tag TAG -out FILE [flags]\n       image -tag TAG [-outdir DIR] [flags] BINARY...")
 		fl.PrintDefaults()
 	}
 	if err := fl.Parse(args); err != nil {
@@ -120,7 +120,9 @@ func run(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s:%s\t%s\t%s\n", s.Name, s.Tag, d, j.out)
+		if _, err := fmt.Fprintf(stdout, "%s:%s\t%s\t%s\n", s.Name, s.Tag, d, j.out); err != nil {
+			return fmt.Errorf("listing %s: %w", j.out, err)
+		}
 	}
 	return nil
 }
