@@ -71,7 +71,7 @@ func New(opts Options) (*Dataplane, error) {
 	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true}
 	if !opts.NoSNAT {
 		if d.snat, err = newSNAT(); err != nil {
-			d.Close()
+			_ = d.Close() // releases the netlink handles; never fails
 			return nil, fmt.Errorf("source NAT (externalTrafficPolicy Cluster): %w", err)
 		}
 	}

@@ -155,7 +155,11 @@ func run(f *flags) error {
 		if err != nil {
 			return fmt.Errorf("opening IPVS (load the ip_vs modules and grant NET_ADMIN, or pass --ipvs=false to announce routes only): %w", err)
 		}
-		defer dp.Close()
+		defer func() {
+			if err := dp.Close(); err != nil {
+				logger.Error(err, "Closing the IPVS handles")
+			}
+		}()
 		opts.Dataplane = dp
 	}
 	ctrl, err := speaker.NewController(opts)
@@ -274,13 +278,13 @@ func pickRouterID(ctx context.Context, f *flags, client kubernetes.Interface) (n
 func serve(ctx context.Context, addr string, reg *prometheus.Registry, ctrl *speaker.Controller) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ctrl.HasSynced() {
 			http.Error(w, "routes not computed yet", http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintln(w, "ok")
+		_, _ = fmt.Fprintln(w, "ok")
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
