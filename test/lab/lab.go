@@ -402,7 +402,11 @@ func (l *Lab) vmOptions(n *Node, i int, tap string, bins map[string]string, kube
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	l.t.Cleanup(func() { console.Close() })
+	l.t.Cleanup(func() {
+		if err := console.Close(); err != nil {
+			l.t.Logf("closing %s: %v", n.Console, err)
+		}
+	})
 	var mu sync.Mutex
 	return vm.Options{
 		TestBinary: bins["lab-node"],
@@ -432,7 +436,7 @@ func (l *Lab) vmOptions(n *Node, i int, tap string, bins map[string]string, kube
 		Logf: func(format string, args ...any) {
 			mu.Lock()
 			defer mu.Unlock()
-			fmt.Fprintf(console, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+			_, _ = fmt.Fprintf(console, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
 		},
 	}
 }
@@ -500,7 +504,7 @@ func (n *Node) State(ctx context.Context) (nodeapi.State, error) {
 	if err != nil {
 		return st, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
 		return st, fmt.Errorf("%s: %s", resp.Status, b)
@@ -528,7 +532,7 @@ func (n *Node) Speaker(ctx context.Context, action string, waitExit bool) error 
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
 		return fmt.Errorf("speaker %s on %s: %s: %s", action, n.Name, resp.Status, strings.TrimSpace(string(b)))
@@ -567,7 +571,7 @@ func (l *Lab) Get(ctx context.Context, addr netip.AddrPort) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	return strings.TrimSpace(string(b)), err
 }

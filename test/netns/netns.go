@@ -147,7 +147,7 @@ func Forward(t harness.T, ns *NS, listen, target string) {
 	if err != nil {
 		t.Fatalf("forwarder on %s: %v", listen, err)
 	}
-	t.Cleanup(func() { ln.Close() })
+	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
 		for {
 			in, err := ln.Accept()
@@ -191,7 +191,7 @@ func (ns *NS) do(f func() error) error {
 	if err != nil {
 		return fmt.Errorf("netns %s: %w", ns.Name, err)
 	}
-	defer target.Close()
+	defer func() { _ = target.Close() }()
 	return Do(int(target.Fd()), f)
 }
 
@@ -207,7 +207,7 @@ func Do(fd int, f func() error) error {
 		runtime.UnlockOSThread()
 		return err
 	}
-	defer self.Close()
+	defer func() { _ = self.Close() }()
 	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
 		return fmt.Errorf("entering network namespace: %w", err)
@@ -221,12 +221,12 @@ func Do(fd int, f func() error) error {
 }
 
 func relay(in net.Conn, target string) {
-	defer in.Close()
+	defer func() { _ = in.Close() }()
 	out, err := net.DialTimeout("tcp", target, 5*time.Second)
 	if err != nil {
 		return
 	}
-	defer out.Close()
+	defer func() { _ = out.Close() }()
 	done := make(chan struct{}, 2)
 	go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
 	go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()

@@ -30,11 +30,11 @@ func Start(logPath, path string, args ...string) (*Process, error) {
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		logFile.Close()
+		_ = logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", path, err)
 	}
 	p := &Process{cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logFile.Close(); close(p.done) }()
+	go func() { _ = cmd.Wait(); _ = logFile.Close(); close(p.done) }()
 	return p, nil
 }
 
@@ -83,7 +83,7 @@ func FreePorts(host string, n int) ([]int, error) {
 	var listeners []net.Listener
 	defer func() {
 		for _, l := range listeners {
-			l.Close()
+			_ = l.Close()
 		}
 	}()
 	for range n {

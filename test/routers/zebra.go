@@ -20,7 +20,7 @@ func frrRunDir(t harness.T) string {
 	if err != nil {
 		t.Fatalf("frr: %v", err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	if u, err := user.Lookup("frr"); err == nil {
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)

@@ -96,7 +96,7 @@ func (c *cpioWriter) CopyFile(name string, mode uint32, src string) {
 		c.err = err
 		return
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	st, err := f.Stat()
 	if err != nil {
 		c.err = err

@@ -64,15 +64,15 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 	for {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
-			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); _ = f.Close() }, nil
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
+			_ = f.Close()
 			return nil, err
 		}
 		select {
 		case <-ctx.Done():
-			f.Close()
+			_ = f.Close()
 			return nil, fmt.Errorf("waiting for %s: %w", path, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
@@ -181,7 +181,7 @@ func FetchKernel(ctx context.Context, logf Logf) (*Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() { _ = os.RemoveAll(tmp) }()
 	if err := aptGet(ctx, tmp, "download", pkg+"="+version); err != nil {
 		return nil, err
 	}
@@ -367,7 +367,7 @@ func (k *Kernel) builtin() map[string]bool {
 	if err != nil {
 		return m
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		m[modName(s.Text())] = true
@@ -381,7 +381,7 @@ func modinfo(path string) (depends, softpre []string, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	sec := f.Section(".modinfo")
 	if sec == nil {
 		return nil, nil, fmt.Errorf("%s: no .modinfo (compressed module?)", path)

@@ -146,7 +146,7 @@ func accel() string {
 	for _, m := range []string{"/sys/module/kvm_intel", "/sys/module/kvm_amd"} {
 		if _, err := os.Stat(m); err == nil {
 			if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
-				f.Close()
+				_ = f.Close()
 				return "kvm"
 			}
 		}
@@ -174,7 +174,7 @@ func (k *Kernel) modulesCPIO(required, optional []string) (string, []string, err
 	if err != nil {
 		return "", nil, err
 	}
-	defer os.Remove(f.Name())
+	defer func() { _ = os.Remove(f.Name()) }()
 	bw := bufio.NewWriter(f)
 	w := newCPIOWriter(bw)
 	for i, p := range paths {
@@ -208,7 +208,7 @@ var workDir = sync.OnceValues(func() (string, error) {
 			continue
 		}
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); errors.Is(err, os.ErrNotExist) {
-			os.RemoveAll(d)
+			_ = os.RemoveAll(d)
 		}
 	}
 	d := filepath.Join(base, fmt.Sprintf("pid-%d", os.Getpid()))
@@ -274,7 +274,7 @@ func IsStatic(path string) bool {
 	if err != nil {
 		return false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	if f.Machine != elf.EM_X86_64 {
 		return false
 	}
@@ -359,7 +359,7 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(rd)
+	defer func() { _ = os.RemoveAll(rd) }()
 	initrd := filepath.Join(rd, "initrd")
 	if err := writeInitrd(initrd, mods, initBin, opts); err != nil {
 		return nil, err
@@ -395,9 +395,9 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 	runtime.LockOSThread()
 	err = cmd.Start()
 	runtime.UnlockOSThread()
-	pw.Close()
+	_ = pw.Close()
 	if err != nil {
-		pr.Close()
+		_ = pr.Close()
 		return nil, err
 	}
 	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }()
@@ -429,7 +429,7 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 			opts.Logf("%s", line)
 		}
 	}
-	pr.Close()
+	_ = pr.Close()
 	werr := cmd.Wait()
 	res.Total = time.Since(start)
 	res.Output = out.String()
@@ -450,13 +450,13 @@ func writeInitrd(path, modules, initBin string, opts Options) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // for the error paths: the end closes and checks
 	m, err := os.Open(modules)
 	if err != nil {
 		return err
 	}
 	_, err = io.Copy(f, m)
-	m.Close()
+	_ = m.Close()
 	if err != nil {
 		return err
 	}

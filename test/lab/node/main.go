@@ -265,7 +265,7 @@ func startPod(nl *netlink.Handle, br netlink.Link, cfg *config, i int, p Pod) er
 	go func() {
 		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			client, _, _ := net.SplitHostPort(r.RemoteAddr)
-			fmt.Fprintf(w, "%s on %s, client %s\n", p.Name, cfg.name, client)
+			_, _ = fmt.Fprintf(w, "%s on %s, client %s\n", p.Name, cfg.name, client)
 		}))
 	}()
 	return nil
@@ -280,7 +280,7 @@ func newNS() (netns.NsHandle, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer orig.Close()
+	defer func() { _ = orig.Close() }()
 	ns, err := netns.New() // this thread is now in it
 	if err != nil {
 		return 0, fmt.Errorf("new netns: %w", err)
@@ -301,7 +301,7 @@ func stateHandler(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }()
 	st, err := d.Read()
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -360,7 +360,7 @@ func (s *speaker) start() error {
 	}()
 	go func() {
 		err := cmd.Wait()
-		pw.Close()
+		_ = pw.Close()
 		fmt.Printf("lab-node: speaker exited: %v\n", err)
 		close(done)
 	}()
@@ -375,7 +375,7 @@ func (s *speaker) handle(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, err.Error(), http.StatusConflict)
 			return
 		}
-		fmt.Fprintln(w, "started")
+		_, _ = fmt.Fprintln(w, "started")
 		return
 	}
 	sig, ok := map[string]syscall.Signal{"TERM": syscall.SIGTERM, "STOP": syscall.SIGSTOP, "CONT": syscall.SIGCONT, "KILL": syscall.SIGKILL}[r.URL.Query().Get("signal")]
@@ -404,5 +404,5 @@ func (s *speaker) handle(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	fmt.Fprintln(w, "ok")
+	_, _ = fmt.Fprintln(w, "ok")
 }

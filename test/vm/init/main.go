@@ -116,7 +116,7 @@ func modprobe(args []string) int {
 			continue
 		}
 		err = unix.FinitModule(int(f.Fd()), "", 0)
-		f.Close()
+		_ = f.Close()
 		if err != nil && !errors.Is(err, unix.EEXIST) {
 			fmt.Fprintf(os.Stderr, "modprobe: %s: %v\n", a, err)
 			code = 1
@@ -145,7 +145,7 @@ func loadModules() error {
 			return err
 		}
 		err = unix.FinitModule(int(f.Fd()), "", 0)
-		f.Close()
+		_ = f.Close()
 		if err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("load module %s: %w", name, err)
 		}
@@ -158,7 +158,7 @@ func linkUp(name string) error {
 	if err != nil {
 		return err
 	}
-	defer unix.Close(fd)
+	defer func() { _ = unix.Close(fd) }()
 	ifr, err := unix.NewIfreq(name)
 	if err != nil {
 		return err
