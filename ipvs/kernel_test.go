@@ -325,7 +325,7 @@ func testDriftAndForeign(t *testing.T) {
 		AddressFamily: unix.AF_INET, SchedName: "rr", Netmask: 0xffffffff}
 	must(t, h.NewService(foreign))
 	must(t, h.NewDestination(foreign, &libipvs.Destination{Address: b1.v4().AsSlice(), Port: backendPort, Weight: 5, AddressFamily: unix.AF_INET}))
-	defer h.DelService(foreign)
+	defer func() { _ = h.DelService(foreign) }()
 	readForeign := func() string {
 		st, err := d.Read()
 		if err != nil {
@@ -450,7 +450,7 @@ func testMobyMasquerade(t *testing.T) {
 	)
 	dummy := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "moby0"}}
 	must(t, netlink.LinkAdd(dummy))
-	defer netlink.LinkDel(dummy)
+	defer func() { _ = netlink.LinkDel(dummy) }()
 	must(t, netlink.AddrAdd(dummy, addr(t, vip+"/32")))
 	must(t, netlink.LinkSetUp(dummy))
 
@@ -481,7 +481,7 @@ func testMobyMasquerade(t *testing.T) {
 	if err := h.NewService(svc); err != nil {
 		t.Fatalf("NewService: %v", err)
 	}
-	defer h.DelService(svc)
+	defer func() { _ = h.DelService(svc) }()
 	for _, name := range []string{"b1", "b2"} {
 		d := &libipvs.Destination{
 			Address:         net.ParseIP(backends[name]),

@@ -158,7 +158,7 @@ func serve(t testing.TB, ns netns.NsHandle, ip string, port int, name string) {
 			if err != nil {
 				return
 			}
-			fmt.Fprintf(c, "%s\n", name)
+			_, _ = fmt.Fprintf(c, "%s\n", name) // the client checks what it got
 			c.Close()
 		}
 	}()
@@ -220,10 +220,10 @@ func (b *backend) serveTCP(t testing.TB, a netip.Addr) {
 			}
 			go func() {
 				defer c.Close()
-				fmt.Fprintf(c, "%s %s\n", b.name, c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap())
+				_, _ = fmt.Fprintf(c, "%s %s\n", b.name, c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap())
 				sc := bufio.NewScanner(c)
 				for sc.Scan() {
-					fmt.Fprintf(c, "%s %s\n", b.name, sc.Text())
+					_, _ = fmt.Fprintf(c, "%s %s\n", b.name, sc.Text())
 				}
 			}()
 		}
