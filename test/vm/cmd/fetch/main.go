@@ -16,22 +16,29 @@ import (
 )
 
 func main() {
+	if err := run(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	start := time.Now()
 	env, err := vm.Prepare(ctx, log.Printf)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	mods, err := env.Kernel.ModulesCPIO(vm.DefaultModules, vm.OptionalModules)
 	if err != nil {
-		log.Fatal(err)
+		return fmt.Errorf("initramfs modules: %w", err)
 	}
 	// Warms the Go build cache for the guest /init.
 	if _, err := vm.BuildInit(); err != nil {
-		log.Fatal(err)
+		return fmt.Errorf("guest /init: %w", err)
 	}
-	fmt.Fprintf(os.Stdout, "kernel:  %s %s (%s)\nvmlinux: %s\nmodules: %s\nqemu:    %s (accel %s)\nready in %s\n",
+	_, err = fmt.Fprintf(os.Stdout, "kernel:  %s %s (%s)\nvmlinux: %s\nmodules: %s\nqemu:    %s (accel %s)\nready in %s\n",
 		env.Kernel.Package, env.Kernel.Version, env.Kernel.Release, env.Kernel.Vmlinux, mods,
 		env.QEMU, env.Accel, time.Since(start).Round(time.Millisecond))
+	return err
 }

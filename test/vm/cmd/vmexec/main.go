@@ -21,11 +21,20 @@ func main() {
 	if len(os.Args) < 2 {
 		log.Fatal("usage: vmexec test-binary [args...]")
 	}
+	code, err := run(os.Args[1], os.Args[2:])
+	if err != nil {
+		log.Fatal(err)
+	}
+	os.Exit(code)
+}
+
+// run runs the test binary with args in a VM and returns its exit code.
+func run(testBinary string, args []string) (int, error) {
 	timeout := 10 * time.Minute
 	if s := os.Getenv("VIPCAST_VM_TIMEOUT"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil {
-			log.Fatalf("VIPCAST_VM_TIMEOUT: %v", err)
+			return 0, fmt.Errorf("VIPCAST_VM_TIMEOUT: %w", err)
 		}
 		timeout = d
 	}
@@ -33,16 +42,16 @@ func main() {
 	defer cancel()
 	env, err := vm.Prepare(ctx, log.Printf)
 	if err != nil {
-		log.Fatal(err)
+		return 0, err
 	}
 	res, err := vm.RunContext(ctx, env, vm.Options{
-		TestBinary: os.Args[1],
-		Args:       os.Args[2:],
+		TestBinary: testBinary,
+		Args:       args,
 		Timeout:    timeout,
 		Logf:       func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 	})
 	if err != nil {
-		log.Fatal(err)
+		return 0, err
 	}
-	os.Exit(res.ExitCode)
+	return res.ExitCode, nil
 }
