@@ -51,7 +51,7 @@ func (a *Allocator) checkInvariants() error {
 			}
 			for _, g := range st.holders[:i] {
 				if err := shareConflict(ip, h.name, &h.attrs, g); err != nil {
-					return fmt.Errorf("%s held by %q and %q which may not share: %v", ip, g.name, h.name, err)
+					return fmt.Errorf("%s held by %q and %q which may not share: %w", ip, g.name, h.name, err)
 				}
 			}
 		}

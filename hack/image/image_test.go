@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"debug/elf"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -127,7 +128,7 @@ func checkImage(t *testing.T, img v1.Image, base, user, tag string) {
 	found := false
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -280,7 +281,7 @@ func TestOCILayout(t *testing.T) {
 	tr := tar.NewReader(bytes.NewReader(b1))
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

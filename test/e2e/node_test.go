@@ -110,8 +110,11 @@ func TestMetricsAndHealth(t *testing.T) {
 		t.Helper()
 		e.eventually(30*time.Second, "the vipcast metrics", func() (bool, error) {
 			code, body, err := get("/metrics")
-			if err != nil || code != 200 {
-				return false, fmt.Errorf("status %d: %v", code, err)
+			if err != nil {
+				return false, err
+			}
+			if code != 200 {
+				return false, fmt.Errorf("status %d", code)
 			}
 			for _, w := range want {
 				if !strings.Contains(body, w) {

@@ -485,7 +485,8 @@ func (n *Node) waitAgent(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-n.done:
-			return fmt.Errorf("the VM ended during boot: %v", n.err)
+			// n.err is nil when the VM powered off cleanly: %v, not %w.
+			return fmt.Errorf("the VM ended during boot: %v", n.err) //nolint:errorlint // see above
 		case <-ctx.Done():
 			return fmt.Errorf("the node agent did not answer within %v (see %s)", timeout, n.Console)
 		case <-time.After(500 * time.Millisecond):

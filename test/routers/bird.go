@@ -306,5 +306,6 @@ func (b *BIRD) WaitEstablished(name string, timeout time.Duration) error {
 	}) {
 		return nil
 	}
-	return fmt.Errorf("bird: protocol %s not established after %s (%+v, err %v)", name, timeout, last, err)
+	// err is nil when the protocol exists but is not Established: %v, not %w.
+	return fmt.Errorf("bird: protocol %s not established after %s (%+v, err %v)", name, timeout, last, err) //nolint:errorlint // see above
 }

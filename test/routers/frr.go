@@ -389,7 +389,8 @@ func (f *FRR) WaitEstablished(addr netip.Addr, timeout time.Duration) error {
 	}) {
 		return nil
 	}
-	return fmt.Errorf("frr %s: session with %s not established after %s (state %q, err %v)", f.Address, addr, timeout, last.State, err)
+	// err is nil when the neighbor exists but is not Established: %v, not %w.
+	return fmt.Errorf("frr %s: session with %s not established after %s (state %q, err %v)", f.Address, addr, timeout, last.State, err) //nolint:errorlint // see above
 }
 
 func tail(b []byte, lines int) string {

@@ -325,7 +325,7 @@ func ensureCommand(ctx context.Context, name, pkg string) error {
 	}
 	if err := aptGet(ctx, "", "install", "-y", "--no-install-recommends", pkg); err != nil {
 		if uerr := aptGet(ctx, "", "update"); uerr != nil {
-			return fmt.Errorf("%w (apt-get update: %v)", err, uerr)
+			return fmt.Errorf("%w (apt-get update: %w)", err, uerr)
 		}
 		if err := aptGet(ctx, "", "install", "-y", "--no-install-recommends", pkg); err != nil {
 			return err

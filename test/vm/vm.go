@@ -437,7 +437,8 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 		if ctx.Err() != nil {
 			return res, fmt.Errorf("vm: no result after %s (timeout): %w", opts.Timeout, ctx.Err())
 		}
-		return res, fmt.Errorf("vm: qemu ended without an exit marker (boot failure or guest panic): %v", werr)
+		// werr is nil when qemu exited cleanly: %v, not %w.
+		return res, fmt.Errorf("vm: qemu ended without an exit marker (boot failure or guest panic): %v", werr) //nolint:errorlint // see above
 	}
 	return res, nil
 }
