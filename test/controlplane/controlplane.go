@@ -298,7 +298,7 @@ func (cp *ControlPlane) CreateCRD(ctx context.Context, crd *apiextensionsv1.Cust
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		got, err := crds.Get(ctx, crd.Name, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, nil //nolint:nilerr // an error would end the poll: retry until the timeout
 		}
 		for _, c := range got.Status.Conditions {
 			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {

@@ -697,7 +697,7 @@ func (l *Lab) WaitVIP(ctx context.Context, timeout time.Duration) (netip.Addr, e
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		s, err := l.CP.Client.CoreV1().Services(DemoNamespace).Get(ctx, DemoService, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, nil //nolint:nilerr // an error would end the poll: retry until the timeout
 		}
 		for _, in := range s.Status.LoadBalancer.Ingress {
 			if a, err := netip.ParseAddr(in.IP); err == nil {
