@@ -206,7 +206,7 @@ func Up(t harness.T, opts Options) *Lab {
 	sysctl(t, l.TorNS, "net.ipv4.fib_multipath_hash_policy", "1")
 	l.ClientNS = netns.New(t, "client")
 	netns.Veth(t, l.ClientNS, "eth0", clientAddr.String()+"/24", l.TorNS, "client", clientGW.String()+"/24")
-	l.ClientNS.Ip(t, "route", "add", "default", "via", clientGW.String())
+	l.ClientNS.IP(t, "route", "add", "default", "via", clientGW.String())
 	apiHost := strings.TrimPrefix(l.CP.Config.Host, "https://")
 	netns.Forward(t, l.TorNS, net.JoinHostPort(torAddr.String(), apiRelay), apiHost)
 
@@ -244,8 +244,8 @@ func Up(t harness.T, opts Options) *Lab {
 	t.Cleanup(func() { cancel(); wg.Wait() }) // VMs go before the namespaces
 	for i, n := range l.Nodes {
 		tap := fmt.Sprintf("tap%d", i+1)
-		l.TorNS.Ip(t, "tuntap", "add", "dev", tap, "mode", "tap")
-		l.TorNS.Ip(t, "link", "set", tap, "master", "rack", "up")
+		l.TorNS.IP(t, "tuntap", "add", "dev", tap, "mode", "tap")
+		l.TorNS.IP(t, "link", "set", tap, "master", "rack", "up")
 		opts := l.vmOptions(n, i, tap, bins, kubeconfig)
 		wg.Add(1)
 		go func() {

@@ -43,8 +43,8 @@ type NS struct {
 	Name string
 }
 
-// Ip runs `ip args...` and fails the test on error.
-func Ip(t harness.T, args ...string) string {
+// IP runs `ip args...` and fails the test on error.
+func IP(t harness.T, args ...string) string {
 	t.Helper()
 	out, err := exec.Command("ip", args...).CombinedOutput()
 	if err != nil {
@@ -60,20 +60,20 @@ func New(t harness.T, name string) *NS {
 	t.Helper()
 	ns := &NS{Name: fmt.Sprintf("vc%d-%s", os.Getpid()%100000, name)}
 	_ = exec.Command("ip", "netns", "del", ns.Name).Run() // leftover of a killed run
-	Ip(t, "netns", "add", ns.Name)
+	IP(t, "netns", "add", ns.Name)
 	t.Cleanup(func() {
 		if out, err := exec.Command("ip", "netns", "del", ns.Name).CombinedOutput(); err != nil {
 			t.Logf("deleting netns %s: %v: %s", ns.Name, err, out)
 		}
 	})
-	ns.Ip(t, "link", "set", "lo", "up")
+	ns.IP(t, "link", "set", "lo", "up")
 	return ns
 }
 
-// Ip runs `ip -n NS args...`.
-func (ns *NS) Ip(t harness.T, args ...string) string {
+// IP runs `ip -n NS args...`.
+func (ns *NS) IP(t harness.T, args ...string) string {
 	t.Helper()
-	return Ip(t, append([]string{"-n", ns.Name}, args...)...)
+	return IP(t, append([]string{"-n", ns.Name}, args...)...)
 }
 
 // Command returns a command that runs name with args inside the namespace.
@@ -88,17 +88,17 @@ func (ns *NS) Command(name string, args ...string) []string {
 func Veth(t harness.T, a *NS, aName, aAddr string, b *NS, bName, bAddr string) {
 	t.Helper()
 	tmpA, tmpB := fmt.Sprintf("vct%da", os.Getpid()%100000), fmt.Sprintf("vct%db", os.Getpid()%100000)
-	Ip(t, "link", "add", tmpA, "type", "veth", "peer", "name", tmpB)
+	IP(t, "link", "add", tmpA, "type", "veth", "peer", "name", tmpB)
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", tmpA).Run() })
 	for _, end := range []struct {
 		ns        *NS
 		tmp, name string
 		addr      string
 	}{{a, tmpA, aName, aAddr}, {b, tmpB, bName, bAddr}} {
-		ip := Ip
+		ip := IP
 		if end.ns != nil {
-			Ip(t, "link", "set", end.tmp, "netns", end.ns.Name)
-			ip = end.ns.Ip
+			IP(t, "link", "set", end.tmp, "netns", end.ns.Name)
+			ip = end.ns.IP
 		} else {
 			t.Cleanup(func() { _ = exec.Command("ip", "link", "del", end.name).Run() })
 		}
@@ -114,9 +114,9 @@ func Veth(t harness.T, a *NS, aName, aAddr string, b *NS, bName, bAddr string) {
 // optional address, up.
 func Bridge(t harness.T, ns *NS, name, addr string) {
 	t.Helper()
-	ip := Ip
+	ip := IP
 	if ns != nil {
-		ip = ns.Ip
+		ip = ns.IP
 	} else {
 		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", name).Run() })
 	}
@@ -130,9 +130,9 @@ func Bridge(t harness.T, ns *NS, name, addr string) {
 // Enslave attaches a link to a bridge in ns (nil: the test's namespace).
 func Enslave(t harness.T, ns *NS, link, bridge string) {
 	t.Helper()
-	ip := Ip
+	ip := IP
 	if ns != nil {
-		ip = ns.Ip
+		ip = ns.IP
 	}
 	ip(t, "link", "set", link, "master", bridge)
 }
