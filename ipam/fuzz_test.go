@@ -189,10 +189,10 @@ func (w *fuzzWorld) request(r *byteReader) Request {
 	if req.Pool == "zz" && flags&12 != 12 {
 		req.Pool = "" // keep unknown pools rare
 	}
-	switch n := r.pick(6); {
-	case n == 4:
+	switch r.pick(6) {
+	case 4:
 		req.IPs = []netip.Addr{fuzzAddrs[r.pick(len(fuzzAddrs))]}
-	case n == 5:
+	case 5:
 		x, y := fuzzAddrs[r.pick(len(fuzzAddrs))], fuzzAddrs[r.pick(len(fuzzAddrs))]
 		if flags&8 == 0 { // mostly one address per family
 			for FamilyOf(y) == FamilyOf(x) {

@@ -93,7 +93,7 @@ func checkImage(t *testing.T, img v1.Image, base, user, tag string) {
 	if cf.OS != "linux" || cf.Architecture != "amd64" {
 		t.Errorf("platform = %s/%s, want linux/amd64", cf.OS, cf.Architecture)
 	}
-	if !cf.Created.Time.Equal(epoch) {
+	if !cf.Created.Equal(epoch) {
 		t.Errorf("created = %v, want %v", cf.Created.Time, epoch)
 	}
 	for k, want := range map[string]string{
@@ -339,7 +339,7 @@ func TestMultiImageMode(t *testing.T) {
 	if cf.Config.User != "" {
 		t.Errorf("user = %q, want unset", cf.Config.User)
 	}
-	if !cf.Created.Time.Equal(time.Unix(0, 0)) && os.Getenv("SOURCE_DATE_EPOCH") == "" {
+	if !cf.Created.Equal(time.Unix(0, 0)) && os.Getenv("SOURCE_DATE_EPOCH") == "" {
 		t.Errorf("default creation time %v, want the Unix epoch", cf.Created.Time)
 	}
 }

@@ -222,7 +222,9 @@ func goTool() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
+	// Without go on PATH (sudo's secure_path), fall back to the toolchain
+	// that built this test binary, which is the one go test ran.
+	return filepath.Join(runtime.GOROOT(), "bin", "go") //nolint:staticcheck // SA1019: see above
 }
 
 func goBuild(ctx context.Context, dir string, args ...string) error {
