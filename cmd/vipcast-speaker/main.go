@@ -294,7 +294,7 @@ func serve(ctx context.Context, addr string, reg *prometheus.Registry, ctrl *spe
 	go func() { _ = srv.Serve(ln) }()
 	go func() {
 		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
