@@ -242,7 +242,7 @@ func checkCommon(t *testing.T, r *Rendered) {
 }
 
 // secretRoleNamespaces lists the namespaces where the speaker may read Secrets.
-func secretRoleNamespaces(t *testing.T, r *Rendered) []string {
+func secretRoleNamespaces(r *Rendered) []string {
 	var ns []string
 	for _, u := range r.Find("Role", "vipcast-speaker-bgp-passwords") {
 		ns = append(ns, u.GetNamespace())
@@ -392,7 +392,7 @@ func TestRenderDefaults(t *testing.T) {
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("speaker probes: liveness %+v readiness %+v", c.LivenessProbe, c.ReadinessProbe)
 	}
-	if got := secretRoleNamespaces(t, r); fmt.Sprint(got) != "[vipcast-system]" {
+	if got := secretRoleNamespaces(r); fmt.Sprint(got) != "[vipcast-system]" {
 		t.Errorf("speaker reads Secrets in %v, want the release namespace only", got)
 	}
 	if !strings.Contains(r.Notes, "vipcast-ccm") || !strings.Contains(r.Notes, "create an IPPool") {
@@ -429,7 +429,7 @@ func TestRenderFullExample(t *testing.T) {
 	wantArg(t, "speaker", sc.Args, "--dataplane-resync-period", "30s")
 	wantArg(t, "speaker", sc.Args, "--resync-period", "10m")
 	wantArg(t, "speaker", sc.Args, "--one_output", "true")
-	if got := secretRoleNamespaces(t, r); fmt.Sprint(got) != "[network vipcast-system]" {
+	if got := secretRoleNamespaces(r); fmt.Sprint(got) != "[network vipcast-system]" {
 		t.Errorf("speaker reads Secrets in %v, want [network vipcast-system]", got)
 	}
 
@@ -529,7 +529,7 @@ func TestRenderSpeakerVariants(t *testing.T) {
 			want[k] = v
 		}
 		checkRules(t, "speaker ClusterRole", one[rbacv1.ClusterRole](t, r, "ClusterRole", "vipcast-speaker").Rules, want)
-		if ns := secretRoleNamespaces(t, r); len(ns) != 0 {
+		if ns := secretRoleNamespaces(r); len(ns) != 0 {
 			t.Errorf("per-namespace Secret Roles %v next to the cluster-wide grant", ns)
 		}
 	})

@@ -9,7 +9,7 @@ import (
 
 func TestRunner(t *testing.T) {
 	var logs []string
-	r := NewRunner(func(format string, args ...any) { logs = append(logs, format) })
+	r := NewRunner(func(format string, _ ...any) { logs = append(logs, format) })
 	var order []string
 	var dir string
 	reached := false
