@@ -116,7 +116,9 @@ func (a *poolAnnotator) write(ctx context.Context, key string) error {
 	}
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
-		return nil
+		// Keys come from the informer and always split; a key that did not
+		// would not split on a retry either, so it is dropped.
+		return nil //nolint:nilerr // see above
 	}
 	svc, err := a.services.Services(ns).Get(name)
 	if apierrors.IsNotFound(err) {

@@ -1,4 +1,4 @@
-// Package controller is vipcast's cloud provider for the Kubernetes
+// Package ccm is vipcast's cloud provider for the Kubernetes
 // cloud-controller-manager: LoadBalancer allocates VIPs from IPPools and
 // returns them (ipMode Proxy) for the service controller to publish;
 // InstancesV2 initializes nodes. The allocation logic lives in ipam; this

@@ -13,7 +13,7 @@ import (
 	"github.com/vipcast/vipcast/ipvs"
 )
 
-// AnnotationScheduler, on a Service, picks the IPVS scheduler of its
+// AnnotationScheduler is the Service annotation that picks the IPVS scheduler of its
 // virtual servers (one of ipvs.Schedulers()); unset or empty means
 // ipvs.DefaultScheduler (mh with source-port hashing and fallback).
 const AnnotationScheduler = ipvs.SchedulerAnnotation

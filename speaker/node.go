@@ -13,13 +13,13 @@ import (
 )
 
 const (
-	// AnnotationLocalASN, on a Node, overrides the spec.localASN of every
+	// AnnotationLocalASN is the Node annotation that overrides the spec.localASN of every
 	// BGPPeer that node's speaker peers with: a decimal ASN from 1 to
 	// 4294967294. Typical use: one private ASN per rack or per node in an
 	// eBGP fabric.
 	AnnotationLocalASN = "vipcast.io/local-asn"
 
-	// LabelExcludeFromExternalLB, present on a Node with any value, keeps
+	// LabelExcludeFromExternalLB is the Node label that, with any value, keeps
 	// that node's speaker from announcing any VIP (the well-known label
 	// the service controller also honours).
 	LabelExcludeFromExternalLB = v1.LabelNodeExcludeBalancers

@@ -12,7 +12,7 @@ import (
 func TestNodeFrom(t *testing.T) {
 	addrs := func(as ...string) []v1.NodeAddress {
 		var out []v1.NodeAddress
-		for i := 0; i < len(as); i += 2 {
+		for i := 0; i+1 < len(as); i += 2 {
 			out = append(out, v1.NodeAddress{Type: v1.NodeAddressType(as[i]), Address: as[i+1]})
 		}
 		return out
