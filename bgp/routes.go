@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -33,19 +32,12 @@ func (g *GoBGP) Apply(ctx context.Context, announce []Route, withdraw []netip.Pr
 	if g.stopped {
 		return errors.New("bgp speaker is stopped")
 	}
-	news := make(map[netip.Prefix]*Route, len(announce))
-	order := make([]netip.Prefix, 0, len(announce))
-	for i := range announce {
-		r, err := normalizeRoute(announce[i])
-		if err != nil {
-			return err
-		}
-		if _, dup := news[r.Prefix]; !dup {
-			order = append(order, r.Prefix)
-		}
-		news[r.Prefix] = r
+	news, order, err := normalizeRoutes(announce)
+	if err != nil {
+		return err
 	}
-	if err := g.apply(ctx, news, order, withdraw); err != nil {
+	plan := planRoutes(g.routes, g.peers, news, order, withdraw)
+	if err := g.executeRoutes(ctx, plan); err != nil {
 		// Some changes may be half done: make the filters match the
 		// routes gobgp holds, so that a retry starts from a true state.
 		return errors.Join(err, g.resyncFilters(ctx))
@@ -53,90 +45,58 @@ func (g *GoBGP) Apply(ctx context.Context, announce []Route, withdraw []netip.Pr
 	return nil
 }
 
-// apply announces news (in order) and withdraws the prefixes in withdraw;
-// the caller holds g.mu.
-func (g *GoBGP) apply(ctx context.Context, news map[netip.Prefix]*Route, order, withdraw []netip.Prefix) error {
-	var (
-		deletes  []*Route // paths to withdraw first
-		adds     []*Route // paths to add last
-		denyAdd  = map[string][]netip.Prefix{}
-		denyDel  = map[string][]netip.Prefix{}
-		resetOut = map[string]bool{}
-	)
-	for _, p := range withdraw {
-		p = p.Masked()
-		old, ok := g.routes[p]
-		if !ok || news[p] != nil {
-			continue
+// normalizeRoutes validates and normalizes announce and returns the routes
+// by prefix (the last one of a prefix listed twice wins) and the prefixes
+// in the order of their first appearance.
+func normalizeRoutes(announce []Route) (map[netip.Prefix]*Route, []netip.Prefix, error) {
+	news := make(map[netip.Prefix]*Route, len(announce))
+	order := make([]netip.Prefix, 0, len(announce))
+	for i := range announce {
+		r, err := normalizeRoute(announce[i])
+		if err != nil {
+			return nil, nil, err
 		}
-		deletes = append(deletes, old)
-		for name := range g.peers {
-			if denied(old, name) {
-				denyDel[name] = append(denyDel[name], p)
-			}
+		if _, dup := news[r.Prefix]; !dup {
+			order = append(order, r.Prefix)
 		}
+		news[r.Prefix] = r
 	}
-	for _, p := range order {
-		r, old := news[p], g.routes[p]
-		if old != nil && routeEqual(old, r) {
-			continue
-		}
-		flap := false
-		var allowed []string // peers newly allowed to receive r
-		for name := range g.peers {
-			was, is := old != nil && denied(old, name), denied(r, name)
-			switch {
-			case !was && is:
-				denyAdd[name] = append(denyAdd[name], p)
-				flap = flap || old != nil
-			case was && !is:
-				denyDel[name] = append(denyDel[name], p)
-				allowed = append(allowed, name)
-			}
-		}
-		switch {
-		case flap:
-			// Withdrawn and announced again: every allowed peer gets it.
-			deletes = append(deletes, old)
-		case old != nil && sameAttrs(old, r):
-			// gobgp does not propagate a path equal to the one it
-			// replaces: the newly allowed peers need a soft reset out.
-			for _, name := range allowed {
-				resetOut[name] = true
-			}
-		}
-		adds = append(adds, r)
-	}
+	return news, order, nil
+}
 
-	for _, r := range deletes {
+// executeRoutes makes the gobgp calls of p, in order, and stops at the
+// first error. g.routes follows each successful withdrawal and
+// announcement, so that it always holds what gobgp holds; the caller holds
+// g.mu.
+func (g *GoBGP) executeRoutes(ctx context.Context, p routePlan) error {
+	for _, r := range p.withdraw {
 		if err := g.deletePath(ctx, r); err != nil {
 			return err
 		}
 		delete(g.routes, r.Prefix)
 	}
-	for _, name := range slices.Sorted(maps.Keys(denyAdd)) {
-		if err := g.changeDenied(ctx, name, denyAdd[name], true); err != nil {
+	for _, c := range p.deny {
+		if err := g.changeDenied(ctx, c.peer, c.prefixes, true); err != nil {
 			return err
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(denyDel)) {
-		if err := g.changeDenied(ctx, name, denyDel[name], false); err != nil {
+	for _, c := range p.allow {
+		if err := g.changeDenied(ctx, c.peer, c.prefixes, false); err != nil {
 			return err
 		}
 	}
-	for _, r := range adds {
-		path, err := toAPIPath(r, false)
-		if err != nil {
+	for _, r := range p.announce {
+		if err := g.addPath(ctx, r); err != nil {
 			return err
-		}
-		if _, err := g.srv.AddPath(ctx, &api.AddPathRequest{TableType: api.TableType_GLOBAL, Path: path}); err != nil {
-			return fmt.Errorf("announce %s: %w", r.Prefix, err)
 		}
 		g.routes[r.Prefix] = r
 	}
-	for _, name := range slices.Sorted(maps.Keys(resetOut)) {
-		addr := g.peers[name].Address.String()
-		if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: addr, Soft: true, Direction: api.ResetPeerRequest_OUT}); err != nil {
+	for _, name := range p.resetOut {
+		peer, ok := g.peers[name]
+		if !ok {
+			return fmt.Errorf("soft reset out %s: no such peer", name)
+		}
+		if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: peer.Address.String(), Soft: true, Direction: api.ResetPeerRequest_OUT}); err != nil {
 			return fmt.Errorf("soft reset out %s: %w", name, err)
 		}
 	}
@@ -169,6 +129,19 @@ func (g *GoBGP) resyncFilters(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// addPath announces r, replacing the path of its prefix.
+func (g *GoBGP) addPath(ctx context.Context, r *Route) error {
+	path, err := toAPIPath(r, false)
+	if err != nil {
+		return err
+	}
+	if _, err := g.srv.AddPath(ctx, &api.AddPathRequest{TableType: api.TableType_GLOBAL, Path: path}); err != nil {
+		return fmt.Errorf("announce %s: %w", r.Prefix, err)
+	}
+	return nil
+}
+
+// deletePath withdraws the path of r.
 func (g *GoBGP) deletePath(ctx context.Context, r *Route) error {
 	path, err := toAPIPath(r, true)
 	if err != nil {

@@ -1,0 +1,302 @@
+package bgp
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// steps renders p one gobgp step a line, in execution order.
+func (p routePlan) steps() []string {
+	var out []string
+	for _, r := range p.withdraw {
+		out = append(out, "-path "+r.Prefix.String())
+	}
+	for _, c := range p.deny {
+		out = append(out, "+deny "+c.peer+" "+prefixList(c.prefixes))
+	}
+	for _, c := range p.allow {
+		out = append(out, "-deny "+c.peer+" "+prefixList(c.prefixes))
+	}
+	for _, r := range p.announce {
+		out = append(out, "+path "+r.Prefix.String())
+	}
+	for _, name := range p.resetOut {
+		out = append(out, "reset-out "+name)
+	}
+	return out
+}
+
+func prefixList(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, " ")
+}
+
+// testRoutes normalizes routes into the map and order Apply passes to
+// planRoutes.
+func testRoutes(t *testing.T, routes []Route) (map[netip.Prefix]*Route, []netip.Prefix) {
+	t.Helper()
+	m, order, err := normalizeRoutes(routes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, order
+}
+
+func testPeers(names ...string) map[string]*Peer {
+	m := map[string]*Peer{}
+	for i, name := range names {
+		m[name] = &Peer{Name: name, Address: netip.AddrFrom4([4]byte{127, 0, 0, byte(i + 1)}), ASN: 65000, LocalASN: 64512}
+	}
+	return m
+}
+
+func TestPlanRoutes(t *testing.T) {
+	nh4, nh6 := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("fd00::2")
+	route := func(p string, peers ...string) Route {
+		r := Route{Prefix: netip.MustParsePrefix(p), NextHop: nh4}
+		if r.Prefix.Addr().Is6() {
+			r.NextHop = nh6
+		}
+		if len(peers) > 0 {
+			r.Peers = peers
+		}
+		return r
+	}
+	toNone := func(p string) Route { r := route(p); r.Peers = []string{}; return r }
+	withCommunity := func(r Route, c uint32) Route { r.Communities = []uint32{c}; return r }
+	withLocalPref := func(r Route, lp uint32) Route { r.LocalPref = &lp; return r }
+	const p1, p2, p3, p6 = "10.1.0.1/32", "10.1.0.2/32", "10.1.0.3/32", "fd00:1::1/128"
+
+	tests := []struct {
+		name     string
+		current  []Route
+		peers    []string
+		announce []Route
+		withdraw []string
+		want     []string
+	}{
+		{name: "nothing", peers: []string{"a"}},
+		{
+			name:     "new route to every peer",
+			peers:    []string{"a", "b"},
+			announce: []Route{route(p1)},
+			want:     []string{"+path " + p1},
+		},
+		{
+			name:     "new route without peers",
+			announce: []Route{route(p1, "a")},
+			want:     []string{"+path " + p1},
+		},
+		{
+			name:     "new restricted route: denied before it is announced",
+			peers:    []string{"a", "b", "c"},
+			announce: []Route{route(p1, "a")},
+			want:     []string{"+deny b " + p1, "+deny c " + p1, "+path " + p1},
+		},
+		{
+			name:     "new route to no peer",
+			peers:    []string{"a", "b"},
+			announce: []Route{toNone(p1)},
+			want:     []string{"+deny a " + p1, "+deny b " + p1, "+path " + p1},
+		},
+		{
+			name:     "route to an unknown peer only",
+			peers:    []string{"a"},
+			announce: []Route{route(p1, "x")},
+			want:     []string{"+deny a " + p1, "+path " + p1},
+		},
+		{
+			name:     "IPv6 restricted route",
+			peers:    []string{"a", "b"},
+			announce: []Route{route(p6, "b")},
+			want:     []string{"+deny a " + p6, "+path " + p6},
+		},
+		{
+			name:     "unchanged route sends nothing",
+			current:  []Route{withCommunity(route(p1, "a"), 7)},
+			peers:    []string{"a", "b"},
+			announce: []Route{withCommunity(route(p1, "a"), 7)},
+		},
+		{
+			name:     "unchanged route with peers listed in another order",
+			current:  []Route{route(p1, "a", "b")},
+			peers:    []string{"a", "b", "c"},
+			announce: []Route{route(p1, "b", "a", "b")},
+		},
+		{
+			name:     "replace with a new community",
+			current:  []Route{route(p1)},
+			peers:    []string{"a"},
+			announce: []Route{withCommunity(route(p1), 7)},
+			want:     []string{"+path " + p1},
+		},
+		{
+			name:     "replace with a new local preference",
+			current:  []Route{withLocalPref(route(p1), 100)},
+			peers:    []string{"a"},
+			announce: []Route{withLocalPref(route(p1), 200)},
+			want:     []string{"+path " + p1},
+		},
+		{
+			name:     "withdraw",
+			current:  []Route{route(p1), route(p2)},
+			peers:    []string{"a"},
+			withdraw: []string{p1},
+			want:     []string{"-path " + p1},
+		},
+		{
+			name:     "withdraw a prefix not announced",
+			current:  []Route{route(p1)},
+			peers:    []string{"a"},
+			withdraw: []string{p2},
+		},
+		{
+			name:     "withdraw an unmasked prefix",
+			current:  []Route{route("10.2.0.0/24")},
+			peers:    []string{"a"},
+			withdraw: []string{"10.2.0.9/24"},
+			want:     []string{"-path 10.2.0.0/24"},
+		},
+		{
+			name:     "withdraw a restricted route: denial removed after",
+			current:  []Route{route(p1, "a"), route(p2, "a")},
+			peers:    []string{"a", "b", "c"},
+			withdraw: []string{p2, p1},
+			want:     []string{"-path " + p2, "-path " + p1, "-deny b " + p2 + " " + p1, "-deny c " + p2 + " " + p1},
+		},
+		{
+			name:     "prefix both announced and withdrawn is announced",
+			current:  []Route{route(p1)},
+			peers:    []string{"a"},
+			announce: []Route{withCommunity(route(p1), 7)},
+			withdraw: []string{p1},
+			want:     []string{"+path " + p1},
+		},
+		{
+			name:     "peer newly denied: the route flaps",
+			current:  []Route{route(p1)},
+			peers:    []string{"a", "b"},
+			announce: []Route{route(p1, "a")},
+			want:     []string{"-path " + p1, "+deny b " + p1, "+path " + p1},
+		},
+		{
+			name:     "peer newly allowed with the same attributes: soft reset out",
+			current:  []Route{route(p1, "a")},
+			peers:    []string{"a", "b"},
+			announce: []Route{route(p1)},
+			want:     []string{"-deny b " + p1, "+path " + p1, "reset-out b"},
+		},
+		{
+			name:     "peer newly allowed with new attributes: the new path reaches it",
+			current:  []Route{route(p1, "a")},
+			peers:    []string{"a", "b"},
+			announce: []Route{withCommunity(route(p1), 7)},
+			want:     []string{"-deny b " + p1, "+path " + p1},
+		},
+		{
+			name:     "one peer allowed, another denied: flap, no reset",
+			current:  []Route{route(p1, "a")},
+			peers:    []string{"a", "b"},
+			announce: []Route{route(p1, "b")},
+			want:     []string{"-path " + p1, "+deny a " + p1, "-deny b " + p1, "+path " + p1},
+		},
+		{
+			name:     "one soft reset per peer",
+			current:  []Route{route(p1, "a"), route(p2, "a"), route(p3)},
+			peers:    []string{"c", "b", "a"},
+			announce: []Route{route(p2), route(p1)},
+			want: []string{"-deny b " + p2 + " " + p1, "-deny c " + p2 + " " + p1,
+				"+path " + p2, "+path " + p1, "reset-out b", "reset-out c"},
+		},
+		{
+			name:     "announce order kept, a prefix listed twice once",
+			peers:    []string{"a"},
+			announce: []Route{route(p3), route(p1), route(p2), withCommunity(route(p1), 7)},
+			want:     []string{"+path " + p3, "+path " + p1, "+path " + p2},
+		},
+		{
+			name:     "withdrawals before flaps, all before the denials",
+			current:  []Route{route(p1), route(p2, "a")},
+			peers:    []string{"a", "b"},
+			announce: []Route{route(p1, "b"), route(p3, "a")},
+			withdraw: []string{p2},
+			want: []string{"-path " + p2, "-path " + p1,
+				"+deny a " + p1, "+deny b " + p3, "-deny b " + p2, "+path " + p1, "+path " + p3},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			current, _ := testRoutes(t, tc.current)
+			news, order := testRoutes(t, tc.announce)
+			var withdraw []netip.Prefix
+			for _, p := range tc.withdraw {
+				withdraw = append(withdraw, netip.MustParsePrefix(p))
+			}
+			plan := planRoutes(current, testPeers(tc.peers...), news, order, withdraw)
+			if got := plan.steps(); !slices.Equal(got, tc.want) {
+				t.Errorf("plan:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.want, "\n  "))
+			}
+			if plan.Len() != len(tc.want) || plan.Empty() != (len(tc.want) == 0) {
+				t.Errorf("Len %d, Empty %v for %d steps", plan.Len(), plan.Empty(), len(tc.want))
+			}
+			// Withdrawals delete the path gobgp holds; announcements
+			// add the wanted one.
+			for _, r := range plan.withdraw {
+				if r != current[r.Prefix] {
+					t.Errorf("withdraws %+v, not the announced route %+v", r, current[r.Prefix])
+				}
+			}
+			for _, r := range plan.announce {
+				if r != news[r.Prefix] {
+					t.Errorf("announces %+v, not the wanted route %+v", r, news[r.Prefix])
+				}
+			}
+		})
+	}
+}
+
+// TestPlanRoutesPure checks that planning reads its arguments only.
+func TestPlanRoutesPure(t *testing.T) {
+	p := netip.MustParsePrefix("10.1.0.1/32")
+	old := &Route{Prefix: p, NextHop: netip.MustParseAddr("10.0.0.2")}
+	current := map[netip.Prefix]*Route{p: old}
+	news := map[netip.Prefix]*Route{p: {Prefix: p, NextHop: old.NextHop, Peers: []string{"a"}}}
+	peers := testPeers("a", "b")
+	plan := planRoutes(current, peers, news, []netip.Prefix{p}, []netip.Prefix{p})
+	if plan.Empty() {
+		t.Fatal("empty plan")
+	}
+	if len(current) != 1 || current[p] != old || len(news) != 1 || len(peers) != 2 {
+		t.Errorf("planRoutes changed its arguments: current %v, news %v, peers %v", current, news, peers)
+	}
+}
+
+func TestRoutePlanString(t *testing.T) {
+	r := &Route{Prefix: netip.MustParsePrefix("10.1.0.1/32")}
+	for _, tc := range []struct {
+		plan routePlan
+		want string
+	}{
+		{routePlan{}, "no changes"},
+		{routePlan{announce: []*Route{r, r, r}}, "+path 3"},
+		{routePlan{
+			withdraw: []*Route{r},
+			deny:     []denyChange{{peer: "a"}, {peer: "b"}},
+			allow:    []denyChange{{peer: "c"}},
+			announce: []*Route{r},
+			resetOut: []string{"c"},
+		}, "-path 1, +deny 2, -deny 1, +path 1, reset-out 1"},
+	} {
+		if got := tc.plan.String(); got != tc.want {
+			t.Errorf("String() = %q, want %q", got, tc.want)
+		}
+		if tc.plan.Empty() != (tc.plan.Len() == 0) {
+			t.Errorf("Empty() = %v with Len %d", tc.plan.Empty(), tc.plan.Len())
+		}
+	}
+}
