@@ -172,7 +172,7 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 		if _, ok := g.peers[name]; ok {
 			continue
 		}
-		if err := g.addPeerFilter(ctx, p); err != nil {
+		if err := g.addPeerFilter(ctx, p, deniedPrefixes(g.routes, p.Name)); err != nil {
 			return err
 		}
 		added = append(added, p)

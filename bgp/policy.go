@@ -68,16 +68,27 @@ func (g *GoBGP) rejectImports(ctx context.Context) error {
 	return nil
 }
 
-// deniedPrefixes returns, by family, the announced prefixes peer must not
-// receive.
-func (g *GoBGP) deniedPrefixes(peer string) (v4, v6 []netip.Prefix) {
-	for p, r := range g.routes {
+// deniedPrefixes returns the prefixes of routes that peer must not
+// receive, sorted.
+func deniedPrefixes(routes map[netip.Prefix]*Route, peer string) []netip.Prefix {
+	var out []netip.Prefix
+	for p, r := range routes {
 		if denied(r, peer) {
-			if p.Addr().Is4() {
-				v4 = append(v4, p)
-			} else {
-				v6 = append(v6, p)
-			}
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, netip.Prefix.Compare)
+	return out
+}
+
+// splitFamilies returns the IPv4 and the IPv6 prefixes of prefixes, in
+// their order: gobgp's prefix sets are single-family.
+func splitFamilies(prefixes []netip.Prefix) (v4, v6 []netip.Prefix) {
+	for _, p := range prefixes {
+		if p.Addr().Is4() {
+			v4 = append(v4, p)
+		} else {
+			v6 = append(v6, p)
 		}
 	}
 	return v4, v6
@@ -98,10 +109,11 @@ func prefixSet(name string, prefixes []netip.Prefix) *api.DefinedSet {
 	return ds
 }
 
-// addPeerFilter creates the sets and the export policy of peer p.
-func (g *GoBGP) addPeerFilter(ctx context.Context, p *Peer) error {
+// addPeerFilter creates the sets and the export policy of peer p, which
+// must not receive the prefixes in deny.
+func (g *GoBGP) addPeerFilter(ctx context.Context, p *Peer, deny []netip.Prefix) error {
 	n := filterFor(p.Name)
-	v4, v6 := g.deniedPrefixes(p.Name)
+	v4, v6 := splitFamilies(deny)
 	sets := []*api.DefinedSet{
 		{DefinedType: api.DefinedType_NEIGHBOR, Name: n.neighbors,
 			List: []string{netip.PrefixFrom(p.Address, p.Address.BitLen()).String()}},
@@ -172,14 +184,7 @@ func (g *GoBGP) assignExport(ctx context.Context, names []string) error {
 
 // changeDenied adds (add) or removes prefixes to or from peer's deny sets.
 func (g *GoBGP) changeDenied(ctx context.Context, peer string, prefixes []netip.Prefix, add bool) error {
-	var v4, v6 []netip.Prefix
-	for _, p := range prefixes {
-		if p.Addr().Is4() {
-			v4 = append(v4, p)
-		} else {
-			v6 = append(v6, p)
-		}
-	}
+	v4, v6 := splitFamilies(prefixes)
 	n := filterFor(peer)
 	for _, ds := range []*api.DefinedSet{prefixSet(n.deny4, v4), prefixSet(n.deny6, v6)} {
 		if len(ds.Prefixes) == 0 {

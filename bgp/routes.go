@@ -110,7 +110,7 @@ func (g *GoBGP) resyncFilters(ctx context.Context) error {
 	var errs []error
 	for name := range g.peers {
 		n := filterFor(name)
-		v4, v6 := g.deniedPrefixes(name)
+		v4, v6 := splitFamilies(deniedPrefixes(g.routes, name))
 		for _, want := range []*api.DefinedSet{prefixSet(n.deny4, v4), prefixSet(n.deny6, v6)} {
 			var have *api.DefinedSet
 			err := g.srv.ListDefinedSet(ctx, &api.ListDefinedSetRequest{DefinedType: api.DefinedType_PREFIX, Name: want.Name},
