@@ -141,53 +141,63 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 	if g.stopped {
 		return errors.New("bgp speaker is stopped")
 	}
-	var gone []*Peer
-	for name, old := range g.peers {
-		if p, ok := want[name]; ok && peerEqual(old, p) {
-			continue
+	return g.executePeers(ctx, planPeers(g.peers, want, g.routes))
+}
+
+// executePeers makes the gobgp calls of p, in order, and stops at the
+// first error before the sessions are opened; g.peers follows each
+// neighbor deleted or added. The caller holds g.mu.
+func (g *GoBGP) executePeers(ctx context.Context, p peerPlan) error {
+	if err := g.removePeers(ctx, p); err != nil {
+		return err
+	}
+	for _, a := range p.add {
+		if err := g.addPeerFilter(ctx, a.peer, a.deny); err != nil {
+			return err
 		}
+	}
+	// The filters are in force before the sessions can come up.
+	if err := g.assignExport(ctx, p.export); err != nil {
+		return err
+	}
+	return g.openSessions(ctx, p.add)
+}
+
+// removePeers deletes the neighbors of p.remove, then their filters.
+func (g *GoBGP) removePeers(ctx context.Context, p peerPlan) error {
+	for _, old := range p.remove {
 		if err := g.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: old.Address.String()}); err != nil {
 			return fmt.Errorf("delete BGP peer %s (%s): %w", old.Name, old.Address, err)
 		}
 		g.smu.Lock()
 		delete(g.states, old.Address.String())
 		g.smu.Unlock()
-		delete(g.peers, name)
-		gone = append(gone, old)
-		g.log.V(2).Info("Closed BGP session", "peer", name, "address", old.Address)
+		delete(g.peers, old.Name)
+		g.log.V(2).Info("Closed BGP session", "peer", old.Name, "address", old.Address)
+	}
+	if len(p.remove) == 0 {
+		return nil
 	}
 	// Unassign the filters of the deleted peers before deleting them.
-	if len(gone) > 0 {
-		if err := g.assignExport(ctx, slices.Collect(maps.Keys(g.peers))); err != nil {
-			return err
-		}
-	}
-	for _, p := range gone {
-		if err := g.deletePeerFilter(ctx, p); err != nil {
-			return err
-		}
-	}
-	var added []*Peer
-	for name, p := range want {
-		if _, ok := g.peers[name]; ok {
-			continue
-		}
-		if err := g.addPeerFilter(ctx, p, deniedPrefixes(g.routes, p.Name)); err != nil {
-			return err
-		}
-		added = append(added, p)
-	}
-	names := slices.Collect(maps.Keys(g.peers))
-	for _, p := range added {
-		names = append(names, p.Name)
-	}
-	// The filters are in force before the sessions can come up.
-	if err := g.assignExport(ctx, names); err != nil {
+	if err := g.assignExport(ctx, p.keep); err != nil {
 		return err
 	}
+	for _, old := range p.remove {
+		if err := g.deletePeerFilter(ctx, old); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openSessions adds the neighbors of adds, whose filters are in force. It
+// goes on past a failure, and drops the filters of the peers that could
+// not be added, so that the next SetPeers creates them afresh.
+func (g *GoBGP) openSessions(ctx context.Context, adds []peerAdd) error {
 	var errs []error
 	var failed []*Peer
-	for _, p := range added {
+	for _, a := range adds {
+		p := a.peer
 		addr := p.Address.String()
 		g.smu.Lock()
 		g.states[addr] = &sessionTrack{peer: p.Name, state: "Idle", since: time.Now()}
@@ -202,8 +212,6 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 		g.log.V(2).Info("Opening BGP session", "peer", p.Name, "address", p.Address, "port", p.Port, "asn", p.ASN, "localASN", p.LocalASN)
 	}
 	if len(failed) > 0 {
-		// Drop the filters of the peers that could not be added, so that
-		// the next SetPeers creates them afresh.
 		if err := g.assignExport(ctx, slices.Collect(maps.Keys(g.peers))); err != nil {
 			errs = append(errs, err)
 		} else {

@@ -143,3 +143,68 @@ func byPeer(m map[string][]netip.Prefix) []denyChange {
 	}
 	return out
 }
+
+// peerAdd is a session to open, with the prefixes its deny sets start
+// with: those of the announced routes it must not receive.
+type peerAdd struct {
+	peer *Peer
+	deny []netip.Prefix
+}
+
+// peerPlan is the gobgp calls that turn the configured peers into the
+// wanted ones, in the order executePeers makes them:
+//
+//  1. delete the neighbors in remove (each gets a Cease);
+//  2. when remove is not empty, assign the export policies of keep only,
+//     so that no policy about to be deleted is assigned;
+//  3. delete the export policies and sets of remove;
+//  4. create those of add;
+//  5. assign the export policies of export, before any new session can
+//     come up (made even when nothing else changes);
+//  6. add the neighbors in add.
+//
+// A changed peer is in remove with its old configuration and in add with
+// the new one, which resets its session and no other. Every slice is
+// sorted by peer name.
+type peerPlan struct {
+	remove []*Peer
+	// keep names the peers that stay as they are.
+	keep []string
+	add  []peerAdd
+	// export names every wanted peer: keep and add.
+	export []string
+}
+
+// Len is the number of sessions p closes or opens.
+func (p peerPlan) Len() int { return len(p.remove) + len(p.add) }
+
+// Empty reports whether p changes no session (its only call then assigns
+// the export policies already assigned).
+func (p peerPlan) Empty() bool { return p.Len() == 0 }
+
+// String summarises p, e.g. "-peer 1, +peer 2".
+func (p peerPlan) String() string {
+	return summary([]string{"-peer", "+peer"}, []int{len(p.remove), len(p.add)})
+}
+
+// planPeers returns the gobgp calls that turn the configured peers current
+// into want (normalized, see normalizePeers), both by name, given the
+// announced routes.
+func planPeers(current, want map[string]*Peer, routes map[netip.Prefix]*Route) peerPlan {
+	var p peerPlan
+	for _, name := range slices.Sorted(maps.Keys(current)) {
+		if w, ok := want[name]; ok && peerEqual(current[name], w) {
+			p.keep = append(p.keep, name)
+		} else {
+			p.remove = append(p.remove, current[name])
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(want)) {
+		if old, ok := current[name]; ok && peerEqual(old, want[name]) {
+			continue
+		}
+		p.add = append(p.add, peerAdd{peer: want[name], deny: deniedPrefixes(routes, name)})
+	}
+	p.export = slices.Sorted(maps.Keys(want))
+	return p
+}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // steps renders p one gobgp step a line, in execution order.
@@ -298,5 +299,186 @@ func TestRoutePlanString(t *testing.T) {
 		if tc.plan.Empty() != (tc.plan.Len() == 0) {
 			t.Errorf("Empty() = %v with Len %d", tc.plan.Empty(), tc.plan.Len())
 		}
+	}
+}
+
+// steps renders p one gobgp step a line, in execution order.
+func (p peerPlan) steps() []string {
+	var out []string
+	for _, old := range p.remove {
+		out = append(out, "-peer "+old.Name+" "+old.Address.String())
+	}
+	if len(p.remove) > 0 {
+		out = append(out, "export "+strings.Join(p.keep, " "))
+	}
+	for _, old := range p.remove {
+		out = append(out, "-filter "+old.Name)
+	}
+	for _, a := range p.add {
+		out = append(out, strings.TrimSpace("+filter "+a.peer.Name+" "+prefixList(a.deny)))
+	}
+	out = append(out, "export "+strings.Join(p.export, " "))
+	for _, a := range p.add {
+		out = append(out, "+peer "+a.peer.Name+" "+a.peer.Address.String())
+	}
+	return out
+}
+
+func TestPlanPeers(t *testing.T) {
+	peer := func(name, addr string) Peer {
+		return Peer{Name: name, Address: netip.MustParseAddr(addr), ASN: 65000, LocalASN: 64512}
+	}
+	a, b, c := peer("a", "127.0.0.1"), peer("b", "127.0.0.2"), peer("c", "127.0.0.3")
+	change := func(p Peer, f func(*Peer)) Peer { f(&p); return p }
+	nh := netip.MustParseAddr("10.0.0.2")
+	route := func(p string, peers ...string) Route {
+		r := Route{Prefix: netip.MustParsePrefix(p), NextHop: nh, Peers: peers}
+		if r.Prefix.Addr().Is6() {
+			r.NextHop = netip.MustParseAddr("fd00::2")
+		}
+		return r
+	}
+	restricted := []Route{
+		route("10.1.0.9/32", "a"),
+		route("fd00:1::1/128", "a"),
+		route("10.1.0.1/32"),
+		{Prefix: netip.MustParsePrefix("10.1.0.2/32"), NextHop: nh, Peers: []string{}},
+		route("10.1.0.3/32", "b", "c"),
+	}
+
+	tests := []struct {
+		name          string
+		current, want []Peer
+		routes        []Route
+		steps         []string
+		plan          string
+	}{
+		{name: "nothing", steps: []string{"export "}, plan: "no changes"},
+		{
+			name:  "first peers",
+			want:  []Peer{b, a},
+			steps: []string{"+filter a", "+filter b", "export a b", "+peer a 127.0.0.1", "+peer b 127.0.0.2"},
+			plan:  "+peer 2",
+		},
+		{
+			name:    "same peers: only the export assignment",
+			current: []Peer{a, b},
+			want:    []Peer{b, a},
+			steps:   []string{"export a b"},
+			plan:    "no changes",
+		},
+		{
+			name:    "same peer with defaults spelt out",
+			current: []Peer{a},
+			want: []Peer{change(a, func(p *Peer) {
+				p.Port = 179
+				p.Families = []Family{IPv6Unicast, IPv4Unicast, IPv6Unicast}
+			})},
+			steps: []string{"export a"},
+			plan:  "no changes",
+		},
+		{
+			name:    "peer removed",
+			current: []Peer{a, b, c},
+			want:    []Peer{a, c},
+			steps:   []string{"-peer b 127.0.0.2", "export a c", "-filter b", "export a c"},
+			plan:    "-peer 1",
+		},
+		{
+			name:    "every peer removed",
+			current: []Peer{a, b},
+			steps:   []string{"-peer a 127.0.0.1", "-peer b 127.0.0.2", "export ", "-filter a", "-filter b", "export "},
+			plan:    "-peer 2",
+		},
+		{
+			name:    "peer added",
+			current: []Peer{a},
+			want:    []Peer{a, c},
+			steps:   []string{"+filter c", "export a c", "+peer c 127.0.0.3"},
+			plan:    "+peer 1",
+		},
+		{
+			name:    "peer changed: only it is reset",
+			current: []Peer{a, b},
+			want:    []Peer{a, change(b, func(p *Peer) { p.HoldTime = 9 * time.Second })},
+			steps:   []string{"-peer b 127.0.0.2", "export a", "-filter b", "+filter b", "export a b", "+peer b 127.0.0.2"},
+			plan:    "-peer 1, +peer 1",
+		},
+		{
+			name:    "peer moved to another address",
+			current: []Peer{a},
+			want:    []Peer{change(a, func(p *Peer) { p.Address = netip.MustParseAddr("127.0.0.9") })},
+			steps:   []string{"-peer a 127.0.0.1", "export ", "-filter a", "+filter a", "export a", "+peer a 127.0.0.9"},
+			plan:    "-peer 1, +peer 1",
+		},
+		{
+			name:    "peer renamed",
+			current: []Peer{a},
+			want:    []Peer{peer("z", "127.0.0.1")},
+			steps:   []string{"-peer a 127.0.0.1", "export ", "-filter a", "+filter z", "export z", "+peer z 127.0.0.1"},
+			plan:    "-peer 1, +peer 1",
+		},
+		{
+			name:    "every field counts",
+			current: []Peer{a, b, c},
+			want: []Peer{
+				change(a, func(p *Peer) { p.Password = "secret" }),
+				change(b, func(p *Peer) { p.Families = []Family{IPv4Unicast} }),
+				change(c, func(p *Peer) { p.GracefulRestart = true }),
+			},
+			steps: []string{"-peer a 127.0.0.1", "-peer b 127.0.0.2", "-peer c 127.0.0.3", "export ",
+				"-filter a", "-filter b", "-filter c", "+filter a", "+filter b", "+filter c",
+				"export a b c", "+peer a 127.0.0.1", "+peer b 127.0.0.2", "+peer c 127.0.0.3"},
+			plan: "-peer 3, +peer 3",
+		},
+		{
+			name:   "new peers start with their deny sets",
+			want:   []Peer{a, b, c},
+			routes: restricted,
+			steps: []string{
+				"+filter a 10.1.0.2/32 10.1.0.3/32",
+				"+filter b 10.1.0.2/32 10.1.0.9/32 fd00:1::1/128",
+				"+filter c 10.1.0.2/32 10.1.0.9/32 fd00:1::1/128",
+				"export a b c", "+peer a 127.0.0.1", "+peer b 127.0.0.2", "+peer c 127.0.0.3"},
+			plan: "+peer 3",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			current, err := normalizePeers(tc.current)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := normalizePeers(tc.want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			routes, _ := testRoutes(t, tc.routes)
+			plan := planPeers(current, want, routes)
+			if got := plan.steps(); !slices.Equal(got, tc.steps) {
+				t.Errorf("plan:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.steps, "\n  "))
+			}
+			if got := plan.String(); got != tc.plan {
+				t.Errorf("String() = %q, want %q", got, tc.plan)
+			}
+			if plan.Empty() != (plan.Len() == 0) {
+				t.Errorf("Empty() = %v with Len %d", plan.Empty(), plan.Len())
+			}
+			// Removals delete the configured neighbor; additions add
+			// the wanted one.
+			for _, old := range plan.remove {
+				if old != current[old.Name] {
+					t.Errorf("removes %+v, not the configured peer %+v", old, current[old.Name])
+				}
+			}
+			for _, a := range plan.add {
+				if a.peer != want[a.peer.Name] {
+					t.Errorf("adds %+v, not the wanted peer %+v", a.peer, want[a.peer.Name])
+				}
+			}
+			if len(current) != len(tc.current) || len(want) != len(tc.want) || len(routes) != len(tc.routes) {
+				t.Error("planPeers changed its arguments")
+			}
+		})
 	}
 }
