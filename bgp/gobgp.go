@@ -238,7 +238,9 @@ func (g *GoBGP) Stop(ctx context.Context) error {
 	}
 	g.stopped = true
 	done := make(chan error, 1)
-	go func() { done <- g.srv.StopBgp(context.Background(), &api.StopBgpRequest{}) }()
+	// StopBgp runs to its end even when ctx ends first: a half-stopped
+	// server would keep sessions open.
+	go func() { done <- g.srv.StopBgp(context.WithoutCancel(ctx), &api.StopBgpRequest{}) }()
 	defer g.cancel()
 	select {
 	case err := <-done:
@@ -269,6 +271,10 @@ func normalizePeers(peers []Peer) (map[string]*Peer, error) {
 			return nil, fmt.Errorf("BGP peer %s: source address %s and address %s differ in family", p.Name, p.SourceAddress, p.Address)
 		case p.HoldTime != 0 && p.HoldTime < 3*time.Second:
 			return nil, fmt.Errorf("BGP peer %s: hold time %s is below 3s", p.Name, p.HoldTime)
+		case p.KeepaliveTime < 0:
+			return nil, fmt.Errorf("BGP peer %s: keepalive %s is negative", p.Name, p.KeepaliveTime)
+		case p.RestartTime < 0:
+			return nil, fmt.Errorf("BGP peer %s: restart time %s is negative", p.Name, p.RestartTime)
 		case p.HoldTime != 0 && p.KeepaliveTime >= p.HoldTime:
 			return nil, fmt.Errorf("BGP peer %s: keepalive %s is not below the hold time %s", p.Name, p.KeepaliveTime, p.HoldTime)
 		}
@@ -308,8 +314,9 @@ func (p *Peer) hasFamily(f Family) bool { return slices.Contains(p.Families, f) 
 
 // toAPIPeer converts p to gobgp's neighbor configuration.
 func toAPIPeer(p *Peer) *api.Peer {
-	hold := uint64(p.HoldTime / time.Second)
-	keepalive := uint64(p.KeepaliveTime / time.Second)
+	// normalizePeers refused negative durations.
+	hold := uint64(p.HoldTime / time.Second)           //nolint:gosec // not negative
+	keepalive := uint64(p.KeepaliveTime / time.Second) //nolint:gosec // not negative
 	if keepalive == 0 {
 		keepalive = hold / 3
 	}
@@ -341,7 +348,7 @@ func toAPIPeer(p *Peer) *api.Peer {
 	if p.GracefulRestart {
 		ap.GracefulRestart = &api.GracefulRestart{
 			Enabled:     true,
-			RestartTime: uint32(p.RestartTime / time.Second),
+			RestartTime: uint32(p.RestartTime / time.Second), //nolint:gosec // not negative (normalizePeers); gobgp takes seconds in 32 bits
 		}
 	}
 	for _, f := range p.Families {

@@ -12,7 +12,7 @@ import (
 func TestLoggerConnectFailures(t *testing.T) {
 	var mu sync.Mutex
 	var lines []string
-	sink := funcr.New(func(prefix, args string) {
+	sink := funcr.New(func(_, args string) {
 		mu.Lock()
 		defer mu.Unlock()
 		lines = append(lines, args)

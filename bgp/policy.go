@@ -103,7 +103,7 @@ func prefixSet(name string, prefixes []netip.Prefix) *api.DefinedSet {
 	ds := &api.DefinedSet{DefinedType: api.DefinedType_PREFIX, Name: name}
 	for _, p := range prefixes {
 		ds.Prefixes = append(ds.Prefixes, &api.Prefix{
-			IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(p.Bits()),
+			IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(p.Bits()), //nolint:gosec // a valid prefix's length is 0-128
 		})
 	}
 	return ds

@@ -207,10 +207,10 @@ func toAPIPath(r *Route, withdraw bool) (*api.Path, error) {
 	var nlri bgp.AddrPrefixInterface
 	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)}
 	if r.Prefix.Addr().Is4() {
-		nlri = bgp.NewIPAddrPrefix(uint8(r.Prefix.Bits()), r.Prefix.Addr().String())
+		nlri = bgp.NewIPAddrPrefix(uint8(r.Prefix.Bits()), r.Prefix.Addr().String()) //nolint:gosec // a valid prefix's length is 0-128
 		attrs = append(attrs, bgp.NewPathAttributeNextHop(r.NextHop.String()))
 	} else {
-		nlri = bgp.NewIPv6AddrPrefix(uint8(r.Prefix.Bits()), r.Prefix.Addr().String())
+		nlri = bgp.NewIPv6AddrPrefix(uint8(r.Prefix.Bits()), r.Prefix.Addr().String()) //nolint:gosec // a valid prefix's length is 0-128
 		attrs = append(attrs, bgp.NewPathAttributeMpReachNLRI(r.NextHop.String(), []bgp.AddrPrefixInterface{nlri}))
 	}
 	if len(r.Communities) > 0 {

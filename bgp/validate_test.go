@@ -17,13 +17,15 @@ func TestValidation(t *testing.T) {
 		peers []bgp.Peer
 		want  string
 	}{
-		"no name":        {[]bgp.Peer{{Address: ip("127.0.11.1"), ASN: 1, LocalASN: 2}}, "no name"},
-		"no address":     {[]bgp.Peer{{Name: "a", ASN: 1, LocalASN: 2}}, "no address"},
-		"no ASN":         {[]bgp.Peer{{Name: "a", Address: ip("127.0.11.1")}}, "ASN"},
-		"duplicate name": {[]bgp.Peer{ok, ok}, "twice"},
-		"same address":   {[]bgp.Peer{ok, {Name: "b", Address: ok.Address, ASN: 1, LocalASN: 2}}, "same address"},
-		"short hold":     {[]bgp.Peer{{Name: "a", Address: ip("127.0.11.1"), ASN: 1, LocalASN: 2, HoldTime: time.Second}}, "below 3s"},
-		"family mix":     {[]bgp.Peer{{Name: "a", Address: ip("127.0.11.1"), ASN: 1, LocalASN: 2, SourceAddress: ip("::1")}}, "family"},
+		"no name":            {[]bgp.Peer{{Address: ip("127.0.11.1"), ASN: 1, LocalASN: 2}}, "no name"},
+		"no address":         {[]bgp.Peer{{Name: "a", ASN: 1, LocalASN: 2}}, "no address"},
+		"no ASN":             {[]bgp.Peer{{Name: "a", Address: ip("127.0.11.1")}}, "ASN"},
+		"duplicate name":     {[]bgp.Peer{ok, ok}, "twice"},
+		"same address":       {[]bgp.Peer{ok, {Name: "b", Address: ok.Address, ASN: 1, LocalASN: 2}}, "same address"},
+		"short hold":         {[]bgp.Peer{{Name: "a", Address: ip("127.0.11.1"), ASN: 1, LocalASN: 2, HoldTime: time.Second}}, "below 3s"},
+		"negative keepalive": {[]bgp.Peer{{Name: "a", Address: ip("127.0.11.1"), ASN: 1, LocalASN: 2, KeepaliveTime: -time.Second}}, "keepalive"},
+		"negative restart":   {[]bgp.Peer{{Name: "a", Address: ip("127.0.11.1"), ASN: 1, LocalASN: 2, GracefulRestart: true, RestartTime: -time.Second}}, "restart time"},
+		"family mix":         {[]bgp.Peer{{Name: "a", Address: ip("127.0.11.1"), ASN: 1, LocalASN: 2, SourceAddress: ip("::1")}}, "family"},
 	} {
 		err := s.SetPeers(ctxT(), tc.peers)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

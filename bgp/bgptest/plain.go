@@ -37,7 +37,7 @@ func StartPlain(tb testing.TB, src, addr netip.Addr, port int, localASN, peerASN
 	tb.Cleanup(func() { _ = s.StopBgp(context.Background(), &api.StopBgpRequest{}) })
 	if err := s.AddPeer(ctx, &api.AddPeerRequest{Peer: &api.Peer{
 		Conf:      &api.PeerConf{NeighborAddress: addr.String(), PeerAsn: peerASN},
-		Transport: &api.Transport{LocalAddress: src.String(), RemotePort: uint32(port)},
+		Transport: &api.Transport{LocalAddress: src.String(), RemotePort: uint32(port)}, //nolint:gosec // a TCP port the caller got from a listener
 		Timers:    &api.Timers{Config: &api.TimersConfig{ConnectRetry: 1}},
 	}}); err != nil {
 		tb.Fatalf("plain gobgp peer: %v", err)
@@ -78,7 +78,7 @@ func hostPath(p netip.Prefix, nextHop netip.Addr, withdraw bool) (*api.Path, err
 	if !p.Addr().Is4() || !nextHop.Is4() {
 		return nil, fmt.Errorf("plain gobgp announces IPv4 only, not %s via %s", p, nextHop)
 	}
-	path, err := apiutil.NewPath(bgp.NewIPAddrPrefix(uint8(p.Bits()), p.Addr().String()), withdraw, []bgp.PathAttributeInterface{
+	path, err := apiutil.NewPath(bgp.NewIPAddrPrefix(uint8(p.Bits()), p.Addr().String()), withdraw, []bgp.PathAttributeInterface{ //nolint:gosec // a valid prefix's length is 0-32
 		bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP),
 		bgp.NewPathAttributeNextHop(nextHop.String()),
 	}, time.Now())
