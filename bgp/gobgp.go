@@ -41,6 +41,11 @@ type Config struct {
 	// queues events without bound, so a slow callback delays only later
 	// callbacks).
 	OnSessionChange func(SessionState)
+	// Exit ends the process when gobgp reports a fatal error or one of
+	// its "code logic bug" panics, whose paths gobgp does not expect to
+	// survive; a restarted speaker (the DaemonSet restarts it) is in a
+	// known state, a continued one is not. Nil means klog.FlushAndExit.
+	Exit func(code int)
 }
 
 // GoBGP is a Speaker backed by an embedded gobgp server. It accepts no
@@ -88,7 +93,11 @@ func New(cfg Config) (*GoBGP, error) {
 	if port <= 0 {
 		port = -1
 	}
-	glog := newGobgpLogger(cfg.Logger)
+	exit := cfg.Exit
+	if exit == nil {
+		exit = func(code int) { klog.FlushAndExit(klog.ExitFlushTimeout, code) }
+	}
+	glog := newGobgpLogger(cfg.Logger, exit)
 	g := &GoBGP{
 		srv:      server.NewBgpServer(server.LoggerOption(glog)),
 		log:      cfg.Logger,

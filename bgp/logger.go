@@ -13,7 +13,8 @@ import (
 // message explaining why a session failed: gobgp's API exposes no such
 // reason, only its logs do.
 type gobgpLogger struct {
-	log klog.Logger
+	log  klog.Logger
+	exit func(code int) // called after Panic and Fatal
 
 	mu      sync.Mutex
 	reasons map[string]string // neighbor address → last failure reason
@@ -21,8 +22,8 @@ type gobgpLogger struct {
 
 var _ gobgplog.Logger = (*gobgpLogger)(nil)
 
-func newGobgpLogger(l klog.Logger) *gobgpLogger {
-	return &gobgpLogger{log: l.WithName("gobgp"), reasons: map[string]string{}}
+func newGobgpLogger(l klog.Logger, exit func(code int)) *gobgpLogger {
+	return &gobgpLogger{log: l.WithName("gobgp"), exit: exit, reasons: map[string]string{}}
 }
 
 // reason returns the last failure reason recorded for a neighbor address.
@@ -91,14 +92,22 @@ func (l *gobgpLogger) kv(fields gobgplog.Fields) []any {
 	return kv
 }
 
-// Panic logs msg as an error; vipcast never lets gobgp panic its process.
+// Panic logs msg as an error and ends the process: gobgp calls it on its
+// "code logic bug" paths, after which its state is not to be trusted.
 func (l *gobgpLogger) Panic(msg string, fields gobgplog.Fields) {
-	l.log.Error(nil, msg, l.kv(fields)...)
+	l.die(msg, fields)
 }
 
-// Fatal logs msg as an error; vipcast never lets gobgp exit its process.
+// Fatal logs msg as an error and ends the process, as gobgp expects.
 func (l *gobgpLogger) Fatal(msg string, fields gobgplog.Fields) {
-	l.log.Error(nil, msg, l.kv(fields)...)
+	l.die(msg, fields)
+}
+
+// die logs gobgp's message and exits with status 1, so that the DaemonSet
+// restarts the speaker in a known state.
+func (l *gobgpLogger) die(msg string, fields gobgplog.Fields) {
+	l.log.Error(nil, "gobgp failed; exiting so that the speaker restarts in a known state", append([]any{"gobgpMessage", msg}, l.kv(fields)...)...)
+	l.exit(1)
 }
 
 // Error logs msg as an error.

@@ -17,7 +17,7 @@ func TestLoggerConnectFailures(t *testing.T) {
 		defer mu.Unlock()
 		lines = append(lines, args)
 	}, funcr.Options{Verbosity: 0})
-	l := newGobgpLogger(sink)
+	l := newGobgpLogger(sink, func(int) { t.Error("exit called") })
 
 	refused := gobgplog.Fields{"Topic": "Peer", "Key": "192.0.2.1", "Error": "dial tcp 192.0.2.1:179: connect: connection refused"}
 	timeout := gobgplog.Fields{"Topic": "Peer", "Key": "192.0.2.1", "Error": "dial tcp 192.0.2.1:179: i/o timeout"}
@@ -43,6 +43,29 @@ func TestLoggerConnectFailures(t *testing.T) {
 	for _, line := range lines {
 		if strings.Contains(line, `"msg"="failed to connect"`) {
 			t.Errorf("gobgp's debug message was written at verbosity 0: %s", line)
+		}
+	}
+}
+
+// TestLoggerExitsOnPanicAndFatal checks that gobgp's Panic and Fatal end
+// the process (through the exit hook) after logging the message.
+func TestLoggerExitsOnPanicAndFatal(t *testing.T) {
+	for _, call := range []string{"Panic", "Fatal"} {
+		var lines []string
+		var codes []int
+		l := newGobgpLogger(funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{}),
+			func(code int) { codes = append(codes, code) })
+		fields := gobgplog.Fields{"Topic": "Peer", "Key": "192.0.2.1", "State": "BGP_FSM_ESTABLISHED"}
+		if call == "Panic" {
+			l.Panic("code logic bug", fields)
+		} else {
+			l.Fatal("failed to listen grpc port", fields)
+		}
+		if len(codes) != 1 || codes[0] != 1 {
+			t.Errorf("%s: exit codes %v, want [1]", call, codes)
+		}
+		if len(lines) != 1 || !strings.Contains(lines[0], "exiting") || !strings.Contains(lines[0], "192.0.2.1") {
+			t.Errorf("%s: logged %q, want one line saying it exits, with gobgp's fields", call, lines)
 		}
 	}
 }
