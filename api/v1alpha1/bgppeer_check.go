@@ -43,7 +43,7 @@ func (s *BGPPeerSpec) Check() *PeerProblem {
 		return bad(ReasonInvalidConfig, "spec.peerAddress %q is not a usable IP address; write an IPv4 or IPv6 address such as 192.0.2.1, without prefix length, port or zone", s.PeerAddress)
 	}
 	addr = addr.Unmap()
-	if s.PeerASN == 0 || s.LocalASN == 0 {
+	if s.PeerASN == 0 || s.LocalASN == 0 || s.PeerASN > MaxASN || s.LocalASN > MaxASN {
 		return bad(ReasonInvalidConfig, "spec.peerASN and spec.localASN must be 1 to %d", uint64(MaxASN))
 	}
 	if port := s.PortOrDefault(); port < 1 || port > 65535 {
