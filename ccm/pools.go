@@ -29,7 +29,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ipam"
-	"github.com/vipcast/vipcast/poolbgp"
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // Queue keys of the pool controller.
@@ -308,7 +308,7 @@ func PoolFromCRD(p *vipcastv1alpha1.IPPool) (ipam.Pool, error) {
 	}
 	// A pool the speakers would not announce would hand out VIPs that
 	// nobody routes: refuse it until spec.bgp is fixed.
-	if prob := poolbgp.Check(p.Spec.BGP, ranges); prob != nil {
+	if prob := poolspec.Check(p.Spec.BGP, ranges); prob != nil {
 		return pool, &bgpError{prob}
 	}
 	if alloc := p.Spec.Allocation; alloc != nil {
@@ -359,7 +359,7 @@ func rejectionFor(err error) rejection {
 
 // selectorError is a label selector that does not parse.
 // bgpError is a spec.bgp the speakers cannot announce.
-type bgpError struct{ *poolbgp.Problem }
+type bgpError struct{ *poolspec.Problem }
 
 func (e *bgpError) Error() string {
 	return e.Message + " (the speakers would not announce this pool, so no VIP is allocated from it)"

@@ -11,7 +11,7 @@ import (
 	"github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/bgp"
 	"github.com/vipcast/vipcast/ipam"
-	"github.com/vipcast/vipcast/poolbgp"
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // View is the configuration compiled for this node: the usable IPPools with
@@ -199,10 +199,10 @@ func allocationSelectorError(p *v1alpha1.IPPool) string {
 // compileBGP fills pool's BGP attributes. It returns the problem that
 // disables the pool, if any; a nodeSelector that does not select the node
 // disables the pool without a problem.
-func compileBGP(pool *Pool, b *v1alpha1.IPPoolBGP, peers []peerLabels, node Node) *poolbgp.Problem {
+func compileBGP(pool *Pool, b *v1alpha1.IPPoolBGP, peers []peerLabels, node Node) *poolspec.Problem {
 	pool.AggregationLength = int(b.AggregationLengthOrDefault())
 	pool.AggregationLengthV6 = int(b.AggregationLengthV6OrDefault())
-	if prob := poolbgp.Check(b, pool.Ranges); prob != nil {
+	if prob := poolspec.Check(b, pool.Ranges); prob != nil {
 		pool.Disabled = fmt.Sprintf("pool %s is not announced: %s", pool.Name, prob.Message)
 		return prob
 	}
@@ -211,13 +211,13 @@ func compileBGP(pool *Pool, b *v1alpha1.IPPoolBGP, peers []peerLabels, node Node
 	}
 	// Check decoded every community already.
 	for _, c := range b.Communities {
-		v, _ := poolbgp.ParseCommunity(c)
+		v, _ := poolspec.ParseCommunity(c)
 		pool.Communities = append(pool.Communities, v)
 	}
 	slices.Sort(pool.Communities)
 	pool.Communities = slices.Compact(pool.Communities)
 	for _, c := range b.LargeCommunities {
-		v, _ := poolbgp.ParseLargeCommunity(c)
+		v, _ := poolspec.ParseLargeCommunity(c)
 		pool.LargeCommunities = append(pool.LargeCommunities, bgp.LargeCommunity(v))
 	}
 	slices.SortFunc(pool.LargeCommunities, compareLarge)

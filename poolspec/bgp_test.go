@@ -1,4 +1,4 @@
-package poolbgp
+package poolspec
 
 import (
 	"strings"

@@ -1,8 +1,8 @@
-// Package poolbgp checks and decodes an IPPool's spec.bgp — aggregation
+// Package poolspec checks and decodes an IPPool's spec.bgp — aggregation
 // lengths, communities, large communities and selectors — so that
 // vipcast-ccm, which refuses to allocate from a pool the speakers could not
 // announce, and vipcast-speaker, which announces it, agree. Pure logic.
-package poolbgp
+package poolspec
 
 import (
 	"fmt"
