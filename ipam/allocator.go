@@ -213,6 +213,22 @@ func (a *Allocator) Holders(ip netip.Addr) []string {
 	return out
 }
 
+// PoolOf returns the name of the installed pool whose addresses contain
+// ip, and true; or "", false when no installed pool contains it. Pools do
+// not overlap, so at most one does: it is the pool that owns ip, the one a
+// Service holding ip is accounted in and a request for ip is served from.
+// An address the pool avoids (AvoidBuggyIPs) still belongs to it, though it
+// is never handed out. ip is looked up as given: an IPv4-mapped IPv6
+// address is an IPv6 address here. It costs O(log ranges).
+func (a *Allocator) PoolOf(ip netip.Addr) (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r := a.index.find(ip); r != nil {
+		return r.pool.name(), true
+	}
+	return "", false
+}
+
 // Restore records that the request's owner already holds ips (read back
 // from a Service's status at start-up), whether or not a pool contains them,
 // replacing whatever it held before; an empty ips releases the owner. It
