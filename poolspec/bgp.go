@@ -1,17 +1,14 @@
-// Package poolspec checks and decodes an IPPool's spec.bgp — aggregation
-// lengths, communities, large communities and selectors — so that
-// vipcast-ccm, which refuses to allocate from a pool the speakers could not
-// announce, and vipcast-speaker, which announces it, agree. Pure logic.
 package poolspec
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ipam"
@@ -20,6 +17,27 @@ import (
 // LargeCommunity is a decoded RFC 8092 large community.
 type LargeCommunity struct {
 	Global, Local1, Local2 uint32
+}
+
+// BGP is an admitted pool's spec.bgp, decoded.
+type BGP struct {
+	// Communities are spec.bgp.communities, sorted, without duplicates.
+	Communities []uint32
+	// LargeCommunities are spec.bgp.largeCommunities, sorted, without
+	// duplicates.
+	LargeCommunities []LargeCommunity
+	// LocalPref is spec.bgp.localPref (nil when unset).
+	LocalPref *uint32
+	// AggregationLength and AggregationLengthV6 are the announced prefix
+	// lengths of the pool's IPv4 and IPv6 addresses under
+	// externalTrafficPolicy Cluster, defaults applied.
+	AggregationLength, AggregationLengthV6 int
+	// PeerSelector is spec.bgp.peerSelector parsed; nil when unset (every
+	// peer).
+	PeerSelector labels.Selector
+	// NodeSelector is spec.bgp.nodeSelector parsed; nil when unset (every
+	// node).
+	NodeSelector labels.Selector
 }
 
 // Problem is why a pool's spec.bgp cannot be announced: a condition reason
@@ -34,34 +52,58 @@ type Problem struct {
 // pool of the given ranges, in the order aggregation lengths, communities,
 // large communities, peerSelector, nodeSelector; nil when it is usable.
 func Check(b *v1alpha1.IPPoolBGP, ranges []ipam.Range) *Problem {
-	if msg := CheckAggregation(ranges, int(b.AggregationLengthOrDefault()), int(b.AggregationLengthV6OrDefault())); msg != "" {
-		return &Problem{v1alpha1.ReasonInvalidAddresses, msg}
+	_, prob := decodeBGP(b, ranges)
+	return prob
+}
+
+// decodeBGP decodes b (nil: the pool's defaults) for a pool of the given
+// ranges, or returns its first problem, in the order aggregation lengths,
+// communities, large communities, peerSelector, nodeSelector.
+func decodeBGP(b *v1alpha1.IPPoolBGP, ranges []ipam.Range) (BGP, *Problem) {
+	out := BGP{
+		AggregationLength:   int(b.AggregationLengthOrDefault()),
+		AggregationLengthV6: int(b.AggregationLengthV6OrDefault()),
+	}
+	if msg := CheckAggregation(ranges, out.AggregationLength, out.AggregationLengthV6); msg != "" {
+		return BGP{}, &Problem{v1alpha1.ReasonInvalidAddresses, msg}
 	}
 	if b == nil {
-		return nil
+		return out, nil
 	}
 	for i, c := range b.Communities {
-		if _, ok := ParseCommunity(c); !ok {
-			return &Problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.communities[%d] %q is not a community: write ASN:VALUE with both parts 0-65535 (e.g. 64512:100) or a well-known name such as no-export", i, c)}
+		v, ok := ParseCommunity(c)
+		if !ok {
+			return BGP{}, &Problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.communities[%d] %q is not a community: write ASN:VALUE with both parts 0-65535 (e.g. 64512:100) or a well-known name such as no-export", i, c)}
 		}
+		out.Communities = append(out.Communities, v)
 	}
+	slices.Sort(out.Communities)
+	out.Communities = slices.Compact(out.Communities)
 	for i, c := range b.LargeCommunities {
-		if _, ok := ParseLargeCommunity(c); !ok {
-			return &Problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.largeCommunities[%d] %q is not a large community: write GLOBAL:LOCAL1:LOCAL2 with each part 0-4294967295 (e.g. 4200000000:1:2)", i, c)}
+		v, ok := ParseLargeCommunity(c)
+		if !ok {
+			return BGP{}, &Problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.largeCommunities[%d] %q is not a large community: write GLOBAL:LOCAL1:LOCAL2 with each part 0-4294967295 (e.g. 4200000000:1:2)", i, c)}
 		}
+		out.LargeCommunities = append(out.LargeCommunities, v)
 	}
-	for _, sel := range []struct {
-		field string
-		s     *metav1.LabelSelector
-	}{{"peerSelector", b.PeerSelector}, {"nodeSelector", b.NodeSelector}} {
-		if sel.s == nil {
-			continue
-		}
-		if _, err := metav1.LabelSelectorAsSelector(sel.s); err != nil {
-			return &Problem{v1alpha1.ReasonInvalidSelector, fmt.Sprintf("spec.bgp.%s: %v; fix the selector (operators are In, NotIn, Exists, DoesNotExist)", sel.field, err)}
-		}
+	slices.SortFunc(out.LargeCommunities, compareLarge)
+	out.LargeCommunities = slices.Compact(out.LargeCommunities)
+	if b.LocalPref != nil {
+		lp := *b.LocalPref
+		out.LocalPref = &lp
 	}
-	return nil
+	var msg string
+	if out.PeerSelector, msg = selector("spec.bgp.peerSelector", b.PeerSelector); msg != "" {
+		return BGP{}, &Problem{v1alpha1.ReasonInvalidSelector, msg}
+	}
+	if out.NodeSelector, msg = selector("spec.bgp.nodeSelector", b.NodeSelector); msg != "" {
+		return BGP{}, &Problem{v1alpha1.ReasonInvalidSelector, msg}
+	}
+	return out, nil
+}
+
+func compareLarge(a, b LargeCommunity) int {
+	return cmp.Or(cmp.Compare(a.Global, b.Global), cmp.Compare(a.Local1, b.Local1), cmp.Compare(a.Local2, b.Local2))
 }
 
 // CheckAggregation rejects aggregation lengths out of range, or that would
