@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sort"
 	"sync"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -51,9 +49,10 @@ type poolController struct {
 	queue    workqueue.TypedRateLimitingInterface[string]
 	recorder record.EventRecorder
 
-	mu       sync.Mutex
-	rejected map[string]rejection // pool name → why it is not installed
-	known    map[string]bool      // pools with metrics exported
+	mu        sync.Mutex
+	admission *poolspec.Admission         // the last pool admission; nil before the first sync
+	refused   map[string]poolspec.Refusal // pool name → why it is not installed
+	known     map[string]bool             // pools with metrics exported
 }
 
 func newPoolController(alloc *ipam.Allocator, m *providerMetrics, dyn dynamic.Interface, client kubernetes.Interface, factory dynamicinformer.DynamicSharedInformerFactory) (*poolController, error) {
@@ -75,7 +74,7 @@ func newPoolController(alloc *ipam.Allocator, m *providerMetrics, dyn dynamic.In
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "ippools"}),
 		recorder: broadcaster.NewRecorder(scheme, v1.EventSource{Component: clientName}),
-		rejected: map[string]rejection{},
+		refused:  map[string]poolspec.Refusal{},
 		known:    map[string]bool{},
 	}
 	enqueue := func(any) { pc.queue.Add(keyPools) }
@@ -137,8 +136,8 @@ func (pc *poolController) run(ctx context.Context) {
 	}
 }
 
-// listPools returns every IPPool in the informer's cache, oldest first: on
-// an overlap, the older pool wins and the newer one is rejected.
+// listPools returns every IPPool in the informer's cache, oldest first
+// (the precedence order of pool admission).
 func (pc *poolController) listPools(ctx context.Context) []*vipcastv1alpha1.IPPool {
 	var pools []*vipcastv1alpha1.IPPool
 	for _, obj := range pc.informer.GetStore().List() {
@@ -157,69 +156,79 @@ func (pc *poolController) listPools(ctx context.Context) []*vipcastv1alpha1.IPPo
 	return pools
 }
 
-// syncPools installs the current IPPools in the allocator. Pools that are
-// malformed or overlap an older pool are rejected (Ready=False, an Event);
-// the others are installed. Addresses held by Services are never dropped.
+// LoadPools admits pools (poolspec.Admit: the rule the speakers apply
+// too) and installs the admitted ones in alloc, as the CCM does on every
+// IPPool change. It returns the admission, and every pool not installed
+// by name with why (a condition reason and a message naming the field and
+// the fix). Addresses held by Services are never dropped (see
+// ipam.Allocator.SetPools).
+//
+// The allocator accepts every admitted pool. Should it refuse one, that is
+// a bug in vipcast: the pool is reported as refused with the allocator's
+// message, and err says which.
+func LoadPools(alloc *ipam.Allocator, pools []*vipcastv1alpha1.IPPool) (adm *poolspec.Admission, refused map[string]poolspec.Refusal, err error) {
+	adm = poolspec.Admit(pools)
+	refused = make(map[string]poolspec.Refusal, len(adm.Refused))
+	for _, r := range adm.Refused {
+		refused[r.Pool] = r
+	}
+	var bugs []error
+	for name, perr := range alloc.SetPools(adm.Specs()) {
+		refused[name] = poolspec.AllocatorRefusal(name, perr)
+		bugs = append(bugs, fmt.Errorf("IPPool %s: %w", name, perr))
+	}
+	if len(bugs) > 0 {
+		err = fmt.Errorf("the allocator refused IPPools that pool admission accepted (a bug in vipcast; please report it): %w", errors.Join(bugs...))
+	}
+	return adm, refused, err
+}
+
+// syncPools installs the current IPPools in the allocator. Pools that pool
+// admission refuses are reported (Ready=False, a Warning Event); the
+// others are installed. Addresses held by Services are never dropped.
 func (pc *poolController) syncPools(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName(clientName)
 	pools := pc.listPools(ctx)
-	rejected := map[string]rejection{}
-	var specs []ipam.Pool
-	for _, p := range pools {
-		spec, err := PoolFromCRD(p)
-		if err != nil {
-			rejected[p.Name] = rejectionFor(err)
-			continue
-		}
-		specs = append(specs, spec)
-	}
-	for name, err := range pc.alloc.SetPools(specs) {
-		rejected[name] = rejectionFor(err)
+	adm, refused, err := LoadPools(pc.alloc, pools)
+	if err != nil {
+		logger.Error(err, "Loading IPPools")
 	}
 
 	pc.mu.Lock()
-	previous := pc.rejected
-	pc.rejected = rejected
+	previous := pc.refused
+	pc.admission, pc.refused = adm, refused
 	pc.mu.Unlock()
 
 	for _, p := range pools {
-		if r, bad := rejected[p.Name]; bad && previous[p.Name] != r {
-			logger.Info("IPPool rejected", "pool", p.Name, "reason", r.reason, "message", r.message)
-			pc.recorder.Event(p, v1.EventTypeWarning, r.reason, r.message)
+		if r, bad := refused[p.Name]; bad && previous[p.Name] != r {
+			logger.Info("IPPool rejected", "pool", p.Name, "reason", r.Reason, "message", r.Message)
+			pc.recorder.Event(p, v1.EventTypeWarning, r.Reason, r.Message)
 		}
 	}
-	logger.V(2).Info("IPPools loaded", "pools", len(pools), "rejected", len(rejected))
+	logger.V(2).Info("IPPools loaded", "pools", len(pools), "rejected", len(refused))
 	pc.queue.Add(keyStatus)
 }
 
-// explain adds to an allocation error the reason why a pool the request
-// names, or that contains an address it asks for, was rejected: such a
+// explain adds to an allocation error the reason why the pool the request
+// names, or one that contains an address it asks for, was refused: such a
 // pool is not in the allocator, so the allocator's error alone ("not in any
 // pool") would hide the cause.
 func (pc *poolController) explain(req ipam.Request, err error) error {
 	pc.mu.Lock()
-	rejected := pc.rejected
+	adm, refused := pc.admission, pc.refused
 	pc.mu.Unlock()
-	if len(rejected) == 0 {
+	if adm == nil || len(refused) == 0 {
 		return err
 	}
-	for _, pool := range pc.listPools(context.Background()) {
-		r, bad := rejected[pool.Name]
-		if !bad {
-			continue
+	r, bad := refused[req.Pool]
+	for _, ip := range req.IPs {
+		if bad {
+			break
 		}
-		named := req.Pool == pool.Name
-		if !named {
-			ranges, perr := ipam.ParseAddresses(pool.Spec.Addresses)
-			for _, ip := range req.IPs {
-				for _, rg := range ranges {
-					named = named || (perr == nil && rg.Contains(ip))
-				}
-			}
-		}
-		if named {
-			return fmt.Errorf("%w (IPPool %s is not ready: %s: %s)", err, pool.Name, r.reason, r.message)
-		}
+		r, bad = adm.RefusedContaining(ip)
+	}
+	if bad {
+		return fmt.Errorf("%w (IPPool %s is not ready: %s: %s)", err, r.Pool, r.Reason, r.Message)
 	}
 	return err
 }
@@ -228,7 +237,7 @@ func (pc *poolController) explain(req ipam.Request, err error) error {
 // writing only pools whose status changed, and refreshes the metrics.
 func (pc *poolController) writeStatuses(ctx context.Context) error {
 	pc.mu.Lock()
-	rejected := pc.rejected
+	refused := pc.refused
 	pc.mu.Unlock()
 
 	seen := map[string]bool{}
@@ -239,7 +248,7 @@ func (pc *poolController) writeStatuses(ctx context.Context) error {
 		if installed {
 			pc.metrics.setPoolStats(pool.Name, stats)
 		}
-		want := desiredStatus(pool, stats, installed, rejected[pool.Name])
+		want := desiredStatus(pool, stats, installed, refused[pool.Name])
 		if equality.Semantic.DeepEqual(pool.Status, want) {
 			continue
 		}
@@ -264,9 +273,10 @@ func (pc *poolController) writeStatuses(ctx context.Context) error {
 	return firstErr
 }
 
-// desiredStatus computes an IPPool's status. Condition transition times are
+// desiredStatus computes an IPPool's status; refusal is why the pool is not
+// installed (zero when it is not refused). Condition transition times are
 // kept when the condition does not change.
-func desiredStatus(pool *vipcastv1alpha1.IPPool, stats ipam.PoolStats, installed bool, rej rejection) vipcastv1alpha1.IPPoolStatus {
+func desiredStatus(pool *vipcastv1alpha1.IPPool, stats ipam.PoolStats, installed bool, refusal poolspec.Refusal) vipcastv1alpha1.IPPoolStatus {
 	st := *pool.Status.DeepCopy()
 	st.ObservedGeneration = pool.Generation
 	cond := metav1.Condition{
@@ -277,8 +287,8 @@ func desiredStatus(pool *vipcastv1alpha1.IPPool, stats ipam.PoolStats, installed
 		ObservedGeneration: pool.Generation,
 	}
 	switch {
-	case rej.reason != "":
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, rej.reason, rej.message
+	case refusal.Reason != "":
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, refusal.Reason, refusal.Message
 	case !installed:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionUnknown, "Pending", "pool not loaded yet"
 	}
@@ -287,88 +297,6 @@ func desiredStatus(pool *vipcastv1alpha1.IPPool, stats ipam.PoolStats, installed
 	st.IPv6 = familyStatus(stats.IPv6)
 	return st
 }
-
-// unsetPriority puts pools without spec.allocation.priority after every
-// pool that has one (the CRD allows 0 to 2^31-1).
-const unsetPriority = math.MaxInt32
-
-// PoolFromCRD translates an IPPool into the allocator's pool type. Errors
-// name the field at fault.
-func PoolFromCRD(p *vipcastv1alpha1.IPPool) (ipam.Pool, error) {
-	pool := ipam.Pool{
-		Name:          p.Name,
-		Addresses:     p.Spec.Addresses,
-		AutoAssign:    p.Spec.AutoAssignOrDefault(),
-		AvoidBuggyIPs: p.Spec.AvoidBuggyIPs,
-		Priority:      unsetPriority,
-	}
-	ranges, err := ipam.ParseAddresses(p.Spec.Addresses)
-	if err != nil {
-		return pool, fmt.Errorf("spec.addresses: %w", err)
-	}
-	// A pool the speakers would not announce would hand out VIPs that
-	// nobody routes: refuse it until spec.bgp is fixed.
-	if prob := poolspec.Check(p.Spec.BGP, ranges); prob != nil {
-		return pool, &bgpError{prob}
-	}
-	if alloc := p.Spec.Allocation; alloc != nil {
-		if alloc.Priority != nil {
-			pool.Priority = int(*alloc.Priority)
-		}
-		pool.Namespaces = alloc.Namespaces
-		if pool.NamespaceSelectors, err = selectors("spec.allocation.namespaceSelectors", alloc.NamespaceSelectors); err != nil {
-			return pool, err
-		}
-		if pool.ServiceSelectors, err = selectors("spec.allocation.serviceSelectors", alloc.ServiceSelectors); err != nil {
-			return pool, err
-		}
-	}
-	return pool, nil
-}
-
-func selectors(field string, in []metav1.LabelSelector) ([]labels.Selector, error) {
-	var out []labels.Selector
-	for i := range in {
-		sel, err := metav1.LabelSelectorAsSelector(&in[i])
-		if err != nil {
-			return nil, &selectorError{fmt.Errorf("%s[%d]: %w", field, i, err)}
-		}
-		out = append(out, sel)
-	}
-	return out, nil
-}
-
-// rejection says why an IPPool is not installed, as its Ready condition does.
-type rejection struct{ reason, message string }
-
-// rejectionFor maps a translation or allocator error to a condition reason.
-func rejectionFor(err error) rejection {
-	r := rejection{reason: vipcastv1alpha1.ReasonInvalidAddresses, message: err.Error()}
-	var sel *selectorError
-	var unannounceable *bgpError
-	switch {
-	case errors.As(err, &unannounceable):
-		r.reason = unannounceable.Reason
-	case errors.As(err, &sel):
-		r.reason = vipcastv1alpha1.ReasonInvalidSelector
-	case ipam.ReasonOf(err) == ipam.ReasonOverlap:
-		r.reason = vipcastv1alpha1.ReasonOverlap
-	}
-	return r
-}
-
-// selectorError is a label selector that does not parse.
-// bgpError is a spec.bgp the speakers cannot announce.
-type bgpError struct{ *poolspec.Problem }
-
-func (e *bgpError) Error() string {
-	return e.Message + " (the speakers would not announce this pool, so no VIP is allocated from it)"
-}
-
-type selectorError struct{ err error }
-
-func (e *selectorError) Error() string { return e.err.Error() }
-func (e *selectorError) Unwrap() error { return e.err }
 
 // familyStatus renders one family's figures; nil if the pool has none.
 func familyStatus(fs ipam.FamilyStats) *vipcastv1alpha1.IPPoolFamilyStatus {

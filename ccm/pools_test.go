@@ -2,9 +2,8 @@ package ccm
 
 import (
 	"errors"
-	"fmt"
-	"math"
 	"math/big"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -12,11 +11,11 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ipam"
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // newIPPool returns an IPPool named "blue" with the given addresses and
@@ -28,115 +27,9 @@ func newIPPool(alloc *v1alpha1.IPPoolAllocation, addresses ...string) *v1alpha1.
 	}
 }
 
-func TestPoolFromCRD(t *testing.T) {
-	yes, no := true, false
-	prio := func(p int32) *int32 { return &p }
-	tests := []struct {
-		name   string
-		modify func(*v1alpha1.IPPool)
-		want   ipam.Pool
-	}{
-		{
-			name: "defaults",
-			want: ipam.Pool{Name: "blue", Addresses: []string{"192.0.2.0/24"}, AutoAssign: true, Priority: math.MaxInt32},
-		},
-		{
-			name:   "autoAssign true",
-			modify: func(p *v1alpha1.IPPool) { p.Spec.AutoAssign = &yes },
-			want:   ipam.Pool{Name: "blue", Addresses: []string{"192.0.2.0/24"}, AutoAssign: true, Priority: math.MaxInt32},
-		},
-		{
-			name:   "autoAssign false and avoidBuggyIPs",
-			modify: func(p *v1alpha1.IPPool) { p.Spec.AutoAssign, p.Spec.AvoidBuggyIPs = &no, true },
-			want:   ipam.Pool{Name: "blue", Addresses: []string{"192.0.2.0/24"}, AvoidBuggyIPs: true, Priority: math.MaxInt32},
-		},
-		{
-			name:   "allocation without priority keeps the lowest precedence",
-			modify: func(p *v1alpha1.IPPool) { p.Spec.Allocation = &v1alpha1.IPPoolAllocation{} },
-			want:   ipam.Pool{Name: "blue", Addresses: []string{"192.0.2.0/24"}, AutoAssign: true, Priority: math.MaxInt32},
-		},
-		{
-			name:   "priority set",
-			modify: func(p *v1alpha1.IPPool) { p.Spec.Allocation = &v1alpha1.IPPoolAllocation{Priority: prio(5)} },
-			want:   ipam.Pool{Name: "blue", Addresses: []string{"192.0.2.0/24"}, AutoAssign: true, Priority: 5},
-		},
-		{
-			name:   "priority zero is not unset",
-			modify: func(p *v1alpha1.IPPool) { p.Spec.Allocation = &v1alpha1.IPPoolAllocation{Priority: prio(0)} },
-			want:   ipam.Pool{Name: "blue", Addresses: []string{"192.0.2.0/24"}, AutoAssign: true, Priority: 0},
-		},
-		{
-			name: "namespaces copied, dual-stack addresses",
-			modify: func(p *v1alpha1.IPPool) {
-				p.Spec.Addresses = []string{"192.0.2.0/24", "2001:db8::10-2001:db8::ff"}
-				p.Spec.Allocation = &v1alpha1.IPPoolAllocation{Namespaces: []string{"shop", "billing"}}
-			},
-			want: ipam.Pool{
-				Name: "blue", Addresses: []string{"192.0.2.0/24", "2001:db8::10-2001:db8::ff"},
-				AutoAssign: true, Priority: math.MaxInt32, Namespaces: []string{"shop", "billing"},
-			},
-		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			p := newIPPool(nil, "192.0.2.0/24")
-			if tc.modify != nil {
-				tc.modify(p)
-			}
-			got, err := PoolFromCRD(p)
-			if err != nil {
-				t.Fatalf("PoolFromCRD: %v", err)
-			}
-			if !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("PoolFromCRD:\n got %+v\nwant %+v", got, tc.want)
-			}
-		})
-	}
-}
-
-func TestPoolFromCRDSelectors(t *testing.T) {
-	p := newIPPool(&v1alpha1.IPPoolAllocation{
-		NamespaceSelectors: []metav1.LabelSelector{
-			{MatchLabels: map[string]string{"team": "a"}},
-			{MatchExpressions: []metav1.LabelSelectorRequirement{
-				{Key: "env", Operator: metav1.LabelSelectorOpIn, Values: []string{"prod", "staging"}},
-			}},
-		},
-		ServiceSelectors: []metav1.LabelSelector{
-			{MatchLabels: map[string]string{"expose": "public", "tier": "web"}},
-		},
-	}, "192.0.2.0/24")
-	got, err := PoolFromCRD(p)
-	if err != nil {
-		t.Fatalf("PoolFromCRD: %v", err)
-	}
-	if len(got.NamespaceSelectors) != 2 || len(got.ServiceSelectors) != 1 {
-		t.Fatalf("got %d namespace and %d service selectors, want 2 and 1", len(got.NamespaceSelectors), len(got.ServiceSelectors))
-	}
-	tests := []struct {
-		name     string
-		selector labels.Selector
-		labels   labels.Set
-		want     bool
-	}{
-		{"namespace matchLabels matches", got.NamespaceSelectors[0], labels.Set{"team": "a", "other": "x"}, true},
-		{"namespace matchLabels wrong value", got.NamespaceSelectors[0], labels.Set{"team": "b"}, false},
-		{"namespace matchLabels missing key", got.NamespaceSelectors[0], labels.Set{}, false},
-		{"namespace expression matches", got.NamespaceSelectors[1], labels.Set{"env": "staging"}, true},
-		{"namespace expression does not match", got.NamespaceSelectors[1], labels.Set{"env": "dev"}, false},
-		{"service matchLabels all keys", got.ServiceSelectors[0], labels.Set{"expose": "public", "tier": "web"}, true},
-		{"service matchLabels partial", got.ServiceSelectors[0], labels.Set{"expose": "public"}, false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if m := tc.selector.Matches(tc.labels); m != tc.want {
-				t.Errorf("%q.Matches(%v) = %v, want %v", tc.selector, tc.labels, m, tc.want)
-			}
-		})
-	}
-}
-
-func TestPoolFromCRDErrors(t *testing.T) {
+// TestLoadPoolsRefusals checks the condition reason and message the CCM
+// publishes for each kind of refused pool.
+func TestLoadPoolsRefusals(t *testing.T) {
 	badOp := metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 		{Key: "env", Operator: "Near", Values: []string{"prod"}},
 	}}
@@ -210,21 +103,25 @@ func TestPoolFromCRDErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := PoolFromCRD(tc.pool)
-			if err == nil {
-				t.Fatal("PoolFromCRD: got no error")
+			alloc := ipam.New()
+			adm, refused, err := LoadPools(alloc, []*v1alpha1.IPPool{tc.pool})
+			if err != nil {
+				t.Fatalf("LoadPools: %v", err)
 			}
-			r := rejectionFor(err)
-			if r.reason != tc.wantReason {
-				t.Errorf("rejectionFor(%q).reason = %q, want %q", err, r.reason, tc.wantReason)
+			r, ok := refused["blue"]
+			if !ok || len(refused) != 1 || len(adm.Pools) != 0 {
+				t.Fatalf("LoadPools: refused %+v, admitted %d; want blue refused", refused, len(adm.Pools))
 			}
-			if r.message != err.Error() {
-				t.Errorf("rejectionFor message = %q, want the error's %q", r.message, err)
+			if r.Reason != tc.wantReason {
+				t.Errorf("reason = %q, want %q (message %q)", r.Reason, tc.wantReason, r.Message)
 			}
 			for _, s := range tc.wantIn {
-				if !strings.Contains(err.Error(), s) {
-					t.Errorf("error %q does not mention %q", err, s)
+				if !strings.Contains(r.Message, s) {
+					t.Errorf("message %q does not mention %q", r.Message, s)
 				}
+			}
+			if _, installed := alloc.Stats("blue"); installed {
+				t.Errorf("refused pool installed in the allocator")
 			}
 		})
 	}
@@ -235,48 +132,87 @@ func withBGP(p *v1alpha1.IPPool, b *v1alpha1.IPPoolBGP) *v1alpha1.IPPool {
 	return p
 }
 
-func TestRejectionFor(t *testing.T) {
-	selErr := &selectorError{errors.New("spec.allocation.serviceSelectors[0]: bad")}
+// agedPool returns an IPPool created age seconds after a fixed time.
+func agedPool(name string, age int, addresses ...string) *v1alpha1.IPPool {
+	p := newIPPool(nil, addresses...)
+	p.Name = name
+	p.CreationTimestamp = metav1.NewTime(time.Date(2026, 1, 1, 0, 0, age, 0, time.UTC))
+	return p
+}
+
+// TestLoadPools checks what the allocator gets: the admitted pools, the
+// older of two overlapping pools, and not a pool refused for its spec.bgp,
+// which owns no address (a newer pool overlapping it is installed).
+func TestLoadPools(t *testing.T) {
+	alloc := ipam.New()
+	pools := []*v1alpha1.IPPool{
+		agedPool("newer", 2, "10.0.0.128/25"),
+		agedPool("older", 1, "10.0.0.0/24"),
+		withBGP(agedPool("dark", 3, "10.1.0.0/24"), &v1alpha1.IPPoolBGP{LargeCommunities: []string{"1:2"}}),
+		agedPool("light", 4, "10.1.0.0/25"),
+	}
+	adm, refused, err := LoadPools(alloc, pools)
+	if err != nil {
+		t.Fatalf("LoadPools: %v", err)
+	}
+	if len(adm.Pools) != 2 || adm.Pools[0].Name != "older" || adm.Pools[1].Name != "light" {
+		t.Errorf("admitted %+v, want older and light", adm.Pools)
+	}
+	if r := refused["newer"]; r.Reason != v1alpha1.ReasonOverlap || !strings.Contains(r.Message, `"older"`) || !strings.HasPrefix(r.Message, "spec.addresses: ") {
+		t.Errorf("newer: %+v, want an Overlap naming older", r)
+	}
+	if r := refused["dark"]; r.Reason != v1alpha1.ReasonInvalidConfig || !strings.Contains(r.Message, "spec.bgp.largeCommunities[0]") {
+		t.Errorf("dark: %+v, want InvalidConfig naming spec.bgp.largeCommunities[0]", r)
+	}
+	if len(refused) != 2 {
+		t.Errorf("refused %+v, want newer and dark", refused)
+	}
+	for ip, want := range map[string]string{"10.0.0.200": "older", "10.1.0.1": "light", "10.1.0.200": ""} {
+		if got, _ := alloc.PoolOf(netip.MustParseAddr(ip)); got != want {
+			t.Errorf("allocator: PoolOf(%s) = %q, want %q", ip, got, want)
+		}
+	}
+	// The same IPPools again: nothing changes.
+	adm2, refused2, err := LoadPools(alloc, pools)
+	if err != nil || !reflect.DeepEqual(refused2, refused) || len(adm2.Pools) != 2 {
+		t.Errorf("second LoadPools: %v, %+v, %d admitted", err, refused2, len(adm2.Pools))
+	}
+}
+
+// TestExplain checks that an allocation error names the refused pool a
+// request is about.
+func TestExplain(t *testing.T) {
+	pc := &poolController{}
+	base := errors.New("allocation failed")
+	if got := pc.explain(ipam.Request{Pool: "dark"}, base); got != base {
+		t.Errorf("before any sync: %v, want the error unchanged", got)
+	}
+	var err error
+	pc.admission, pc.refused, err = LoadPools(ipam.New(), []*v1alpha1.IPPool{
+		agedPool("good", 0, "10.0.0.0/24"),
+		withBGP(agedPool("dark", 1, "10.1.0.10-10.1.0.20"), &v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
-		err  error
-		want rejection
+		req  ipam.Request
+		want string // "" = unchanged
 	}{
-		{
-			name: "ipam overlap",
-			err:  &ipam.Error{Reason: ipam.ReasonOverlap, Msg: "pool blue overlaps pool red"},
-			want: rejection{reason: v1alpha1.ReasonOverlap, message: "pool blue overlaps pool red"},
-		},
-		{
-			name: "wrapped ipam overlap",
-			err:  fmt.Errorf("spec.addresses: %w", &ipam.Error{Reason: ipam.ReasonOverlap, Msg: "x overlaps y"}),
-			want: rejection{reason: v1alpha1.ReasonOverlap, message: "spec.addresses: x overlaps y"},
-		},
-		{
-			name: "ipam invalid",
-			err:  &ipam.Error{Reason: ipam.ReasonInvalid, Msg: "bad range"},
-			want: rejection{reason: v1alpha1.ReasonInvalidAddresses, message: "bad range"},
-		},
-		{
-			name: "plain error",
-			err:  errors.New("something"),
-			want: rejection{reason: v1alpha1.ReasonInvalidAddresses, message: "something"},
-		},
-		{
-			name: "selector error",
-			err:  selErr,
-			want: rejection{reason: v1alpha1.ReasonInvalidSelector, message: selErr.Error()},
-		},
-		{
-			name: "wrapped selector error",
-			err:  fmt.Errorf("pool blue: %w", selErr),
-			want: rejection{reason: v1alpha1.ReasonInvalidSelector, message: "pool blue: " + selErr.Error()},
-		},
+		{"names the refused pool", ipam.Request{Pool: "dark"}, "allocation failed (IPPool dark is not ready: InvalidAddresses: spec.bgp.aggregationLength 24"},
+		{"asks for one of its addresses", ipam.Request{IPs: []netip.Addr{netip.MustParseAddr("10.1.0.15")}}, "(IPPool dark is not ready: InvalidAddresses: "},
+		{"asks for an address of an admitted pool", ipam.Request{IPs: []netip.Addr{netip.MustParseAddr("10.0.0.5")}}, ""},
+		{"names an admitted pool", ipam.Request{Pool: "good"}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := rejectionFor(tc.err); got != tc.want {
-				t.Errorf("rejectionFor = %+v, want %+v", got, tc.want)
+			got := pc.explain(tc.req, base)
+			if !errors.Is(got, base) {
+				t.Errorf("explain lost the error: %v", got)
+			}
+			if tc.want == "" && got != base || !strings.Contains(got.Error(), tc.want) {
+				t.Errorf("explain = %q, want it to contain %q", got, tc.want)
 			}
 		})
 	}
@@ -292,7 +228,7 @@ func TestDesiredStatusReady(t *testing.T) {
 	tests := []struct {
 		name        string
 		installed   bool
-		rej         rejection
+		rej         poolspec.Refusal
 		wantStatus  metav1.ConditionStatus
 		wantReason  string
 		wantMessage string
@@ -306,7 +242,7 @@ func TestDesiredStatusReady(t *testing.T) {
 		},
 		{
 			name:        "rejected",
-			rej:         rejection{reason: v1alpha1.ReasonOverlap, message: "overlaps pool red"},
+			rej:         poolspec.Refusal{Reason: v1alpha1.ReasonOverlap, Message: "overlaps pool red"},
 			wantStatus:  metav1.ConditionFalse,
 			wantReason:  v1alpha1.ReasonOverlap,
 			wantMessage: "overlaps pool red",
@@ -314,7 +250,7 @@ func TestDesiredStatusReady(t *testing.T) {
 		{
 			name:        "rejection wins over installed",
 			installed:   true,
-			rej:         rejection{reason: v1alpha1.ReasonInvalidSelector, message: "bad selector"},
+			rej:         poolspec.Refusal{Reason: v1alpha1.ReasonInvalidSelector, Message: "bad selector"},
 			wantStatus:  metav1.ConditionFalse,
 			wantReason:  v1alpha1.ReasonInvalidSelector,
 			wantMessage: "bad selector",
@@ -389,7 +325,7 @@ func TestDesiredStatusFamilies(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			st := desiredStatus(newIPPool(nil, "192.0.2.0/24"), tc.stats, true, rejection{})
+			st := desiredStatus(newIPPool(nil, "192.0.2.0/24"), tc.stats, true, poolspec.Refusal{})
 			if !reflect.DeepEqual(st.IPv4, tc.wantIPv4) {
 				t.Errorf("IPv4 = %+v, want %+v", st.IPv4, tc.wantIPv4)
 			}
@@ -402,7 +338,7 @@ func TestDesiredStatusFamilies(t *testing.T) {
 	t.Run("stale family status is cleared", func(t *testing.T) {
 		pool := newIPPool(nil, "192.0.2.0/24")
 		pool.Status.IPv6 = &v1alpha1.IPPoolFamilyStatus{Capacity: "16", InUse: 1}
-		st := desiredStatus(pool, ipam.PoolStats{IPv4: familyStats(big.NewInt(256), 0)}, true, rejection{})
+		st := desiredStatus(pool, ipam.PoolStats{IPv4: familyStats(big.NewInt(256), 0)}, true, poolspec.Refusal{})
 		if st.IPv6 != nil {
 			t.Errorf("IPv6 = %+v, want nil", st.IPv6)
 		}
@@ -429,7 +365,7 @@ func TestDesiredStatusTransitionTime(t *testing.T) {
 	// (Ready=True), with the transition time moved back to old.
 	firstStatus := func(t *testing.T, pool *v1alpha1.IPPool) v1alpha1.IPPoolStatus {
 		t.Helper()
-		st := desiredStatus(pool, stats, true, rejection{})
+		st := desiredStatus(pool, stats, true, poolspec.Refusal{})
 		if len(st.Conditions) != 1 {
 			t.Fatalf("got %d conditions, want 1", len(st.Conditions))
 		}
@@ -441,7 +377,7 @@ func TestDesiredStatusTransitionTime(t *testing.T) {
 		pool := newIPPool(nil, "192.0.2.0/24")
 		pool.Status = firstStatus(t, pool)
 		pool.Generation = 8
-		second := desiredStatus(pool, stats, true, rejection{})
+		second := desiredStatus(pool, stats, true, poolspec.Refusal{})
 		c := ready(t, second)
 		if !c.LastTransitionTime.Equal(&old) {
 			t.Errorf("LastTransitionTime = %v, want %v", c.LastTransitionTime, old)
@@ -456,10 +392,10 @@ func TestDesiredStatusTransitionTime(t *testing.T) {
 
 	t.Run("same status with a new message keeps its transition time", func(t *testing.T) {
 		pool := newIPPool(nil, "192.0.2.0/24")
-		st := desiredStatus(pool, ipam.PoolStats{}, false, rejection{reason: v1alpha1.ReasonOverlap, message: "overlaps red"})
+		st := desiredStatus(pool, ipam.PoolStats{}, false, poolspec.Refusal{Reason: v1alpha1.ReasonOverlap, Message: "overlaps red"})
 		st.Conditions[0].LastTransitionTime = old
 		pool.Status = st
-		second := desiredStatus(pool, ipam.PoolStats{}, false, rejection{reason: v1alpha1.ReasonInvalidSelector, message: "bad selector"})
+		second := desiredStatus(pool, ipam.PoolStats{}, false, poolspec.Refusal{Reason: v1alpha1.ReasonInvalidSelector, Message: "bad selector"})
 		c := ready(t, second)
 		if c.Reason != v1alpha1.ReasonInvalidSelector || c.Message != "bad selector" {
 			t.Errorf("condition reason/message = %s/%q, want %s/%q", c.Reason, c.Message, v1alpha1.ReasonInvalidSelector, "bad selector")
@@ -472,7 +408,7 @@ func TestDesiredStatusTransitionTime(t *testing.T) {
 	t.Run("changed condition gets a new transition time", func(t *testing.T) {
 		pool := newIPPool(nil, "192.0.2.0/24")
 		pool.Status = firstStatus(t, pool)
-		second := desiredStatus(pool, ipam.PoolStats{}, false, rejection{reason: v1alpha1.ReasonOverlap, message: "overlaps red"})
+		second := desiredStatus(pool, ipam.PoolStats{}, false, poolspec.Refusal{Reason: v1alpha1.ReasonOverlap, Message: "overlaps red"})
 		c := ready(t, second)
 		if c.Status != metav1.ConditionFalse {
 			t.Fatalf("Status = %s, want False", c.Status)
@@ -486,7 +422,7 @@ func TestDesiredStatusTransitionTime(t *testing.T) {
 		pool := newIPPool(nil, "192.0.2.0/24")
 		other := metav1.Condition{Type: "Custom", Status: metav1.ConditionTrue, Reason: "X", LastTransitionTime: old}
 		pool.Status.Conditions = []metav1.Condition{other}
-		st := desiredStatus(pool, stats, true, rejection{})
+		st := desiredStatus(pool, stats, true, poolspec.Refusal{})
 		if c := meta.FindStatusCondition(st.Conditions, "Custom"); c == nil || !reflect.DeepEqual(*c, other) {
 			t.Errorf("Custom condition = %+v, want %+v", c, other)
 		}

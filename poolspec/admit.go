@@ -119,7 +119,8 @@ func Admit(pools []*v1alpha1.IPPool) *Admission {
 				adm.Pools = append(adm.Pools, o.pool)
 				continue
 			}
-			o.refusal = &Refusal{o.pool.Name, addressesReason(err), "spec.addresses: " + err.Error()}
+			r := AllocatorRefusal(o.pool.Name, err)
+			o.refusal = &r
 		}
 		adm.refused[o.refusal.Pool] = len(adm.Refused)
 		adm.Refused = append(adm.Refused, *o.refusal)
@@ -169,6 +170,12 @@ func decode(p *v1alpha1.IPPool) (*Pool, *Refusal, []ipam.Range) {
 		return nil, &Refusal{p.Name, prob.Reason, prob.Message + " (the speakers would not announce this pool, so no VIP is allocated from it)"}, ranges
 	}
 	return &Pool{Name: p.Name, Spec: spec, Ranges: ranges, BGP: bgp}, nil, ranges
+}
+
+// AllocatorRefusal is the Refusal of pool for err, an error of
+// ipam.Allocator.SetPools about it (an overlap, or no addresses).
+func AllocatorRefusal(pool string, err error) Refusal {
+	return Refusal{pool, addressesReason(err), "spec.addresses: " + err.Error()}
 }
 
 // addressesReason is the condition reason of an error about spec.addresses:
