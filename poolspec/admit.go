@@ -167,7 +167,7 @@ func decode(p *v1alpha1.IPPool) (*Pool, *Refusal, []ipam.Range) {
 	if prob != nil {
 		// A pool the speakers would not announce would hand out VIPs that
 		// nobody routes: refuse it until spec.bgp is fixed.
-		return nil, &Refusal{p.Name, prob.Reason, prob.Message + " (the speakers would not announce this pool, so no VIP is allocated from it)"}, ranges
+		return nil, &Refusal{p.Name, prob.reason, prob.message + " (the speakers would not announce this pool, so no VIP is allocated from it)"}, ranges
 	}
 	return &Pool{Name: p.Name, Spec: spec, Ranges: ranges, BGP: bgp}, nil, ranges
 }

@@ -40,49 +40,41 @@ type BGP struct {
 	NodeSelector labels.Selector
 }
 
-// Problem is why a pool's spec.bgp cannot be announced: a condition reason
+// problem is why a pool's spec.bgp cannot be announced: a condition reason
 // (v1alpha1.ReasonInvalidAddresses, ReasonInvalidConfig or
 // ReasonInvalidSelector) and a message that names the field and the fix.
-type Problem struct {
-	Reason  string
-	Message string
-}
-
-// Check returns the first problem of b (nil: the pool's defaults) for a
-// pool of the given ranges, in the order aggregation lengths, communities,
-// large communities, peerSelector, nodeSelector; nil when it is usable.
-func Check(b *v1alpha1.IPPoolBGP, ranges []ipam.Range) *Problem {
-	_, prob := decodeBGP(b, ranges)
-	return prob
+type problem struct {
+	reason  string
+	message string
 }
 
 // decodeBGP decodes b (nil: the pool's defaults) for a pool of the given
 // ranges, or returns its first problem, in the order aggregation lengths,
 // communities, large communities, peerSelector, nodeSelector.
-func decodeBGP(b *v1alpha1.IPPoolBGP, ranges []ipam.Range) (BGP, *Problem) {
+func decodeBGP(b *v1alpha1.IPPoolBGP, ranges []ipam.Range) (BGP, *problem) {
 	out := BGP{
 		AggregationLength:   int(b.AggregationLengthOrDefault()),
 		AggregationLengthV6: int(b.AggregationLengthV6OrDefault()),
 	}
-	if msg := CheckAggregation(ranges, out.AggregationLength, out.AggregationLengthV6); msg != "" {
-		return BGP{}, &Problem{v1alpha1.ReasonInvalidAddresses, msg}
+	if msg := checkAggregation(ranges, out.AggregationLength, out.AggregationLengthV6); msg != "" {
+		return BGP{}, &problem{v1alpha1.ReasonInvalidAddresses, msg}
 	}
 	if b == nil {
 		return out, nil
 	}
 	for i, c := range b.Communities {
-		v, ok := ParseCommunity(c)
+		v, ok := parseCommunity(c)
 		if !ok {
-			return BGP{}, &Problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.communities[%d] %q is not a community: write ASN:VALUE with both parts 0-65535 (e.g. 64512:100) or a well-known name such as no-export", i, c)}
+			return BGP{}, &problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.communities[%d] %q is not a community: write ASN:VALUE with both parts 0-65535 (e.g. 64512:100) or a well-known name such as no-export", i, c)}
 		}
 		out.Communities = append(out.Communities, v)
 	}
 	slices.Sort(out.Communities)
 	out.Communities = slices.Compact(out.Communities)
 	for i, c := range b.LargeCommunities {
-		v, ok := ParseLargeCommunity(c)
+		v, ok := parseLargeCommunity(c)
 		if !ok {
-			return BGP{}, &Problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.largeCommunities[%d] %q is not a large community: write GLOBAL:LOCAL1:LOCAL2 with each part 0-4294967295 (e.g. 4200000000:1:2)", i, c)}
+			return BGP{}, &problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.largeCommunities[%d] %q is not a large community: write GLOBAL:LOCAL1:LOCAL2 with each part 0-4294967295 (e.g. 4200000000:1:2)", i, c)}
 		}
 		out.LargeCommunities = append(out.LargeCommunities, v)
 	}
@@ -94,10 +86,10 @@ func decodeBGP(b *v1alpha1.IPPoolBGP, ranges []ipam.Range) (BGP, *Problem) {
 	}
 	var msg string
 	if out.PeerSelector, msg = selector("spec.bgp.peerSelector", b.PeerSelector); msg != "" {
-		return BGP{}, &Problem{v1alpha1.ReasonInvalidSelector, msg}
+		return BGP{}, &problem{v1alpha1.ReasonInvalidSelector, msg}
 	}
 	if out.NodeSelector, msg = selector("spec.bgp.nodeSelector", b.NodeSelector); msg != "" {
-		return BGP{}, &Problem{v1alpha1.ReasonInvalidSelector, msg}
+		return BGP{}, &problem{v1alpha1.ReasonInvalidSelector, msg}
 	}
 	return out, nil
 }
@@ -106,13 +98,13 @@ func compareLarge(a, b LargeCommunity) int {
 	return cmp.Or(cmp.Compare(a.Global, b.Global), cmp.Compare(a.Local1, b.Local1), cmp.Compare(a.Local2, b.Local2))
 }
 
-// CheckAggregation rejects aggregation lengths out of range, or that would
+// checkAggregation rejects aggregation lengths out of range, or that would
 // announce a prefix covering addresses outside the pool: for each range,
 // the aggregate blocks holding its first and last addresses must lie inside
 // the pool (the blocks in between lie inside the range itself). For CIDR
 // entries this is the API server's own rule; for first-last ranges it
 // catches, e.g., 192.0.2.10-192.0.2.20 with aggregationLength 24.
-func CheckAggregation(ranges []ipam.Range, agg4, agg6 int) string {
+func checkAggregation(ranges []ipam.Range, agg4, agg6 int) string {
 	merged := mergeRanges(ranges)
 	for _, fam := range []struct {
 		field string
@@ -194,8 +186,8 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	return a
 }
 
-// ParseCommunity decodes ASN:VALUE or a well-known community name.
-func ParseCommunity(s string) (uint32, bool) {
+// parseCommunity decodes ASN:VALUE or a well-known community name.
+func parseCommunity(s string) (uint32, bool) {
 	s = strings.TrimSpace(s)
 	if v, ok := v1alpha1.WellKnownCommunities[s]; ok {
 		return v, true
@@ -212,8 +204,8 @@ func ParseCommunity(s string) (uint32, bool) {
 	return uint32(a)<<16 | uint32(b), true
 }
 
-// ParseLargeCommunity decodes GLOBAL:LOCAL1:LOCAL2.
-func ParseLargeCommunity(s string) (LargeCommunity, bool) {
+// parseLargeCommunity decodes GLOBAL:LOCAL1:LOCAL2.
+func parseLargeCommunity(s string) (LargeCommunity, bool) {
 	parts := strings.Split(strings.TrimSpace(s), ":")
 	if len(parts) != 3 {
 		return LargeCommunity{}, false

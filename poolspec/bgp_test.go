@@ -11,7 +11,8 @@ import (
 	"github.com/vipcast/vipcast/ipam"
 )
 
-func TestCheck(t *testing.T) {
+// TestDecodeBGP checks the spec.bgp problems that refuse a pool.
+func TestDecodeBGP(t *testing.T) {
 	badSel := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "rack", Operator: "Near"}}}
 	cases := []struct {
 		name      string
@@ -38,38 +39,38 @@ func TestCheck(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := Check(tc.bgp, ranges)
+			_, got := decodeBGP(tc.bgp, ranges)
 			switch {
 			case tc.reason == "" && got != nil:
-				t.Fatalf("Check = %+v, want usable", got)
+				t.Fatalf("decodeBGP = %+v, want usable", got)
 			case tc.reason == "":
 			case got == nil:
-				t.Fatalf("Check = nil, want %s", tc.reason)
-			case got.Reason != tc.reason || !strings.Contains(got.Message, tc.want):
-				t.Fatalf("Check = %s %q, want %s mentioning %q", got.Reason, got.Message, tc.reason, tc.want)
+				t.Fatalf("decodeBGP = nil, want %s", tc.reason)
+			case got.reason != tc.reason || !strings.Contains(got.message, tc.want):
+				t.Fatalf("decodeBGP = %s %q, want %s mentioning %q", got.reason, got.message, tc.reason, tc.want)
 			}
 		})
 	}
 }
 
 func TestParseCommunities(t *testing.T) {
-	if v, ok := ParseCommunity("64512:100"); !ok || v != 64512<<16|100 {
-		t.Errorf("ParseCommunity(64512:100) = %d, %v", v, ok)
+	if v, ok := parseCommunity("64512:100"); !ok || v != 64512<<16|100 {
+		t.Errorf("parseCommunity(64512:100) = %d, %v", v, ok)
 	}
-	if v, ok := ParseCommunity("no-export"); !ok || v != 0xFFFFFF01 {
-		t.Errorf("ParseCommunity(no-export) = %#x, %v", v, ok)
+	if v, ok := parseCommunity("no-export"); !ok || v != 0xFFFFFF01 {
+		t.Errorf("parseCommunity(no-export) = %#x, %v", v, ok)
 	}
 	for _, bad := range []string{"", "1", "1:2:3", "x:1", "70000:1"} {
-		if _, ok := ParseCommunity(bad); ok {
-			t.Errorf("ParseCommunity(%q) accepted", bad)
+		if _, ok := parseCommunity(bad); ok {
+			t.Errorf("parseCommunity(%q) accepted", bad)
 		}
 	}
-	if v, ok := ParseLargeCommunity("4200000000:1:2"); !ok || v != (LargeCommunity{4200000000, 1, 2}) {
-		t.Errorf("ParseLargeCommunity = %+v, %v", v, ok)
+	if v, ok := parseLargeCommunity("4200000000:1:2"); !ok || v != (LargeCommunity{4200000000, 1, 2}) {
+		t.Errorf("parseLargeCommunity = %+v, %v", v, ok)
 	}
 	for _, bad := range []string{"1:2", "1:2:3:4", "4294967296:1:1", "a:b:c"} {
-		if _, ok := ParseLargeCommunity(bad); ok {
-			t.Errorf("ParseLargeCommunity(%q) accepted", bad)
+		if _, ok := parseLargeCommunity(bad); ok {
+			t.Errorf("parseLargeCommunity(%q) accepted", bad)
 		}
 	}
 }

@@ -88,30 +88,41 @@ func TestCompilePools(t *testing.T) {
 			owner:    map[string]string{"192.0.2.1": "other", "198.51.100.1": "mine", "203.0.113.1": "all"},
 			disabled: map[string]string{"other": "pool other's nodeSelector does not select this node", "mine": "", "all": ""},
 		},
+		// A pool whose spec.bgp cannot be announced is refused, as in the
+		// CCM: it owns no address. (The speaker used to keep it as a
+		// Disabled owner, and so disagreed with the CCM about a newer pool
+		// overlapping it.)
 		{
-			name:     "malformed nodeSelector: kept as owner, not announced, reported",
-			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{NodeSelector: badSel})},
-			owner:    map[string]string{"192.0.2.1": "p"},
-			disabled: map[string]string{"p": "spec.bgp.nodeSelector"},
-			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.bgp.nodeSelector", `"Is"`}},
+			name:  "malformed nodeSelector: refused, owns nothing, reported",
+			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{NodeSelector: badSel})},
+			owner: map[string]string{"192.0.2.1": ""},
+			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.bgp.nodeSelector", `"Is"`, "the speakers would not announce this pool"}},
 		},
 		{
-			name:     "malformed peerSelector",
-			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{PeerSelector: badSel})},
-			disabled: map[string]string{"p": "spec.bgp.peerSelector"},
-			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.bgp.peerSelector"}},
+			name: "a pool refused for its spec.bgp does not shadow a newer one (as in the CCM)",
+			pools: []*v1alpha1.IPPool{
+				withBGP(mkPool("old", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}}),
+				mkPool("new", 1, "192.0.2.128/25"),
+			},
+			owner:    map[string]string{"192.0.2.1": "", "192.0.2.200": "new"},
+			disabled: map[string]string{"new": ""},
+			errs:     map[string][]string{"old": {v1alpha1.ReasonInvalidConfig, `spec.bgp.communities[1] "65536:1"`}},
 		},
 		{
-			name:     "malformed community",
-			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}})},
-			disabled: map[string]string{"p": "communities[1]"},
-			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidConfig, `spec.bgp.communities[1] "65536:1"`, "ASN:VALUE"}},
+			name:  "malformed peerSelector",
+			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{PeerSelector: badSel})},
+			owner: map[string]string{"192.0.2.1": ""},
+			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.bgp.peerSelector"}},
 		},
 		{
-			name:     "malformed large community",
-			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{LargeCommunities: []string{"1:2"}})},
-			disabled: map[string]string{"p": "largeCommunities[0]"},
-			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidConfig, `spec.bgp.largeCommunities[0] "1:2"`}},
+			name:  "malformed community",
+			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}})},
+			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidConfig, `spec.bgp.communities[1] "65536:1"`, "ASN:VALUE"}},
+		},
+		{
+			name:  "malformed large community",
+			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{LargeCommunities: []string{"1:2"}})},
+			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidConfig, `spec.bgp.largeCommunities[0] "1:2"`}},
 		},
 		{
 			name: "aggregation that fits ranges filling whole blocks",
@@ -120,23 +131,20 @@ func TestCompilePools(t *testing.T) {
 			disabled: map[string]string{"p": ""},
 		},
 		{
-			name:     "aggregation covering addresses outside a range",
-			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.10-192.0.2.21"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)})},
-			owner:    map[string]string{"192.0.2.10": "p"},
-			disabled: map[string]string{"p": "aggregationLength"},
-			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "spec.bgp.aggregationLength 24 would announce 192.0.2.0/24", "use 31 or longer"}},
+			name:  "aggregation covering addresses outside a range",
+			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.10-192.0.2.21"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)})},
+			owner: map[string]string{"192.0.2.10": ""},
+			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "spec.bgp.aggregationLength 24 would announce 192.0.2.0/24", "use 31 or longer"}},
 		},
 		{
-			name:     "IPv6 aggregation shorter than a CIDR",
-			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "2001:db8::/120"), v1alpha1.IPPoolBGP{AggregationLengthV6: ptr.To[int32](64)})},
-			disabled: map[string]string{"p": "aggregationLengthV6"},
-			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "aggregationLengthV6 64 would announce 2001:db8::/64", "use 120 or longer"}},
+			name:  "IPv6 aggregation shorter than a CIDR",
+			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "2001:db8::/120"), v1alpha1.IPPoolBGP{AggregationLengthV6: ptr.To[int32](64)})},
+			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "aggregationLengthV6 64 would announce 2001:db8::/64", "use 120 or longer"}},
 		},
 		{
-			name:     "aggregation out of range",
-			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](33)})},
-			disabled: map[string]string{"p": "aggregationLength"},
-			errs:     map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "out of range"}},
+			name:  "aggregation out of range",
+			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](33)})},
+			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "out of range"}},
 		},
 	}
 	for _, tc := range tests {
@@ -170,6 +178,9 @@ func TestCompilePools(t *testing.T) {
 			for pool := range got {
 				if _, ok := tc.errs[pool]; !ok {
 					t.Errorf("unexpected error %v", got[pool])
+				}
+				if view.Pool(pool) != nil {
+					t.Errorf("refused pool %s is in the view", pool)
 				}
 			}
 			for ip, want := range tc.owner {

@@ -151,8 +151,8 @@ func TestServiceRoutes(t *testing.T) {
 			reason: "pool zoneb's nodeSelector does not select this node"},
 		{name: "pool nodeSelector selects this node", svc: mkSvc("s", "203.0.113.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
 			node: func(n *Node) { n.Labels = map[string]string{"zone": "b"} }, want: []bgp.Route{route("203.0.113.1/32")}},
-		{name: "pool with a malformed nodeSelector is not announced", svc: mkSvc("s", "100.64.1.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
-			reason: "pool badsel is not announced: spec.bgp.nodeSelector"},
+		{name: "pool refused for a malformed nodeSelector owns nothing", svc: mkSvc("s", "100.64.1.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
+			reason: "VIP 100.64.1.1 is in no IPPool"},
 
 		// Prefixes.
 		{name: "aggregation IPv4 under Cluster", svc: mkSvc("s", "198.51.100.77"), slices: []*discoveryv1.EndpointSlice{readyElsewhere},
