@@ -101,8 +101,11 @@ $(GOLANGCI_LINT):
 	@echo ">> building golangci-lint $(GOLANGCI_LINT_VERSION) into $(GOLANGCI_LINT_DIR) (first time only, ~3 min)"
 	GOBIN=$(GOLANGCI_LINT_DIR)/tmp hack/progress.sh "building golangci-lint" $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) && mv $(GOLANGCI_LINT_DIR)/tmp/golangci-lint $@ && rmdir $(GOLANGCI_LINT_DIR)/tmp
 
-test-unit: ## pure-logic tests (ipam, request translation, CRD schemas, speaker decisions)
-	$(GO) test -count=1 ./ipam/... ./ccm/... ./api/... ./speaker/...
+test-unit: ## pure-logic tests, no API server, router or VM (ipam, pool admission, CCM translation, CRD types, speaker decisions, the ipvs and bgp plans)
+	$(GO) test -count=1 ./ipam/... ./poolspec/... ./ccm/... ./api/...
+	$(GO) test -count=1 -skip 'TestControllerKernel' ./speaker/
+	$(GO) test -count=1 -run 'TestDiff|TestValid|FuzzDiff' ./ipvs/
+	$(GO) test -count=1 -run 'TestPlan|TestRoutePlan|TestLogger' ./bgp/
 
 test-controlplane: tools ## tests against a real kube-apiserver + etcd
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v ./test/e2e/... 2>&1 | tee _output/controlplane-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
@@ -117,8 +120,9 @@ test: verify tools routers ## everything: unit, control-plane, routing, dataplan
 	$(GO) -C hack/image test -count=1 ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./... 2>&1 | tee _output/test.log; exit $${PIPESTATUS[0]}
 
-fuzz: ## run the allocator fuzzer for a while (FUZZTIME=60s)
+fuzz: ## run the allocator and pool admission fuzzers for a while each (FUZZTIME=60s)
 	$(GO) test -run '^$$' -fuzz FuzzAllocator -fuzztime $${FUZZTIME:-60s} ./ipam/
+	$(GO) test -run '^$$' -fuzz FuzzAdmit -fuzztime $${FUZZTIME:-60s} ./poolspec/
 
 bench: tools routers ## print the ipam, CCM, speaker and dataplane benchmarks (figures and ratios)
 	@mkdir -p _output
