@@ -173,9 +173,12 @@ func LoadPools(alloc *ipam.Allocator, pools []*vipcastv1alpha1.IPPool) (adm *poo
 		refused[r.Pool] = r
 	}
 	var bugs []error
-	for name, perr := range alloc.SetPools(adm.Specs()) {
-		refused[name] = poolspec.AllocatorRefusal(name, perr)
-		bugs = append(bugs, fmt.Errorf("IPPool %s: %w", name, perr))
+	errs := alloc.SetPools(adm.Specs())
+	for _, p := range adm.Pools {
+		if perr, bad := errs[p.Name]; bad {
+			refused[p.Name] = poolspec.AllocatorRefusal(p.Name, perr)
+			bugs = append(bugs, fmt.Errorf("IPPool %s: %w", p.Name, perr))
+		}
 	}
 	if len(bugs) > 0 {
 		err = fmt.Errorf("the allocator refused IPPools that pool admission accepted (a bug in vipcast; please report it): %w", errors.Join(bugs...))
@@ -221,11 +224,8 @@ func (pc *poolController) explain(req ipam.Request, err error) error {
 		return err
 	}
 	r, bad := refused[req.Pool]
-	for _, ip := range req.IPs {
-		if bad {
-			break
-		}
-		r, bad = adm.RefusedContaining(ip)
+	for i := 0; !bad && i < len(req.IPs); i++ {
+		r, bad = adm.RefusedContaining(req.IPs[i])
 	}
 	if bad {
 		return fmt.Errorf("%w (IPPool %s is not ready: %s: %s)", err, r.Pool, r.Reason, r.Message)
