@@ -184,7 +184,7 @@ func TestLoadPools(t *testing.T) {
 func TestExplain(t *testing.T) {
 	pc := &poolController{}
 	base := errors.New("allocation failed")
-	if got := pc.explain(ipam.Request{Pool: "dark"}, base); got != base {
+	if got := pc.explain(ipam.Request{Pool: "dark"}, base); got != base { //nolint:errorlint // the very same error, not a wrapped one
 		t.Errorf("before any sync: %v, want the error unchanged", got)
 	}
 	var err error
@@ -211,7 +211,7 @@ func TestExplain(t *testing.T) {
 			if !errors.Is(got, base) {
 				t.Errorf("explain lost the error: %v", got)
 			}
-			if tc.want == "" && got != base || !strings.Contains(got.Error(), tc.want) {
+			if tc.want == "" && got != base || !strings.Contains(got.Error(), tc.want) { //nolint:errorlint // the very same error, not a wrapped one
 				t.Errorf("explain = %q, want it to contain %q", got, tc.want)
 			}
 		})

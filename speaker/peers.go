@@ -118,7 +118,7 @@ func translatePeer(p *v1alpha1.BGPPeer, node Node) (bgp.Peer, bool, *PeerError) 
 		LocalASN:      s.LocalASN,
 		HoldTime:      s.HoldTimeOrDefault(),
 		KeepaliveTime: s.KeepaliveTimeOrDefault(),
-		Port:          uint16(s.PortOrDefault()),
+		Port:          uint16(s.PortOrDefault()), //nolint:gosec // Check refused ports outside 1-65535
 	}
 	if node.LocalASN != 0 {
 		out.LocalASN = node.LocalASN
@@ -127,7 +127,7 @@ func translatePeer(p *v1alpha1.BGPPeer, node Node) (bgp.Peer, bool, *PeerError) 
 		out.SourceAddress = netip.MustParseAddr(strings.TrimSpace(s.SourceAddress)).Unmap()
 	}
 	if !out.IBGP() {
-		out.EBGPMultiHop = uint8(s.EBGPMultiHopOrDefault())
+		out.EBGPMultiHop = uint8(s.EBGPMultiHopOrDefault()) //nolint:gosec // Check refused TTLs outside 1-255
 	}
 	if gr := s.GracefulRestart; gr != nil && gr.Enabled {
 		out.GracefulRestart = true
