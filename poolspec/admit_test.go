@@ -7,35 +7,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
+	fx "github.com/vipcast/vipcast/api/v1alpha1/v1alpha1test"
 	"github.com/vipcast/vipcast/ipam"
 )
-
-var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// mkPool returns an IPPool created age seconds after epoch.
-func mkPool(name string, age int, addrs ...string) *v1alpha1.IPPool {
-	return &v1alpha1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(epoch.Add(time.Duration(age) * time.Second))},
-		Spec:       v1alpha1.IPPoolSpec{Addresses: addrs},
-	}
-}
-
-func withBGP(p *v1alpha1.IPPool, b v1alpha1.IPPoolBGP) *v1alpha1.IPPool {
-	p.Spec.BGP = &b
-	return p
-}
-
-func withAllocation(p *v1alpha1.IPPool, a v1alpha1.IPPoolAllocation) *v1alpha1.IPPool {
-	p.Spec.Allocation = &a
-	return p
-}
 
 var badSel = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: "Near", Values: []string{"a"}}}}
 
@@ -52,35 +32,35 @@ func TestAdmit(t *testing.T) {
 	}{
 		{
 			name:     "containment over CIDRs and ranges of both families",
-			pools:    []*v1alpha1.IPPool{mkPool("b", 1, "2001:db8::/64"), mkPool("a", 0, "192.0.2.0/24", "198.51.100.10-198.51.100.20")},
+			pools:    []*v1alpha1.IPPool{fx.Pool("b", 1, "2001:db8::/64"), fx.Pool("a", 0, "192.0.2.0/24", "198.51.100.10-198.51.100.20")},
 			admitted: []string{"a", "b"},
 			owner: map[string]string{"192.0.2.0": "a", "192.0.2.255": "a", "198.51.100.10": "a", "198.51.100.20": "a", "198.51.100.21": "",
 				"198.51.100.9": "", "2001:db8::1": "b", "2001:db8:0:0:ffff:ffff:ffff:ffff": "b", "2001:db8:1::": "", "10.0.0.1": "", "::": ""},
 		},
 		{
 			name:     "overlap: the older pool wins, regardless of list order",
-			pools:    []*v1alpha1.IPPool{mkPool("new", 10, "192.0.2.128/25", "203.0.113.0/24"), mkPool("old", 5, "192.0.2.0/24")},
+			pools:    []*v1alpha1.IPPool{fx.Pool("new", 10, "192.0.2.128/25", "203.0.113.0/24"), fx.Pool("old", 5, "192.0.2.0/24")},
 			admitted: []string{"old"},
 			refused:  map[string][]string{"new": {v1alpha1.ReasonOverlap, "spec.addresses: ", `"old"`, `addresses[0] "192.0.2.128/25"`, "shrink or remove"}},
 			owner:    map[string]string{"192.0.2.200": "old", "203.0.113.1": ""},
 		},
 		{
 			name:     "overlap with equal timestamps: the smaller name wins",
-			pools:    []*v1alpha1.IPPool{mkPool("zz", 0, "192.0.2.0/24"), mkPool("aa", 0, "192.0.2.0/25")},
+			pools:    []*v1alpha1.IPPool{fx.Pool("zz", 0, "192.0.2.0/24"), fx.Pool("aa", 0, "192.0.2.0/25")},
 			admitted: []string{"aa"},
 			refused:  map[string][]string{"zz": {v1alpha1.ReasonOverlap}},
 			owner:    map[string]string{"192.0.2.1": "aa", "192.0.2.200": ""},
 		},
 		{
 			name:     "entries of one pool overlap",
-			pools:    []*v1alpha1.IPPool{mkPool("p", 0, "192.0.2.0/24", "192.0.2.128/25")},
+			pools:    []*v1alpha1.IPPool{fx.Pool("p", 0, "192.0.2.0/24", "192.0.2.128/25")},
 			refused:  map[string][]string{"p": {v1alpha1.ReasonOverlap, "spec.addresses: ", "an address may appear only once"}},
 			owner:    map[string]string{"192.0.2.1": ""},
 			admitted: nil,
 		},
 		{
 			name:     "unparsable addresses: refused, owns nothing, shadows nothing",
-			pools:    []*v1alpha1.IPPool{mkPool("old", 0, "192.0.2.0/24", "bogus"), mkPool("new", 1, "192.0.2.0/24")},
+			pools:    []*v1alpha1.IPPool{fx.Pool("old", 0, "192.0.2.0/24", "bogus"), fx.Pool("new", 1, "192.0.2.0/24")},
 			admitted: []string{"new"},
 			refused:  map[string][]string{"old": {v1alpha1.ReasonInvalidAddresses, `spec.addresses: addresses[1] "bogus"`, "write a CIDR"}},
 			owner:    map[string]string{"192.0.2.1": "new"},
@@ -88,8 +68,8 @@ func TestAdmit(t *testing.T) {
 		{
 			name: "allocation selector that does not parse",
 			pools: []*v1alpha1.IPPool{
-				withAllocation(mkPool("old", 0, "192.0.2.0/24"), v1alpha1.IPPoolAllocation{NamespaceSelectors: []metav1.LabelSelector{{}, badSel}}),
-				mkPool("new", 1, "192.0.2.0/25"),
+				fx.WithAllocation(fx.Pool("old", 0, "192.0.2.0/24"), v1alpha1.IPPoolAllocation{NamespaceSelectors: []metav1.LabelSelector{{}, badSel}}),
+				fx.Pool("new", 1, "192.0.2.0/25"),
 			},
 			admitted: []string{"new"},
 			refused:  map[string][]string{"old": {v1alpha1.ReasonInvalidSelector, "spec.allocation.namespaceSelectors[1]: ", `"Near"`, "fix the selector"}},
@@ -97,7 +77,7 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name:    "service selector that does not parse",
-			pools:   []*v1alpha1.IPPool{withAllocation(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolAllocation{ServiceSelectors: []metav1.LabelSelector{badSel}})},
+			pools:   []*v1alpha1.IPPool{fx.WithAllocation(fx.Pool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolAllocation{ServiceSelectors: []metav1.LabelSelector{badSel}})},
 			refused: map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.allocation.serviceSelectors[0]: "}},
 		},
 		{
@@ -106,8 +86,8 @@ func TestAdmit(t *testing.T) {
 			// overlapping it is admitted.
 			name: "unannounceable spec.bgp: refused before the overlap check",
 			pools: []*v1alpha1.IPPool{
-				withBGP(mkPool("old", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}}),
-				mkPool("new", 1, "192.0.2.0/24"),
+				fx.WithBGP(fx.Pool("old", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}}),
+				fx.Pool("new", 1, "192.0.2.0/24"),
 			},
 			admitted: []string{"new"},
 			refused: map[string][]string{"old": {v1alpha1.ReasonInvalidConfig, `spec.bgp.communities[1] "65536:1"`, "ASN:VALUE",
@@ -116,24 +96,24 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name:     "aggregation covering addresses outside the pool",
-			pools:    []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.10-192.0.2.21"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)})},
+			pools:    []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "192.0.2.10-192.0.2.21"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)})},
 			refused:  map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "spec.bgp.aggregationLength 24 would announce 192.0.2.0/24", "use 31 or longer"}},
 			owner:    map[string]string{"192.0.2.10": ""},
 			admitted: nil,
 		},
 		{
 			name:    "malformed BGP node selector",
-			pools:   []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &badSel})},
+			pools:   []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &badSel})},
 			refused: map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.bgp.nodeSelector: ", "fix the selector"}},
 		},
 		{
 			name: "first problem wins: addresses, allocation selectors, spec.bgp, overlap",
 			pools: []*v1alpha1.IPPool{
-				withBGP(withAllocation(mkPool("addr", 0, "bogus"), v1alpha1.IPPoolAllocation{ServiceSelectors: []metav1.LabelSelector{badSel}}), v1alpha1.IPPoolBGP{PeerSelector: &badSel}),
-				withBGP(withAllocation(mkPool("alloc", 1, "192.0.2.0/24"), v1alpha1.IPPoolAllocation{ServiceSelectors: []metav1.LabelSelector{badSel}}), v1alpha1.IPPoolBGP{PeerSelector: &badSel}),
-				withBGP(mkPool("bgp", 2, "192.0.2.0/24"), v1alpha1.IPPoolBGP{PeerSelector: &badSel}),
-				mkPool("first", 3, "192.0.2.0/24"),
-				mkPool("overlap", 4, "192.0.2.0/24"),
+				fx.WithBGP(fx.WithAllocation(fx.Pool("addr", 0, "bogus"), v1alpha1.IPPoolAllocation{ServiceSelectors: []metav1.LabelSelector{badSel}}), v1alpha1.IPPoolBGP{PeerSelector: &badSel}),
+				fx.WithBGP(fx.WithAllocation(fx.Pool("alloc", 1, "192.0.2.0/24"), v1alpha1.IPPoolAllocation{ServiceSelectors: []metav1.LabelSelector{badSel}}), v1alpha1.IPPoolBGP{PeerSelector: &badSel}),
+				fx.WithBGP(fx.Pool("bgp", 2, "192.0.2.0/24"), v1alpha1.IPPoolBGP{PeerSelector: &badSel}),
+				fx.Pool("first", 3, "192.0.2.0/24"),
+				fx.Pool("overlap", 4, "192.0.2.0/24"),
 			},
 			admitted: []string{"first"},
 			refused: map[string][]string{
@@ -146,14 +126,14 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name:     "a pool without addresses (the API forbids it) is refused by the allocator's rule",
-			pools:    []*v1alpha1.IPPool{mkPool("empty", 0)},
+			pools:    []*v1alpha1.IPPool{fx.Pool("empty", 0)},
 			refused:  map[string][]string{"empty": {v1alpha1.ReasonInvalidAddresses, "spec.addresses: ", "add at least one CIDR or range"}},
 			admitted: nil,
 		},
 		{
 			name: "nil, nameless and repeated pools are ignored",
 			pools: []*v1alpha1.IPPool{
-				nil, mkPool("", 0, "10.0.0.0/8"), mkPool("p", 5, "198.51.100.0/24"), mkPool("p", 1, "192.0.2.0/24"),
+				nil, fx.Pool("", 0, "10.0.0.0/8"), fx.Pool("p", 5, "198.51.100.0/24"), fx.Pool("p", 1, "192.0.2.0/24"),
 			},
 			admitted: []string{"p"},
 			owner:    map[string]string{"192.0.2.1": "p", "198.51.100.1": "", "10.0.0.1": ""},
@@ -283,7 +263,7 @@ func TestAdmitSpec(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := mkPool("blue", 0, "192.0.2.0/24")
+			p := fx.Pool("blue", 0, "192.0.2.0/24")
 			if tc.modify != nil {
 				tc.modify(p)
 			}
@@ -302,14 +282,14 @@ func TestAdmitSpec(t *testing.T) {
 }
 
 func TestAdmitSelectors(t *testing.T) {
-	p := withAllocation(mkPool("blue", 0, "192.0.2.0/24"), v1alpha1.IPPoolAllocation{
+	p := fx.WithAllocation(fx.Pool("blue", 0, "192.0.2.0/24"), v1alpha1.IPPoolAllocation{
 		NamespaceSelectors: []metav1.LabelSelector{
 			{MatchLabels: map[string]string{"team": "a"}},
 			{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "env", Operator: metav1.LabelSelectorOpIn, Values: []string{"prod", "staging"}}}},
 		},
 		ServiceSelectors: []metav1.LabelSelector{{MatchLabels: map[string]string{"expose": "public", "tier": "web"}}},
 	})
-	withBGP(p, v1alpha1.IPPoolBGP{
+	fx.WithBGP(p, v1alpha1.IPPoolBGP{
 		PeerSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "tor"}},
 		NodeSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "bgp", Operator: metav1.LabelSelectorOpExists}}},
 	})
@@ -349,14 +329,14 @@ func TestAdmitSelectors(t *testing.T) {
 }
 
 func TestAdmitBGP(t *testing.T) {
-	p := withBGP(mkPool("attrs", 0, "192.0.2.0/24", "2001:db8::/64"), v1alpha1.IPPoolBGP{
+	p := fx.WithBGP(fx.Pool("attrs", 0, "192.0.2.0/24", "2001:db8::/64"), v1alpha1.IPPoolBGP{
 		Communities:         []string{"no-export", "64512:100", "64512:100", "0:0", "65535:65535", "blackhole"},
 		LargeCommunities:    []string{"4200000000:1:2", "1:2:3", "4294967295:0:4294967295", "1:2:3"},
 		LocalPref:           ptr.To[uint32](200),
 		AggregationLength:   ptr.To[int32](28),
 		AggregationLengthV6: ptr.To[int32](120),
 	})
-	adm := Admit([]*v1alpha1.IPPool{p, mkPool("plain", 1, "203.0.113.0/24")})
+	adm := Admit([]*v1alpha1.IPPool{p, fx.Pool("plain", 1, "203.0.113.0/24")})
 	if len(adm.Pools) != 2 {
 		t.Fatalf("refused: %+v", adm.Refused)
 	}
@@ -387,10 +367,10 @@ func TestAdmitBGP(t *testing.T) {
 
 func TestRefusedContaining(t *testing.T) {
 	adm := Admit([]*v1alpha1.IPPool{
-		mkPool("good", 0, "192.0.2.0/25"),
-		withBGP(mkPool("dark", 1, "198.51.100.10-198.51.100.20"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)}),
-		mkPool("late", 2, "192.0.2.0/24"),
-		mkPool("bogus", 3, "nope"),
+		fx.Pool("good", 0, "192.0.2.0/25"),
+		fx.WithBGP(fx.Pool("dark", 1, "198.51.100.10-198.51.100.20"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)}),
+		fx.Pool("late", 2, "192.0.2.0/24"),
+		fx.Pool("bogus", 3, "nope"),
 	})
 	for ip, want := range map[string]string{
 		"198.51.100.15": "dark",

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
+	fx "github.com/vipcast/vipcast/api/v1alpha1/v1alpha1test"
 	"github.com/vipcast/vipcast/ccm"
 	"github.com/vipcast/vipcast/ipam"
 	"github.com/vipcast/vipcast/poolspec"
@@ -58,8 +59,6 @@ func (s *byteSource) intn(n int) int {
 // 10.0.0.0-10.0.3.255 and 2001:db8::-2001:db8::3ff, so that overlaps are
 // the rule, with every kind of refusable spec.
 type gen struct{ source }
-
-var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // universe is the size of each family's address universe.
 const universe = 1024
@@ -179,7 +178,7 @@ func (g gen) bgp() *v1alpha1.IPPoolBGP {
 func (g gen) pool(i int) *v1alpha1.IPPool {
 	p := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{
 		// Few distinct ages: equal timestamps, where the name decides, are common.
-		Name: fmt.Sprintf("p%d", i), CreationTimestamp: metav1.NewTime(epoch.Add(time.Duration(g.intn(4)) * time.Second)),
+		Name: fmt.Sprintf("p%d", i), CreationTimestamp: metav1.NewTime(fx.Epoch().Add(time.Duration(g.intn(4)) * time.Second)),
 	}}
 	n := 1 + g.intn(4)
 	if g.intn(16) == 0 {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
+	fx "github.com/vipcast/vipcast/api/v1alpha1/v1alpha1test"
 )
 
 const benchServices = 10000
@@ -43,7 +44,7 @@ func benchFixture(localPolicy bool) (svcs []*v1.Service, up, down [][]*discovery
 }
 
 func benchView(b *testing.B, aggregate bool) *View {
-	p := mkPool("bench", 0, "192.168.0.0/16", "2001:db8::/112")
+	p := fx.Pool("bench", 0, "192.168.0.0/16", "2001:db8::/112")
 	bgpCfg := v1alpha1.IPPoolBGP{
 		Communities:      []string{"64512:100", "no-export"},
 		LargeCommunities: []string{"4200000000:1:2"},
@@ -54,11 +55,11 @@ func benchView(b *testing.B, aggregate bool) *View {
 		bgpCfg.AggregationLength = ptr.To[int32](24)
 		bgpCfg.AggregationLengthV6 = ptr.To[int32](120)
 	}
-	withBGP(p, bgpCfg)
+	fx.WithBGP(p, bgpCfg)
 	// A hundred other pools, so the containment lookup is not trivial.
 	pools := []*v1alpha1.IPPool{p}
 	for i := range 100 {
-		pools = append(pools, mkPool(fmt.Sprintf("other-%d", i), i+1, fmt.Sprintf("10.%d.0.0/16", i+10)))
+		pools = append(pools, fx.Pool(fmt.Sprintf("other-%d", i), i+1, fmt.Sprintf("10.%d.0.0/16", i+10)))
 	}
 	peers := []*v1alpha1.BGPPeer{
 		mkPeer("tor-a", "10.0.0.254", map[string]string{"role": "tor"}),

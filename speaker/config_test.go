@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
+	fx "github.com/vipcast/vipcast/api/v1alpha1/v1alpha1test"
 	"github.com/vipcast/vipcast/bgp"
 )
 
@@ -29,14 +30,14 @@ func TestCompilePools(t *testing.T) {
 	}{
 		{
 			name:  "containment over CIDRs and ranges of both families",
-			pools: []*v1alpha1.IPPool{mkPool("a", 0, "192.0.2.0/24", "198.51.100.10-198.51.100.20"), mkPool("b", 1, "2001:db8::/64")},
+			pools: []*v1alpha1.IPPool{fx.Pool("a", 0, "192.0.2.0/24", "198.51.100.10-198.51.100.20"), fx.Pool("b", 1, "2001:db8::/64")},
 			owner: map[string]string{"192.0.2.0": "a", "192.0.2.255": "a", "198.51.100.10": "a", "198.51.100.20": "a", "198.51.100.21": "", "198.51.100.9": "", "2001:db8::1": "b", "2001:db8:1::1": "", "10.0.0.1": ""},
 		},
 		{
 			name: "overlap: the older pool wins, regardless of list order",
 			pools: []*v1alpha1.IPPool{
-				mkPool("new", 10, "192.0.2.128/25", "203.0.113.0/24"),
-				mkPool("old", 5, "192.0.2.0/24"),
+				fx.Pool("new", 10, "192.0.2.128/25", "203.0.113.0/24"),
+				fx.Pool("old", 5, "192.0.2.0/24"),
 			},
 			owner: map[string]string{"192.0.2.200": "old", "203.0.113.1": ""},
 			errs:  map[string][]string{"new": {v1alpha1.ReasonOverlap, `"old"`}},
@@ -44,8 +45,8 @@ func TestCompilePools(t *testing.T) {
 		{
 			name: "overlap with equal timestamps: the smaller name wins",
 			pools: []*v1alpha1.IPPool{
-				mkPool("zz", 0, "192.0.2.0/24"),
-				mkPool("aa", 0, "192.0.2.0/25"),
+				fx.Pool("zz", 0, "192.0.2.0/24"),
+				fx.Pool("aa", 0, "192.0.2.0/25"),
 			},
 			owner: map[string]string{"192.0.2.1": "aa", "192.0.2.200": ""},
 			errs:  map[string][]string{"zz": {v1alpha1.ReasonOverlap}},
@@ -53,8 +54,8 @@ func TestCompilePools(t *testing.T) {
 		{
 			name: "a rejected older pool does not shadow a newer one (as in the CCM)",
 			pools: []*v1alpha1.IPPool{
-				mkPool("old", 0, "192.0.2.0/24", "bogus"),
-				mkPool("new", 1, "192.0.2.0/24"),
+				fx.Pool("old", 0, "192.0.2.0/24", "bogus"),
+				fx.Pool("new", 1, "192.0.2.0/24"),
 			},
 			owner: map[string]string{"192.0.2.1": "new"},
 			errs:  map[string][]string{"old": {v1alpha1.ReasonInvalidAddresses, "spec.addresses", "bogus"}},
@@ -62,8 +63,8 @@ func TestCompilePools(t *testing.T) {
 		{
 			name: "unparsable addresses are skipped and reported",
 			pools: []*v1alpha1.IPPool{
-				mkPool("bad", 0, "192.0.2.9-192.0.2.1"),
-				mkPool("good", 1, "198.51.100.0/24"),
+				fx.Pool("bad", 0, "192.0.2.9-192.0.2.1"),
+				fx.Pool("good", 1, "198.51.100.0/24"),
 			},
 			owner: map[string]string{"192.0.2.5": "", "198.51.100.5": "good"},
 			errs:  map[string][]string{"bad": {v1alpha1.ReasonInvalidAddresses, "range start is after its end"}},
@@ -71,7 +72,7 @@ func TestCompilePools(t *testing.T) {
 		{
 			name: "allocation selector that does not parse rejects the pool, as in the CCM",
 			pools: []*v1alpha1.IPPool{func() *v1alpha1.IPPool {
-				p := mkPool("p", 0, "192.0.2.0/24")
+				p := fx.Pool("p", 0, "192.0.2.0/24")
 				p.Spec.Allocation = &v1alpha1.IPPoolAllocation{ServiceSelectors: []metav1.LabelSelector{*badSel}}
 				return p
 			}()},
@@ -81,9 +82,9 @@ func TestCompilePools(t *testing.T) {
 		{
 			name: "nodeSelector not selecting this node disables without error",
 			pools: []*v1alpha1.IPPool{
-				withBGP(mkPool("other", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}}),
-				withBGP(mkPool("mine", 1, "198.51.100.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "a"}}}),
-				withBGP(mkPool("all", 2, "203.0.113.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &metav1.LabelSelector{}}),
+				fx.WithBGP(fx.Pool("other", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}}),
+				fx.WithBGP(fx.Pool("mine", 1, "198.51.100.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "a"}}}),
+				fx.WithBGP(fx.Pool("all", 2, "203.0.113.0/24"), v1alpha1.IPPoolBGP{NodeSelector: &metav1.LabelSelector{}}),
 			},
 			owner:    map[string]string{"192.0.2.1": "other", "198.51.100.1": "mine", "203.0.113.1": "all"},
 			disabled: map[string]string{"other": "pool other's nodeSelector does not select this node", "mine": "", "all": ""},
@@ -94,15 +95,15 @@ func TestCompilePools(t *testing.T) {
 		// overlapping it.)
 		{
 			name:  "malformed nodeSelector: refused, owns nothing, reported",
-			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{NodeSelector: badSel})},
+			pools: []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{NodeSelector: badSel})},
 			owner: map[string]string{"192.0.2.1": ""},
 			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.bgp.nodeSelector", `"Is"`, "the speakers would not announce this pool"}},
 		},
 		{
 			name: "a pool refused for its spec.bgp does not shadow a newer one (as in the CCM)",
 			pools: []*v1alpha1.IPPool{
-				withBGP(mkPool("old", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}}),
-				mkPool("new", 1, "192.0.2.128/25"),
+				fx.WithBGP(fx.Pool("old", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}}),
+				fx.Pool("new", 1, "192.0.2.128/25"),
 			},
 			owner:    map[string]string{"192.0.2.1": "", "192.0.2.200": "new"},
 			disabled: map[string]string{"new": ""},
@@ -110,40 +111,40 @@ func TestCompilePools(t *testing.T) {
 		},
 		{
 			name:  "malformed peerSelector",
-			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{PeerSelector: badSel})},
+			pools: []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{PeerSelector: badSel})},
 			owner: map[string]string{"192.0.2.1": ""},
 			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidSelector, "spec.bgp.peerSelector"}},
 		},
 		{
 			name:  "malformed community",
-			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}})},
+			pools: []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"64512:100", "65536:1"}})},
 			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidConfig, `spec.bgp.communities[1] "65536:1"`, "ASN:VALUE"}},
 		},
 		{
 			name:  "malformed large community",
-			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{LargeCommunities: []string{"1:2"}})},
+			pools: []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{LargeCommunities: []string{"1:2"}})},
 			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidConfig, `spec.bgp.largeCommunities[0] "1:2"`}},
 		},
 		{
 			name: "aggregation that fits ranges filling whole blocks",
-			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0-192.0.2.127", "192.0.2.128/25", "2001:db8::-2001:db8::ffff"),
+			pools: []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "192.0.2.0-192.0.2.127", "192.0.2.128/25", "2001:db8::-2001:db8::ffff"),
 				v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24), AggregationLengthV6: ptr.To[int32](112)})},
 			disabled: map[string]string{"p": ""},
 		},
 		{
 			name:  "aggregation covering addresses outside a range",
-			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.10-192.0.2.21"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)})},
+			pools: []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "192.0.2.10-192.0.2.21"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](24)})},
 			owner: map[string]string{"192.0.2.10": ""},
 			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "spec.bgp.aggregationLength 24 would announce 192.0.2.0/24", "use 31 or longer"}},
 		},
 		{
 			name:  "IPv6 aggregation shorter than a CIDR",
-			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "2001:db8::/120"), v1alpha1.IPPoolBGP{AggregationLengthV6: ptr.To[int32](64)})},
+			pools: []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "2001:db8::/120"), v1alpha1.IPPoolBGP{AggregationLengthV6: ptr.To[int32](64)})},
 			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "aggregationLengthV6 64 would announce 2001:db8::/64", "use 120 or longer"}},
 		},
 		{
 			name:  "aggregation out of range",
-			pools: []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](33)})},
+			pools: []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{AggregationLength: ptr.To[int32](33)})},
 			errs:  map[string][]string{"p": {v1alpha1.ReasonInvalidAddresses, "out of range"}},
 		},
 	}
@@ -231,7 +232,7 @@ func TestCompileAttributes(t *testing.T) {
 		}(),
 	}
 	pools := []*v1alpha1.IPPool{
-		withBGP(mkPool("attrs", 0, "192.0.2.0/24", "2001:db8::/64"), v1alpha1.IPPoolBGP{
+		fx.WithBGP(fx.Pool("attrs", 0, "192.0.2.0/24", "2001:db8::/64"), v1alpha1.IPPoolBGP{
 			Communities:         []string{"no-export", "64512:100", "64512:100", "0:0", "65535:65535", "blackhole"},
 			LargeCommunities:    []string{"4200000000:1:2", "1:2:3", "4294967295:0:4294967295"},
 			LocalPref:           ptr.To[uint32](200),
@@ -239,8 +240,8 @@ func TestCompileAttributes(t *testing.T) {
 			AggregationLengthV6: ptr.To[int32](120),
 			PeerSelector:        &metav1.LabelSelector{MatchLabels: map[string]string{"role": "tor"}},
 		}),
-		withBGP(mkPool("none", 1, "198.51.100.0/24"), v1alpha1.IPPoolBGP{PeerSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "nope"}}}),
-		mkPool("plain", 2, "203.0.113.0/24"),
+		fx.WithBGP(fx.Pool("none", 1, "198.51.100.0/24"), v1alpha1.IPPoolBGP{PeerSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "nope"}}}),
+		fx.Pool("plain", 2, "203.0.113.0/24"),
 	}
 	view, errs := Compile(pools, peers, testNode())
 	if len(errs) != 0 {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
+	fx "github.com/vipcast/vipcast/api/v1alpha1/v1alpha1test"
 	"github.com/vipcast/vipcast/ipvs"
 )
 
@@ -23,9 +24,9 @@ import (
 func dpView(t testing.TB, node Node) *View {
 	t.Helper()
 	pools := []*v1alpha1.IPPool{
-		mkPool("p4", 0, "192.0.2.0/24"),
-		mkPool("p6", 0, "2001:db8::/64"),
-		withBGP(mkPool("zoneb", 0, "203.0.113.0/25"), v1alpha1.IPPoolBGP{
+		fx.Pool("p4", 0, "192.0.2.0/24"),
+		fx.Pool("p6", 0, "2001:db8::/64"),
+		fx.WithBGP(fx.Pool("zoneb", 0, "203.0.113.0/25"), v1alpha1.IPPoolBGP{
 			NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}}),
 	}
 	view, errs := Compile(pools, nil, node)

@@ -2,7 +2,6 @@ package speaker
 
 import (
 	"net/netip"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -13,8 +12,6 @@ import (
 	"github.com/vipcast/vipcast/bgp"
 )
 
-var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-
 // testNode is the node of most tests: dual-stack, labelled zone=a.
 func testNode() Node {
 	return Node{
@@ -23,19 +20,6 @@ func testNode() Node {
 		IPv4:   netip.MustParseAddr("10.0.0.1"),
 		IPv6:   netip.MustParseAddr("fd00::1"),
 	}
-}
-
-// mkPool returns an IPPool created age seconds after epoch.
-func mkPool(name string, age int, addrs ...string) *v1alpha1.IPPool {
-	return &v1alpha1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(epoch.Add(time.Duration(age) * time.Second))},
-		Spec:       v1alpha1.IPPoolSpec{Addresses: addrs},
-	}
-}
-
-func withBGP(p *v1alpha1.IPPool, b v1alpha1.IPPoolBGP) *v1alpha1.IPPool {
-	p.Spec.BGP = &b
-	return p
 }
 
 func mkPeer(name string, addr string, lbls map[string]string) *v1alpha1.BGPPeer {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
+	fx "github.com/vipcast/vipcast/api/v1alpha1/v1alpha1test"
 	"github.com/vipcast/vipcast/bgp"
 )
 
@@ -22,23 +23,23 @@ const (
 // routesConfig is the configuration of TestServiceRoutes.
 func routesConfig() ([]*v1alpha1.IPPool, []*v1alpha1.BGPPeer) {
 	pools := []*v1alpha1.IPPool{
-		mkPool("p4", 0, "192.0.2.0/24"),
-		mkPool("p6", 0, "2001:db8::/64"),
-		withBGP(mkPool("agg", 0, "198.51.100.0/24", "2001:db8:1::/64"), v1alpha1.IPPoolBGP{
+		fx.Pool("p4", 0, "192.0.2.0/24"),
+		fx.Pool("p6", 0, "2001:db8::/64"),
+		fx.WithBGP(fx.Pool("agg", 0, "198.51.100.0/24", "2001:db8:1::/64"), v1alpha1.IPPoolBGP{
 			AggregationLength: ptr.To[int32](26), AggregationLengthV6: ptr.To[int32](96)}),
-		withBGP(mkPool("zoneb", 0, "203.0.113.0/25"), v1alpha1.IPPoolBGP{
+		fx.WithBGP(fx.Pool("zoneb", 0, "203.0.113.0/25"), v1alpha1.IPPoolBGP{
 			NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}}),
-		withBGP(mkPool("attrs", 0, "203.0.113.128/25"), v1alpha1.IPPoolBGP{
+		fx.WithBGP(fx.Pool("attrs", 0, "203.0.113.128/25"), v1alpha1.IPPoolBGP{
 			Communities:      []string{"64512:100", "no-export"},
 			LargeCommunities: []string{"4200000000:1:2"},
 			LocalPref:        ptr.To[uint32](300),
 			PeerSelector:     &metav1.LabelSelector{MatchLabels: map[string]string{"role": "tor"}}}),
-		withBGP(mkPool("nopeer", 0, "100.64.0.0/24"), v1alpha1.IPPoolBGP{
+		fx.WithBGP(fx.Pool("nopeer", 0, "100.64.0.0/24"), v1alpha1.IPPoolBGP{
 			PeerSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "none"}}}),
-		withBGP(mkPool("badsel", 0, "100.64.1.0/24"), v1alpha1.IPPoolBGP{
+		fx.WithBGP(fx.Pool("badsel", 0, "100.64.1.0/24"), v1alpha1.IPPoolBGP{
 			NodeSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: "Equals"}}}}),
-		mkPool("old", 0, "172.16.0.0/24"),
-		mkPool("new", 5, "172.16.0.0/16"), // overlaps old: rejected
+		fx.Pool("old", 0, "172.16.0.0/24"),
+		fx.Pool("new", 5, "172.16.0.0/16"), // overlaps old: rejected
 	}
 	peers := []*v1alpha1.BGPPeer{
 		mkPeer("tor-b", "10.0.0.253", map[string]string{"role": "tor"}),
@@ -217,7 +218,7 @@ func TestServiceRoutes(t *testing.T) {
 // TestServiceRoutesPeerNodeSelector checks that a pool's peerSelector is
 // resolved among the peers of this node only.
 func TestServiceRoutesPeerNodeSelector(t *testing.T) {
-	pools := []*v1alpha1.IPPool{withBGP(mkPool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{
+	pools := []*v1alpha1.IPPool{fx.WithBGP(fx.Pool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{
 		PeerSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "tor"}}})}
 	torA := mkPeer("tor-a", "10.0.0.254", map[string]string{"role": "tor"})
 	torA.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "a"}}
