@@ -37,9 +37,10 @@ import (
 //     endpoint, and not at all when none has: a route to a Service without
 //     a backend only black-holes traffic that the fabric could send
 //     elsewhere (MetalLB does the same).
-//   - The VIP must lie in an IPPool of the view (the pool that contains
-//     it); that pool must not be Disabled for this node (its
-//     spec.bgp.nodeSelector selects the node and its spec.bgp is usable).
+//   - The VIP must lie in an IPPool the view admitted (the pool that owns
+//     it; a refused pool owns nothing, and the reason then names it and
+//     why it is refused); that pool must not be Disabled for this node
+//     (its spec.bgp.nodeSelector selects the node).
 //   - The prefix is the VIP masked to the pool's aggregationLength (IPv4)
 //     or aggregationLengthV6 (IPv6) under Cluster. Under Local it is always
 //     the host prefix (/32, /128): an aggregate would also attract traffic
@@ -103,6 +104,9 @@ func vipRoute(vip netip.Addr, view *View, eps *endpointCounts, local bool) (bgp.
 	pool := view.PoolFor(vip)
 	switch {
 	case pool == nil:
+		if r, ok := view.admission.RefusedContaining(vip); ok {
+			return bgp.Route{}, fmt.Sprintf("VIP %s is in IPPool %s, which is refused (%s: %s)", vip, r.Pool, r.Reason, r.Message)
+		}
 		return bgp.Route{}, fmt.Sprintf("VIP %s is in no IPPool", vip)
 	case pool.Disabled != "":
 		return bgp.Route{}, pool.Disabled

@@ -147,13 +147,13 @@ func TestServiceRoutes(t *testing.T) {
 		{name: "overlap: VIP in the older pool", svc: mkSvc("s", "172.16.0.9"), slices: []*discoveryv1.EndpointSlice{readyHere},
 			want: []bgp.Route{route("172.16.0.9/32")}},
 		{name: "overlap: VIP only in the rejected newer pool", svc: mkSvc("s", "172.16.1.9"), slices: []*discoveryv1.EndpointSlice{readyHere},
-			reason: "VIP 172.16.1.9 is in no IPPool"},
+			reason: "VIP 172.16.1.9 is in IPPool new, which is refused (Overlap: spec.addresses"},
 		{name: "pool nodeSelector does not select this node", svc: mkSvc("s", "203.0.113.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
 			reason: "pool zoneb's nodeSelector does not select this node"},
 		{name: "pool nodeSelector selects this node", svc: mkSvc("s", "203.0.113.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
 			node: func(n *Node) { n.Labels = map[string]string{"zone": "b"} }, want: []bgp.Route{route("203.0.113.1/32")}},
 		{name: "pool refused for a malformed nodeSelector owns nothing", svc: mkSvc("s", "100.64.1.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
-			reason: "VIP 100.64.1.1 is in no IPPool"},
+			reason: "VIP 100.64.1.1 is in IPPool badsel, which is refused (InvalidSelector: spec.bgp.nodeSelector"},
 
 		// Prefixes.
 		{name: "aggregation IPv4 under Cluster", svc: mkSvc("s", "198.51.100.77"), slices: []*discoveryv1.EndpointSlice{readyElsewhere},
