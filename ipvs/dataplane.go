@@ -129,6 +129,24 @@ func (d *Dataplane) Read() (State, error) {
 // entries without a virtual server.
 func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (st State, orphans []Key, err error) {
 	st = NewState()
+	if err := d.readVIPs(st.VIPs); err != nil {
+		return st, nil, err
+	}
+	if err := d.readServices(st, withBackends); err != nil {
+		return st, nil, err
+	}
+	if d.snat == nil {
+		return st, nil, nil
+	}
+	orphans, err = d.readSNAT(st)
+	if err != nil {
+		return st, nil, err
+	}
+	return st, orphans, nil
+}
+
+// readVIPs adds the addresses bound to the dummy link to vips.
+func (d *Dataplane) readVIPs(vips map[netip.Addr]struct{}) error {
 	addrs, err := d.nl.AddrList(d.link, netlink.FAMILY_ALL)
 	// An address dump is interrupted (and may be incomplete) when any
 	// address of the namespace changes meanwhile: try again.
@@ -136,67 +154,99 @@ func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (
 		addrs, err = d.nl.AddrList(d.link, netlink.FAMILY_ALL)
 	}
 	if err != nil {
-		return st, nil, fmt.Errorf("list addresses of %s: %w", d.name, err)
+		return fmt.Errorf("list addresses of %s: %w", d.name, err)
 	}
 	for _, a := range addrs {
 		ip, ok := netip.AddrFromSlice(a.IP)
 		if !ok || ip.IsLinkLocalUnicast() {
 			continue // the kernel's own IPv6 link-local address
 		}
-		st.VIPs[ip.Unmap()] = struct{}{}
+		vips[ip.Unmap()] = struct{}{}
 	}
+	return nil
+}
+
+// readServices adds the kernel's virtual servers to st.Services, with their
+// real servers when withBackends (nil: always) accepts them. st.VIPs must
+// be read already.
+func (d *Dataplane) readServices(st State, withBackends func(Key, map[netip.Addr]struct{}) bool) error {
 	svcs, err := d.ipvs.GetServices()
 	if err != nil {
-		return st, nil, fmt.Errorf("list IPVS services: %w", err)
+		return fmt.Errorf("list IPVS services: %w", err)
 	}
 	for _, ks := range svcs {
-		if ks.FWMark != 0 {
-			continue // firewall-mark services are never vipcast's
-		}
-		vip, ok := netip.AddrFromSlice(ks.Address)
+		svc, ok := serviceFrom(ks)
 		if !ok {
 			continue
 		}
-		svc := Service{
-			VIP:       vip.Unmap(),
-			Port:      ks.Port,
-			Protocol:  Protocol(ks.Protocol),
-			Scheduler: ks.SchedName,
-			Flags:     ks.Flags & userFlags,
-		}
-		if ks.Flags&FlagPersistent != 0 {
-			svc.Persistent = ks.Timeout
-		}
 		if withBackends == nil || withBackends(svc.Key(), st.VIPs) {
-			dests, err := d.ipvs.GetDestinations(ks)
-			if err != nil {
-				return st, nil, fmt.Errorf("list real servers of %s: %w", svc.Key(), err)
-			}
-			for _, kd := range dests {
-				a, ok := netip.AddrFromSlice(kd.Address)
-				if !ok {
-					continue
-				}
-				svc.Backends = append(svc.Backends, Backend{Addr: a.Unmap(), Port: kd.Port, Weight: kd.Weight})
+			if svc.Backends, err = d.readBackends(ks, svc.Key()); err != nil {
+				return err
 			}
 		}
 		st.Services[svc.Key()] = svc.Normalize()
 	}
-	if d.snat != nil {
-		keys, err := d.snat.read()
-		if err != nil {
-			return st, nil, err
+	return nil
+}
+
+// serviceFrom converts a kernel virtual server, without its real servers.
+// It reports false for those vipcast never owns: firewall-mark services and
+// addresses it cannot parse.
+func serviceFrom(ks *libipvs.Service) (Service, bool) {
+	if ks.FWMark != 0 {
+		return Service{}, false // firewall-mark services are never vipcast's
+	}
+	vip, ok := netip.AddrFromSlice(ks.Address)
+	if !ok {
+		return Service{}, false
+	}
+	svc := Service{
+		VIP:       vip.Unmap(),
+		Port:      ks.Port,
+		Protocol:  Protocol(ks.Protocol),
+		Scheduler: ks.SchedName,
+		Flags:     ks.Flags & userFlags,
+	}
+	if ks.Flags&FlagPersistent != 0 {
+		svc.Persistent = ks.Timeout
+	}
+	return svc, true
+}
+
+// readBackends reads the real servers of the kernel virtual server ks,
+// whose key is k.
+func (d *Dataplane) readBackends(ks *libipvs.Service, k Key) ([]Backend, error) {
+	dests, err := d.ipvs.GetDestinations(ks)
+	if err != nil {
+		return nil, fmt.Errorf("list real servers of %s: %w", k, err)
+	}
+	var bs []Backend
+	for _, kd := range dests {
+		a, ok := netip.AddrFromSlice(kd.Address)
+		if !ok {
+			continue
 		}
-		for k := range keys {
-			if svc, ok := st.Services[k]; ok {
-				svc.SNAT = true
-				st.Services[k] = svc
-			} else {
-				orphans = append(orphans, k)
-			}
+		bs = append(bs, Backend{Addr: a.Unmap(), Port: kd.Port, Weight: kd.Weight})
+	}
+	return bs, nil
+}
+
+// readSNAT marks the virtual servers of st whose connections are
+// masqueraded and returns the source NAT entries without a virtual server.
+func (d *Dataplane) readSNAT(st State) (orphans []Key, err error) {
+	keys, err := d.snat.read()
+	if err != nil {
+		return nil, err
+	}
+	for k := range keys {
+		if svc, ok := st.Services[k]; ok {
+			svc.SNAT = true
+			st.Services[k] = svc
+		} else {
+			orphans = append(orphans, k)
 		}
 	}
-	return st, orphans, nil
+	return orphans, nil
 }
 
 // Sync makes the kernel match desired with a full read: Read, Diff, Apply.
@@ -322,23 +372,58 @@ func (d *Dataplane) Apply(p Plan) error {
 	return d.apply(p)
 }
 
+// apply performs p on the kernel (see Apply) and, when every step
+// succeeded, on the in-memory state; a failure marks that stale.
 func (d *Dataplane) apply(p Plan) error {
-	var errs []error
-	fail := func(what string, err error) {
-		errs = append(errs, fmt.Errorf("%s: %w", what, err))
+	var f failures
+	d.bindVIPs(p.AddVIPs, &f)
+	d.startSNAT(p.AddSNAT, &f)
+	d.applyServices(p, &f)
+	d.applyBackends(p, &f)
+	d.deleteServices(p.DelServices, &f)
+	d.stopSNAT(p.DelSNAT, &f)
+	d.unbindVIPs(p.DelVIPs, &f)
+	if len(f) > 0 {
+		d.stale = true
+		return errors.Join(f...)
 	}
-	for _, a := range p.AddVIPs {
+	p.ApplyTo(&d.cache)
+	return nil
+}
+
+// failures collects the errors of the steps of an apply, each prefixed
+// with what failed.
+type failures []error
+
+// add records err as the failure to do what.
+func (f *failures) add(what string, err error) {
+	*f = append(*f, fmt.Errorf("%s: %w", what, err))
+}
+
+// bindVIPs adds the VIPs to the dummy link; one already there is fine.
+func (d *Dataplane) bindVIPs(vips []netip.Addr, f *failures) {
+	for _, a := range vips {
 		if err := d.nl.AddrAdd(d.link, vipAddr(a)); err != nil && !errors.Is(err, unix.EEXIST) {
-			fail("bind VIP "+a.String(), err)
+			f.add("bind VIP "+a.String(), err)
 		}
 	}
-	if len(p.AddSNAT) > 0 {
-		if d.snat == nil {
-			fail("source NAT", errors.New("disabled (NoSNAT)"))
-		} else if err := d.snat.apply(p.AddSNAT, nil); err != nil {
-			fail("start source NAT", err)
-		}
+}
+
+// startSNAT masquerades the connections of the virtual servers keys.
+func (d *Dataplane) startSNAT(keys []Key, f *failures) {
+	if len(keys) == 0 {
+		return
 	}
+	if d.snat == nil {
+		f.add("source NAT", errors.New("disabled (NoSNAT)"))
+	} else if err := d.snat.apply(keys, nil); err != nil {
+		f.add("start source NAT", err)
+	}
+}
+
+// applyServices adds p's new virtual servers (updating one that exists)
+// and updates its changed ones.
+func (d *Dataplane) applyServices(p Plan, f *failures) {
 	for _, s := range p.AddServices {
 		ks := kernelService(s)
 		err := d.ipvs.NewService(ks)
@@ -346,22 +431,27 @@ func (d *Dataplane) apply(p Plan) error {
 			err = d.ipvs.UpdateService(ks)
 		}
 		if err != nil {
-			fail("add virtual server "+s.Key().String(), err)
+			f.add("add virtual server "+s.Key().String(), err)
 		}
 	}
 	for _, s := range p.UpdateServices {
 		if err := d.ipvs.UpdateService(kernelService(s)); err != nil {
-			fail("update virtual server "+s.Key().String(), err)
+			f.add("update virtual server "+s.Key().String(), err)
 		}
 	}
+}
+
+// applyBackends deletes (skipping absent ones), updates and adds (updating
+// present ones) p's real servers, in that order.
+func (d *Dataplane) applyBackends(p Plan, f *failures) {
 	for _, c := range p.DelBackends {
 		if err := d.ipvs.DelDestination(keyService(c.Key), kernelDest(c.Backend)); err != nil && !isNotFound(err) {
-			fail("delete real server "+c.String(), err)
+			f.add("delete real server "+c.String(), err)
 		}
 	}
 	for _, c := range p.UpdateBackends {
 		if err := d.ipvs.UpdateDestination(keyService(c.Key), kernelDest(c.Backend)); err != nil {
-			fail("update real server "+c.String(), err)
+			f.add("update real server "+c.String(), err)
 		}
 	}
 	for _, c := range p.AddBackends {
@@ -371,30 +461,40 @@ func (d *Dataplane) apply(p Plan) error {
 			err = d.ipvs.UpdateDestination(ks, kd)
 		}
 		if err != nil {
-			fail("add real server "+c.String(), err)
+			f.add("add real server "+c.String(), err)
 		}
 	}
-	for _, k := range p.DelServices {
+}
+
+// deleteServices deletes the virtual servers keys with their real servers;
+// an absent one is skipped.
+func (d *Dataplane) deleteServices(keys []Key, f *failures) {
+	for _, k := range keys {
 		if err := d.ipvs.DelService(keyService(k)); err != nil && !isNotFound(err) {
-			fail("delete virtual server "+k.String(), err)
+			f.add("delete virtual server "+k.String(), err)
 		}
 	}
-	if len(p.DelSNAT) > 0 && d.snat != nil {
-		if err := d.snat.apply(nil, p.DelSNAT); err != nil {
-			fail("stop source NAT", err)
-		}
+}
+
+// stopSNAT stops masquerading the connections of the virtual servers keys
+// (nothing to do with NoSNAT).
+func (d *Dataplane) stopSNAT(keys []Key, f *failures) {
+	if len(keys) == 0 || d.snat == nil {
+		return
 	}
-	for _, a := range p.DelVIPs {
+	if err := d.snat.apply(nil, keys); err != nil {
+		f.add("stop source NAT", err)
+	}
+}
+
+// unbindVIPs removes the VIPs from the dummy link; one already gone is
+// fine.
+func (d *Dataplane) unbindVIPs(vips []netip.Addr, f *failures) {
+	for _, a := range vips {
 		if err := d.nl.AddrDel(d.link, vipAddr(a)); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-			fail("unbind VIP "+a.String(), err)
+			f.add("unbind VIP "+a.String(), err)
 		}
 	}
-	if len(errs) > 0 {
-		d.stale = true
-		return errors.Join(errs...)
-	}
-	p.ApplyTo(&d.cache)
-	return nil
 }
 
 func isNotFound(err error) bool {

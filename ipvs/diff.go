@@ -265,6 +265,20 @@ func (p Plan) ApplyTo(s *State) {
 	for _, a := range p.AddVIPs {
 		s.VIPs[a] = struct{}{}
 	}
+	p.applyServices(s)
+	p.applyBackends(s)
+	for _, k := range p.DelServices {
+		delete(s.Services, k)
+	}
+	for _, a := range p.DelVIPs {
+		delete(s.VIPs, a)
+	}
+}
+
+// applyServices adds p's new virtual servers to s (without real servers:
+// AddBackends holds them), updates the changed ones, keeping their real
+// servers, then starts and stops their source NAT.
+func (p Plan) applyServices(s *State) {
 	for _, svc := range p.AddServices {
 		svc = svc.withoutBackends()
 		svc.SNAT = false // AddSNAT sets it
@@ -285,8 +299,13 @@ func (p Plan) ApplyTo(s *State) {
 	}
 	setSNAT(p.AddSNAT, true)
 	setSNAT(p.DelSNAT, false)
+}
+
+// applyBackends deletes, updates and adds p's real servers in s, in that
+// order. Changes to a virtual server s does not hold are skipped.
+func (p Plan) applyBackends(s *State) {
 	touched := map[Key]bool{}
-	edit := func(c BackendChange, fn func(bs []Backend) []Backend) {
+	edit := func(c BackendChange, fn func(bs []Backend, b Backend) []Backend) {
 		svc, ok := s.Services[c.Key]
 		if !ok {
 			return
@@ -297,38 +316,43 @@ func (p Plan) ApplyTo(s *State) {
 			svc.Backends = slices.Clone(svc.Backends)
 			touched[c.Key] = true
 		}
-		svc.Backends = fn(svc.Backends)
+		svc.Backends = fn(svc.Backends, c.Backend)
 		s.Services[c.Key] = svc
 	}
 	for _, c := range p.DelBackends {
-		edit(c, func(bs []Backend) []Backend {
-			return slices.DeleteFunc(bs, func(b Backend) bool { return b.AddrPort() == c.Backend.AddrPort() })
-		})
+		edit(c, withoutBackend)
 	}
 	for _, c := range p.UpdateBackends {
-		edit(c, func(bs []Backend) []Backend {
-			for i := range bs {
-				if bs[i].AddrPort() == c.Backend.AddrPort() {
-					bs[i].Weight = c.Backend.Weight
-				}
-			}
-			return bs
-		})
+		edit(c, withWeight)
 	}
 	for _, c := range p.AddBackends {
-		edit(c, func(bs []Backend) []Backend {
-			i, found := slices.BinarySearchFunc(bs, c.Backend.AddrPort(), func(b Backend, t netip.AddrPort) int { return b.AddrPort().Compare(t) })
-			if found {
-				bs[i] = c.Backend
-				return bs
-			}
-			return slices.Insert(bs, i, c.Backend)
-		})
+		edit(c, withBackend)
 	}
-	for _, k := range p.DelServices {
-		delete(s.Services, k)
+}
+
+// withoutBackend removes the real server at b's address and port from bs.
+func withoutBackend(bs []Backend, b Backend) []Backend {
+	return slices.DeleteFunc(bs, func(x Backend) bool { return x.AddrPort() == b.AddrPort() })
+}
+
+// withWeight gives the real server at b's address and port in bs b's
+// weight.
+func withWeight(bs []Backend, b Backend) []Backend {
+	for i := range bs {
+		if bs[i].AddrPort() == b.AddrPort() {
+			bs[i].Weight = b.Weight
+		}
 	}
-	for _, a := range p.DelVIPs {
-		delete(s.VIPs, a)
+	return bs
+}
+
+// withBackend inserts b into bs, which is sorted by address and port, or
+// replaces the real server at b's address and port.
+func withBackend(bs []Backend, b Backend) []Backend {
+	i, found := slices.BinarySearchFunc(bs, b.AddrPort(), func(x Backend, t netip.AddrPort) int { return x.AddrPort().Compare(t) })
+	if found {
+		bs[i] = b
+		return bs
 	}
+	return slices.Insert(bs, i, b)
 }
