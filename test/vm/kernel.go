@@ -153,20 +153,12 @@ func FetchKernel(ctx context.Context, logf Logf) (*Kernel, error) {
 	}
 	defer unlock()
 
-	pkg, version, err := KernelPackage(ctx)
-	if err != nil && os.Getenv("VIPCAST_KERNEL_PACKAGE") == "" {
-		if k, cerr := newestCachedKernel(cache); cerr == nil {
-			logf.printf("vm: apt cannot name a kernel (%v); using cached %s %s", err, k.Package, k.Version)
-			return k, nil
-		}
-		logf.printf("vm: apt-get update (%v)", err)
-		if uerr := aptGet(ctx, "", "update"); uerr != nil {
-			return nil, uerr
-		}
-		pkg, version, err = KernelPackage(ctx)
-	}
+	pkg, version, cached, err := kernelToFetch(ctx, cache, logf)
 	if err != nil {
 		return nil, err
+	}
+	if cached != nil {
+		return cached, nil
 	}
 	dir := filepath.Join(cache, "kernel-"+strings.TrimPrefix(pkg, "linux-image-")+"_"+version)
 	if k, err := loadKernel(dir); err == nil {
@@ -174,49 +166,85 @@ func FetchKernel(ctx context.Context, logf Logf) (*Kernel, error) {
 	}
 	start := time.Now()
 	logf.printf("vm: downloading %s=%s into %s (first time only)", pkg, version, dir)
-	if err := os.RemoveAll(dir); err != nil {
-		return nil, err
-	}
-	tmp, err := os.MkdirTemp(cache, ".kernel-tmp-")
+	release, err := installKernel(ctx, cache, pkg, version, dir)
 	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = os.RemoveAll(tmp) }()
-	if err := aptGet(ctx, tmp, "download", pkg+"="+version); err != nil {
-		return nil, err
-	}
-	debs, _ := filepath.Glob(filepath.Join(tmp, "*.deb"))
-	if len(debs) != 1 {
-		return nil, fmt.Errorf("apt-get download %s: expected one .deb, got %v", pkg, debs)
-	}
-	root := filepath.Join(tmp, "root")
-	if _, err := run(ctx, tmp, "dpkg", "-x", debs[0], root); err != nil {
-		return nil, err
-	}
-	vmlinuzs, _ := filepath.Glob(filepath.Join(root, "boot", "vmlinuz-*"))
-	if len(vmlinuzs) != 1 {
-		return nil, fmt.Errorf("%s: expected one boot/vmlinuz-*, got %v", pkg, vmlinuzs)
-	}
-	release := strings.TrimPrefix(filepath.Base(vmlinuzs[0]), "vmlinuz-")
-	stage := filepath.Join(tmp, "stage")
-	if err := os.MkdirAll(stage, 0o755); err != nil {
-		return nil, err
-	}
-	if err := extractVmlinux(ctx, vmlinuzs[0], filepath.Join(stage, "vmlinux")); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(filepath.Join(root, "lib", "modules", release), filepath.Join(stage, "modules")); err != nil {
-		return nil, err
-	}
-	meta := fmt.Sprintf("package=%s\nversion=%s\nrelease=%s\n", pkg, version, release)
-	if err := os.WriteFile(filepath.Join(stage, "kernel.info"), []byte(meta), 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(stage, dir); err != nil {
 		return nil, err
 	}
 	logf.printf("vm: kernel %s (%s) ready in %s", release, version, time.Since(start).Round(time.Millisecond))
 	return loadKernel(dir)
+}
+
+// kernelToFetch names the kernel package and version to use (see
+// KernelPackage). When apt cannot name one and VIPCAST_KERNEL_PACKAGE is
+// unset, it returns the newest cached kernel as cached instead or, with
+// none cached, runs apt-get update and asks again.
+func kernelToFetch(ctx context.Context, cache string, logf Logf) (pkg, version string, cached *Kernel, err error) {
+	pkg, version, err = KernelPackage(ctx)
+	if err == nil || os.Getenv("VIPCAST_KERNEL_PACKAGE") != "" {
+		return pkg, version, nil, err
+	}
+	if k, cerr := newestCachedKernel(cache); cerr == nil {
+		logf.printf("vm: apt cannot name a kernel (%v); using cached %s %s", err, k.Package, k.Version)
+		return "", "", k, nil
+	}
+	logf.printf("vm: apt-get update (%v)", err)
+	if uerr := aptGet(ctx, "", "update"); uerr != nil {
+		return "", "", nil, uerr
+	}
+	pkg, version, err = KernelPackage(ctx)
+	return pkg, version, nil, err
+}
+
+// installKernel downloads pkg=version and extracts its kernel (as an
+// uncompressed vmlinux), its modules and a kernel.info naming them into
+// dir, replacing whatever dir held. It returns the kernel's release.
+func installKernel(ctx context.Context, cache, pkg, version, dir string) (release string, err error) {
+	if err := os.RemoveAll(dir); err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(cache, ".kernel-tmp-")
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = os.RemoveAll(tmp) }()
+	root := filepath.Join(tmp, "root")
+	if err := unpackPackage(ctx, tmp, pkg, version, root); err != nil {
+		return "", err
+	}
+	vmlinuzs, _ := filepath.Glob(filepath.Join(root, "boot", "vmlinuz-*"))
+	if len(vmlinuzs) != 1 {
+		return "", fmt.Errorf("%s: expected one boot/vmlinuz-*, got %v", pkg, vmlinuzs)
+	}
+	release = strings.TrimPrefix(filepath.Base(vmlinuzs[0]), "vmlinuz-")
+	stage := filepath.Join(tmp, "stage")
+	if err := os.MkdirAll(stage, 0o755); err != nil {
+		return "", err
+	}
+	if err := extractVmlinux(ctx, vmlinuzs[0], filepath.Join(stage, "vmlinux")); err != nil {
+		return "", err
+	}
+	if err := os.Rename(filepath.Join(root, "lib", "modules", release), filepath.Join(stage, "modules")); err != nil {
+		return "", err
+	}
+	meta := fmt.Sprintf("package=%s\nversion=%s\nrelease=%s\n", pkg, version, release)
+	if err := os.WriteFile(filepath.Join(stage, "kernel.info"), []byte(meta), 0o644); err != nil {
+		return "", err
+	}
+	return release, os.Rename(stage, dir)
+}
+
+// unpackPackage downloads the Debian package pkg=version into tmp and
+// extracts its files under root (dpkg -x: nothing is installed).
+func unpackPackage(ctx context.Context, tmp, pkg, version, root string) error {
+	if err := aptGet(ctx, tmp, "download", pkg+"="+version); err != nil {
+		return err
+	}
+	debs, _ := filepath.Glob(filepath.Join(tmp, "*.deb"))
+	if len(debs) != 1 {
+		return fmt.Errorf("apt-get download %s: expected one .deb, got %v", pkg, debs)
+	}
+	_, err := run(ctx, tmp, "dpkg", "-x", debs[0], root)
+	return err
 }
 
 func loadKernel(dir string) (*Kernel, error) {

@@ -321,52 +321,101 @@ func TestBinary(ctx context.Context) (string, error) {
 // and exit code. An error means the harness failed (no exit marker: boot
 // failure, guest panic, timeout).
 func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
-	if opts.TestBinary == "" {
-		return nil, errors.New("vm: Options.TestBinary is empty")
-	}
-	if !IsStatic(opts.TestBinary) {
-		return nil, fmt.Errorf("vm: %s is not a static amd64 binary (build it with CGO_ENABLED=0)", opts.TestBinary)
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = 5 * time.Minute
-	}
-	if opts.Modules == nil {
-		opts.Modules = DefaultModules
-	}
-	if opts.OptionalModules == nil {
-		opts.OptionalModules = OptionalModules
-	}
-	if opts.MemoryMB == 0 {
-		opts.MemoryMB = 512
-	}
-	if opts.CPUs == 0 {
-		opts.CPUs = 1
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 
-	mods, _, err := env.Kernel.modulesCPIO(opts.Modules, opts.OptionalModules)
-	if err != nil {
-		return nil, err
-	}
-	initBin, err := BuildInit()
-	if err != nil {
-		return nil, err
-	}
-	wd, err := workDir()
-	if err != nil {
-		return nil, err
-	}
-	rd, err := os.MkdirTemp(wd, "run-")
+	rd, initrd, err := runInitrd(env, opts)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = os.RemoveAll(rd) }()
-	initrd := filepath.Join(rd, "initrd")
-	if err := writeInitrd(initrd, mods, initBin, opts); err != nil {
+
+	start := time.Now()
+	cmd, console, err := startQEMU(ctx, qemuArgv(env, opts, initrd))
+	if err != nil {
 		return nil, err
 	}
+	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }()
+	if opts.Started != nil {
+		opts.Started(cmd.Process.Pid)
+	}
 
+	res := readConsole(console, start, opts.Logf)
+	_ = console.Close()
+	werr := cmd.Wait()
+	res.Total = time.Since(start)
+	if res.ExitCode < 0 {
+		if ctx.Err() != nil {
+			return res, fmt.Errorf("vm: no result after %s (timeout): %w", opts.Timeout, ctx.Err())
+		}
+		// werr is nil when qemu exited cleanly: %v, not %w.
+		return res, fmt.Errorf("vm: qemu ended without an exit marker (boot failure or guest panic): %v", werr) //nolint:errorlint // see above
+	}
+	return res, nil
+}
+
+// withDefaults checks that o names a static test binary and fills in the
+// defaults of the fields left zero.
+func (o Options) withDefaults() (Options, error) {
+	if o.TestBinary == "" {
+		return o, errors.New("vm: Options.TestBinary is empty")
+	}
+	if !IsStatic(o.TestBinary) {
+		return o, fmt.Errorf("vm: %s is not a static amd64 binary (build it with CGO_ENABLED=0)", o.TestBinary)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Minute
+	}
+	if o.Modules == nil {
+		o.Modules = DefaultModules
+	}
+	if o.OptionalModules == nil {
+		o.OptionalModules = OptionalModules
+	}
+	if o.MemoryMB == 0 {
+		o.MemoryMB = 512
+	}
+	if o.CPUs == 0 {
+		o.CPUs = 1
+	}
+	return o, nil
+}
+
+// runInitrd writes the initramfs of one run (the cached modules, /init, the
+// test binary and opts' files) into a new directory of the work directory.
+// The caller removes dir.
+func runInitrd(env *Env, opts Options) (dir, initrd string, err error) {
+	mods, _, err := env.Kernel.modulesCPIO(opts.Modules, opts.OptionalModules)
+	if err != nil {
+		return "", "", err
+	}
+	initBin, err := BuildInit()
+	if err != nil {
+		return "", "", err
+	}
+	wd, err := workDir()
+	if err != nil {
+		return "", "", err
+	}
+	dir, err = os.MkdirTemp(wd, "run-")
+	if err != nil {
+		return "", "", err
+	}
+	initrd = filepath.Join(dir, "initrd")
+	if err := writeInitrd(initrd, mods, initBin, opts); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", "", err
+	}
+	return dir, initrd, nil
+}
+
+// qemuArgv is the command line booting env's kernel with initrd: qemu
+// itself, inside opts.Netns when set.
+func qemuArgv(env *Env, opts Options, initrd string) []string {
 	cpu := "max"
 	if env.Accel == "kvm" {
 		cpu = "host"
@@ -383,16 +432,23 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 	if opts.Netns != "" {
 		argv = append([]string{"ip", "netns", "exec", opts.Netns}, argv...)
 	}
+	return argv
+}
+
+// startQEMU starts argv in its own process group, which dies with this
+// process and is killed when ctx ends, and returns the command and the read
+// end of its console (standard output and error). The caller closes the
+// console and waits for the command.
+func startQEMU(ctx context.Context, argv []string) (*exec.Cmd, *os.File, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	pr, pw, err := os.Pipe()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cmd.Stdout, cmd.Stderr = pw, pw
-	start := time.Now()
 	// Pdeathsig follows the thread that forked: keep it alive while starting.
 	runtime.LockOSThread()
 	err = cmd.Start()
@@ -400,23 +456,24 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 	_ = pw.Close()
 	if err != nil {
 		_ = pr.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }()
-	if opts.Started != nil {
-		opts.Started(cmd.Process.Pid)
-	}
+	return cmd, pr, nil
+}
 
+// readConsole reads the guest's console until it closes, passing every
+// cleaned line to logf (nil: none), and returns the output, the exit code
+// after ExitMarker (-1 without one) and the boot time counted from start.
+func readConsole(console io.Reader, start time.Time, logf Logf) *Result {
 	res := &Result{ExitCode: -1}
 	var out strings.Builder
-	sc := bufio.NewScanner(pr)
+	sc := bufio.NewScanner(console)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
-		line := ansiEscape.ReplaceAllString(strings.ReplaceAll(sc.Text(), "\r", ""), "")
-		if strings.HasPrefix(line, "SeaBIOS (version ") {
+		line, ok := consoleLine(sc.Text())
+		if !ok {
 			continue
 		}
-		line = strings.TrimPrefix(line, "Booting from ROM..")
 		out.WriteString(line)
 		out.WriteByte('\n')
 		if res.Boot == 0 && strings.Contains(line, "vm-init: modules loaded") {
@@ -427,22 +484,23 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 				res.ExitCode = n
 			}
 		}
-		if opts.Logf != nil {
-			opts.Logf("%s", line)
+		if logf != nil {
+			logf("%s", line)
 		}
 	}
-	_ = pr.Close()
-	werr := cmd.Wait()
-	res.Total = time.Since(start)
 	res.Output = out.String()
-	if res.ExitCode < 0 {
-		if ctx.Err() != nil {
-			return res, fmt.Errorf("vm: no result after %s (timeout): %w", opts.Timeout, ctx.Err())
-		}
-		// werr is nil when qemu exited cleanly: %v, not %w.
-		return res, fmt.Errorf("vm: qemu ended without an exit marker (boot failure or guest panic): %v", werr) //nolint:errorlint // see above
+	return res
+}
+
+// consoleLine strips carriage returns and SeaBIOS's terminal control
+// sequences and boot message from a console line; it reports false for a
+// line that is SeaBIOS's banner.
+func consoleLine(raw string) (string, bool) {
+	line := ansiEscape.ReplaceAllString(strings.ReplaceAll(raw, "\r", ""), "")
+	if strings.HasPrefix(line, "SeaBIOS (version ") {
+		return "", false
 	}
-	return res, nil
+	return strings.TrimPrefix(line, "Booting from ROM.."), true
 }
 
 // ansiEscape matches the terminal control sequences SeaBIOS prints.
