@@ -117,13 +117,29 @@ func Build(s Spec) (v1.Image, error) {
 	if err := checkELF(bin, s.Arch); err != nil {
 		return nil, fmt.Errorf("%s: %w", s.Binary, err)
 	}
-	base := path.Base(s.Name)
-	target := path.Join(BinDir, base)
+	target := path.Join(BinDir, path.Base(s.Name))
 	layerTar, err := layerTar(target, bin, s.Created)
 	if err != nil {
 		return nil, err
 	}
+	img, err := withLayer(s, target, layerTar)
+	if err != nil {
+		return nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	img, err = mutate.ConfigFile(img, imageConfig(cf.DeepCopy(), s, target))
+	if err != nil {
+		return nil, err
+	}
+	return mutate.CreatedAt(img, v1.Time{Time: s.Created})
+}
 
+// withLayer is the empty base with one layer, the tar layerTar that adds
+// target, in s's format (Docker or OCI media types).
+func withLayer(s Spec, target string, layerTar []byte) (v1.Image, error) {
 	oci := s.Format == FormatOCI
 	layerType := types.DockerLayer
 	if oci {
@@ -141,7 +157,7 @@ func Build(s Spec) (v1.Image, error) {
 		img = mutate.MediaType(img, types.OCIManifestSchema1)
 		img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	}
-	img, err = mutate.Append(img, mutate.Addendum{
+	return mutate.Append(img, mutate.Addendum{
 		Layer:     layer,
 		MediaType: layerType,
 		History: v1.History{
@@ -150,15 +166,11 @@ func Build(s Spec) (v1.Image, error) {
 			Comment:   "static Go binary on an empty base",
 		},
 	})
-	if err != nil {
-		return nil, err
-	}
+}
 
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
+// imageConfig sets cf's platform, entrypoint (target), user, environment
+// and labels from s, and returns it.
+func imageConfig(cf *v1.ConfigFile, s Spec, target string) *v1.ConfigFile {
 	cf.OS = s.OS
 	cf.Architecture = s.Arch
 	cf.Config.Entrypoint = []string{target}
@@ -167,18 +179,14 @@ func Build(s Spec) (v1.Image, error) {
 	cf.Config.WorkingDir = "/"
 	cf.Config.Env = []string{"PATH=" + BinDir + ":/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   base,
+		"org.opencontainers.image.title":   path.Base(s.Name),
 		"org.opencontainers.image.version": s.Tag,
 		"org.opencontainers.image.created": s.Created.UTC().Format(time.RFC3339),
 	}
 	if s.Description != "" {
 		cf.Config.Labels["org.opencontainers.image.description"] = s.Description
 	}
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		return nil, err
-	}
-	return mutate.CreatedAt(img, v1.Time{Time: s.Created})
+	return cf
 }
 
 // layerTar is the uncompressed layer: the parent directories and the

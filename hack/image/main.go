@@ -34,95 +34,134 @@ func main() {
 }
 
 func run(args []string, stdout io.Writer) error {
+	fl, o := newFlags()
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	base, err := o.baseSpec()
+	if err != nil {
+		return err
+	}
+	if o.binary == "" && fl.NArg() == 0 {
+		fl.Usage()
+		return errors.New("nothing to build")
+	}
+	jobs, err := o.jobs(base, fl.Args())
+	if err != nil {
+		return err
+	}
+	for _, j := range jobs {
+		if err := j.build(stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// options are the values of the command line's flags.
+type options struct {
+	binary, imgName, out                           string // single-image mode
+	repo, outdir                                   string // multi-image mode
+	tag, format, user, desc, goos, goarch, created string
+}
+
+// newFlags defines the command line's flags, which fill in the options.
+func newFlags() (*flag.FlagSet, *options) {
 	fl := flag.NewFlagSet("image", flag.ContinueOnError)
-	var (
-		binary  = fl.String("binary", "", "single-image mode: path of the static binary")
-		imgName = fl.String("name", "", "single-image mode: repository without registry host, e.g. vipcast/vipcast-speaker")
-		out     = fl.String("out", "", "single-image mode: output file (docker), or OCI layout directory / .tar (oci)")
-		tag     = fl.String("tag", "", "image tag (required), e.g. the output of git describe")
-		repo    = fl.String("repo", "vipcast", "multi-image mode: repository prefix")
-		outdir  = fl.String("outdir", "_output/images", "multi-image mode: output directory")
-		format  = fl.String("format", FormatDocker, "docker (docker save tarball) or oci (OCI image layout; a .tar out path gives an oci-archive)")
-		user    = fl.String("user", "", `numeric uid:gid; empty = default for the binary (vipcast-ccm 65532:65532, vipcast-speaker 0:0); "none" leaves it unset`)
-		desc    = fl.String("description", "", "org.opencontainers.image.description (default for known binaries)")
-		goos    = fl.String("os", "linux", "image OS")
-		goarch  = fl.String("arch", "amd64", "image architecture (must match the binary)")
-		created = fl.String("created", "", "creation time and file mtime: RFC 3339 or Unix seconds (default $SOURCE_DATE_EPOCH, else 1970-01-01T00:00:00Z)")
-	)
+	o := &options{}
+	fl.StringVar(&o.binary, "binary", "", "single-image mode: path of the static binary")
+	fl.StringVar(&o.imgName, "name", "", "single-image mode: repository without registry host, e.g. vipcast/vipcast-speaker")
+	fl.StringVar(&o.out, "out", "", "single-image mode: output file (docker), or OCI layout directory / .tar (oci)")
+	fl.StringVar(&o.tag, "tag", "", "image tag (required), e.g. the output of git describe")
+	fl.StringVar(&o.repo, "repo", "vipcast", "multi-image mode: repository prefix")
+	fl.StringVar(&o.outdir, "outdir", "_output/images", "multi-image mode: output directory")
+	fl.StringVar(&o.format, "format", FormatDocker, "docker (docker save tarball) or oci (OCI image layout; a .tar out path gives an oci-archive)")
+	fl.StringVar(&o.user, "user", "", `numeric uid:gid; empty = default for the binary (vipcast-ccm 65532:65532, vipcast-speaker 0:0); "none" leaves it unset`)
+	fl.StringVar(&o.desc, "description", "", "org.opencontainers.image.description (default for known binaries)")
+	fl.StringVar(&o.goos, "os", "linux", "image OS")
+	fl.StringVar(&o.goarch, "arch", "amd64", "image architecture (must match the binary)")
+	fl.StringVar(&o.created, "created", "", "creation time and file mtime: RFC 3339 or Unix seconds (default $SOURCE_DATE_EPOCH, else 1970-01-01T00:00:00Z)")
 	fl.Usage = func() {
 		_, _ = fmt.Fprintln(fl.Output(), "usage: image -binary PATH -name REPO -tag TAG -out FILE [flags]\n       image -tag TAG [-outdir DIR] [flags] BINARY...")
 		fl.PrintDefaults()
 	}
-	if err := fl.Parse(args); err != nil {
+	return fl, o
+}
+
+// baseSpec checks the flags every image shares and returns the Spec they
+// give, without binary and name.
+func (o *options) baseSpec() (Spec, error) {
+	if o.tag == "" {
+		return Spec{}, errors.New("-tag is required")
+	}
+	if o.format != FormatDocker && o.format != FormatOCI {
+		return Spec{}, fmt.Errorf("-format %q: want docker or oci", o.format)
+	}
+	t, err := createdTime(o.created)
+	if err != nil {
+		return Spec{}, err
+	}
+	return Spec{Tag: o.tag, User: o.user, Description: o.desc, OS: o.goos, Arch: o.goarch, Created: t, Format: o.format}, nil
+}
+
+// job is one image to build and the file or directory to write it to.
+type job struct {
+	spec Spec
+	out  string
+}
+
+// jobs returns the images to build from base: the one of -binary, or one
+// per binary in args (multi-image mode).
+func (o *options) jobs(base Spec, args []string) ([]job, error) {
+	if o.binary != "" {
+		if len(args) > 0 {
+			return nil, errors.New("give either -binary or positional binaries, not both")
+		}
+		if o.imgName == "" || o.out == "" {
+			return nil, errors.New("-binary needs -name and -out")
+		}
+		s := base
+		s.Binary, s.Name = o.binary, o.imgName
+		return []job{{s, o.out}}, nil
+	}
+	if o.imgName != "" || o.out != "" {
+		return nil, errors.New("-name and -out are for single-image mode (-binary)")
+	}
+	var jobs []job
+	for _, b := range args {
+		s := base
+		s.Binary = b
+		s.Name = strings.TrimSuffix(o.repo, "/") + "/" + filepath.Base(b)
+		out := filepath.Join(o.outdir, filepath.Base(b)+".tar")
+		if o.format == FormatOCI {
+			out = filepath.Join(o.outdir, filepath.Base(b)+".oci.tar")
+		}
+		jobs = append(jobs, job{s, out})
+	}
+	return jobs, nil
+}
+
+// build builds and writes j's image and lists it on stdout: name:tag,
+// digest and file.
+func (j job) build(stdout io.Writer) error {
+	s := j.spec
+	DefaultsFor(&s)
+	if s.User == "none" {
+		s.User = ""
+	}
+	if _, err := s.Ref(); err != nil {
 		return err
 	}
-	if *tag == "" {
-		return errors.New("-tag is required")
-	}
-	if *format != FormatDocker && *format != FormatOCI {
-		return fmt.Errorf("-format %q: want docker or oci", *format)
-	}
-	t, err := createdTime(*created)
+	img, err := Build(s)
 	if err != nil {
 		return err
 	}
-	base := Spec{Tag: *tag, User: *user, Description: *desc, OS: *goos, Arch: *goarch, Created: t, Format: *format}
-
-	type job struct {
-		spec Spec
-		out  string
+	d, err := Write(s, img, j.out)
+	if err != nil {
+		return err
 	}
-	var jobs []job
-	switch {
-	case *binary != "":
-		if fl.NArg() > 0 {
-			return errors.New("give either -binary or positional binaries, not both")
-		}
-		if *imgName == "" || *out == "" {
-			return errors.New("-binary needs -name and -out")
-		}
-		s := base
-		s.Binary, s.Name = *binary, *imgName
-		jobs = append(jobs, job{s, *out})
-	case fl.NArg() > 0:
-		if *imgName != "" || *out != "" {
-			return errors.New("-name and -out are for single-image mode (-binary)")
-		}
-		for _, b := range fl.Args() {
-			s := base
-			s.Binary = b
-			s.Name = strings.TrimSuffix(*repo, "/") + "/" + filepath.Base(b)
-			o := filepath.Join(*outdir, filepath.Base(b)+".tar")
-			if *format == FormatOCI {
-				o = filepath.Join(*outdir, filepath.Base(b)+".oci.tar")
-			}
-			jobs = append(jobs, job{s, o})
-		}
-	default:
-		fl.Usage()
-		return errors.New("nothing to build")
-	}
-
-	for _, j := range jobs {
-		s := j.spec
-		DefaultsFor(&s)
-		if s.User == "none" {
-			s.User = ""
-		}
-		if _, err := s.Ref(); err != nil {
-			return err
-		}
-		img, err := Build(s)
-		if err != nil {
-			return err
-		}
-		d, err := Write(s, img, j.out)
-		if err != nil {
-			return err
-		}
-		if _, err := fmt.Fprintf(stdout, "%s:%s\t%s\t%s\n", s.Name, s.Tag, d, j.out); err != nil {
-			return fmt.Errorf("listing %s: %w", j.out, err)
-		}
+	if _, err := fmt.Fprintf(stdout, "%s:%s\t%s\t%s\n", s.Name, s.Tag, d, j.out); err != nil {
+		return fmt.Errorf("listing %s: %w", j.out, err)
 	}
 	return nil
 }
