@@ -91,6 +91,9 @@ func Start(t harness.T) *ControlPlane {
 	return cp
 }
 
+// start launches etcd and kube-apiserver with their files in dir and waits
+// until the API server is ready. It returns the ControlPlane also with an
+// error once there is something to stop.
 func start(dir string, logf func(string, ...any)) (*ControlPlane, error) {
 	bin := BinDir()
 	for _, name := range []string{"etcd", "kube-apiserver"} {
@@ -111,18 +114,43 @@ func start(dir string, logf func(string, ...any)) (*ControlPlane, error) {
 
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
-	if err := cp.launch(filepath.Join(bin, "etcd"), "etcd",
-		"--data-dir", filepath.Join(dir, "etcd"),
-		"--name", "vipcast-test",
-		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
-		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "vipcast-test="+peerURL,
-		"--unsafe-no-fsync", "--log-level", "warn",
-	); err != nil {
+	if err := cp.launch(filepath.Join(bin, "etcd"), "etcd", etcdArgs(dir, etcdURL, peerURL)...); err != nil {
+		return cp, err
+	}
+	if err := cp.launch(filepath.Join(bin, "kube-apiserver"), "kube-apiserver", apiServerArgs(dir, etcdURL, apiPort)...); err != nil {
 		return cp, err
 	}
 
-	if err := cp.launch(filepath.Join(bin, "kube-apiserver"), "kube-apiserver",
+	apiURL := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	if err := cp.writeKubeconfig(apiURL); err != nil {
+		return cp, err
+	}
+	if err := waitReady(apiURL, cp.Token, 60*time.Second); err != nil {
+		return cp, fmt.Errorf("kube-apiserver not ready (logs in %s): %w", dir, err)
+	}
+	logf("control plane ready at %s (dir %s)", apiURL, dir)
+	return cp, nil
+}
+
+// etcdArgs is the command line of a single-member etcd with its data in
+// dir, serving clients on clientURL.
+func etcdArgs(dir, clientURL, peerURL string) []string {
+	return []string{
+		"--data-dir", filepath.Join(dir, "etcd"),
+		"--name", "vipcast-test",
+		"--listen-client-urls", clientURL, "--advertise-client-urls", clientURL,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "vipcast-test=" + peerURL,
+		"--unsafe-no-fsync", "--log-level", "warn",
+	}
+}
+
+// apiServerArgs is the command line of a kube-apiserver on loopback port
+// apiPort, storing in the etcd at etcdURL, with the tokens and service
+// account keys writeCredentials put in dir and its serving certificate in
+// dir/certs.
+func apiServerArgs(dir, etcdURL string, apiPort int) []string {
+	return []string{
 		"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
 		"--secure-port", strconv.Itoa(apiPort),
@@ -143,19 +171,7 @@ func start(dir string, logf func(string, ...any)) (*ControlPlane, error) {
 		"--max-requests-inflight", "1000",
 		"--max-mutating-requests-inflight", "500",
 		"-v", "1",
-	); err != nil {
-		return cp, err
 	}
-
-	apiURL := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
-	if err := cp.writeKubeconfig(apiURL); err != nil {
-		return cp, err
-	}
-	if err := waitReady(apiURL, cp.Token, 60*time.Second); err != nil {
-		return cp, fmt.Errorf("kube-apiserver not ready (logs in %s): %w", dir, err)
-	}
-	logf("control plane ready at %s (dir %s)", apiURL, dir)
-	return cp, nil
 }
 
 // writeCredentials creates the admin token file and the service-account key pair.
