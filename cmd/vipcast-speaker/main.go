@@ -126,11 +126,9 @@ func run(f *flags) error {
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics, err := speaker.NewMetrics(reg)
+	reg, metrics, err := newRegistry()
 	if err != nil {
-		return fmt.Errorf("metrics: %w", err)
+		return err
 	}
 	// The controller is built after BGP, but the session callback needs
 	// it: it is reached through ctrlRef once it exists.
@@ -155,11 +153,7 @@ func run(f *flags) error {
 		if err != nil {
 			return fmt.Errorf("opening IPVS (load the ip_vs modules and grant NET_ADMIN, or pass --ipvs=false to announce routes only): %w", err)
 		}
-		defer func() {
-			if err := dp.Close(); err != nil {
-				logger.Error(err, "Closing the IPVS handles")
-			}
-		}()
+		defer closeDataplane(logger, dp)
 		opts.Dataplane = dp
 	}
 	ctrl, err := speaker.NewController(opts)
@@ -175,6 +169,26 @@ func run(f *flags) error {
 	logger.Info("Starting vipcast-speaker", "routerID", routerID)
 	runErr := ctrl.Run(ctx)
 	return shutdown(logger, ctrl, engine, f.convergenceDelay, runErr)
+}
+
+// newRegistry returns the speaker's metrics registry, holding the Go
+// runtime's and the process's collectors and the speaker's own metrics.
+func newRegistry() (*prometheus.Registry, *speaker.Metrics, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := speaker.NewMetrics(reg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("metrics: %w", err)
+	}
+	return reg, metrics, nil
+}
+
+// closeDataplane releases the IPVS and netlink handles, logging a failure;
+// the kernel state stays.
+func closeDataplane(logger klog.Logger, dp *ipvs.Dataplane) {
+	if err := dp.Close(); err != nil {
+		logger.Error(err, "Closing the IPVS handles")
+	}
 }
 
 // clients returns the typed and dynamic API clients the flags configure.
