@@ -139,36 +139,63 @@ func Up(t harness.T, opts Options) *Lab {
 	if os.Geteuid() != 0 {
 		t.Fatal("the lab needs root: network namespaces, tap devices and routes (run as root)")
 	}
-	if opts.Dir == "" {
-		opts.Dir = t.TempDir()
-	}
-	if opts.Logf == nil {
-		opts.Logf = t.Logf
-	}
-	if opts.Nodes == 0 {
-		opts.Nodes = 2
-	}
-	if opts.PodsPerNode == 0 {
-		opts.PodsPerNode = 3
-	}
-	if opts.HoldTime == 0 {
-		opts.HoldTime = 6 * time.Second
-	}
-	if opts.KeepaliveTime == 0 {
-		opts.KeepaliveTime = opts.HoldTime / 3
-	}
-	if opts.NodeMemoryMB == 0 {
-		opts.NodeMemoryMB = 768
-	}
+	opts = opts.withDefaults(t)
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	l := &Lab{Opts: opts, t: t}
-	logf := opts.Logf
 
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
+	bins, venv := l.prepare(ctx)
+	l.startControlPlane(ctx)
+	opts.Logf("==> starting vipcast-ccm (leader election on)")
+	l.startCCM(bins["vipcast-ccm"])
+	l.startNetwork()
+	l.Nodes = l.planNodes()
+	l.startToR()
+	l.bootNodes(ctx, cancel, venv, bins)
+	l.waitNodes(ctx)
+	t.Cleanup(func() {
+		if t.Failed() {
+			l.dumpConsoles()
+		}
+	})
+	return l
+}
+
+// withDefaults fills in the defaults of the options left zero.
+func (o Options) withDefaults(t harness.T) Options {
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	if o.Logf == nil {
+		o.Logf = t.Logf
+	}
+	if o.Nodes == 0 {
+		o.Nodes = 2
+	}
+	if o.PodsPerNode == 0 {
+		o.PodsPerNode = 3
+	}
+	if o.HoldTime == 0 {
+		o.HoldTime = 6 * time.Second
+	}
+	if o.KeepaliveTime == 0 {
+		o.KeepaliveTime = o.HoldTime / 3
+	}
+	if o.NodeMemoryMB == 0 {
+		o.NodeMemoryMB = 768
+	}
+	return o
+}
+
+// prepare builds the binaries (see build) and readies the VMs' kernel and
+// qemu.
+func (l *Lab) prepare(ctx context.Context) (map[string]string, *vm.Env) {
+	t, logf := l.t, l.Opts.Logf
+	t.Helper()
 	logf("==> building vipcast-ccm, vipcast-speaker and the lab node agent (static, for the VMs)")
 	bins, err := l.build(ctx)
 	if err != nil {
@@ -179,8 +206,15 @@ func Up(t harness.T, opts Options) *Lab {
 	if err != nil {
 		t.Fatalf("vm: %v", err)
 	}
+	return bins, venv
+}
 
-	logf("==> starting etcd and kube-apiserver %s", controlplane.KubernetesVersion)
+// startControlPlane starts etcd and kube-apiserver and installs vipcast's
+// CRDs.
+func (l *Lab) startControlPlane(ctx context.Context) {
+	t := l.t
+	t.Helper()
+	l.Opts.Logf("==> starting etcd and kube-apiserver %s", controlplane.KubernetesVersion)
 	l.CP = controlplane.Start(t)
 	root, err := repoRoot()
 	if err != nil {
@@ -193,11 +227,15 @@ func Up(t harness.T, opts Options) *Lab {
 	if err := l.CP.InstallCRDs(ctx, crds); err != nil {
 		t.Fatal(err)
 	}
+}
 
-	logf("==> starting vipcast-ccm (leader election on)")
-	l.startCCM(bins["vipcast-ccm"])
-
-	logf("==> network: ToR namespace with bridge rack %s/%d, client %s behind it", torAddr, rackBits, clientAddr)
+// startNetwork creates the ToR namespace with the rack bridge, routing
+// with ECMP, the client namespace behind it and the ToR's relay to the API
+// server.
+func (l *Lab) startNetwork() {
+	t := l.t
+	t.Helper()
+	l.Opts.Logf("==> network: ToR namespace with bridge rack %s/%d, client %s behind it", torAddr, rackBits, clientAddr)
 	l.TorNS = netns.New(t, "tor")
 	netns.Bridge(t, l.TorNS, "rack", fmt.Sprintf("%s/%d", torAddr, rackBits))
 	sysctl(t, l.TorNS, "net.ipv4.ip_forward", "1")
@@ -209,8 +247,13 @@ func Up(t harness.T, opts Options) *Lab {
 	l.ClientNS.IP(t, "route", "add", "default", "via", clientGW.String())
 	apiHost := strings.TrimPrefix(l.CP.Config.Host, "https://")
 	netns.Forward(t, l.TorNS, net.JoinHostPort(torAddr.String(), apiRelay), apiHost)
+}
 
-	for i := 1; i <= opts.Nodes; i++ {
+// planNodes returns the Options.Nodes nodes, numbered from 1, with their
+// addresses, pod ranges and Options.PodsPerNode pods each.
+func (l *Lab) planNodes() []*Node {
+	var nodes []*Node
+	for i := 1; i <= l.Opts.Nodes; i++ {
 		n := &Node{
 			Name:    fmt.Sprintf("node%d", i),
 			Addr:    netip.AddrFrom4([4]byte{10, 0, 0, byte(10 + i)}),
@@ -218,28 +261,40 @@ func Up(t harness.T, opts Options) *Lab {
 			lab:     l,
 			done:    make(chan struct{}),
 		}
-		for j := 1; j <= opts.PodsPerNode; j++ {
+		for j := 1; j <= l.Opts.PodsPerNode; j++ {
 			n.Pods = append(n.Pods, Pod{
-				Name: fmt.Sprintf("backend-%d", (i-1)*opts.PodsPerNode+j),
+				Name: fmt.Sprintf("backend-%d", (i-1)*l.Opts.PodsPerNode+j),
 				Node: n.Name,
 				Addr: netip.AddrFrom4([4]byte{10, 244, byte(i), byte(9 + j)}),
 			})
 		}
-		l.Nodes = append(l.Nodes, n)
+		nodes = append(nodes, n)
 	}
+	return nodes
+}
 
+// startToR starts FRR in the ToR namespace with every node as a neighbor.
+func (l *Lab) startToR() {
+	l.t.Helper()
 	var neighbors []routers.FRRNeighbor
 	for _, n := range l.Nodes {
-		neighbors = append(neighbors, routers.FRRNeighbor{Address: n.Addr, ASN: NodeASN, KeepaliveTime: opts.KeepaliveTime, HoldTime: opts.HoldTime})
+		neighbors = append(neighbors, routers.FRRNeighbor{Address: n.Addr, ASN: NodeASN, KeepaliveTime: l.Opts.KeepaliveTime, HoldTime: l.Opts.HoldTime})
 	}
-	logf("==> starting FRR (zebra + bgpd, AS %d) in the ToR namespace", ToRASN)
-	l.ToR = routers.StartFRR(t, routers.FRRConfig{ASN: ToRASN, ListenAddress: torAddr, Netns: l.TorNS.Name, Zebra: true, Neighbors: neighbors})
+	l.Opts.Logf("==> starting FRR (zebra + bgpd, AS %d) in the ToR namespace", ToRASN)
+	l.ToR = routers.StartFRR(l.t, routers.FRRConfig{ASN: ToRASN, ListenAddress: torAddr, Netns: l.TorNS.Name, Zebra: true, Neighbors: neighbors})
+}
 
+// bootNodes registers the nodes with the API server and boots their VMs,
+// each on a tap device of the rack bridge. The VMs run until ctx ends;
+// cancel, run by a cleanup, stops them before the namespaces go.
+func (l *Lab) bootNodes(ctx context.Context, cancel context.CancelFunc, venv *vm.Env, bins map[string]string) {
+	t := l.t
+	t.Helper()
 	for _, n := range l.Nodes {
 		l.registerNode(n, venv.Kernel.Release)
 	}
 	kubeconfig := l.nodeKubeconfig()
-	logf("==> booting %d node VMs (Debian kernel %s under qemu, %s)", len(l.Nodes), venv.Kernel.Release, venv.Accel)
+	l.Opts.Logf("==> booting %d node VMs (Debian kernel %s under qemu, %s)", len(l.Nodes), venv.Kernel.Release, venv.Accel)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() }) // VMs go before the namespaces
 	for i, n := range l.Nodes {
@@ -254,20 +309,20 @@ func Up(t harness.T, opts Options) *Lab {
 			_, n.err = vm.RunContext(ctx, venv, opts)
 		}()
 	}
+}
+
+// waitNodes waits until every node's agent answers, showing the consoles
+// when one does not.
+func (l *Lab) waitNodes(ctx context.Context) {
+	l.t.Helper()
 	start := time.Now()
 	for _, n := range l.Nodes {
 		if err := n.waitAgent(ctx, 5*time.Minute); err != nil {
 			l.dumpConsoles()
-			t.Fatalf("%s: %v", n.Name, err)
+			l.t.Fatalf("%s: %v", n.Name, err)
 		}
-		logf("    %s is up at %s (%s after boot started)", n.Name, n.Addr, time.Since(start).Round(time.Second))
+		l.Opts.Logf("    %s is up at %s (%s after boot started)", n.Name, n.Addr, time.Since(start).Round(time.Second))
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			l.dumpConsoles()
-		}
-	})
-	return l
 }
 
 // build compiles the binaries into Dir/bin.
