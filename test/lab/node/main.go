@@ -206,40 +206,62 @@ func bridge(nl *netlink.Handle, cfg *config) (netlink.Link, error) {
 // startPod makes the pod's namespace, wires it to the bridge and serves
 // HTTP on :8080 inside it.
 func startPod(nl *netlink.Handle, br netlink.Link, cfg *config, i int, p Pod) error {
-	host, peer := fmt.Sprintf("veth%d", i), fmt.Sprintf("vp%d", i)
+	peer := fmt.Sprintf("vp%d", i)
+	ns, err := podVeth(nl, br, fmt.Sprintf("veth%d", i), peer)
+	if err != nil {
+		return err
+	}
+	addr := netip.PrefixFrom(p.Addr, cfg.podCIDR.Bits())
+	if err := podNetwork(ns, peer, addr, cfg.podCIDR.Addr().Next()); err != nil {
+		return err
+	}
+	return servePod(ns, cfg.name, p)
+}
+
+// podVeth creates a new network namespace and a veth pair, host on the
+// bridge br and up, peer moved into the namespace.
+func podVeth(nl *netlink.Handle, br netlink.Link, host, peer string) (netns.NsHandle, error) {
 	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: host, MasterIndex: br.Attrs().Index}, PeerName: peer}); err != nil {
-		return fmt.Errorf("veth: %w", err)
+		return 0, fmt.Errorf("veth: %w", err)
 	}
 	h, err := nl.LinkByName(host)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := nl.LinkSetUp(h); err != nil {
-		return err
+		return 0, err
 	}
 	ns, err := newNS()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	pl, err := nl.LinkByName(peer)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := nl.LinkSetNsFd(pl, int(ns)); err != nil {
-		return fmt.Errorf("moving %s: %w", peer, err)
+		return 0, fmt.Errorf("moving %s: %w", peer, err)
 	}
+	return ns, nil
+}
+
+// podNetwork configures the pod's namespace ns: the veth end peer becomes
+// eth0 with addr, lo and eth0 go up, and the default route goes via gw
+// (the bridge).
+func podNetwork(ns netns.NsHandle, peer string, addr netip.Prefix, gw netip.Addr) error {
 	pn, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return err
 	}
 	defer pn.Close()
-	if pl, err = pn.LinkByName(peer); err != nil {
+	pl, err := pn.LinkByName(peer)
+	if err != nil {
 		return err
 	}
 	if err := pn.LinkSetName(pl, "eth0"); err != nil {
 		return err
 	}
-	if err := pn.AddrAdd(pl, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(p.Addr, cfg.podCIDR.Bits()))}); err != nil {
+	if err := pn.AddrAdd(pl, &netlink.Addr{IPNet: ipNet(addr)}); err != nil {
 		return err
 	}
 	for _, name := range []string{"lo", "eth0"} {
@@ -251,11 +273,17 @@ func startPod(nl *netlink.Handle, br netlink.Link, cfg *config, i int, p Pod) er
 			return err
 		}
 	}
-	if err := pn.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: cfg.podCIDR.Addr().Next().AsSlice()}); err != nil {
+	if err := pn.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
 		return fmt.Errorf("pod default route: %w", err)
 	}
+	return nil
+}
+
+// servePod serves HTTP on the backend port inside the pod's namespace ns,
+// answering with the pod's name, the node's name and the client's address.
+func servePod(ns netns.NsHandle, node string, p Pod) error {
 	var ln net.Listener
-	err = tnetns.Do(int(ns), func() (err error) {
+	err := tnetns.Do(int(ns), func() (err error) {
 		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", nodeapi.BackendPort))
 		return err
 	})
@@ -266,7 +294,7 @@ func startPod(nl *netlink.Handle, br netlink.Link, cfg *config, i int, p Pod) er
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			client, _, _ := net.SplitHostPort(r.RemoteAddr)
 			// Plain text naming the peer's address, not request content.
-			_, _ = fmt.Fprintf(w, "%s on %s, client %s\n", p.Name, cfg.name, client) //nolint:gosec // G705: see above
+			_, _ = fmt.Fprintf(w, "%s on %s, client %s\n", p.Name, node, client) //nolint:gosec // G705: see above
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 	}

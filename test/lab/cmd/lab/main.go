@@ -119,6 +119,25 @@ func show(ctx context.Context, t harness.T, l *lab.Lab, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	vip := publish(ctx, t, l)
+	kubectl := filepath.Join(controlplane.BinDir(), "kubectl")
+	showCluster(ctx, l, kubeconfig, kubectl, vip)
+	showNodes(ctx, l)
+	addr := netip.AddrPortFrom(vip, 80)
+	showRequests(ctx, l, addr)
+	fmt.Printf(`
+Try it yourself:
+  KUBECONFIG=%s %s get svc -A
+  ip netns exec %s curl -s http://%s/              # the client, behind the ToR
+  vtysh --vty_socket %s -c 'show bgp summary'      # the ToR
+  Logs: %s (vipcast-ccm, node consoles with the speakers' logs)
+  Backends answer on port %d: %s
+`, kubeconfig, kubectl, l.ClientNS.Name, addr, l.ToR.Dir, dir, nodeapi.BackendPort, podList(l))
+}
+
+// publish creates the demo objects and waits until the Service has its
+// VIP and the ToR routes it over every node; it returns the VIP.
+func publish(ctx context.Context, t harness.T, l *lab.Lab) netip.Addr {
 	say("==> creating IPPool %q (%s), BGPPeer %q (the ToR) and LoadBalancer Service %s/%s with 4 endpoints on 2 nodes",
 		lab.PoolName, lab.PoolPrefix, lab.PeerName, lab.DemoNamespace, lab.DemoService)
 	if err := l.ApplyDemo(ctx); err != nil {
@@ -133,8 +152,12 @@ func show(ctx context.Context, t harness.T, l *lab.Lab, dir string) {
 		t.Fatal(err)
 	}
 	say("==> VIP %s published; the ToR has an ECMP route over both nodes (%v after the VIP appeared)", vip, took.Round(time.Millisecond))
+	return vip
+}
 
-	kubectl := filepath.Join(controlplane.BinDir(), "kubectl")
+// showCluster shows the cluster through kubectl and the ToR's route and
+// BGP entry for vip.
+func showCluster(ctx context.Context, l *lab.Lab, kubeconfig, kubectl string, vip netip.Addr) {
 	run := func(title string, argv ...string) {
 		fmt.Printf("\n$ %s\n", title)
 		c := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -152,6 +175,10 @@ func show(ctx context.Context, t harness.T, l *lab.Lab, dir string) {
 	run("kubectl get events -n demo", kubectl, "get", "events", "-n", lab.DemoNamespace)
 	run("(ToR) ip route show "+vip.String(), "ip", "-n", l.TorNS.Name, "route", "show", vip.String())
 	run("(ToR) vtysh -c 'show bgp ipv4 unicast "+vip.String()+"'", "vtysh", "--vty_socket", l.ToR.Dir, "-c", "show bgp ipv4 unicast "+vip.String())
+}
+
+// showNodes prints every node's IPVS table and the VIPs on its dummy link.
+func showNodes(ctx context.Context, l *lab.Lab) {
 	for _, n := range l.Nodes {
 		st, err := n.State(ctx)
 		fmt.Printf("\n$ (%s) IPVS table and VIPs on vipcast0\n", n.Name)
@@ -167,7 +194,11 @@ func show(ctx context.Context, t harness.T, l *lab.Lab, dir string) {
 		}
 		fmt.Printf("vipcast0: %s\n", strings.Join(st.VIPs, " "))
 	}
-	addr := netip.AddrPortFrom(vip, 80)
+}
+
+// showRequests sends 8 requests to addr from the client, each on a new
+// connection, and prints the answers.
+func showRequests(ctx context.Context, l *lab.Lab, addr netip.AddrPort) {
 	fmt.Printf("\n$ (client %s) 8 requests to http://%s/, each on a new connection\n", "192.168.50.2", addr)
 	for range 8 {
 		body, err := l.Get(ctx, addr)
@@ -179,14 +210,6 @@ func show(ctx context.Context, t harness.T, l *lab.Lab, dir string) {
 	fmt.Println("(externalTrafficPolicy Cluster: a backend sees the node that forwarded the connection — 10.0.0.1x\n" +
 		" when that node is another, 10.244.x.1 when it is its own — so replies go back through it. With\n" +
 		" externalTrafficPolicy: Local it would see the client's own 192.168.50.2.)")
-	fmt.Printf(`
-Try it yourself:
-  KUBECONFIG=%s %s get svc -A
-  ip netns exec %s curl -s http://%s/              # the client, behind the ToR
-  vtysh --vty_socket %s -c 'show bgp summary'      # the ToR
-  Logs: %s (vipcast-ccm, node consoles with the speakers' logs)
-  Backends answer on port %d: %s
-`, kubeconfig, kubectl, l.ClientNS.Name, addr, l.ToR.Dir, dir, nodeapi.BackendPort, podList(l))
 }
 
 func podList(l *lab.Lab) string {
