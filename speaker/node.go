@@ -76,10 +76,13 @@ func NodeFrom(node *v1.Node) (Node, []error) {
 			continue
 		}
 		ip, err := netip.ParseAddr(strings.TrimSpace(a.Address))
-		if err != nil || ip.Zone() != "" || ip.IsUnspecified() {
+		if err != nil || ip.Zone() != "" {
 			continue
 		}
-		ip = ip.Unmap()
+		// Unmap first: ::ffff:0.0.0.0 is the unspecified IPv4 address too.
+		if ip = ip.Unmap(); ip.IsUnspecified() {
+			continue
+		}
 		internal := a.Type == v1.NodeInternalIP
 		switch {
 		case ip.Is4() && internal && !n.IPv4.IsValid():

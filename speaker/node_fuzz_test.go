@@ -61,6 +61,8 @@ func FuzzNodeFrom(f *testing.F) {
 	f.Add("n1", LabelExcludeFromExternalLB, "", true, "E192.0.2.1|I10.0.0.1|E2001:db8::1|Hn1.example", false, "")
 	f.Add("n2", "zone", "b", false, "I ::ffff:10.0.0.2 |I0.0.0.0|I::|Ife80::1%eth0|Ibogus|X10.9.9.9", true, " 4294967294 ")
 	f.Add("n3", "", "", false, "E::ffff:192.0.2.7|Ifd00::2|Ifd00::3", true, "4294967295")
+	// An IPv4-mapped unspecified InternalIP is no next hop either.
+	f.Add("n3", "", "", false, "I::ffff:0.0.0.0|E::ffff:192.0.2.7|Ifd00::2", false, "")
 	f.Add("n4", "a/b", "c", false, "E10.0.0.1|E10.0.0.2|I10.0.0.3", true, "0")
 	f.Add("", "k", "v", true, "", true, "-1")
 	f.Add("n5", "k", "v", false, "I10.0.0.1/24|I[::1]|I10.0.0.1:80", true, "0x10")
