@@ -2,7 +2,9 @@ package speaker
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -11,11 +13,25 @@ import (
 	"github.com/vipcast/vipcast/api/v1alpha1"
 )
 
-// fuzzGen turns a fuzzer's bytes into BGPPeers and a Node for
-// FuzzPeersForNode: every choice reads the next byte (zero
-// once they run out), so short inputs give small, valid objects and the
-// fuzzer reaches every kind of bad field by changing one byte.
+// fuzzGen turns a fuzzer's bytes into BGPPeers, IPPools and a Node for
+// FuzzPeersForNode and FuzzCompile: every choice reads the next byte (zero
+// once they run out, which makes optional fields unset), so short inputs
+// give small, valid objects and the fuzzer reaches every kind of bad field
+// by changing one byte.
 type fuzzGen struct{ b []byte }
+
+// fuzzRandomSeeds adds 16 seeds of pseudo-random bytes, fixed by seed,
+// long enough to reach every choice of the generator.
+func fuzzRandomSeeds(f *testing.F, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 0xf022))
+	for range 16 {
+		b := make([]byte, 32+r.IntN(256))
+		for i := range b {
+			b[i] = byte(r.UintN(256))
+		}
+		f.Add(b)
+	}
+}
 
 // intn returns a number in [0, n); n is at most 256.
 func (g *fuzzGen) intn(n int) int {
@@ -28,6 +44,9 @@ func (g *fuzzGen) intn(n int) int {
 }
 
 func (g *fuzzGen) bool() bool { return g.intn(2) == 1 }
+
+// maybe is true one time in n, never once the bytes run out.
+func (g *fuzzGen) maybe(n int) bool { return g.intn(n) == n-1 }
 
 func pick[T any](g *fuzzGen, choices ...T) T { return choices[g.intn(len(choices))] }
 
@@ -111,27 +130,27 @@ func (g *fuzzGen) peer(i int) *v1alpha1.BGPPeer {
 		},
 	}
 	s := &p.Spec
-	if g.intn(3) == 0 {
+	if g.maybe(3) {
 		s.Port = ptr.To(pick[int32](g, 179, 1, 65535, 0, -1, 65536))
 	}
-	if g.intn(3) == 0 {
+	if g.maybe(3) {
 		s.EBGPMultiHop = ptr.To(pick[int32](g, 1, 2, 255, 0, 256))
 	}
-	if g.intn(4) == 0 {
+	if g.maybe(4) {
 		s.SourceAddress = pick(g, "192.0.2.100", "2001:db8::100", " ::ffff:192.0.2.100 ", "fe80::1%eth0", "bogus")
 	}
-	if g.intn(3) == 0 {
+	if g.maybe(3) {
 		for range 1 + g.intn(2) {
 			s.Families = append(s.Families, pick[v1alpha1.AddressFamily](g, v1alpha1.AddressFamilyIPv4Unicast, v1alpha1.AddressFamilyIPv6Unicast, "ipv9-unicast"))
 		}
 	}
-	if g.intn(3) == 0 {
+	if g.maybe(3) {
 		s.PasswordSecretRef = &v1alpha1.SecretKeyReference{Namespace: "kube-system", Name: pick(g, "bgp", "missing"), Key: pick(g, "", "password")}
 	}
-	if g.intn(3) == 0 {
+	if g.maybe(3) {
 		s.GracefulRestart = &v1alpha1.GracefulRestart{Enabled: g.bool()}
 	}
-	if g.intn(4) == 0 {
+	if g.maybe(4) {
 		s.HoldTime = &metav1.Duration{Duration: time.Duration(g.intn(200)) * time.Second}
 	}
 	return p
@@ -157,7 +176,7 @@ func (g *fuzzGen) node() Node {
 	if g.bool() {
 		n.IPv6 = netip.MustParseAddr("fd00::1")
 	}
-	if g.intn(3) == 0 {
+	if g.maybe(3) {
 		n.LocalASN = pick[uint32](g, 64512, 65000, 4200000000)
 	}
 	return n
