@@ -44,6 +44,7 @@ func FuzzPeersForNode(f *testing.F) {
 	for i := range 12 { // each spelling of the address
 		f.Add([]byte{1, 0, 0, byte(i)})
 	}
+	f.Add([]byte{1, 0, 0, 10, 4}) // peerAddress ::ffff:0.0.0.0, the unspecified IPv4 address
 	fuzzRandomSeeds(f, 0x9ee7)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g := &fuzzGen{b: data}

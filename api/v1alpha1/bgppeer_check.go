@@ -39,10 +39,11 @@ func (s *BGPPeerSpec) Check() *PeerProblem {
 		}
 	}
 	addr, err := netip.ParseAddr(strings.TrimSpace(s.PeerAddress))
+	// Unmap before the check: ::ffff:0.0.0.0 is the unspecified IPv4 address too.
+	addr = addr.Unmap()
 	if err != nil || addr.Zone() != "" || addr.IsUnspecified() {
 		return bad(ReasonInvalidConfig, "spec.peerAddress %q is not a usable IP address; write an IPv4 or IPv6 address such as 192.0.2.1, without prefix length, port or zone", s.PeerAddress)
 	}
-	addr = addr.Unmap()
 	if s.PeerASN == 0 || s.LocalASN == 0 || s.PeerASN > MaxASN || s.LocalASN > MaxASN {
 		return bad(ReasonInvalidConfig, "spec.peerASN and spec.localASN must be 1 to %d", uint64(MaxASN))
 	}

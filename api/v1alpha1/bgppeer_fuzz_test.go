@@ -18,6 +18,7 @@ func FuzzBGPPeerSpecCheck(f *testing.F) {
 	f.Add("fd00::1", uint32(4294967295), uint32(1), int32(70000), "192.0.2.9", int32(300), "ipv9", "", "Bogus", "")
 	f.Add("192.0.2.1", uint32(4294967295), uint32(64512), int32(0), "", int32(0), "", "", "", "")
 	f.Add(" ::ffff:10.0.0.1 ", uint32(1), uint32(4294967294), int32(-1), "10.0.0.2", int32(255), "ipv6-unicast", "k", "Exists", "x")
+	f.Add("::ffff:0.0.0.0", uint32(65000), uint32(64512), int32(0), "", int32(0), "", "", "", "")
 	f.Fuzz(func(t *testing.T, addr string, peerASN, localASN uint32, port int32, src string, ttl int32, family, selKey, selOp, selValue string) {
 		s := BGPPeerSpec{PeerAddress: addr, PeerASN: peerASN, LocalASN: localASN, SourceAddress: src}
 		if port != 0 {
@@ -45,7 +46,7 @@ func FuzzBGPPeerSpecCheck(f *testing.F) {
 			return
 		}
 		a, err := netip.ParseAddr(strings.TrimSpace(addr))
-		if err != nil || a.Zone() != "" || a.IsUnspecified() {
+		if err != nil || a.Zone() != "" || a.Unmap().IsUnspecified() {
 			t.Fatalf("Check accepted peerAddress %q", addr)
 		}
 		for _, asn := range []uint32{peerASN, localASN} {
