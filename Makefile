@@ -120,9 +120,26 @@ test: verify tools routers ## everything: unit, control-plane, routing, dataplan
 	$(GO) -C hack/image test -count=1 ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./... 2>&1 | tee _output/test.log; exit $${PIPESTATUS[0]}
 
-fuzz: ## run the allocator and pool admission fuzzers for a while each (FUZZTIME=60s)
-	$(GO) test -run '^$$' -fuzz FuzzAllocator -fuzztime $${FUZZTIME:-60s} ./ipam/
-	$(GO) test -run '^$$' -fuzz FuzzAdmit -fuzztime $${FUZZTIME:-60s} ./poolspec/
+# Every fuzz target of the repository, as package:target; go test runs
+# their seeds, make fuzz explores each for FUZZTIME.
+FUZZ_TARGETS := \
+	./ipam/:FuzzAllocator \
+	./ipam/:FuzzParseAddresses \
+	./poolspec/:FuzzAdmit \
+	./api/v1alpha1/:FuzzBGPPeerSpecCheck \
+	./ccm/:FuzzRequestFor \
+	./ipvs/:FuzzDiff \
+	./speaker/:FuzzNodeFrom \
+	./speaker/:FuzzPeersForNode \
+	./speaker/:FuzzCompile \
+	./speaker/:FuzzRouteTable \
+	./speaker/:FuzzServiceDataplane
+
+fuzz: ## run every fuzz target for a while each (FUZZTIME=60s)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "$(GO) test -run '^$$' -fuzz '^$${t#*:}$$' -fuzztime $${FUZZTIME:-60s} $${t%%:*}"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $${FUZZTIME:-60s} $${t%%:*}; \
+	done
 
 bench: tools routers ## print the ipam, CCM, speaker and dataplane benchmarks (figures and ratios)
 	@mkdir -p _output
