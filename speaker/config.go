@@ -96,8 +96,8 @@ func (v *View) PoolFor(ip netip.Addr) *Pool {
 // spec.bgp.nodeSelector does not select the node is Disabled (not an
 // error: it still owns its addresses, this node just does not announce
 // them), and spec.bgp.peerSelector is resolved against the peers this node
-// peers with (those whose spec.nodeSelector selects it and whose settings
-// are usable; see PeersForNode). A peer dropped only because its password
+// peers with (those whose spec.nodeSelector selects it, whose settings
+// are usable and whose address no older such peer has; see PeersForNode). A peer dropped only because its password
 // cannot be read still counts, so routes keep naming it and reach it once
 // it is fixed.
 func Compile(pools []*v1alpha1.IPPool, peers []*v1alpha1.BGPPeer, node Node) (*View, []PoolError) {

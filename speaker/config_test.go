@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -396,4 +397,162 @@ func TestPeersForNode(t *testing.T) {
 			t.Errorf("got %v", got)
 		}
 	})
+}
+
+// TestPeersForNodeAddressConflict: a node has one session per address, so
+// of the BGPPeers selecting the node with the same address only the oldest
+// is opened; the others are reported, and every other peer is kept.
+func TestPeersForNodeAddressConflict(t *testing.T) {
+	at := func(p *v1alpha1.BGPPeer, sec int) *v1alpha1.BGPPeer {
+		p.CreationTimestamp = metav1.NewTime(time.Unix(1700000000+int64(sec), 0))
+		return p
+	}
+	zone := func(p *v1alpha1.BGPPeer, z string) *v1alpha1.BGPPeer {
+		p.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"zone": z}}
+		return p
+	}
+	secret := func(p *v1alpha1.BGPPeer, name string) *v1alpha1.BGPPeer {
+		p.Spec.PasswordSecretRef = &v1alpha1.SecretKeyReference{Namespace: "vipcast", Name: name}
+		return p
+	}
+	passwords := func(ref *v1alpha1.SecretKeyReference) (string, error) {
+		if ref.Name == "bgp" {
+			return "s3cret", nil
+		}
+		return "", errors.New("secret vipcast/" + ref.Name + " not found")
+	}
+	tests := []struct {
+		name  string
+		peers []*v1alpha1.BGPPeer
+		want  []string // sessions, by name
+		// errs: peer → substrings of its error, reason first
+		errs map[string][]string
+	}{{
+		name: "the older peer wins whatever the names and list order; the other session stays",
+		peers: []*v1alpha1.BGPPeer{
+			at(mkPeer("a-new", "10.0.0.9", nil), 2),
+			at(mkPeer("other", "10.0.0.8", nil), 3),
+			at(mkPeer("z-old", "10.0.0.9", nil), 1),
+		},
+		want: []string{"other", "z-old"},
+		errs: map[string][]string{"a-new": {v1alpha1.ReasonAddressConflict, "spec.peerAddress 10.0.0.9", "BGPPeer z-old", "delete one of them", "nodeSelectors"}},
+	}, {
+		name: "same creation time: the smaller name wins",
+		peers: []*v1alpha1.BGPPeer{
+			at(mkPeer("b", "10.0.0.9", nil), 1),
+			at(mkPeer("a", "10.0.0.9", nil), 1),
+		},
+		want: []string{"a"},
+		errs: map[string][]string{"b": {v1alpha1.ReasonAddressConflict, "BGPPeer a"}},
+	}, {
+		name: "an IPv4-mapped IPv6 address is the IPv4 address",
+		peers: []*v1alpha1.BGPPeer{
+			at(mkPeer("old", "10.0.0.9", nil), 1),
+			at(mkPeer("new", "::ffff:10.0.0.9", nil), 2),
+		},
+		want: []string{"old"},
+		errs: map[string][]string{"new": {v1alpha1.ReasonAddressConflict, "BGPPeer old"}},
+	}, {
+		name: "three peers: both newer ones name the oldest",
+		peers: []*v1alpha1.BGPPeer{
+			at(mkPeer("p3", "2001:db8::9", nil), 3),
+			at(mkPeer("p2", "2001:db8::9", nil), 2),
+			at(mkPeer("p1", "2001:db8::9", nil), 1),
+		},
+		want: []string{"p1"},
+		errs: map[string][]string{
+			"p2": {v1alpha1.ReasonAddressConflict, "BGPPeer p1"},
+			"p3": {v1alpha1.ReasonAddressConflict, "BGPPeer p1"},
+		},
+	}, {
+		name: "an older peer that does not select this node does not count",
+		peers: []*v1alpha1.BGPPeer{
+			zone(at(mkPeer("old", "10.0.0.9", nil), 1), "b"),
+			at(mkPeer("new", "10.0.0.9", nil), 2),
+		},
+		want: []string{"new"},
+	}, {
+		name: "an older peer whose settings are unusable does not count",
+		peers: []*v1alpha1.BGPPeer{
+			func() *v1alpha1.BGPPeer {
+				p := at(mkPeer("old", "10.0.0.9", nil), 1)
+				p.Spec.SourceAddress = "2001:db8::1"
+				return p
+			}(),
+			at(mkPeer("new", "10.0.0.9", nil), 2),
+		},
+		want: []string{"new"},
+		errs: map[string][]string{"old": {v1alpha1.ReasonInvalidConfig, "spec.sourceAddress"}},
+	}, {
+		name: "an older peer whose Secret is missing still wins (the conflict is decided before passwords)",
+		peers: []*v1alpha1.BGPPeer{
+			secret(at(mkPeer("old", "10.0.0.9", nil), 1), "gone"),
+			secret(at(mkPeer("new", "10.0.0.9", nil), 2), "bgp"),
+			at(mkPeer("other", "10.0.0.8", nil), 3),
+		},
+		want: []string{"other"},
+		errs: map[string][]string{
+			"old": {v1alpha1.ReasonSecretNotFound, "vipcast/gone"},
+			"new": {v1alpha1.ReasonAddressConflict, "BGPPeer old"},
+		},
+	}, {
+		name: "different ports are still one address",
+		peers: []*v1alpha1.BGPPeer{
+			at(mkPeer("old", "10.0.0.9", nil), 1),
+			func() *v1alpha1.BGPPeer {
+				p := at(mkPeer("new", "10.0.0.9", nil), 2)
+				p.Spec.Port = ptr.To[int32](1179)
+				return p
+			}(),
+		},
+		want: []string{"old"},
+		errs: map[string][]string{"new": {v1alpha1.ReasonAddressConflict, "BGPPeer old"}},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, errs := PeersForNode(tc.peers, testNode(), passwords)
+			var names []string
+			for _, p := range got {
+				names = append(names, p.Name)
+			}
+			if !reflect.DeepEqual(names, tc.want) {
+				t.Errorf("sessions = %v, want %v", names, tc.want)
+			}
+			if len(errs) != len(tc.errs) {
+				t.Errorf("errors = %v, want %d", errs, len(tc.errs))
+			}
+			for i, e := range errs {
+				if i > 0 && errs[i-1].Peer >= e.Peer {
+					t.Errorf("errors not sorted by peer: %v", errs)
+				}
+				want, ok := tc.errs[e.Peer]
+				if !ok {
+					t.Errorf("unexpected error %v", e)
+					continue
+				}
+				if e.Reason != want[0] {
+					t.Errorf("%s: reason %s, want %s", e.Peer, e.Reason, want[0])
+				}
+				for _, s := range want[1:] {
+					if !strings.Contains(e.Error(), s) {
+						t.Errorf("%s: error %q does not contain %q", e.Peer, e, s)
+					}
+				}
+			}
+			// A pool's peerSelector sees the same peers as the sessions,
+			// plus those left out only for their password.
+			pool := fx.WithBGP(fx.Pool("p", 0, "192.0.2.0/24"), v1alpha1.IPPoolBGP{PeerSelector: &metav1.LabelSelector{}})
+			view, _ := Compile([]*v1alpha1.IPPool{pool}, tc.peers, testNode())
+			wantSel := slices.Clone(tc.want)
+			for name, e := range tc.errs {
+				if e[0] == v1alpha1.ReasonSecretNotFound {
+					wantSel = append(wantSel, name)
+				}
+			}
+			slices.Sort(wantSel)
+			if got := view.Pool("p").Peers; !reflect.DeepEqual(got, wantSel) {
+				t.Errorf("pool peerSelector selects %v, want %v", got, wantSel)
+			}
+		})
+	}
 }

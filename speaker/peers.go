@@ -19,7 +19,7 @@ type PeerError struct {
 	// Peer is the BGPPeer's name.
 	Peer string
 	// Reason is the v1alpha1 condition reason: ReasonInvalidConfig,
-	// ReasonInvalidSelector or ReasonSecretNotFound.
+	// ReasonInvalidSelector, ReasonAddressConflict or ReasonSecretNotFound.
 	Reason string
 	// Message names the field or Secret at fault and the fix.
 	Message string
@@ -35,13 +35,43 @@ type peerLabels struct {
 
 // selectedPeers returns the usable peers this node peers with, by name.
 func selectedPeers(peers []*v1alpha1.BGPPeer, node Node) []peerLabels {
-	var out []peerLabels
-	for _, p := range sortedPeers(peers) {
-		if _, ok, perr := translatePeer(p, node); ok && perr == nil {
-			out = append(out, peerLabels{p.Name, labels.Set(p.Labels)})
-		}
+	kept, _ := nodePeers(peers, node)
+	out := make([]peerLabels, 0, len(kept))
+	for _, k := range kept {
+		out = append(out, peerLabels{k.obj.Name, labels.Set(k.obj.Labels)})
 	}
 	return out
+}
+
+// nodePeer is a BGPPeer this node opens a session to, before its password
+// is read.
+type nodePeer struct {
+	obj  *v1alpha1.BGPPeer
+	peer bgp.Peer
+}
+
+// nodePeers returns, sorted by name, the peers that select node, pass
+// BGPPeerSpec.Check and keep their address on it (v1alpha1.ShadowedPeers:
+// of the peers with one address the oldest); errs (sorted by name) are the
+// peers that fail Check and those left out for their address.
+func nodePeers(peers []*v1alpha1.BGPPeer, node Node) (kept []nodePeer, errs []PeerError) {
+	shadowed := v1alpha1.ShadowedPeers(peers, node.Labels)
+	for _, p := range sortedPeers(peers) {
+		bp, selected, perr := translatePeer(p, node)
+		switch {
+		case perr != nil:
+			errs = append(errs, *perr)
+			continue
+		case !selected:
+			continue
+		}
+		if older, ok := shadowed[p.Name]; ok {
+			errs = append(errs, PeerError{p.Name, v1alpha1.ReasonAddressConflict, v1alpha1.AddressConflictMessage(bp.Address, older, []string{node.Name})})
+			continue
+		}
+		kept = append(kept, nodePeer{p, bp})
+	}
+	return kept, errs
 }
 
 func sortedPeers(peers []*v1alpha1.BGPPeer) []*v1alpha1.BGPPeer {
@@ -58,22 +88,23 @@ func sortedPeers(peers []*v1alpha1.BGPPeer) []*v1alpha1.BGPPeer {
 // spec.localASN. eBGP multihop is dropped when the session is iBGP (which
 // the override can make it).
 //
+// A node has one session per peer address: of the selected peers with the
+// same address (IPv4-mapped IPv6 addresses count as IPv4, the port does
+// not count) only the oldest (v1alpha1.OlderFirst) is kept, and the others
+// are reported with ReasonAddressConflict naming it, so the remaining
+// sessions can be configured (v1alpha1.ShadowedPeers). This is decided
+// among the peers that pass BGPPeerSpec.Check, before passwords are read:
+// a peer whose Secret is missing still holds its address.
+//
 // password resolves spec.passwordSecretRef. A peer whose password lookup
 // fails (or whose settings or nodeSelector cannot be used) is left out and
 // reported in a PeerError; the caller decides what to do and reports it on
 // the BGPPeer.
 func PeersForNode(peers []*v1alpha1.BGPPeer, node Node, password func(ref *v1alpha1.SecretKeyReference) (string, error)) ([]bgp.Peer, []PeerError) {
+	kept, errs := nodePeers(peers, node)
 	var out []bgp.Peer
-	var errs []PeerError
-	for _, p := range sortedPeers(peers) {
-		bp, selected, perr := translatePeer(p, node)
-		switch {
-		case perr != nil:
-			errs = append(errs, *perr)
-			continue
-		case !selected:
-			continue
-		}
+	for _, k := range kept {
+		p, bp := k.obj, k.peer
 		if ref := p.Spec.PasswordSecretRef; ref != nil {
 			where := fmt.Sprintf("Secret %s/%s key %q", ref.Namespace, ref.Name, ref.KeyOrDefault())
 			if password == nil {
@@ -90,6 +121,7 @@ func PeersForNode(peers []*v1alpha1.BGPPeer, node Node, password func(ref *v1alp
 		}
 		out = append(out, bp)
 	}
+	slices.SortFunc(errs, func(a, b PeerError) int { return strings.Compare(a.Peer, b.Peer) })
 	return out, errs
 }
 

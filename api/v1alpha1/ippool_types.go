@@ -51,6 +51,11 @@ const (
 	// ReasonSecretNotFound is the Ready=False reason for a BGPPeer whose
 	// password Secret or key does not exist.
 	ReasonSecretNotFound = "SecretNotFound"
+	// ReasonAddressConflict is the Ready=False reason for a BGPPeer whose
+	// spec.peerAddress is also an older BGPPeer's on a node both select:
+	// a node has one session per address, so the older peer's is opened
+	// and the newer one is left out on those nodes.
+	ReasonAddressConflict = "AddressConflict"
 )
 
 // Defaults for IPPool fields, as applied by the API server and by the

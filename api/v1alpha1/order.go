@@ -4,8 +4,9 @@ import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // OlderFirst orders objects by creation time, then namespace/name. It is
 // vipcast's precedence rule wherever two objects compete: of two
-// overlapping IPPools the older one wins, and VIPs are restored from the
-// oldest Service first. The CCM and the speaker must agree on it.
+// overlapping IPPools the older one wins, of two BGPPeers with the same
+// address on a node the older one wins (ShadowedPeers), and VIPs are
+// restored from the oldest Service first. The CCM and the speaker must agree on it.
 func OlderFirst(a, b metav1.Object) bool {
 	ta, tb := a.GetCreationTimestamp(), b.GetCreationTimestamp()
 	if !ta.Equal(&tb) {
