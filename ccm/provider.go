@@ -144,6 +144,12 @@ func (p *Provider) SetInformers(factory informers.SharedInformerFactory) {
 		logger.Error(err, "Could not watch Services")
 		return
 	}
+	if p.peers != nil {
+		if err := p.peers.useNodes(factory.Core().V1().Nodes().Informer()); err != nil {
+			logger.Error(err, "Could not watch Nodes for BGPPeer status")
+			return
+		}
+	}
 	p.dynFactory.Start(ctx.Done())
 	go func() {
 		// The app starts the shared factory after all controllers are set up.

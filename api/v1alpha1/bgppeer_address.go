@@ -35,8 +35,9 @@ func (s *BGPPeerSpec) Address() (netip.Addr, bool) {
 // Address (the port does not count), only the oldest (OlderFirst) is
 // used there. It returns, for each peer left out, the name of the peer
 // that keeps the address. Password Secrets are not looked at: a peer whose
-// Secret is missing still keeps its address. Each speaker applies it to
-// its node.
+// Secret is missing still keeps its address, so the CCM, which does not
+// read Secrets, and the speakers decide alike. Each speaker applies it to
+// its node and vipcast-ccm to every node for the Ready condition.
 func ShadowedPeers(peers []*BGPPeer, node labels.Set) map[string]string {
 	byAge := slices.Clone(peers)
 	slices.SortFunc(byAge, func(a, b *BGPPeer) int {
@@ -67,7 +68,8 @@ func ShadowedPeers(peers []*BGPPeer, node labels.Set) map[string]string {
 // AddressConflictMessage is the message of a BGPPeer with address addr
 // left out (ReasonAddressConflict) on the named nodes (at least one; the
 // first three are written) because the older BGPPeer older has that
-// address there. Each speaker writes it in its Warning Event.
+// address there. The CCM writes it in the Ready condition and each
+// speaker in its Warning Event, so both say the same.
 func AddressConflictMessage(addr netip.Addr, older string, nodes []string) string {
 	where := "node " + strings.Join(nodes, ", ")
 	switch {

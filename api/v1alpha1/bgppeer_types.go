@@ -50,6 +50,7 @@ const (
 // +kubebuilder:printcolumn:name="Local ASN",type=integer,JSONPath=".spec.localASN",description="Autonomous system number vipcast uses"
 // +kubebuilder:printcolumn:name="Port",type=integer,JSONPath=".spec.port",priority=1,description="TCP port of the BGP router"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=".status.conditions[?(@.type==\"Ready\")].status",priority=1,description="Whether the configuration is usable (written by vipcast-ccm)"
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=".status.conditions[?(@.type==\"Ready\")].reason",priority=1,description="Why the peer is or is not ready"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
 type BGPPeer struct {
 	metav1.TypeMeta `json:",inline"`
@@ -226,7 +227,10 @@ type BGPPeerStatus struct {
 
 	// conditions describe the peer's state. The Ready condition, written
 	// by vipcast-ccm, is True when the configuration is usable and False
-	// with reason InvalidConfig or InvalidSelector when it is not. Sessions
+	// with reason InvalidConfig or InvalidSelector when it is not, or with
+	// reason AddressConflict when an older BGPPeer has the same peerAddress
+	// and both select an existing node: a node opens one session per
+	// address, the older peer's, and leaves this one out. Sessions
 	// and password Secrets are per node: each speaker reports them in
 	// Events on the BGPPeer (reason SecretNotFound, for example) and in
 	// its vipcast_bgp_session_up metric.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -16,6 +17,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
@@ -475,6 +477,101 @@ func TestSpeakerPeers(t *testing.T) {
 	if final, err := good.Neighbor(speakerAddr); err != nil || final.EstablishedCount != before.EstablishedCount {
 		t.Errorf("session with good reset while bad was fixed: %+v (err %v)", final, err)
 	}
+}
+
+// TestPeerAddressConflict: two BGPPeers with the same address selecting
+// one node. The node opens the older one's session and every other
+// session; the newer peer gets a Warning Event from the speaker and
+// Ready=False from the CCM, both naming the older peer, until the older
+// one is deleted or their nodeSelectors stop sharing a node.
+func TestPeerAddressConflict(t *testing.T) {
+	e := newEnv(t)
+	speakerAddr := netip.MustParseAddr("127.0.0.2")
+	other := routers.StartFRR(t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.1"),
+		Neighbors: []routers.FRRNeighbor{{Address: speakerAddr, ASN: 64501}}})
+	dup := routers.StartFRR(t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.5"),
+		Neighbors: []routers.FRRNeighbor{{Address: speakerAddr, ASN: 64501}}})
+	e.node("node-a", map[string]string{"rack": "a"}, "10.0.0.2")
+	// The older peer is right; the newer one's peer ASN is wrong, so a
+	// session with dup can only come up if the older peer won.
+	e.applyPeer(peerDoc("dup-old", dup.Address, dup.Port, 64500, 64501, ""))
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have one-second resolution
+	e.applyPeer(peerDoc("dup-new", dup.Address, dup.Port, 64999, 64501, ""))
+	e.applyPeer(peerDoc("other", other.Address, other.Port, 64500, 64501, ""))
+	// Same address as well, but selecting no existing node (yet).
+	e.applyPeer(peerDoc("spine", dup.Address, dup.Port, 64500, 64501, "  nodeSelector: {matchLabels: {spine: \"true\"}}\n"))
+	e.startCCM("a")
+	e.startSpeaker("node-a")
+
+	for _, r := range []*routers.FRR{other, dup} {
+		if err := r.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
+			t.Fatalf("session with %s: %v", r.Address, err)
+		}
+	}
+	e.waitEventReason("default", "dup-new", v1.EventTypeWarning, vipcastv1alpha1.ReasonAddressConflict, "node node-a", "older BGPPeer dup-old")
+	e.waitPeerReady("dup-new", "False", vipcastv1alpha1.ReasonAddressConflict, "older BGPPeer dup-old", "node node-a", "delete one of them")
+	e.waitPeerReady("dup-old", "True", vipcastv1alpha1.ReasonValid)
+	e.waitPeerReady("other", "True", vipcastv1alpha1.ReasonValid)
+	e.waitPeerReady("spine", "True", vipcastv1alpha1.ReasonValid)
+
+	// A node label that makes spine select node-a too: spine conflicts,
+	// the sessions stay.
+	before, err := other.Neighbor(speakerAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.patchNode("node-a", `{"metadata":{"labels":{"spine":"true"}}}`)
+	e.waitPeerReady("spine", "False", vipcastv1alpha1.ReasonAddressConflict, "older BGPPeer dup-old", "node node-a")
+	e.waitEventReason("default", "spine", v1.EventTypeWarning, vipcastv1alpha1.ReasonAddressConflict, "node node-a", "older BGPPeer dup-old")
+	e.patchNode("node-a", `{"metadata":{"labels":{"spine":null}}}`)
+	e.waitPeerReady("spine", "True", vipcastv1alpha1.ReasonValid)
+	// A new node selected by both, a peer moving away from the address
+	// and back, the node going away: each is re-checked.
+	e.node("node-b", map[string]string{"spine": "true"})
+	e.waitPeerReady("spine", "False", vipcastv1alpha1.ReasonAddressConflict, "older BGPPeer dup-old", "node node-b")
+	e.patchPeer("spine", `{"spec":{"peerAddress":"127.0.0.9"}}`)
+	e.waitPeerReady("spine", "True", vipcastv1alpha1.ReasonValid)
+	e.patchPeer("spine", fmt.Sprintf(`{"spec":{"peerAddress":"%s"}}`, dup.Address))
+	e.waitPeerReady("spine", "False", vipcastv1alpha1.ReasonAddressConflict, "older BGPPeer dup-old", "node node-b")
+	if err := e.cp.Client.CoreV1().Nodes().Delete(context.Background(), "node-b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitPeerReady("spine", "True", vipcastv1alpha1.ReasonValid)
+	if after, err := other.Neighbor(speakerAddr); err != nil || after.State != "Established" || after.EstablishedCount != before.EstablishedCount {
+		t.Errorf("session with other changed with the conflicts: before %+v, after %+v (err %v)", before, after, err)
+	}
+
+	// Deleting the older peer hands the address to the newer one.
+	if err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Delete(context.Background(), "dup-old", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitPeerReady("dup-new", "True", vipcastv1alpha1.ReasonValid)
+}
+
+// waitPeerReady waits until a BGPPeer's Ready condition has status and
+// reason and its message contains every want.
+func (e *env) waitPeerReady(name, status, reason string, want ...string) {
+	e.t.Helper()
+	e.eventually(30*time.Second, fmt.Sprintf("BGPPeer %s to be Ready=%s (%s)", name, status, reason), func() (bool, error) {
+		u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			m, _ := c.(map[string]any)
+			if m["type"] != vipcastv1alpha1.ConditionReady {
+				continue
+			}
+			msg := fmt.Sprint(m["message"])
+			ok := m["status"] == status && m["reason"] == reason
+			for _, w := range want {
+				ok = ok && strings.Contains(msg, w)
+			}
+			return ok, fmt.Errorf("Ready=%v reason=%v message=%q", m["status"], m["reason"], msg)
+		}
+		return false, errors.New("no Ready condition")
+	})
 }
 
 // patchSecret replaces the password key of a Secret.
