@@ -3,9 +3,11 @@ package ipvs
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -254,6 +256,13 @@ func (d *Dataplane) readSNAT(st State) (orphans []Key, err error) {
 // Apply failed part way. It refreshes the in-memory state SyncService
 // works from, so a periodic Sync repairs drift (a virtual server deleted by
 // hand, a real server changed by someone else).
+//
+// One virtual server the kernel refuses (a scheduler it does not have, an
+// IPv6 VIP with IPv6 off) does not stop the others: Sync applies the whole
+// plan, going on past failures, and returns a *SyncErrors naming the
+// virtual servers refused and why. A failure to read the kernel, or a
+// desired state that does not validate, is a plain error and nothing is
+// applied.
 func (d *Dataplane) Sync(desired State) (Plan, error) {
 	if err := d.validate(desired); err != nil {
 		return Plan{}, err
@@ -285,7 +294,8 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 		p.DelSNAT = append(p.DelSNAT, k)
 	}
 	d.cache, d.stale = actual, false
-	return p, d.apply(p)
+	f := d.applyPlan(p)
+	return p, f.syncErrors(desired)
 }
 
 func (d *Dataplane) validate(desired State) error {
@@ -375,36 +385,131 @@ func (d *Dataplane) Apply(p Plan) error {
 // apply performs p on the kernel (see Apply) and, when every step
 // succeeded, on the in-memory state; a failure marks that stale.
 func (d *Dataplane) apply(p Plan) error {
-	var f failures
-	d.bindVIPs(p.AddVIPs, &f)
-	d.startSNAT(p.AddSNAT, &f)
-	d.applyServices(p, &f)
-	d.applyBackends(p, &f)
-	d.deleteServices(p.DelServices, &f)
-	d.stopSNAT(p.DelSNAT, &f)
-	d.unbindVIPs(p.DelVIPs, &f)
-	if len(f) > 0 {
+	return d.applyPlan(p).err()
+}
+
+// applyPlan is apply, returning the failures by what they concern.
+func (d *Dataplane) applyPlan(p Plan) *failures {
+	f := &failures{}
+	d.bindVIPs(p.AddVIPs, f)
+	d.startSNAT(p.AddSNAT, f)
+	d.applyServices(p, f)
+	d.applyBackends(p, f)
+	d.deleteServices(p.DelServices, f)
+	d.stopSNAT(p.DelSNAT, f)
+	d.unbindVIPs(p.DelVIPs, f)
+	if len(f.all) > 0 {
 		d.stale = true
-		return errors.Join(f...)
+		return f
 	}
 	p.ApplyTo(&d.cache)
-	return nil
+	return f
 }
 
 // failures collects the errors of the steps of an apply, each prefixed
-// with what failed.
-type failures []error
+// with what failed, and remembers which concern one virtual server or one
+// VIP.
+type failures struct {
+	all   []error
+	keys  map[Key][]error
+	vips  map[netip.Addr][]error
+	other []error // neither: a source NAT batch
+}
 
-// add records err as the failure to do what.
+// add records err as the failure to do what, concerning no single virtual
+// server or VIP.
 func (f *failures) add(what string, err error) {
-	*f = append(*f, fmt.Errorf("%s: %w", what, err))
+	e := fmt.Errorf("%s: %w", what, err)
+	f.all, f.other = append(f.all, e), append(f.other, e)
+}
+
+// addKey records err as the failure to do what to virtual server k.
+func (f *failures) addKey(k Key, what string, err error) {
+	e := fmt.Errorf("%s: %w", what, err)
+	if f.keys == nil {
+		f.keys = map[Key][]error{}
+	}
+	f.all, f.keys[k] = append(f.all, e), append(f.keys[k], e)
+}
+
+// addVIP records err as the failure to do what to VIP a.
+func (f *failures) addVIP(a netip.Addr, what string, err error) {
+	e := fmt.Errorf("%s: %w", what, err)
+	if f.vips == nil {
+		f.vips = map[netip.Addr][]error{}
+	}
+	f.all, f.vips[a] = append(f.all, e), append(f.vips[a], e)
+}
+
+// err joins every failure (nil: none).
+func (f *failures) err() error { return errors.Join(f.all...) }
+
+// syncErrors is the error of a Sync to desired: nil without failures, else
+// a *SyncErrors where a VIP's failure counts against every desired virtual
+// server on it.
+func (f *failures) syncErrors(desired State) error {
+	if len(f.all) == 0 {
+		return nil
+	}
+	e := &SyncErrors{Services: map[Key]error{}, Other: errors.Join(f.other...)}
+	for k, errs := range f.keys {
+		e.Services[k] = errors.Join(errs...)
+	}
+	for a, errs := range f.vips {
+		attributed := false
+		for k := range desired.Services {
+			if k.VIP == a {
+				e.Services[k] = errors.Join(append([]error{e.Services[k]}, errs...)...)
+				attributed = true
+			}
+		}
+		if !attributed { // a VIP being removed
+			e.Other = errors.Join(append([]error{e.Other}, errs...)...)
+		}
+	}
+	return e
+}
+
+// SyncErrors is the error of a Sync that applied all it could: the kernel
+// refused changes to some virtual servers (Services, by key; a refused VIP
+// counts against every virtual server on it) and, in Other (nil: none),
+// changes that concern no single virtual server (a source NAT batch, the
+// removal of a VIP nothing wants). Everything else in the plan was applied.
+type SyncErrors struct {
+	Services map[Key]error
+	Other    error
+}
+
+// Error lists the failures, virtual servers in key order.
+func (e *SyncErrors) Error() string {
+	keys := slices.SortedFunc(maps.Keys(e.Services), Key.compare)
+	msgs := make([]string, 0, len(keys)+1)
+	for _, k := range keys {
+		msgs = append(msgs, fmt.Sprintf("virtual server %s: %v", k, e.Services[k]))
+	}
+	if e.Other != nil {
+		msgs = append(msgs, e.Other.Error())
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// Unwrap returns every failure, for errors.Is and errors.As.
+func (e *SyncErrors) Unwrap() []error {
+	out := make([]error, 0, len(e.Services)+1)
+	for _, err := range e.Services {
+		out = append(out, err)
+	}
+	if e.Other != nil {
+		out = append(out, e.Other)
+	}
+	return out
 }
 
 // bindVIPs adds the VIPs to the dummy link; one already there is fine.
 func (d *Dataplane) bindVIPs(vips []netip.Addr, f *failures) {
 	for _, a := range vips {
 		if err := d.nl.AddrAdd(d.link, vipAddr(a)); err != nil && !errors.Is(err, unix.EEXIST) {
-			f.add("bind VIP "+a.String(), err)
+			f.addVIP(a, "bind VIP "+a.String(), err)
 		}
 	}
 }
@@ -431,12 +536,12 @@ func (d *Dataplane) applyServices(p Plan, f *failures) {
 			err = d.ipvs.UpdateService(ks)
 		}
 		if err != nil {
-			f.add("add virtual server "+s.Key().String(), err)
+			f.addKey(s.Key(), "add virtual server "+s.Key().String(), schedulerError(s, err))
 		}
 	}
 	for _, s := range p.UpdateServices {
 		if err := d.ipvs.UpdateService(kernelService(s)); err != nil {
-			f.add("update virtual server "+s.Key().String(), err)
+			f.addKey(s.Key(), "update virtual server "+s.Key().String(), schedulerError(s, err))
 		}
 	}
 }
@@ -446,12 +551,12 @@ func (d *Dataplane) applyServices(p Plan, f *failures) {
 func (d *Dataplane) applyBackends(p Plan, f *failures) {
 	for _, c := range p.DelBackends {
 		if err := d.ipvs.DelDestination(keyService(c.Key), kernelDest(c.Backend)); err != nil && !isNotFound(err) {
-			f.add("delete real server "+c.String(), err)
+			f.addKey(c.Key, "delete real server "+c.String(), err)
 		}
 	}
 	for _, c := range p.UpdateBackends {
 		if err := d.ipvs.UpdateDestination(keyService(c.Key), kernelDest(c.Backend)); err != nil {
-			f.add("update real server "+c.String(), err)
+			f.addKey(c.Key, "update real server "+c.String(), err)
 		}
 	}
 	for _, c := range p.AddBackends {
@@ -461,7 +566,7 @@ func (d *Dataplane) applyBackends(p Plan, f *failures) {
 			err = d.ipvs.UpdateDestination(ks, kd)
 		}
 		if err != nil {
-			f.add("add real server "+c.String(), err)
+			f.addKey(c.Key, "add real server "+c.String(), err)
 		}
 	}
 }
@@ -471,7 +576,7 @@ func (d *Dataplane) applyBackends(p Plan, f *failures) {
 func (d *Dataplane) deleteServices(keys []Key, f *failures) {
 	for _, k := range keys {
 		if err := d.ipvs.DelService(keyService(k)); err != nil && !isNotFound(err) {
-			f.add("delete virtual server "+k.String(), err)
+			f.addKey(k, "delete virtual server "+k.String(), err)
 		}
 	}
 }
@@ -492,7 +597,7 @@ func (d *Dataplane) stopSNAT(keys []Key, f *failures) {
 func (d *Dataplane) unbindVIPs(vips []netip.Addr, f *failures) {
 	for _, a := range vips {
 		if err := d.nl.AddrDel(d.link, vipAddr(a)); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-			f.add("unbind VIP "+a.String(), err)
+			f.addVIP(a, "unbind VIP "+a.String(), err)
 		}
 	}
 }

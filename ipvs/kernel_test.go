@@ -3,6 +3,7 @@ package ipvs
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +41,75 @@ func TestKernel(t *testing.T) {
 	t.Run("DriftAndForeign", testDriftAndForeign)
 	t.Run("UDPAndIPv6", testUDPAndIPv6)
 	t.Run("SNAT", testSNAT)
+	t.Run("RefusedScheduler", testRefusedScheduler)
+}
+
+// unloadedScheduler is an IPVS scheduler whose module the VM does not load
+// (vm.DefaultModules) and cannot load (no modprobe in the guest).
+const unloadedScheduler = "sed"
+
+// testRefusedScheduler: a Sync where the kernel refuses one virtual server
+// (its scheduler is not available) programs the others, connections to
+// them work, and the error names that virtual server only, as
+// ErrSchedulerUnavailable. Once the Service asks for an available
+// scheduler, the next Sync adds it and leaves the others alone.
+func testRefusedScheduler(t *testing.T) {
+	d := newDataplane(t, "vipcast-r")
+	cl := newClient(t)
+	b1 := newBackend(t, "r1", true)
+	good1 := Service{VIP: ip("192.0.2.50"), Port: 80, Protocol: TCP, Backends: backends(1, b1)}
+	good2 := Service{VIP: ip("192.0.2.51"), Port: 80, Protocol: TCP, SNAT: true, Backends: backends(1, b1)}
+	bad := Service{VIP: ip("192.0.2.52"), Port: 80, Protocol: TCP, Scheduler: unloadedScheduler, Backends: backends(1, b1)}
+	p, err := d.Sync(state(good1, good2, bad))
+	t.Logf("Sync: %v: %v", p, err)
+	var se *SyncErrors
+	if !errors.As(err, &se) {
+		t.Fatalf("Sync with an unavailable scheduler: error %v, want a *SyncErrors", err)
+	}
+	if len(se.Services) != 1 || se.Services[bad.Key()] == nil || se.Other != nil {
+		t.Fatalf("SyncErrors %+v, want virtual server %s only", se, bad.Key())
+	}
+	if !errors.Is(se.Services[bad.Key()], ErrSchedulerUnavailable) || !errors.Is(err, unix.ENOENT) {
+		t.Errorf("error %v: want ErrSchedulerUnavailable wrapping ENOENT", se.Services[bad.Key()])
+	}
+	st, err := d.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []Service{good1, good2} {
+		if got := st.Services[s.Key()]; len(got.Backends) != 1 {
+			t.Errorf("virtual server %s = %+v after the partial Sync, want it with its real server", s.Key(), got)
+		}
+		if got := cl.spread(t, netip.AddrPortFrom(s.VIP, s.Port), 2); got["r1"] != 2 {
+			t.Errorf("connections to %s reached %v, want r1", s.Key(), got)
+		}
+	}
+	if _, ok := st.Services[bad.Key()]; ok {
+		t.Errorf("refused virtual server %s is in the kernel", bad.Key())
+	}
+
+	bad.Scheduler = "rr"
+	p = syncOK(t, d, state(good1, good2, bad))
+	if keys := planServiceKeys(p); len(keys) != 1 || !keys[bad.Key()] {
+		t.Errorf("the fixing Sync touched virtual servers %v, want %s only", keys, bad.Key())
+	}
+	syncOK(t, d, NewState())
+}
+
+// planServiceKeys returns the virtual servers whose IPVS entries a plan
+// adds, changes or deletes.
+func planServiceKeys(p Plan) map[Key]bool {
+	keys := map[Key]bool{}
+	for _, s := range append(slices.Clone(p.AddServices), p.UpdateServices...) {
+		keys[s.Key()] = true
+	}
+	for _, c := range slices.Concat(p.AddBackends, p.UpdateBackends, p.DelBackends) {
+		keys[c.Key] = true
+	}
+	for _, k := range p.DelServices {
+		keys[k] = true
+	}
+	return keys
 }
 
 func newDataplane(t *testing.T, link string) *Dataplane {

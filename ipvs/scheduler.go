@@ -1,9 +1,12 @@
 package ipvs
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // SchedulerAnnotation is the Service annotation that picks the IPVS
@@ -69,4 +72,25 @@ func ParseScheduler(value string) (name string, flags uint32, err error) {
 		return value, DefaultSchedulerFlags, nil
 	}
 	return value, 0, nil
+}
+
+// ErrSchedulerUnavailable is wrapped by the error of a virtual server the
+// kernel refused because it does not have its scheduler: the module
+// ip_vs_<name> is not loaded and the kernel could not load it (no module
+// for this kernel, or no modprobe, as in a container without the host's
+// modules). The kernel says so with ENOENT, which adding or updating a
+// virtual server returns for nothing else vipcast sets.
+var ErrSchedulerUnavailable = errors.New("IPVS scheduler not available in this kernel")
+
+// schedulerError classifies the error of adding or updating the virtual
+// server s: ENOENT means the kernel lacks its scheduler.
+func schedulerError(s Service, err error) error {
+	if !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	name := s.Scheduler
+	if name == "" {
+		name = DefaultScheduler
+	}
+	return fmt.Errorf("%w: %q (kernel module ip_vs_%s not loaded and not loadable): %w", ErrSchedulerUnavailable, name, name, err)
 }
