@@ -390,7 +390,7 @@ func (d *Dataplane) apply(p Plan) error {
 
 // applyPlan is apply, returning the failures by what they concern.
 func (d *Dataplane) applyPlan(p Plan) *failures {
-	f := &failures{}
+	f := &failures{absent: map[Key]bool{}}
 	d.bindVIPs(p.AddVIPs, f)
 	d.startSNAT(p.AddSNAT, f)
 	d.applyServices(p, f)
@@ -414,6 +414,9 @@ type failures struct {
 	keys  map[Key][]error
 	vips  map[netip.Addr][]error
 	other []error // neither: a source NAT batch
+	// absent are the virtual servers the kernel refused to add: their
+	// real servers are not tried.
+	absent map[Key]bool
 }
 
 // add records err as the failure to do what, concerning no single virtual
@@ -537,6 +540,7 @@ func (d *Dataplane) applyServices(p Plan, f *failures) {
 		}
 		if err != nil {
 			f.addKey(s.Key(), "add virtual server "+s.Key().String(), schedulerError(s, err))
+			f.absent[s.Key()] = true
 		}
 	}
 	for _, s := range p.UpdateServices {
@@ -560,6 +564,9 @@ func (d *Dataplane) applyBackends(p Plan, f *failures) {
 		}
 	}
 	for _, c := range p.AddBackends {
+		if f.absent[c.Key] {
+			continue // its virtual server was refused: that is the failure
+		}
 		ks, kd := keyService(c.Key), kernelDest(c.Backend)
 		err := d.ipvs.NewDestination(ks, kd)
 		if errors.Is(err, unix.EEXIST) {

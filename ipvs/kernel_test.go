@@ -72,6 +72,9 @@ func testRefusedScheduler(t *testing.T) {
 	if !errors.Is(se.Services[bad.Key()], ErrSchedulerUnavailable) || !errors.Is(err, unix.ENOENT) {
 		t.Errorf("error %v: want ErrSchedulerUnavailable wrapping ENOENT", se.Services[bad.Key()])
 	}
+	if msg := se.Services[bad.Key()].Error(); strings.Contains(msg, "real server") {
+		t.Errorf("error %q: the real servers of a refused virtual server are not tried, want no error about them", msg)
+	}
 	st, err := d.Read()
 	if err != nil {
 		t.Fatal(err)
