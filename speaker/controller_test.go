@@ -3,12 +3,16 @@ package speaker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -307,4 +311,176 @@ func TestControllerAnnouncesOnlyOnceTheDataplaneWorks(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// refusingDataplane is an in-memory kernel that refuses every virtual
+// server with scheduler refuse, the way a kernel without that scheduler's
+// module does.
+type refusingDataplane struct {
+	mu     sync.Mutex
+	refuse string
+	kernel map[ipvs.Key]ipvs.Service
+}
+
+func (d *refusingDataplane) refusal(s ipvs.Service) error {
+	if s.Scheduler == d.refuse {
+		return fmt.Errorf("add virtual server %s: %w: %q", s.Key(), ipvs.ErrSchedulerUnavailable, s.Scheduler)
+	}
+	return nil
+}
+
+func (d *refusingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	refused := map[ipvs.Key]error{}
+	clear(d.kernel)
+	for k, s := range desired.Services {
+		if err := d.refusal(s); err != nil {
+			refused[k] = err
+			continue
+		}
+		d.kernel[k] = s
+	}
+	if len(refused) > 0 {
+		return ipvs.Plan{}, &ipvs.SyncErrors{Services: refused}
+	}
+	return ipvs.Plan{}, nil
+}
+
+func (d *refusingDataplane) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if desired == nil {
+		delete(d.kernel, key)
+		return ipvs.Plan{}, nil
+	}
+	if err := d.refusal(*desired); err != nil {
+		return ipvs.Plan{}, err
+	}
+	d.kernel[key] = *desired
+	return ipvs.Plan{}, nil
+}
+
+func (d *refusingDataplane) has(vip string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.kernel[ipvs.Key{VIP: netip.MustParseAddr(vip), Port: 80, Protocol: ipvs.TCP}]
+	return ok
+}
+
+// TestControllerServiceRefusedByDataplane checks that a Service whose
+// virtual server the kernel refuses fails alone: on a fresh start the
+// other Services are programmed and announced and the speaker is ready;
+// the refused one is not announced, has a Warning Event naming the node and
+// the kernel's reason and is counted by vipcast_speaker_service_errors;
+// once its annotation is fixed it is programmed and announced.
+func TestControllerServiceRefusedByDataplane(t *testing.T) {
+	client := fakeServices(4)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bad, err := client.CoreV1().Services("ns").Get(ctx, "d", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.Annotations = map[string]string{AnnotationScheduler: "sed"}
+	if _, err := client.CoreV1().Services("ns").Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dp := &refusingDataplane{refuse: "sed", kernel: map[ipvs.Key]ipvs.Service{}}
+	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	badPrefix := netip.MustParsePrefix("10.100.0.4/32")
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: ready %v, routes %v", what, c.HasSynced(), engine.prefixes())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFor("three Services announced and the speaker ready", func() bool { return c.HasSynced() && len(engine.prefixes()) == 3 })
+	waitFor("a Warning Event on the refused Service", func() bool {
+		evs, err := client.CoreV1().Events("ns").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == "d" && e.Type == v1.EventTypeWarning && e.Reason == "DataplaneRefused" &&
+				strings.Contains(e.Message, "node n1") && strings.Contains(e.Message, "not available in this kernel") {
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(200 * time.Millisecond) // retries of d must not announce it
+	if got := engine.prefixes(); got[badPrefix] || len(got) != 3 {
+		t.Errorf("routes %v, want 10.100.0.1-3 and not the refused 10.100.0.4", got)
+	}
+	if got := testutil.ToFloat64(m.serviceErrors.WithLabelValues(reasonScheduler)); got != 1 {
+		t.Errorf("vipcast_speaker_service_errors{reason=%q} = %v, want 1", reasonScheduler, got)
+	}
+
+	bad.Annotations[AnnotationScheduler] = "rr"
+	if _, err := client.CoreV1().Services("ns").Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the fixed Service programmed and announced", func() bool { return dp.has("10.100.0.4") && engine.prefixes()[badPrefix] })
+	if got := testutil.ToFloat64(m.serviceErrors.WithLabelValues(reasonScheduler)); got != 0 {
+		t.Errorf("vipcast_speaker_service_errors{reason=%q} = %v after the fix, want 0", reasonScheduler, got)
+	}
+}
+
+// TestControllerRetriesRefusedService checks that a Service the dataplane
+// refused is retried on its own, without any change in the API: once the
+// kernel accepts it (say, the scheduler's module was loaded on the host),
+// it is programmed and announced.
+func TestControllerRetriesRefusedService(t *testing.T) {
+	client := fakeServices(2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bad, err := client.CoreV1().Services("ns").Get(ctx, "b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.Annotations = map[string]string{AnnotationScheduler: "sed"}
+	if _, err := client.CoreV1().Services("ns").Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dp := &refusingDataplane{refuse: "sed", kernel: map[ipvs.Key]ipvs.Service{}}
+	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: ready %v, routes %v", what, c.HasSynced(), engine.prefixes())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFor("Service a announced and the speaker ready", func() bool { return c.HasSynced() && len(engine.prefixes()) == 1 })
+	dp.mu.Lock()
+	dp.refuse = "none" // the kernel has the scheduler now
+	dp.mu.Unlock()
+	waitFor("the refused Service retried, programmed and announced", func() bool {
+		return dp.has("10.100.0.2") && engine.prefixes()[netip.MustParsePrefix("10.100.0.2/32")]
+	})
 }

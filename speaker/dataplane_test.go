@@ -1,7 +1,6 @@
 package speaker
 
 import (
-	"cmp"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -529,10 +528,6 @@ func fuzzInput(r *fuzzBytes) (*v1.Service, []*discoveryv1.EndpointSlice) {
 		eps = append(eps, sl)
 	}
 	return svc, eps
-}
-
-func compareKeys(a, b ipvs.Key) int {
-	return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }
 
 type modelService struct {

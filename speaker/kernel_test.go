@@ -18,6 +18,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
@@ -545,4 +546,132 @@ func TestControllerKernel(t *testing.T) {
 
 func sortedAddrs(m map[netip.Addr]struct{}) []netip.Addr {
 	return slices.SortedFunc(maps.Keys(m), netip.Addr.Compare)
+}
+
+// TestControllerKernelBadService starts a Controller against the VM's
+// kernel with 100 Services, one of which asks for a scheduler the kernel
+// does not have (its module is not loaded and the guest cannot load it):
+// the 99 others are programmed and announced and the speaker is ready; the
+// refused one has a Warning Event and no route. Once its annotation names
+// an available scheduler it comes up alone: its virtual server is added
+// and its route announced, and nothing else changes. One VM boot.
+func TestControllerKernelBadService(t *testing.T) {
+	if !vm.InVM() {
+		vm.RunTest(t, vm.Options{Timeout: 4 * time.Minute})
+		return
+	}
+	const n = 100
+	objs := []runtime.Object{testNodeObject()}
+	vipOf := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 100, 0, byte(i + 1)}) }
+	for i := range n {
+		name := fmt.Sprintf("s%03d", i)
+		s := testLBService(name, vipOf(i).String())
+		if i == 0 {
+			s.Annotations = map[string]string{AnnotationScheduler: "sed"} // not in vm.DefaultModules
+		}
+		objs = append(objs, s, testSlice(name))
+	}
+	client := fake.NewClientset(objs...)
+	dp, err := ipvs.New(ipvs.Options{LinkName: "vipcast-bad"})
+	if err != nil {
+		t.Fatalf("ipvs.New: %v", err)
+	}
+	defer dp.Close()
+	rec := &recordingKernel{dp: dp}
+	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
+		Resync: time.Hour, Dataplane: rec, DataplaneResync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	badKey := ipvs.Key{VIP: vipOf(0), Port: 80, Protocol: ipvs.TCP}
+	badPrefix := netip.PrefixFrom(vipOf(0), 32)
+	kernel := func() map[ipvs.Key]ipvs.Service {
+		st, err := dp.Read()
+		if err != nil {
+			t.Fatalf("Read: %v", err)
+		}
+		return st.Services
+	}
+	waitFor := func(what string, cond func() bool) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for !cond() {
+			if time.Since(start) > time.Minute {
+				calls, _ := rec.since(0)
+				t.Fatalf("%s: not after a minute (ready %v, %d routes, %d virtual servers); dataplane calls: %v",
+					what, c.HasSynced(), len(engine.prefixes()), len(kernel()), calls)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return time.Since(start)
+	}
+	took := waitFor("ready with 99 virtual servers and 99 routes", func() bool {
+		k := kernel()
+		_, bad := k[badKey]
+		return c.HasSynced() && len(k) == n-1 && !bad && len(engine.prefixes()) == n-1
+	})
+	t.Logf("fresh start: ready, 99 virtual servers and 99 routes after %s", took)
+	if engine.prefixes()[badPrefix] {
+		t.Errorf("the refused Service's VIP %s is announced", badPrefix)
+	}
+	waitFor("a DataplaneRefused Event naming the node", func() bool {
+		evs, err := client.CoreV1().Events("ns").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == "s000" && e.Reason == "DataplaneRefused" && e.Type == v1.EventTypeWarning &&
+				strings.Contains(e.Message, "node n1") && strings.Contains(e.Message, `"sed"`) {
+				t.Logf("Event: %s", e.Message)
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(time.Second) // its retries must not announce it
+	if got := engine.prefixes(); len(got) != n-1 || got[badPrefix] {
+		t.Fatalf("after the refused Service's retries: %d routes (its own: %v), want 99 without it", len(got), got[badPrefix])
+	}
+
+	before := kernel()
+	bad, err := client.CoreV1().Services("ns").Get(ctx, "s000", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.Annotations[AnnotationScheduler] = "rr"
+	from := rec.count()
+	if _, err := client.CoreV1().Services("ns").Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	took = waitFor("the fixed Service programmed and announced", func() bool {
+		_, ok := kernel()[badKey]
+		return ok && engine.prefixes()[badPrefix]
+	})
+	t.Logf("fixed Service up after %s", took)
+	after := kernel()
+	if s := after[badKey]; s.Scheduler != "rr" || len(s.Backends) != 1 {
+		t.Errorf("fixed virtual server %+v, want rr with one real server", s)
+	}
+	delete(after, badKey)
+	if !reflect.DeepEqual(before, after) {
+		t.Errorf("fixing one Service changed the other virtual servers")
+	}
+	if got := len(engine.prefixes()); got != n {
+		t.Errorf("%d routes after the fix, want %d", got, n)
+	}
+	calls, _ := rec.since(from)
+	for _, call := range calls {
+		touched, _ := planKeys(call.plan)
+		for k := range touched {
+			if k != badKey {
+				t.Errorf("after the fix %v touches %s", call, k)
+			}
+		}
+	}
 }

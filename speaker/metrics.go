@@ -1,9 +1,12 @@
 package speaker
 
 import (
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vipcast/vipcast/ipvs"
 )
 
 // Metrics are the speaker's own Prometheus metrics (the BGP sessions'
@@ -13,6 +16,24 @@ type Metrics struct {
 	syncSeconds    *prometheus.HistogramVec
 	virtualServers prometheus.Gauge
 	changes        prometheus.Counter
+	serviceErrors  *prometheus.GaugeVec
+}
+
+// The reasons of vipcast_speaker_service_errors.
+const (
+	// reasonScheduler: the kernel lacks the Service's IPVS scheduler.
+	reasonScheduler = "scheduler"
+	// reasonKernel: the kernel refused the Service's virtual servers
+	// for another reason.
+	reasonKernel = "kernel"
+)
+
+// refusalReason classifies why the dataplane refused a Service.
+func refusalReason(err error) string {
+	if errors.Is(err, ipvs.ErrSchedulerUnavailable) {
+		return reasonScheduler
+	}
+	return reasonKernel
 }
 
 // NewMetrics creates the speaker's metrics and registers them with reg.
@@ -35,8 +56,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "vipcast_ipvs_kernel_changes_total",
 			Help: "IPVS, VIP address and SNAT changes made in the kernel (a resync that finds no drift makes none).",
 		}),
+		serviceErrors: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vipcast_speaker_service_errors",
+			Help: "Services whose virtual servers this node's kernel refused, so that it does not announce them, by reason: scheduler (the kernel lacks the Service's IPVS scheduler) or kernel (another refusal).",
+		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.announced, m.syncSeconds, m.virtualServers, m.changes} {
+	for _, r := range []string{reasonScheduler, reasonKernel} {
+		m.serviceErrors.WithLabelValues(r).Set(0)
+	}
+	for _, c := range []prometheus.Collector{m.announced, m.syncSeconds, m.virtualServers, m.changes, m.serviceErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -65,5 +93,20 @@ func (m *Metrics) setVirtualServers(n int) {
 func (m *Metrics) kernelChanges(n int) {
 	if m != nil && n > 0 {
 		m.changes.Add(float64(n))
+	}
+}
+
+// setServiceErrors counts the refused Services (refused: by Service key)
+// by reason.
+func (m *Metrics) setServiceErrors(refused map[string]error) {
+	if m == nil {
+		return
+	}
+	counts := map[string]int{reasonScheduler: 0, reasonKernel: 0}
+	for _, err := range refused {
+		counts[refusalReason(err)]++
+	}
+	for r, n := range counts {
+		m.serviceErrors.WithLabelValues(r).Set(float64(n))
 	}
 }

@@ -1,10 +1,13 @@
 package speaker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -33,10 +36,32 @@ type programmer struct {
 	programmed map[string][]ipvs.Service
 	// owner is the Service key of each virtual server.
 	owner map[ipvs.Key]string
+	// refused holds, by Service key, why the dataplane refused some of
+	// that Service's desired virtual servers: this node does not announce
+	// such a Service (see refusal).
+	refused map[string]error
 }
 
 func newProgrammer(dp Dataplane, m *Metrics) *programmer {
-	return &programmer{dp: dp, metrics: m, programmed: map[string][]ipvs.Service{}, owner: map[ipvs.Key]string{}}
+	return &programmer{dp: dp, metrics: m, programmed: map[string][]ipvs.Service{},
+		owner: map[ipvs.Key]string{}, refused: map[string]error{}}
+}
+
+// refusal returns why the dataplane refused the Service key's virtual
+// servers at their last programming (nil: all programmed).
+func (p *programmer) refusal(key string) error {
+	return p.refused[key]
+}
+
+// setRefused records why the Service key's virtual servers were refused
+// (errs empty: they were not) and updates the metric.
+func (p *programmer) setRefused(key string, errs []error) {
+	if len(errs) == 0 {
+		delete(p.refused, key)
+	} else {
+		p.refused[key] = errors.Join(errs...)
+	}
+	p.metrics.setServiceErrors(p.refused)
 }
 
 // serviceServers is one Service's desired virtual servers.
@@ -52,7 +77,7 @@ func (p *programmer) program(key string, desired []ipvs.Service) error {
 	for _, s := range p.programmed[key] {
 		old[s.Key()] = s
 	}
-	var errs []error
+	var errs, refused []error
 	applied := make([]ipvs.Service, 0, len(desired))
 	for i := range desired {
 		d := desired[i]
@@ -67,7 +92,8 @@ func (p *programmer) program(key string, desired []ipvs.Service) error {
 			continue
 		}
 		if err := p.syncOne(k, &d); err != nil {
-			errs = append(errs, fmt.Errorf("programming %s: %w", k, err))
+			err = fmt.Errorf("virtual server %s: %w", k, err)
+			errs, refused = append(errs, err), append(refused, err)
 			if o, ok := old[k]; ok {
 				applied = append(applied, o) // what may still be there
 				delete(old, k)
@@ -92,6 +118,7 @@ func (p *programmer) program(key string, desired []ipvs.Service) error {
 		p.programmed[key] = applied
 	}
 	p.metrics.setVirtualServers(len(p.owner))
+	p.setRefused(key, refused)
 	return errors.Join(errs...)
 }
 
@@ -107,8 +134,35 @@ func (p *programmer) syncOne(k ipvs.Key, desired *ipvs.Service) error {
 // hand) and, at start-up, takes over what a previous speaker programmed
 // without touching established connections. A virtual server two Services
 // want goes to the first.
-func (p *programmer) resync(ctx context.Context, all []serviceServers) error {
+//
+// A virtual server the kernel refuses fails its Service alone: resync
+// records the refusal (see refusal), leaves that virtual server out of
+// what is programmed (so that program retries it) and returns the keys of
+// the refused Services. It returns an error only when the dataplane failed
+// as a whole (the kernel could not be read, a source NAT batch failed).
+func (p *programmer) resync(ctx context.Context, all []serviceServers) (refused []string, err error) {
 	start := time.Now()
+	desired, programmed, owner := p.plan(ctx, all)
+	plan, err := p.dp.Sync(desired)
+	p.metrics.kernelChanges(plan.Len())
+	perService, err := p.refusals(ctx, err, programmed, owner)
+	if err != nil {
+		return nil, fmt.Errorf("dataplane resync: %w", err)
+	}
+	p.programmed, p.owner, p.refused = programmed, owner, perService
+	p.metrics.setVirtualServers(len(owner))
+	p.metrics.setServiceErrors(p.refused)
+	p.metrics.observeSync("dataplane-resync", start)
+	if !plan.Empty() {
+		klog.FromContext(ctx).Info("Dataplane resynced", "changes", plan.String(), "virtualServers", len(owner), "duration", time.Since(start))
+	}
+	return slices.Sorted(maps.Keys(perService)), nil
+}
+
+// plan merges every Service's virtual servers into the desired kernel
+// state, with the virtual servers of each Service and the Service of each
+// virtual server.
+func (p *programmer) plan(ctx context.Context, all []serviceServers) (ipvs.State, map[string][]ipvs.Service, map[ipvs.Key]string) {
 	desired := ipvs.NewState()
 	programmed := map[string][]ipvs.Service{}
 	owner := map[ipvs.Key]string{}
@@ -123,16 +177,41 @@ func (p *programmer) resync(ctx context.Context, all []serviceServers) error {
 			desired.Add(s)
 		}
 	}
-	plan, err := p.dp.Sync(desired)
-	p.metrics.kernelChanges(plan.Len())
-	if err != nil {
-		return fmt.Errorf("dataplane resync: %w", err)
+	return desired, programmed, owner
+}
+
+// refusals splits the error of a Sync: the virtual servers the kernel
+// refused are taken out of programmed and owner and returned by Service;
+// the error returned is what failed the dataplane as a whole. A refused
+// virtual server no Service wants (a stale one the kernel would not
+// delete) is logged; the next resync tries again.
+func (p *programmer) refusals(ctx context.Context, err error, programmed map[string][]ipvs.Service, owner map[ipvs.Key]string) (map[string]error, error) {
+	perService := map[string]error{}
+	var se *ipvs.SyncErrors
+	if err == nil {
+		return perService, nil
 	}
-	p.programmed, p.owner = programmed, owner
-	p.metrics.setVirtualServers(len(owner))
-	p.metrics.observeSync("dataplane-resync", start)
-	if !plan.Empty() {
-		klog.FromContext(ctx).Info("Dataplane resynced", "changes", plan.String(), "virtualServers", len(owner), "duration", time.Since(start))
+	if !errors.As(err, &se) || se.Other != nil {
+		return nil, err
 	}
-	return nil
+	for _, k := range slices.SortedFunc(maps.Keys(se.Services), compareKeys) {
+		kerr := fmt.Errorf("virtual server %s: %w", k, se.Services[k])
+		key, ok := owner[k]
+		if !ok {
+			klog.FromContext(ctx).Error(kerr, "Dataplane resync could not remove a virtual server; retrying at the next resync")
+			continue
+		}
+		perService[key] = errors.Join(perService[key], kerr)
+		delete(owner, k)
+		programmed[key] = slices.DeleteFunc(programmed[key], func(s ipvs.Service) bool { return s.Key() == k })
+		if len(programmed[key]) == 0 {
+			delete(programmed, key)
+		}
+	}
+	return perService, nil
+}
+
+// compareKeys orders virtual server keys by VIP, port and protocol.
+func compareKeys(a, b ipvs.Key) int {
+	return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }

@@ -27,6 +27,7 @@ type reporter struct {
 	pools   string            // the last IPPool problems, joined
 	peers   map[string]string // BGPPeer name → its last problem
 	service map[string]string // Service key → its last dataplane problem
+	refused map[string]string // Service key → why the kernel last refused it
 
 	mu        sync.Mutex
 	sessionUp map[string]bool // last known Established state per peer
@@ -38,6 +39,7 @@ func newReporter(recorder record.EventRecorder, nodeName string) *reporter {
 		nodeName:  nodeName,
 		peers:     map[string]string{},
 		service:   map[string]string{},
+		refused:   map[string]string{},
 		sessionUp: map[string]bool{},
 	}
 }
@@ -113,6 +115,35 @@ func (r *reporter) dataplaneProblems(ctx context.Context, svc *v1.Service, probl
 	klog.FromContext(ctx).Info("Service has a dataplane problem", "service", key, "problem", msg)
 	r.recorder.Eventf(svc, v1.EventTypeWarning, "InvalidDataplaneConfig", "node %s: %s", r.nodeName, msg)
 	r.service[key] = msg
+}
+
+// dataplaneRefused reports a changed refusal of a Service's virtual
+// servers by this node's kernel (err nil: none), with a Warning Event on
+// the Service naming the node and the kernel's reason; the end of a
+// refusal is logged.
+func (r *reporter) dataplaneRefused(ctx context.Context, svc *v1.Service, err error) {
+	key := ServiceKey(svc)
+	if err == nil {
+		if _, was := r.refused[key]; was {
+			klog.FromContext(ctx).Info("Service programmed after the kernel refused it", "service", key)
+			delete(r.refused, key)
+		}
+		return
+	}
+	msg := strings.ReplaceAll(err.Error(), "\n", "; ")
+	if msg == r.refused[key] {
+		return
+	}
+	klog.FromContext(ctx).Error(err, "Kernel refused the Service's virtual servers; not announcing it from this node", "service", key)
+	r.recorder.Eventf(svc, v1.EventTypeWarning, "DataplaneRefused",
+		"node %s: the kernel refused the Service's virtual servers, so this node does not announce it: %s", r.nodeName, msg)
+	r.refused[key] = msg
+}
+
+// forgetService drops what was reported about a deleted Service.
+func (r *reporter) forgetService(key string) {
+	delete(r.service, key)
+	delete(r.refused, key)
 }
 
 // sessionChanged logs every session state change and records an Event on

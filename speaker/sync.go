@@ -73,6 +73,11 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 // syncDataplane programs every Service's virtual servers: with full, by a
 // resync against the kernel table; else Service by Service, from what was
 // last programmed, also removing those of Services gone from the cache.
+//
+// A Service whose virtual servers the kernel refuses fails alone: it gets
+// a Warning Event, is not announced (see serviceRoutes) and its key is
+// queued with backoff, which retries it alone. The error returned is what
+// failed beyond single Services.
 func (c *Controller) syncDataplane(ctx context.Context, full bool) error {
 	if c.prog == nil {
 		return nil
@@ -83,11 +88,24 @@ func (c *Controller) syncDataplane(ctx context.Context, full bool) error {
 		for _, svc := range services {
 			all = append(all, serviceServers{ServiceKey(svc), c.desiredFor(ctx, svc, c.watch.slicesOf(svc))})
 		}
-		return c.prog.resync(ctx, all)
+		refused, err := c.prog.resync(ctx, all)
+		if err != nil {
+			return err
+		}
+		for _, svc := range services {
+			c.report.dataplaneRefused(ctx, svc, c.prog.refusal(ServiceKey(svc)))
+		}
+		for _, key := range refused {
+			c.queue.AddRateLimited(key)
+		}
+		return nil
 	}
 	var errs []error
 	for _, svc := range services {
-		errs = append(errs, c.prog.program(ServiceKey(svc), c.desiredFor(ctx, svc, c.watch.slicesOf(svc))))
+		key := ServiceKey(svc)
+		if c.prog.program(key, c.desiredFor(ctx, svc, c.watch.slicesOf(svc))) != nil {
+			c.queue.AddRateLimited(key) // retried alone; reported there
+		}
 	}
 	for key := range c.prog.programmed {
 		if !c.watch.hasService(key) {
@@ -100,11 +118,22 @@ func (c *Controller) syncDataplane(ctx context.Context, full bool) error {
 // allRoutes yields every Service in the cache with its routes.
 func (c *Controller) allRoutes(yield func(string, []bgp.Route) bool) {
 	for _, svc := range c.watch.listServices() {
-		routes, _ := ServiceRoutes(svc, c.watch.slicesOf(svc), c.view)
+		routes, _ := c.serviceRoutes(svc, c.watch.slicesOf(svc))
 		if !yield(ServiceKey(svc), routes) {
 			return
 		}
 	}
+}
+
+// serviceRoutes is ServiceRoutes, except that a Service whose virtual
+// servers the dataplane refused has none: this node cannot serve it.
+func (c *Controller) serviceRoutes(svc *v1.Service, slices []*discoveryv1.EndpointSlice) ([]bgp.Route, string) {
+	if c.prog != nil {
+		if err := c.prog.refusal(ServiceKey(svc)); err != nil {
+			return nil, "dataplane refused it: " + err.Error()
+		}
+	}
+	return ServiceRoutes(svc, slices, c.view)
 }
 
 // syncSessions configures this node's BGP sessions, reporting the peers it
@@ -131,12 +160,16 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 		return err
 	}
 	if svc == nil {
+		c.report.forgetService(key)
 		dpErr := c.program(key, nil)
 		return errors.Join(dpErr, c.ann.deleteService(ctx, key))
 	}
 	slices := c.watch.slicesOf(svc)
 	dpErr := c.program(key, c.desiredFor(ctx, svc, slices))
-	routes, why := ServiceRoutes(svc, slices, c.view)
+	if c.prog != nil {
+		c.report.dataplaneRefused(ctx, svc, c.prog.refusal(key))
+	}
+	routes, why := c.serviceRoutes(svc, slices)
 	if len(routes) == 0 && len(svc.Status.LoadBalancer.Ingress) > 0 && svc.Spec.LoadBalancerClass == nil {
 		klog.FromContext(ctx).V(2).Info("Not announcing", "service", key, "reason", why)
 	}
