@@ -440,6 +440,19 @@ func TestControllerServiceRefusedByDataplane(t *testing.T) {
 	if got := testutil.ToFloat64(m.serviceErrors.WithLabelValues(reasonScheduler)); got != 0 {
 		t.Errorf("vipcast_speaker_service_errors{reason=%q} = %v after the fix, want 0", reasonScheduler, got)
 	}
+
+	// On the running speaker, Service a now asks for the refused
+	// scheduler: its route is withdrawn, the others stay.
+	a, err := client.CoreV1().Services("ns").Get(ctx, "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Annotations = map[string]string{AnnotationScheduler: "sed"}
+	if _, err := client.CoreV1().Services("ns").Update(ctx, a, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	aPrefix := netip.MustParsePrefix("10.100.0.1/32")
+	waitFor("Service a withdrawn once refused", func() bool { got := engine.prefixes(); return !got[aPrefix] && len(got) == 3 })
 }
 
 // TestControllerRetriesRefusedService checks that a Service the dataplane
