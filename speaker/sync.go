@@ -103,8 +103,10 @@ func (c *Controller) syncDataplane(ctx context.Context, full bool) error {
 	var errs []error
 	for _, svc := range services {
 		key := ServiceKey(svc)
-		if c.prog.program(key, c.desiredFor(ctx, svc, c.watch.slicesOf(svc))) != nil {
-			c.queue.AddRateLimited(key) // retried alone; reported there
+		err := c.prog.program(key, c.desiredFor(ctx, svc, c.watch.slicesOf(svc)))
+		c.report.dataplaneRefused(ctx, svc, c.prog.refusal(key))
+		if err != nil {
+			c.queue.AddRateLimited(key) // retried alone
 		}
 	}
 	for key := range c.prog.programmed {
