@@ -221,14 +221,10 @@ func TestControllerProgramsDataplane(t *testing.T) {
 	go func() { _ = c.Run(ctx) }()
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				s, u, d := dp.counts()
-				t.Fatalf("timed out waiting for %s (syncs %d, service syncs %d, deletes %d)", what, s, u, d)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		eventually(t, what, cond, func() string {
+			s, u, d := dp.counts()
+			return fmt.Sprintf("syncs %d, service syncs %d, deletes %d", s, u, d)
+		})
 	}
 	waitFor("the start-up Sync", func() bool { s, _, _ := dp.counts(); return s >= 1 })
 	dp.mu.Lock()
@@ -378,14 +374,7 @@ func TestControllerServiceRefusedByDataplane(t *testing.T) {
 	client := fakeServices(4)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	bad, err := client.CoreV1().Services("ns").Get(ctx, "d", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bad.Annotations = map[string]string{AnnotationScheduler: "sed"}
-	if _, err := client.CoreV1().Services("ns").Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	setScheduler(ctx, t, client, "d", "sed")
 	dp := &refusingDataplane{refuse: "sed", kernel: map[ipvs.Key]ipvs.Service{}}
 	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
 	reg := prometheus.NewRegistry()
@@ -402,13 +391,7 @@ func TestControllerServiceRefusedByDataplane(t *testing.T) {
 	badPrefix := netip.MustParsePrefix("10.100.0.4/32")
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s: ready %v, routes %v", what, c.HasSynced(), engine.prefixes())
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		eventually(t, what, cond, func() string { return fmt.Sprintf("ready %v, routes %v", c.HasSynced(), engine.prefixes()) })
 	}
 	waitFor("three Services announced and the speaker ready", func() bool { return c.HasSynced() && len(engine.prefixes()) == 3 })
 	waitFor("a Warning Event on the refused Service", func() bool {
@@ -432,10 +415,7 @@ func TestControllerServiceRefusedByDataplane(t *testing.T) {
 		t.Errorf("vipcast_speaker_service_errors{reason=%q} = %v, want 1", reasonScheduler, got)
 	}
 
-	bad.Annotations[AnnotationScheduler] = "rr"
-	if _, err := client.CoreV1().Services("ns").Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	setScheduler(ctx, t, client, "d", "rr")
 	waitFor("the fixed Service programmed and announced", func() bool { return dp.has("10.100.0.4") && engine.prefixes()[badPrefix] })
 	if got := testutil.ToFloat64(m.serviceErrors.WithLabelValues(reasonScheduler)); got != 0 {
 		t.Errorf("vipcast_speaker_service_errors{reason=%q} = %v after the fix, want 0", reasonScheduler, got)
@@ -443,14 +423,7 @@ func TestControllerServiceRefusedByDataplane(t *testing.T) {
 
 	// On the running speaker, Service a now asks for the refused
 	// scheduler: its route is withdrawn, the others stay.
-	a, err := client.CoreV1().Services("ns").Get(ctx, "a", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.Annotations = map[string]string{AnnotationScheduler: "sed"}
-	if _, err := client.CoreV1().Services("ns").Update(ctx, a, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	setScheduler(ctx, t, client, "a", "sed")
 	aPrefix := netip.MustParsePrefix("10.100.0.1/32")
 	waitFor("Service a withdrawn once refused", func() bool { got := engine.prefixes(); return !got[aPrefix] && len(got) == 3 })
 }
@@ -463,14 +436,7 @@ func TestControllerRetriesRefusedService(t *testing.T) {
 	client := fakeServices(2)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	bad, err := client.CoreV1().Services("ns").Get(ctx, "b", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bad.Annotations = map[string]string{AnnotationScheduler: "sed"}
-	if _, err := client.CoreV1().Services("ns").Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	setScheduler(ctx, t, client, "b", "sed")
 	dp := &refusingDataplane{refuse: "sed", kernel: map[ipvs.Key]ipvs.Service{}}
 	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
@@ -481,13 +447,7 @@ func TestControllerRetriesRefusedService(t *testing.T) {
 	go func() { _ = c.Run(ctx) }()
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s: ready %v, routes %v", what, c.HasSynced(), engine.prefixes())
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		eventually(t, what, cond, func() string { return fmt.Sprintf("ready %v, routes %v", c.HasSynced(), engine.prefixes()) })
 	}
 	waitFor("Service a announced and the speaker ready", func() bool { return c.HasSynced() && len(engine.prefixes()) == 1 })
 	dp.mu.Lock()

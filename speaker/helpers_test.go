@@ -1,11 +1,15 @@
 package speaker
 
 import (
+	"context"
 	"net/netip"
+	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
@@ -91,3 +95,32 @@ func route(p string) bgp.Route {
 }
 
 var zeroAddr netip.Addr
+
+// eventually polls cond every 5 ms for up to 10 s and fails the test with
+// what and state() when it never holds.
+func eventually(t *testing.T, what string, cond func() bool, state func() string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s: %s", what, state())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// setScheduler sets the AnnotationScheduler of Service ns/name and returns
+// the updated Service.
+func setScheduler(ctx context.Context, t *testing.T, client kubernetes.Interface, name, scheduler string) *v1.Service {
+	t.Helper()
+	svc, err := client.CoreV1().Services("ns").Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Annotations = map[string]string{AnnotationScheduler: scheduler}
+	svc, err = client.CoreV1().Services("ns").Update(ctx, svc, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
