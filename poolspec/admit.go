@@ -76,15 +76,7 @@ type ownedRange struct {
 // ignored.
 func Admit(pools []*v1alpha1.IPPool) *Admission {
 	ordered := slices.DeleteFunc(slices.Clone(pools), func(p *v1alpha1.IPPool) bool { return p == nil || p.Name == "" })
-	slices.SortStableFunc(ordered, func(a, b *v1alpha1.IPPool) int {
-		switch {
-		case v1alpha1.OlderFirst(a, b):
-			return -1
-		case v1alpha1.OlderFirst(b, a):
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(ordered, func(a, b *v1alpha1.IPPool) int { return v1alpha1.CompareAge(a, b) })
 
 	// Each pool's own checks, oldest first.
 	type outcome struct {

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
@@ -135,14 +134,11 @@ func translatePeer(p *v1alpha1.BGPPeer, node Node) (bgp.Peer, bool, *PeerError) 
 	if prob := s.Check(); prob != nil {
 		return bad(prob.Reason, "%s", prob.Message)
 	}
-	if s.NodeSelector != nil {
-		sel, _ := metav1.LabelSelectorAsSelector(s.NodeSelector) // Check parsed it
-		if !sel.Matches(node.Labels) {
-			return bgp.Peer{}, false, nil
-		}
+	if !s.SelectsNode(node.Labels) {
+		return bgp.Peer{}, false, nil
 	}
 	// Check validated the addresses, the port, the TTL and the families.
-	addr := netip.MustParseAddr(strings.TrimSpace(s.PeerAddress)).Unmap()
+	addr, _ := s.Address()
 	out := bgp.Peer{
 		Name:          p.Name,
 		Address:       addr,

@@ -40,15 +40,7 @@ func (s *BGPPeerSpec) Address() (netip.Addr, bool) {
 // its node and vipcast-ccm to every node for the Ready condition.
 func ShadowedPeers(peers []*BGPPeer, node labels.Set) map[string]string {
 	byAge := slices.Clone(peers)
-	slices.SortFunc(byAge, func(a, b *BGPPeer) int {
-		switch {
-		case OlderFirst(a, b):
-			return -1
-		case OlderFirst(b, a):
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(byAge, func(a, b *BGPPeer) int { return CompareAge(a, b) })
 	owner := map[netip.Addr]string{}
 	out := map[string]string{}
 	for _, p := range byAge {

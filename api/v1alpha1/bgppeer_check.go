@@ -38,10 +38,9 @@ func (s *BGPPeerSpec) Check() *PeerProblem {
 			return bad(ReasonInvalidSelector, "spec.nodeSelector: %v; fix the selector (operators are In, NotIn, Exists, DoesNotExist)", err)
 		}
 	}
-	addr, err := netip.ParseAddr(strings.TrimSpace(s.PeerAddress))
-	// Unmap before the check: ::ffff:0.0.0.0 is the unspecified IPv4 address too.
-	addr = addr.Unmap()
-	if err != nil || addr.Zone() != "" || addr.IsUnspecified() {
+	// Address unmaps: ::ffff:0.0.0.0 is the unspecified IPv4 address too.
+	addr, ok := s.Address()
+	if !ok || addr.IsUnspecified() {
 		return bad(ReasonInvalidConfig, "spec.peerAddress %q is not a usable IP address; write an IPv4 or IPv6 address such as 192.0.2.1, without prefix length, port or zone", s.PeerAddress)
 	}
 	if s.PeerASN == 0 || s.LocalASN == 0 || s.PeerASN > MaxASN || s.LocalASN > MaxASN {
