@@ -241,26 +241,30 @@ func (w *watched) currentNode() (*v1.Node, error) {
 
 // listPools returns the IPPools in the cache that decode.
 func (w *watched) listPools(ctx context.Context) []*vipcastv1alpha1.IPPool {
-	var out []*vipcastv1alpha1.IPPool
-	for _, obj := range w.pools.GetStore().List() {
-		p := &vipcastv1alpha1.IPPool{}
-		if decode(ctx, obj, p) {
-			out = append(out, p)
-		}
-	}
-	return out
+	return decodeAll[vipcastv1alpha1.IPPool](ctx, w.pools)
 }
 
 // listPeers returns the BGPPeers in the cache that decode, sorted by name.
 func (w *watched) listPeers(ctx context.Context) []*vipcastv1alpha1.BGPPeer {
-	var out []*vipcastv1alpha1.BGPPeer
-	for _, obj := range w.peers.GetStore().List() {
-		p := &vipcastv1alpha1.BGPPeer{}
+	out := decodeAll[vipcastv1alpha1.BGPPeer](ctx, w.peers)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// decodeAll returns the objects of a dynamic informer's cache that decode
+// into T.
+func decodeAll[T any, P interface {
+	*T
+	runtime.Object
+}](ctx context.Context, inf cache.SharedIndexInformer) []P {
+	objs := inf.GetStore().List()
+	out := make([]P, 0, len(objs))
+	for _, obj := range objs {
+		p := P(new(T))
 		if decode(ctx, obj, p) {
 			out = append(out, p)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
