@@ -57,6 +57,9 @@ func (p *programmer) refusal(key string) error {
 // (errs empty: they were not) and updates the metric.
 func (p *programmer) setRefused(key string, errs []error) {
 	if len(errs) == 0 {
+		if _, was := p.refused[key]; !was {
+			return // the common case, on every program: nothing to count again
+		}
 		delete(p.refused, key)
 	} else {
 		p.refused[key] = errors.Join(errs...)
