@@ -18,8 +18,9 @@ import (
 	"github.com/vipcast/vipcast/ipvs"
 )
 
-// dpView is the view of the dataplane tests: an IPv4 and an IPv6 pool, and
-// a pool whose nodeSelector does not select the test node (Disabled).
+// dpView is the view of the dataplane tests: an IPv4 and an IPv6 pool, a
+// pool whose nodeSelector does not select the test node (Disabled), and a
+// pool refused for its spec.bgp ("dark", owning nothing).
 func dpView(t testing.TB, node Node) *View {
 	t.Helper()
 	pools := []*v1alpha1.IPPool{
@@ -27,10 +28,11 @@ func dpView(t testing.TB, node Node) *View {
 		fx.Pool("p6", 0, "2001:db8::/64"),
 		fx.WithBGP(fx.Pool("zoneb", 0, "203.0.113.0/25"), v1alpha1.IPPoolBGP{
 			NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}}),
+		fx.WithBGP(fx.Pool("dark", 0, "198.18.0.0/24"), v1alpha1.IPPoolBGP{Communities: []string{"not-a-community"}}),
 	}
 	view, errs := Compile(pools, nil, node)
-	if len(errs) > 0 {
-		t.Fatal(errs)
+	if len(errs) != 1 || errs[0].Pool != "dark" {
+		t.Fatalf("Compile errors %v, want only pool dark refused", errs)
 	}
 	return view
 }
@@ -150,6 +152,8 @@ func TestServiceDataplane(t *testing.T) {
 
 		// Pools.
 		{name: "VIP outside every pool", svc: dpSvc("198.51.100.1"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))}},
+		{name: "VIP of a refused pool is not forwarded", svc: dpSvc("198.18.0.5"),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))}},
 		{name: "one VIP of two outside every pool", svc: dpSvc("198.51.100.1", "192.0.2.10"),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))},
