@@ -29,6 +29,9 @@ const Component = "vipcast-speaker"
 // Service's namespace/name.
 const keyConfig = "\x00config"
 
+// contactInterval is how often the speaker probes the API server.
+const contactInterval = 10 * time.Second
+
 // keyResync is the queue key for a full dataplane resync (a kernel read),
 // on start-up and every Options.DataplaneResync.
 const keyResync = "\x00resync"
@@ -42,8 +45,16 @@ type Options struct {
 	Dynamic dynamic.Interface
 	// BGP announces the routes.
 	BGP bgp.Speaker
-	// Resync is how often the whole configuration is recomputed, which
-	// also re-reads peer passwords from their Secrets.
+	// Calls makes the speaker's single requests (Events, the API server
+	// probe): a client whose requests time out. Nil uses Client, whose
+	// watches must not time out.
+	Calls kubernetes.Interface
+	// PasswordNamespaces are the namespaces whose Secrets BGPPeers may
+	// name for TCP MD5 passwords; the speaker watches the Secrets there
+	// and reads no others.
+	PasswordNamespaces []string
+	// Resync is how often the whole configuration is recomputed from the
+	// informers' caches.
 	Resync time.Duration
 	// Metrics records the speaker's own metrics; nil records nothing.
 	Metrics *Metrics
@@ -89,6 +100,9 @@ func NewController(opts Options) (*Controller, error) {
 	if opts.DataplaneResync <= 0 {
 		opts.DataplaneResync = time.Minute
 	}
+	if opts.Calls == nil {
+		opts.Calls = opts.Client
+	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("scheme: %w", err)
@@ -132,8 +146,10 @@ func (c *Controller) HasSynced() bool {
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	c.events.StartStructuredLogging(3)
-	c.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.opts.Client.CoreV1().Events("")})
+	c.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.opts.Calls.CoreV1().Events("")})
 	defer c.events.Shutdown()
+	probe := &contact{client: c.opts.Calls, interval: contactInterval, metrics: c.opts.Metrics, now: time.Now}
+	go probe.run(ctx)
 
 	if err := c.watch.start(ctx); err != nil {
 		return err

@@ -1,22 +1,23 @@
 package speaker
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"sort"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -29,10 +30,12 @@ const sliceIndex = "service"
 
 // watched holds the speaker's informers and reads the API objects from
 // their caches, decoded: Services, EndpointSlices, this Node, IPPools and
-// BGPPeers. Only password Secrets are read from the API server directly.
+// BGPPeers, and the password Secrets of the namespaces the speaker may
+// read them from. Nothing is read from the API server outside the
+// informers, so an outage changes nothing the decisions see: the caches
+// keep the last state until the watches resume.
 type watched struct {
 	nodeName string
-	client   kubernetes.Interface
 	factory  informers.SharedInformerFactory
 	nodes    informers.SharedInformerFactory
 	dynamic  dynamicinformer.DynamicSharedInformerFactory
@@ -41,6 +44,10 @@ type watched struct {
 	node     cache.SharedIndexInformer
 	pools    cache.SharedIndexInformer
 	peers    cache.SharedIndexInformer
+	// secrets has one Secret informer per password namespace, by namespace.
+	secrets map[string]cache.SharedIndexInformer
+	// secretFactories start them.
+	secretFactories []informers.SharedInformerFactory
 }
 
 // newWatched creates the informers and routes their events to q: a
@@ -49,7 +56,6 @@ type watched struct {
 func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*watched, error) {
 	w := &watched{
 		nodeName: opts.NodeName,
-		client:   opts.Client,
 		factory:  informers.NewSharedInformerFactory(opts.Client, 0),
 		nodes: informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
@@ -62,6 +68,9 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	w.pools = w.dynamic.ForResource(vipcastv1alpha1.IPPoolsResource).Informer()
 	w.peers = w.dynamic.ForResource(vipcastv1alpha1.BGPPeersResource).Informer()
 
+	if err := w.watchSecrets(opts, q); err != nil {
+		return nil, err
+	}
 	if err := w.slices.AddIndexers(cache.Indexers{sliceIndex: sliceServiceKey}); err != nil {
 		return nil, fmt.Errorf("endpointslice index: %w", err)
 	}
@@ -88,7 +97,14 @@ func (w *watched) start(ctx context.Context) error {
 	w.factory.Start(ctx.Done())
 	w.nodes.Start(ctx.Done())
 	w.dynamic.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), w.services.HasSynced, w.slices.HasSynced, w.node.HasSynced, w.pools.HasSynced, w.peers.HasSynced) {
+	synced := []cache.InformerSynced{w.services.HasSynced, w.slices.HasSynced, w.node.HasSynced, w.pools.HasSynced, w.peers.HasSynced}
+	for _, f := range w.secretFactories {
+		f.Start(ctx.Done())
+	}
+	for _, inf := range w.secrets {
+		synced = append(synced, inf.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("informer caches did not sync: %w", ctx.Err())
 	}
 	return nil
@@ -294,24 +310,67 @@ func decode(ctx context.Context, obj any, into runtime.Object) bool {
 	return true
 }
 
-// passwords returns the lookup PeersForNode uses for TCP MD5 passwords:
-// a read of the Secret, re-done on every config sync (and so at least every
-// resync period), cached within one sync.
-func (w *watched) passwords(ctx context.Context) func(*vipcastv1alpha1.SecretKeyReference) (string, error) {
-	seen := map[string]*v1.Secret{}
+// watchSecrets creates a Secret informer for each of the namespaces BGP
+// passwords may come from (Options.PasswordNamespaces). A change of a
+// Secret's data recomputes the sessions; the cached Secrets keep only
+// their name, namespace and data.
+func (w *watched) watchSecrets(opts Options, q workqueue.TypedRateLimitingInterface[string]) error {
+	w.secrets = map[string]cache.SharedIndexInformer{}
+	for _, ns := range opts.PasswordNamespaces {
+		if _, dup := w.secrets[ns]; dup {
+			continue
+		}
+		f := informers.NewSharedInformerFactoryWithOptions(opts.Client, 0,
+			informers.WithNamespace(ns), informers.WithTransform(secretData))
+		inf := f.Core().V1().Secrets().Informer()
+		if _, err := inf.AddEventHandler(configHandler(q, sameSecret)); err != nil {
+			return fmt.Errorf("secret event handler for namespace %s: %w", ns, err)
+		}
+		w.secrets[ns] = inf
+		w.secretFactories = append(w.secretFactories, f)
+	}
+	return nil
+}
+
+// secretData is the Secret informers' transform: it keeps a Secret's name,
+// namespace and data, dropping what could hold another copy of the data
+// (the last-applied annotation, managed fields).
+func secretData(obj any) (any, error) {
+	s, ok := obj.(*v1.Secret)
+	if !ok {
+		return obj, nil
+	}
+	return &v1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion},
+		Data:       s.Data,
+	}, nil
+}
+
+// sameSecret reports whether a Secret update leaves its data unchanged.
+func sameSecret(old, cur any) bool {
+	o, ok1 := old.(*v1.Secret)
+	n, ok2 := cur.(*v1.Secret)
+	return ok1 && ok2 && maps.EqualFunc(o.Data, n.Data, bytes.Equal)
+}
+
+// passwords returns the lookup PeersForNode uses for TCP MD5 passwords,
+// read from the Secret informers' caches: only a confirmed deletion or
+// change of a Secret changes a session, never an unreachable API server.
+func (w *watched) passwords() func(*vipcastv1alpha1.SecretKeyReference) (string, error) {
 	return func(ref *vipcastv1alpha1.SecretKeyReference) (string, error) {
 		k := ref.Namespace + "/" + ref.Name
-		s, ok := seen[k]
+		inf, ok := w.secrets[ref.Namespace]
 		if !ok {
-			var err error
-			s, err = w.client.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) {
-				return "", fmt.Errorf("secret %s not found: create it with the key %q", k, ref.KeyOrDefault())
-			}
-			if err != nil {
-				return "", fmt.Errorf("reading secret %s: %w", k, err)
-			}
-			seen[k] = s
+			return "", fmt.Errorf("secret %s is in a namespace the speaker does not read passwords from (%s): move it to one of them, or add %s to the speaker's --bgp-password-namespaces (chart value speaker.bgpPasswordSecrets.namespaces)",
+				k, w.passwordNamespaces(), ref.Namespace)
+		}
+		obj, exists, err := inf.GetStore().GetByKey(k)
+		if err != nil {
+			return "", fmt.Errorf("secret %s from cache: %w", k, err)
+		}
+		s, isSecret := obj.(*v1.Secret)
+		if !exists || !isSecret {
+			return "", fmt.Errorf("secret %s not found: create it with the key %q", k, ref.KeyOrDefault())
 		}
 		v, ok := s.Data[ref.KeyOrDefault()]
 		if !ok {
@@ -319,4 +378,13 @@ func (w *watched) passwords(ctx context.Context) func(*vipcastv1alpha1.SecretKey
 		}
 		return string(v), nil
 	}
+}
+
+// passwordNamespaces names the namespaces passwords are read from, for
+// messages.
+func (w *watched) passwordNamespaces() string {
+	if len(w.secrets) == 0 {
+		return "none: --bgp-password-namespaces is empty"
+	}
+	return "namespaces " + strings.Join(slices.Sorted(maps.Keys(w.secrets)), ", ")
 }

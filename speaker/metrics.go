@@ -17,6 +17,7 @@ type Metrics struct {
 	virtualServers prometheus.Gauge
 	changes        prometheus.Counter
 	serviceErrors  *prometheus.GaugeVec
+	lastContact    prometheus.Gauge
 }
 
 // The reasons of vipcast_speaker_service_errors.
@@ -60,11 +61,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "vipcast_speaker_service_errors",
 			Help: "Services whose virtual servers this node's kernel refused, so that it does not announce them, by reason: scheduler (the kernel lacks the Service's IPVS scheduler) or kernel (another refusal).",
 		}, []string{"reason"}),
+		lastContact: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipcast_speaker_apiserver_last_contact_timestamp_seconds",
+			Help: "Unix time of the API server's last answer to the speaker's probe (every 10s); 0 before the first. While the API server is unreachable the speaker keeps its sessions, routes and IPVS as they are: alert on time() minus this.",
+		}),
 	}
 	for _, r := range []string{reasonScheduler, reasonKernel} {
 		m.serviceErrors.WithLabelValues(r).Set(0)
 	}
-	for _, c := range []prometheus.Collector{m.announced, m.syncSeconds, m.virtualServers, m.changes, m.serviceErrors} {
+	for _, c := range []prometheus.Collector{m.announced, m.syncSeconds, m.virtualServers, m.changes, m.serviceErrors, m.lastContact} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -108,5 +113,12 @@ func (m *Metrics) setServiceErrors(refused map[string]error) {
 	}
 	for r, n := range counts {
 		m.serviceErrors.WithLabelValues(r).Set(float64(n))
+	}
+}
+
+// contacted records an answer of the API server at t.
+func (m *Metrics) contacted(t time.Time) {
+	if m != nil {
+		m.lastContact.Set(float64(t.UnixNano()) / 1e9)
 	}
 }

@@ -141,7 +141,7 @@ func (c *Controller) serviceRoutes(svc *v1.Service, slices []*discoveryv1.Endpoi
 // syncSessions configures this node's BGP sessions, reporting the peers it
 // cannot use; it returns the count of sessions.
 func (c *Controller) syncSessions(ctx context.Context, peers []*vipcastv1alpha1.BGPPeer, node Node) (int, error) {
-	bgpPeers, problems := PeersForNode(peers, node, c.watch.passwords(ctx))
+	bgpPeers, problems := PeersForNode(peers, node, c.watch.passwords())
 	c.report.peerProblems(ctx, peers, problems)
 	if err := c.opts.BGP.SetPeers(ctx, bgpPeers); err != nil {
 		return 0, fmt.Errorf("configuring BGP peers: %w", err)

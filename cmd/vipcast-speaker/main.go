@@ -25,7 +25,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -50,6 +54,7 @@ type flags struct {
 	ipvs             bool
 	ipvsLink         string
 	dataplaneResync  time.Duration
+	passwordNS       []string
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -60,7 +65,20 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID (an IPv4 address); default: the Node's first IPv4 InternalIP, else derived from the node name.")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":7473", "Address serving /metrics, /healthz and /readyz; \"0\" turns it off.")
 	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "On SIGTERM, how long to keep serving after withdrawing the routes, so routers converge before the sessions close.")
-	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed (this also re-reads BGP passwords from their Secrets).")
+	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
+	fs.Func("bgp-password-namespaces", "Comma-separated namespaces whose Secrets BGPPeers may name in spec.passwordSecretRef; the speaker lists and watches the Secrets there and reads no others. Empty: no passwords (a BGPPeer with a passwordSecretRef is refused).", func(v string) error {
+		f.passwordNS = nil
+		for _, ns := range strings.Split(v, ",") {
+			if ns = strings.TrimSpace(ns); ns == "" {
+				continue
+			}
+			if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+				return fmt.Errorf("%q is not a namespace name (%s): use lowercase letters, digits and '-', such as vipcast-bgp-passwords", ns, strings.Join(errs, "; "))
+			}
+			f.passwordNS = append(f.passwordNS, ns)
+		}
+		return nil
+	})
 	fs.Float64Var(&f.qps, "kube-api-qps", 50, "Queries per second to the API server.")
 	fs.IntVar(&f.burst, "kube-api-burst", 100, "Burst of queries to the API server.")
 	fs.BoolVar(&f.ipvs, "ipvs", true, "Program IPVS virtual servers for the VIPs (needs NET_ADMIN and the ip_vs modules); false only announces routes.")
@@ -118,11 +136,11 @@ func run(f *flags) error {
 	logger := klog.Background().WithValues("node", f.nodeName)
 	ctx = klog.NewContext(ctx, logger)
 
-	client, dyn, err := clients(f)
+	client, calls, dyn, err := clients(f)
 	if err != nil {
 		return err
 	}
-	routerID, err := pickRouterID(ctx, f, client)
+	routerID, err := pickRouterID(ctx, f, calls)
 	if err != nil {
 		return err
 	}
@@ -138,13 +156,15 @@ func run(f *flags) error {
 		return err
 	}
 	opts := speaker.Options{
-		NodeName:        f.nodeName,
-		Client:          client,
-		Dynamic:         dyn,
-		BGP:             engine,
-		Resync:          f.resync,
-		Metrics:         metrics,
-		DataplaneResync: f.dataplaneResync,
+		NodeName:           f.nodeName,
+		Client:             client,
+		Calls:              calls,
+		Dynamic:            dyn,
+		PasswordNamespaces: f.passwordNS,
+		BGP:                engine,
+		Resync:             f.resync,
+		Metrics:            metrics,
+		DataplaneResync:    f.dataplaneResync,
 	}
 	if f.ipvs {
 		// The kernel state outlives the process on purpose: a restarted
@@ -191,23 +211,32 @@ func closeDataplane(logger klog.Logger, dp *ipvs.Dataplane) {
 	}
 }
 
-// clients returns the typed and dynamic API clients the flags configure.
-func clients(f *flags) (kubernetes.Interface, dynamic.Interface, error) {
+// callTimeout bounds every single request to the API server (Events, the
+// Node read, the health probe), so a hung API server blocks nothing.
+const callTimeout = 10 * time.Second
+
+// clients returns the API clients the flags configure: client and dyn for
+// the informers (whose watches are long requests, bounded by the server's
+// watch timeout), calls for single requests, each bounded by callTimeout.
+func clients(f *flags) (client, calls kubernetes.Interface, dyn dynamic.Interface, err error) {
 	cfg, err := restConfig(f.kubeconfig)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
 	cfg.UserAgent = speaker.Component
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+	if client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, nil, nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("dynamic client: %w", err)
+	if dyn, err = dynamic.NewForConfig(cfg); err != nil {
+		return nil, nil, nil, fmt.Errorf("dynamic client: %w", err)
 	}
-	return client, dyn, nil
+	bounded := rest.CopyConfig(cfg)
+	bounded.Timeout = callTimeout
+	if calls, err = kubernetes.NewForConfig(bounded); err != nil {
+		return nil, nil, nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return client, calls, dyn, nil
 }
 
 // startBGP starts the BGP engine (it listens on no port) with its metrics
@@ -268,19 +297,40 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 
 // pickRouterID returns --router-id, else the Node's first IPv4 address,
 // else an address derived from the node name (router IDs only need to be
-// unique among a router's peers).
-func pickRouterID(ctx context.Context, f *flags, client kubernetes.Interface) (netip.Addr, error) {
+// unique among a router's peers). Without --router-id it waits for the
+// Node to be read — nothing is announced meanwhile — so that a speaker
+// started during an API server outage does not come up with another
+// router ID than the one it would have had.
+func pickRouterID(ctx context.Context, f *flags, calls kubernetes.Interface) (netip.Addr, error) {
 	if f.routerID != "" {
 		return netip.MustParseAddr(f.routerID), nil // validated by parseFlags
 	}
-	node, err := client.CoreV1().Nodes().Get(ctx, f.nodeName, metav1.GetOptions{})
-	if err == nil {
-		n, _ := speaker.NodeFrom(node)
-		if n.IPv4.IsValid() {
+	logger := klog.FromContext(ctx)
+	var node *v1.Node
+	logged := false
+	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		node, err = calls.CoreV1().Nodes().Get(ctx, f.nodeName, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			logger.Error(err, "Node not found; deriving the router ID from the node name")
+			return true, nil
+		case err != nil:
+			if !logged { // once per outage, not every retry
+				logger.Error(err, "Waiting for the API server to read this Node (for the router ID): nothing is announced until then")
+				logged = true
+			}
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("reading Node %s for the router ID: %w", f.nodeName, err)
+	}
+	if node != nil {
+		if n, _ := speaker.NodeFrom(node); n.IPv4.IsValid() {
 			return n.IPv4, nil
 		}
-	} else {
-		klog.FromContext(ctx).Error(err, "Reading the Node for a router ID; deriving one from the node name")
 	}
 	h := fnv.New32a()
 	h.Write([]byte(f.nodeName))

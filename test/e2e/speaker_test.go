@@ -42,6 +42,7 @@ func (e *env) startSpeaker(node string, extra ...string) *speakerProc {
 		"--node-name", node,
 		"--metrics-bind-address", "0",
 		"--convergence-delay", "500ms",
+		"--bgp-password-namespaces", "vipcast-system",
 		// Routing only: the speaker runs in the test's own network
 		// namespace, whose kernel may lack IPVS (the dataplane has its
 		// own tier, in a VM).
@@ -422,8 +423,9 @@ func without(m map[string]route, keys ...string) map[string]route {
 
 // TestSpeakerPeers checks sessions as configured by BGPPeers: a TCP MD5
 // password read from a Secret establishes, a wrong one never does, a
-// missing Secret is reported on the BGPPeer, and changing one BGPPeer
-// leaves the other sessions up.
+// missing Secret or one outside --bgp-password-namespaces is reported on
+// the BGPPeer, a corrected Secret is picked up from the watch, and changing
+// one BGPPeer leaves the other sessions up.
 func TestSpeakerPeers(t *testing.T) {
 	e := newEnv(t)
 	speakerAddr := netip.MustParseAddr("127.0.0.2")
@@ -440,6 +442,10 @@ func TestSpeakerPeers(t *testing.T) {
 	e.applyPeer(peerDoc("good", good.Address, good.Port, 64500, 64501, secretRef("bgp-good")))
 	e.applyPeer(peerDoc("bad", bad.Address, bad.Port, 64500, 64501, secretRef("bgp-bad")))
 	e.applyPeer(peerDoc("nosecret", netip.MustParseAddr("127.0.0.6"), 179, 64500, 64501, secretRef("missing")))
+	// A Secret outside the password namespaces is never read.
+	e.secret("default", "bgp-elsewhere", "password", "right-password")
+	e.applyPeer(peerDoc("elsewhere", netip.MustParseAddr("127.0.0.7"), 179, 64500, 64501,
+		"  passwordSecretRef: {namespace: default, name: bgp-elsewhere}\n"))
 	e.startSpeaker("node-a")
 
 	if err := good.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
@@ -447,6 +453,7 @@ func TestSpeakerPeers(t *testing.T) {
 	}
 	// The missing Secret is named in a Warning Event on its BGPPeer.
 	e.waitEventReason("default", "nosecret", v1.EventTypeWarning, "SecretNotFound", "node-a", "vipcast-system/missing")
+	e.waitEventReason("default", "elsewhere", v1.EventTypeWarning, "SecretNotFound", "node-a", "default/bgp-elsewhere", "--bgp-password-namespaces")
 	// The wrong password never gets past TCP: FRR drops the segments.
 	time.Sleep(5 * time.Second)
 	if st, err := bad.Neighbor(speakerAddr); err != nil || st.State == "Established" {
@@ -468,9 +475,10 @@ func TestSpeakerPeers(t *testing.T) {
 	if after.State != "Established" || after.EstablishedCount != before.EstablishedCount || after.DroppedCount != before.DroppedCount {
 		t.Errorf("session with good changed when other BGPPeers did: before %+v, after %+v", before, after)
 	}
-	// Fixing the password brings the other session up, without touching the first.
+	// Fixing the password brings the other session up as soon as the
+	// watch delivers the Secret (the resync period is 5 minutes), without
+	// touching the first.
 	e.patchSecret("vipcast-system", "bgp-bad", "other-password")
-	e.patchPeer("bad", `{"metadata":{"annotations":{"test/touch":"1"}},"spec":{"holdTime":"15s","keepaliveTime":"5s"}}`)
 	if err := bad.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
 		t.Fatalf("after fixing the password: %v", err)
 	}
