@@ -72,8 +72,12 @@ type ControlPlane struct {
 	APIExtensions apiextensionsclient.Interface
 	// Token is the admin bearer token.
 	Token string
+	// EtcdURL is etcd's client URL.
+	EtcdURL string
 
-	procs []*proc.Process
+	procs   []*proc.Process
+	apiURL  string
+	apiArgs []string
 }
 
 // Start launches etcd and kube-apiserver on loopback, waits until the API
@@ -114,14 +118,17 @@ func start(dir string, logf func(string, ...any)) (*ControlPlane, error) {
 
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
+	cp.EtcdURL = etcdURL
 	if err := cp.launch(filepath.Join(bin, "etcd"), "etcd", etcdArgs(dir, etcdURL, peerURL)...); err != nil {
 		return cp, err
 	}
-	if err := cp.launch(filepath.Join(bin, "kube-apiserver"), "kube-apiserver", apiServerArgs(dir, etcdURL, apiPort)...); err != nil {
+	cp.apiArgs = apiServerArgs(dir, etcdURL, apiPort)
+	if err := cp.launch(filepath.Join(bin, "kube-apiserver"), "kube-apiserver", cp.apiArgs...); err != nil {
 		return cp, err
 	}
 
 	apiURL := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	cp.apiURL = apiURL
 	if err := cp.writeKubeconfig(apiURL); err != nil {
 		return cp, err
 	}
@@ -245,12 +252,22 @@ current-context: test
 }
 
 func (cp *ControlPlane) launch(path, name string, args ...string) error {
-	p, err := proc.Start(filepath.Join(cp.Dir, name+".log"), path, args...)
+	p, err := startLogged(cp.Dir, name, path, args...)
 	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return err
 	}
 	cp.procs = append(cp.procs, p)
 	return nil
+}
+
+// startLogged starts the component name from path with its output in
+// dir/name.log.
+func startLogged(dir, name, path string, args ...string) (*proc.Process, error) {
+	p, err := proc.Start(filepath.Join(dir, name+".log"), path, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return p, nil
 }
 
 // Stop terminates the API server and etcd (in reverse start order), waiting

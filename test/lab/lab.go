@@ -70,6 +70,9 @@ const (
 	PoolName = "lab"
 	PeerName = "tor"
 	apiRelay = "6443"
+	// MetricsPort is where each node's speaker serves /metrics, on the
+	// node's address.
+	MetricsPort = "7473"
 )
 
 var (
@@ -95,7 +98,18 @@ type Options struct {
 	HoldTime, KeepaliveTime time.Duration
 	// NodeMemoryMB per VM (default 768).
 	NodeMemoryMB int
+	// Password, when set, is the TCP MD5 password of the ToR sessions:
+	// FRR's neighbors get it and the demo BGPPeer names a Secret holding
+	// it in PasswordNamespace.
+	Password string
+	// Resync, when set, is the speakers' --resync-period and
+	// --dataplane-resync-period (default 5m and 30s).
+	Resync time.Duration
 }
+
+// PasswordNamespace is the namespace of the demo's BGP password Secret, the
+// speakers' --bgp-password-namespaces.
+const PasswordNamespace = "vipcast-bgp-passwords"
 
 // Lab is a running topology.
 type Lab struct {
@@ -108,7 +122,9 @@ type Lab struct {
 	Nodes    []*Node
 	CCMLog   string
 
-	t harness.T
+	t      harness.T
+	ccm    *proc.Process
+	ccmBin string
 }
 
 // Node is one VM.
@@ -278,7 +294,7 @@ func (l *Lab) startToR() {
 	l.t.Helper()
 	var neighbors []routers.FRRNeighbor
 	for _, n := range l.Nodes {
-		neighbors = append(neighbors, routers.FRRNeighbor{Address: n.Addr, ASN: NodeASN, KeepaliveTime: l.Opts.KeepaliveTime, HoldTime: l.Opts.HoldTime})
+		neighbors = append(neighbors, routers.FRRNeighbor{Address: n.Addr, ASN: NodeASN, KeepaliveTime: l.Opts.KeepaliveTime, HoldTime: l.Opts.HoldTime, Password: l.Opts.Password})
 	}
 	l.Opts.Logf("==> starting FRR (zebra + bgpd, AS %d) in the ToR namespace", ToRASN)
 	l.ToR = routers.StartFRR(l.t, routers.FRRConfig{ASN: ToRASN, ListenAddress: torAddr, Netns: l.TorNS.Name, Zebra: true, Neighbors: neighbors})
@@ -366,17 +382,37 @@ func sysctl(t harness.T, ns *netns.NS, key, value string) {
 
 func (l *Lab) startCCM(bin string) {
 	t := l.t
+	l.ccmBin = bin
+	l.CCMLog = filepath.Join(l.Opts.Dir, "vipcast-ccm.log")
+	if err := l.launchCCM(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.ccm.Stop(5 * time.Second) })
+}
+
+// launchCCM starts vipcast-ccm, its log appended to CCMLog.
+func (l *Lab) launchCCM() error {
 	ports, err := proc.FreePorts("127.0.0.1", 1)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	l.CCMLog = filepath.Join(l.Opts.Dir, "vipcast-ccm.log")
-	p, err := proc.Start(l.CCMLog, bin, append(l.CP.ComponentFlags(ports[0]),
+	p, err := proc.Start(l.CCMLog, l.ccmBin, append(l.CP.ComponentFlags(ports[0]),
 		"--leader-elect=true", "--configure-cloud-routes=false", "-v", "2")...)
 	if err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("vipcast-ccm: %w", err)
 	}
-	t.Cleanup(func() { p.Stop(5 * time.Second) })
+	l.ccm = p
+	return nil
+}
+
+// RestartCCMIfExited starts vipcast-ccm again if it has exited — a CCM
+// that cannot renew its lease during an API server outage exits, and its
+// Deployment would restart it — and reports whether it did.
+func (l *Lab) RestartCCMIfExited() (bool, error) {
+	if !l.ccm.Exited() {
+		return false, nil
+	}
+	return true, l.launchCCM()
 }
 
 // registerNode creates the Node as a kubelet started with
@@ -497,12 +533,18 @@ func (l *Lab) vmOptions(n *Node, i int, tap string, bins map[string]string, kube
 }
 
 func (n *Node) speakerArgs() []string {
+	resync, dataplane := "5m", "30s"
+	if r := n.lab.Opts.Resync; r > 0 {
+		resync, dataplane = r.String(), r.String()
+	}
 	return []string{
 		"--kubeconfig", "/vm/kubeconfig",
 		"--node-name", n.Name,
-		"--metrics-bind-address", net.JoinHostPort(n.Addr.String(), "7473"),
+		"--metrics-bind-address", net.JoinHostPort(n.Addr.String(), MetricsPort),
 		"--convergence-delay", "2s",
-		"--dataplane-resync-period", "30s",
+		"--resync-period", resync,
+		"--dataplane-resync-period", dataplane,
+		"--bgp-password-namespaces", PasswordNamespace,
 		"-v", "2",
 	}
 }
@@ -663,6 +705,12 @@ spec:
   holdTime: %s
   keepaliveTime: %s
 `, PeerName, torAddr, ToRASN, NodeASN, l.Opts.HoldTime, l.Opts.KeepaliveTime)
+	if l.Opts.Password != "" {
+		if err := l.passwordSecret(ctx); err != nil {
+			return err
+		}
+		peer += fmt.Sprintf("  passwordSecretRef: {namespace: %s, name: tor-md5}\n", PasswordNamespace)
+	}
 	for _, doc := range []string{pool, peer} {
 		if err := l.apply(ctx, doc); err != nil {
 			return err
@@ -687,6 +735,20 @@ spec:
 		eps = append(eps, n.Pods[:min(2, len(n.Pods))]...)
 	}
 	return l.SetEndpoints(ctx, eps, nil)
+}
+
+// passwordSecret creates the Secret holding the ToR sessions' MD5
+// password, in its own namespace.
+func (l *Lab) passwordSecret(ctx context.Context) error {
+	core := l.CP.Client.CoreV1()
+	if _, err := core.Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: PasswordNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	_, err := core.Secrets(PasswordNamespace).Create(ctx, &v1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "tor-md5", Namespace: PasswordNamespace},
+		Data:       map[string][]byte{"password": []byte(l.Opts.Password)},
+	}, metav1.CreateOptions{})
+	return err
 }
 
 // apply creates one vipcast object from YAML.

@@ -334,6 +334,9 @@ type NeighborState struct {
 	EstablishedCount, DroppedCount int
 	// UptimeMsec is the time since the session was established.
 	UptimeMsec int64
+	// UpdatesRecv counts the UPDATE messages received from the neighbor
+	// (FRR's messageStats.updatesRecv).
+	UpdatesRecv int
 }
 
 // Neighbor returns the state of the session with the neighbor at addr.
@@ -343,7 +346,10 @@ func (f *FRR) Neighbor(addr netip.Addr) (NeighborState, error) {
 		Established int    `json:"connectionsEstablished"`
 		Dropped     int    `json:"connectionsDropped"`
 		UptimeMsec  int64  `json:"bgpTimerUpMsec"`
-		AFI         map[string]struct {
+		Stats       struct {
+			UpdatesRecv int `json:"updatesRecv"`
+		} `json:"messageStats"`
+		AFI map[string]struct {
 			Accepted int `json:"acceptedPrefixCounter"`
 		} `json:"addressFamilyInfo"`
 	}
@@ -354,7 +360,7 @@ func (f *FRR) Neighbor(addr netip.Addr) (NeighborState, error) {
 	if !ok {
 		return NeighborState{}, fmt.Errorf("frr has no neighbor %s", addr)
 	}
-	s := NeighborState{State: n.State, EstablishedCount: n.Established, DroppedCount: n.Dropped, UptimeMsec: n.UptimeMsec}
+	s := NeighborState{State: n.State, EstablishedCount: n.Established, DroppedCount: n.Dropped, UptimeMsec: n.UptimeMsec, UpdatesRecv: n.Stats.UpdatesRecv}
 	for _, af := range n.AFI {
 		s.PfxRcd += af.Accepted
 	}

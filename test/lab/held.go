@@ -1,0 +1,198 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Held is a set of TCP connections from the client to a VIP, each kept
+// open and exchanging one HTTP request every interval, so a test can tell
+// whether established connections survive an event. Every connection must
+// keep reaching the pod that answered it first.
+type Held struct {
+	mu     sync.Mutex
+	failed map[int]string // connection → what broke it
+	rounds []int          // completed exchanges per connection
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// Hold opens n connections from the client namespace to addr (each
+// answered once before Hold returns) and keeps each exchanging a request
+// every interval until Stop.
+func (l *Lab) Hold(ctx context.Context, addr netip.AddrPort, n int, interval time.Duration) (*Held, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	h := &Held{failed: map[int]string{}, rounds: make([]int, n), cancel: cancel}
+	conns := make([]*heldConn, 0, n)
+	for i := range n {
+		c, err := dialHeld(ctx, l, addr)
+		if err != nil {
+			cancel()
+			for _, c := range conns {
+				_ = c.conn.Close()
+			}
+			return nil, fmt.Errorf("connection %d of %d to %s: %w", i+1, n, addr, err)
+		}
+		conns = append(conns, c)
+	}
+	for i, c := range conns {
+		h.wg.Add(1)
+		go h.run(ctx, i, c, interval)
+	}
+	return h, nil
+}
+
+// heldConn is one held connection and the pod that answers on it.
+type heldConn struct {
+	conn net.Conn
+	r    *bufio.Reader
+	host string
+	pod  string
+}
+
+// dialHeld opens one connection and makes its first exchange.
+func dialHeld(ctx context.Context, l *Lab, addr netip.AddrPort) (*heldConn, error) {
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := l.ClientNS.DialContext(dctx, "tcp", addr.String())
+	if err != nil {
+		return nil, err
+	}
+	c := &heldConn{conn: conn, r: bufio.NewReader(conn), host: addr.String()}
+	if c.pod, err = c.exchange(); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// exchange sends one request on the connection and returns the name of
+// the pod that answered.
+func (c *heldConn) exchange() (string, error) {
+	if err := c.conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		return "", err
+	}
+	if _, err := fmt.Fprintf(c.conn, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", c.host); err != nil {
+		return "", fmt.Errorf("write: %w", err)
+	}
+	resp, err := http.ReadResponse(c.r, nil)
+	if err != nil {
+		return "", fmt.Errorf("read: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("read body: %w", err)
+	}
+	pod, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	return pod, nil
+}
+
+// run exchanges on connection i every interval until ctx ends or the
+// connection breaks or reaches another pod.
+func (h *Held) run(ctx context.Context, i int, c *heldConn, interval time.Duration) {
+	defer h.wg.Done()
+	defer func() { _ = c.conn.Close() }()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pod, err := c.exchange()
+		if ctx.Err() != nil {
+			return
+		}
+		h.mu.Lock()
+		switch {
+		case err != nil:
+			h.failed[i] = fmt.Sprintf("after %d exchanges with %s: %v", h.rounds[i], c.pod, err)
+		case pod != c.pod:
+			h.failed[i] = fmt.Sprintf("answered by %s after %d exchanges with %s", pod, h.rounds[i], c.pod)
+		default:
+			h.rounds[i]++
+		}
+		done := h.failed[i] != ""
+		h.mu.Unlock()
+		if done {
+			return
+		}
+	}
+}
+
+// Status returns how many connections are alive, the exchanges they have
+// completed, and what broke the others (sorted by connection).
+func (h *Held) Status() (alive, exchanges int, broken []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, r := range h.rounds {
+		exchanges += r
+		if why, ok := h.failed[i]; ok {
+			broken = append(broken, fmt.Sprintf("connection %d: %s", i, why))
+			continue
+		}
+		alive++
+	}
+	return alive, exchanges, broken
+}
+
+// Stop closes every connection.
+func (h *Held) Stop() {
+	h.cancel()
+	h.wg.Wait()
+}
+
+// Metric reads one sample of the node speaker's /metrics: the value of
+// the line that starts with series (a metric name, with its labels if it
+// has any).
+func (n *Node) Metric(ctx context.Context, series string) (float64, error) {
+	url := "http://" + net.JoinHostPort(n.Addr.String(), MetricsPort) + "/metrics"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := httpClient(n.lab.TorNS).Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("%s: no sample %s", url, series)
+}
+
+// ConsoleLines returns the lines of the node's console (where its
+// speaker's log goes) that contain substr.
+func (n *Node) ConsoleLines(substr string) ([]string, error) {
+	data, err := os.ReadFile(n.Console)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.Contains(line, substr) {
+			out = append(out, line)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,277 @@
+package lab_test
+
+import (
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/vipcast/vipcast/test/lab"
+	"github.com/vipcast/vipcast/test/lab/nodeapi"
+	"github.com/vipcast/vipcast/test/netns"
+	"github.com/vipcast/vipcast/test/routers"
+)
+
+// The speakers' log lines TestAPIServerOutage looks for.
+const (
+	logLost     = "API server unreachable: keeping BGP sessions, routes and IPVS exactly as they are"
+	logBack     = "API server reachable again"
+	logStartsUp = "Waiting for the API server to read this Node"
+	lastContact = "vipcast_speaker_apiserver_last_contact_timestamp_seconds"
+)
+
+// TestAPIServerOutage is the fault tier of an API server outage: speakers
+// peered with the FRR ToR using TCP MD5 (password from a Secret), IPVS
+// programmed, the client holding 20 connections that exchange a request
+// every 200 ms. The API server is stopped for longer than two resync
+// periods — frozen (SIGSTOP) in one run, killed in the other, with etcd's
+// history compacted meanwhile so every watch must list again. Throughout and
+// after each run: the ToR's route, the BGP sessions (no flap), the IPVS
+// tables, the held connections and the Service's VIP are unchanged, each
+// speaker logs the outage once and its last-contact metric stops; once the
+// API server is back, zero UPDATEs reach the ToR. Last, a speaker that
+// starts while the API server is down announces nothing and says why.
+func TestAPIServerOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end lab: skipped with -short")
+	}
+	netns.Require(t)
+	const resync = 5 * time.Second
+	// Longer than two resync periods and than a probe's interval plus
+	// its timeout (10s + 5s), so each speaker sees the outage.
+	const outage = 2*resync + 15*time.Second
+	l := lab.Up(t, lab.Options{Password: "lab-md5-password", Resync: resync})
+	ctx := t.Context()
+	if err := l.ApplyDemo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	vip, err := l.WaitVIP(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node1, node2 := l.Nodes[0], l.Nodes[1]
+	waitRoute(t, l, vip, 2*time.Minute, node1, node2)
+	ready := []lab.Pod{node1.Pods[0], node1.Pods[1], node2.Pods[0], node2.Pods[1]}
+	for _, n := range l.Nodes {
+		waitIPVS(t, n, vip, backendsOf(ready...))
+	}
+	held, err := l.Hold(ctx, netip.AddrPortFrom(vip, 80), 20, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Stop()
+
+	runs := []struct {
+		name        string
+		stop, start func() error
+	}{
+		{"SIGSTOP", l.CP.PauseAPIServer, l.CP.ResumeAPIServer},
+		{"kill and compact etcd", func() error {
+			if err := l.CP.KillAPIServer(); err != nil {
+				return err
+			}
+			rev, err := l.CP.CompactEtcd(ctx)
+			t.Logf("etcd compacted to revision %d: every watch lists again", rev)
+			return err
+		}, l.CP.RestartAPIServer},
+	}
+	for _, run := range runs {
+		outageRun(t, l, vip, held, outage, resync, run.name, run.stop, run.start)
+	}
+	held.Stop()
+	startDuringOutage(t, l, vip, resync)
+}
+
+// fabricState is what must not change during an outage: the ToR's next
+// hops for the VIP, its sessions with the nodes, and each node's IPVS table.
+type fabricState struct {
+	nextHops []netip.Addr
+	sessions map[string]routers.NeighborState
+	ipvs     map[string]nodeapi.State
+}
+
+func readFabric(t *testing.T, l *lab.Lab, vip netip.Addr) fabricState {
+	t.Helper()
+	s := fabricState{sessions: map[string]routers.NeighborState{}, ipvs: map[string]nodeapi.State{}}
+	var err error
+	if s.nextHops, err = l.Routes(netip.PrefixFrom(vip, 32)); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range l.Nodes {
+		if s.sessions[n.Name], err = l.ToR.Neighbor(n.Addr); err != nil {
+			t.Fatal(err)
+		}
+		if s.ipvs[n.Name], err = n.State(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+// sameFabric fails the test where now differs from before: a next hop, a
+// session that flapped or received an UPDATE, or an IPVS table.
+func sameFabric(t *testing.T, when string, before, now fabricState) {
+	t.Helper()
+	if !slices.Equal(before.nextHops, now.nextHops) {
+		t.Errorf("%s: the ToR's next hops changed from %v to %v", when, before.nextHops, now.nextHops)
+	}
+	for name, b := range before.sessions {
+		n := now.sessions[name]
+		if n.State != "Established" || n.EstablishedCount != b.EstablishedCount || n.DroppedCount != b.DroppedCount {
+			t.Errorf("%s: the ToR's session with %s flapped: before %+v, now %+v", when, name, b, n)
+		}
+		if n.UpdatesRecv != b.UpdatesRecv {
+			t.Errorf("%s: the ToR received %d UPDATEs from %s, want none", when, n.UpdatesRecv-b.UpdatesRecv, name)
+		}
+		if !reflect.DeepEqual(before.ipvs[name], now.ipvs[name]) {
+			t.Errorf("%s: %s's IPVS changed from %+v to %+v", when, name, before.ipvs[name], now.ipvs[name])
+		}
+	}
+}
+
+// outageRun stops the API server with stop for the outage, checks that
+// nothing changed, starts it again with start and checks again after two
+// resync periods.
+func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage, resync time.Duration, name string, stop, start func() error) {
+	t.Helper()
+	ctx := t.Context()
+	svc, err := l.CP.Client.CoreV1().Services(lab.DemoNamespace).Get(ctx, lab.DemoService, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := readFabric(t, l, vip)
+	lost, back := countLines(t, l, logLost), countLines(t, l, logBack)
+	_, exchanges, _ := held.Status()
+
+	if err := stop(); err != nil {
+		t.Fatalf("%s: stopping the API server: %v", name, err)
+	}
+	// After a probe's interval and timeout the last contact is final.
+	time.Sleep(15 * time.Second)
+	contact := readMetric(t, l, lastContact)
+	time.Sleep(outage - 15*time.Second)
+	sameFabric(t, fmt.Sprintf("%s, %v into the outage", name, outage), before, readFabric(t, l, vip))
+	if now := readMetric(t, l, lastContact); !reflect.DeepEqual(now, contact) {
+		t.Errorf("%s: %s went from %v to %v during the outage, want no contact", name, lastContact, contact, now)
+	}
+	exchanges = checkHeld(t, held, name+" during the outage", exchanges)
+	if err := start(); err != nil {
+		t.Fatalf("%s: starting the API server again: %v", name, err)
+	}
+	if restarted, err := l.RestartCCMIfExited(); err != nil {
+		t.Fatal(err)
+	} else if restarted {
+		t.Logf("%s: vipcast-ccm had exited (lease lost) and was started again, as its Deployment would", name)
+	}
+	time.Sleep(2*resync + 12*time.Second) // two resyncs and a probe after the return
+	sameFabric(t, name+", after the API server returned", before, readFabric(t, l, vip))
+	checkHeld(t, held, name+" after the outage", exchanges)
+	for node, v := range readMetric(t, l, lastContact) {
+		if v <= contact[node] {
+			t.Errorf("%s: %s's %s stayed %v after the API server returned", name, node, lastContact, v)
+		}
+	}
+	if got := countLines(t, l, logLost); !reflect.DeepEqual(got, plus(lost, 1)) {
+		t.Errorf("%s: %q logged %v times per node (before: %v), want once per outage", name, logLost, got, lost)
+	}
+	if got := countLines(t, l, logBack); !reflect.DeepEqual(got, plus(back, 1)) {
+		t.Errorf("%s: %q logged %v times per node (before: %v), want once", name, logBack, got, back)
+	}
+	now, err := l.CP.Client.CoreV1().Services(lab.DemoNamespace).Get(ctx, lab.DemoService, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.ResourceVersion != svc.ResourceVersion || !reflect.DeepEqual(now.Status, svc.Status) {
+		t.Errorf("%s: the Service was rewritten (resourceVersion %s → %s, status %+v → %+v)", name, svc.ResourceVersion, now.ResourceVersion, svc.Status, now.Status)
+	}
+	t.Logf("%s for %v: route, sessions, IPVS, Service and held connections unchanged; 0 UPDATEs at the ToR after the return", name, outage)
+}
+
+// checkHeld fails the test unless every held connection is alive and has
+// exchanged since the count before; it returns the count now.
+func checkHeld(t *testing.T, held *lab.Held, when string, before int) int {
+	t.Helper()
+	alive, exchanges, broken := held.Status()
+	if len(broken) > 0 || exchanges <= before {
+		t.Errorf("%s: %d held connections alive, %d exchanges (before: %d); broken: %v", when, alive, exchanges, before, broken)
+	}
+	return exchanges
+}
+
+// readMetric reads one speaker metric on every node.
+func readMetric(t *testing.T, l *lab.Lab, series string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, n := range l.Nodes {
+		v, err := n.Metric(t.Context(), series)
+		if err != nil {
+			t.Fatalf("%s: %v", n.Name, err)
+		}
+		out[n.Name] = v
+	}
+	return out
+}
+
+// countLines counts, per node, the console lines containing substr.
+func countLines(t *testing.T, l *lab.Lab, substr string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, n := range l.Nodes {
+		lines, err := n.ConsoleLines(substr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[n.Name] = len(lines)
+	}
+	return out
+}
+
+func plus(m map[string]int, d int) map[string]int {
+	out := map[string]int{}
+	for k, v := range m {
+		out[k] = v + d
+	}
+	return out
+}
+
+// startDuringOutage restarts node1's speaker while the API server is
+// frozen: it opens no session and announces nothing, says why, and comes
+// up once the API server returns.
+func startDuringOutage(t *testing.T, l *lab.Lab, vip netip.Addr, resync time.Duration) {
+	t.Helper()
+	ctx := t.Context()
+	node1, node2 := l.Nodes[0], l.Nodes[1]
+	waiting := countLines(t, l, logStartsUp)[node1.Name]
+	if err := l.CP.PauseAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if err := node1.Speaker(ctx, "KILL", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := node1.Speaker(ctx, "start", false); err != nil {
+		t.Fatal(err)
+	}
+	// The killed speaker's session ends at the ToR within the hold time.
+	waitRoute(t, l, vip, l.Opts.HoldTime+10*time.Second, node2)
+	// Longer than two resync periods and the speaker's 10s request
+	// timeout, so its first read of the Node has failed.
+	time.Sleep(max(2*resync, 20*time.Second))
+	if st, err := l.ToR.Neighbor(node1.Addr); err != nil || st.State == "Established" {
+		t.Errorf("a speaker started during the outage: ToR session %+v (err %v), want none", st, err)
+	}
+	if got := countLines(t, l, logStartsUp)[node1.Name]; got != waiting+1 {
+		t.Errorf("a speaker started during the outage logged %q %d times, want once", logStartsUp, got-waiting)
+	}
+	if err := l.CP.ResumeAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.RestartCCMIfExited(); err != nil {
+		t.Fatal(err)
+	}
+	took := waitRoute(t, l, vip, time.Minute, node1, node2)
+	t.Logf("a speaker started during the outage announced nothing; %v after the API server returned, node1 is back at the ToR", took.Round(time.Millisecond))
+}
