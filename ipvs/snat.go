@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -71,7 +69,7 @@ type snat struct {
 
 func newSNAT() (*snat, error) {
 	if err := enableIPVSConntrack(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: prepare the node first: the chart runs `vipcast-speaker %s` in a privileged init container (speaker.ipvs.prepareNode: true), or set net.ipv4.vs.conntrack=1 on the node (/etc/sysctl.d, with ip_vs in /etc/modules-load.d)", err, PrepareNodeCommand)
 	}
 	c, err := nftables.New()
 	if err != nil {
@@ -84,24 +82,6 @@ func newSNAT() (*snat, error) {
 		}
 	}
 	return n, nil
-}
-
-// ipvsConntrack is the sysctl that makes IPVS keep conntrack entries.
-const ipvsConntrack = "/proc/sys/net/ipv4/vs/conntrack"
-
-// enableIPVSConntrack sets net.ipv4.vs.conntrack=1 unless it already is:
-// when the node sets it (sysctl.d, or a privileged init container), the
-// speaker needs no write access to /proc/sys, which the kubelet mounts
-// read-only in unprivileged containers.
-func enableIPVSConntrack() error {
-	if v, err := os.ReadFile(ipvsConntrack); err == nil && strings.TrimSpace(string(v)) == "1" {
-		return nil
-	}
-	// The mode only applies to a file WriteFile creates; sysctls exist.
-	if err := os.WriteFile(ipvsConntrack, []byte("1"), 0o644); err != nil { //nolint:gosec // G306: see above
-		return fmt.Errorf("sysctl net.ipv4.vs.conntrack=1 (needed for Cluster SNAT; set it on the node or run the speaker privileged): %w", err)
-	}
-	return nil
 }
 
 func familyName(f nftables.TableFamily) string {

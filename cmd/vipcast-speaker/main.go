@@ -4,6 +4,12 @@
 // it, and withdraws them when it no longer can. On SIGTERM it withdraws
 // everything, waits for the fabric to converge, and closes its sessions;
 // the IPVS state stays for the next speaker to take over.
+//
+// "vipcast-speaker prepare-node" does only the one thing that needs
+// privilege and exits: it loads ip_vs (through the kernel's module
+// autoloading) and sets net.ipv4.vs.conntrack=1. The chart runs it as a
+// privileged init container, so that the long-running speaker, which
+// parses BGP from the routers, runs with NET_ADMIN alone.
 package main
 
 import (
@@ -89,7 +95,7 @@ func parseFlags(args []string) (*flags, error) {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q: vipcast-speaker takes flags only", fs.Args())
+		return nil, fmt.Errorf("unexpected arguments %q: vipcast-speaker takes flags only (or the subcommand %s, as the first argument)", fs.Args(), ipvs.PrepareNodeCommand)
 	}
 	switch {
 	case f.nodeName == "":
@@ -114,6 +120,9 @@ func parseFlags(args []string) (*flags, error) {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == ipvs.PrepareNodeCommand {
+		os.Exit(prepareNode(os.Args[2:]))
+	}
 	f, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -128,6 +137,31 @@ func main() {
 		os.Exit(1)
 	}
 	klog.Flush()
+}
+
+// prepareNode runs the prepare-node subcommand and returns the exit code:
+// 0 once the node is prepared, 1 when it cannot be, 2 for a bad command line.
+func prepareNode(args []string) int {
+	fs := flag.NewFlagSet("vipcast-speaker "+ipvs.PrepareNodeCommand, flag.ContinueOnError)
+	fs.Usage = func() {
+		_, _ = fmt.Fprintf(fs.Output(), "Usage: vipcast-speaker %s\n\nLoads the ip_vs module (kernel autoloading) and sets net.ipv4.vs.conntrack=1,\nthen exits. Needs write access to /proc/sys: run it in a privileged init container.\n", ipvs.PrepareNodeCommand)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "vipcast-speaker %s: unexpected arguments %q: it takes none\n", ipvs.PrepareNodeCommand, fs.Args())
+		return 2
+	}
+	if err := ipvs.PrepareNode(); err != nil {
+		fmt.Fprintf(os.Stderr, "vipcast-speaker %s: %v\n", ipvs.PrepareNodeCommand, err)
+		return 1
+	}
+	fmt.Printf("vipcast-speaker %s: ip_vs is loaded and net.ipv4.vs.conntrack=1\n", ipvs.PrepareNodeCommand)
+	return 0
 }
 
 func run(f *flags) error {

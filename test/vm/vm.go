@@ -87,6 +87,11 @@ type Options struct {
 	// means DefaultModules / OptionalModules. Dependencies are added.
 	Modules         []string
 	OptionalModules []string
+	// OnDemandModules (and their dependencies) are put in the initramfs
+	// but not loaded at boot: the guest's /sbin/modprobe loads them, by
+	// name or by alias, when the kernel asks for them (module autoloading)
+	// or a program runs modprobe.
+	OnDemandModules []string
 	// MemoryMB (default 512) and CPUs (default 1) of the guest.
 	MemoryMB int
 	CPUs     int
@@ -401,6 +406,9 @@ func runInitrd(env *Env, opts Options) (dir, initrd string, err error) {
 	if err != nil {
 		return "", "", err
 	}
+	if opts, err = withOnDemand(env.Kernel, opts); err != nil {
+		return "", "", err
+	}
 	dir, err = os.MkdirTemp(wd, "run-")
 	if err != nil {
 		return "", "", err
@@ -411,6 +419,38 @@ func runInitrd(env *Env, opts Options) (dir, initrd string, err error) {
 		return "", "", err
 	}
 	return dir, initrd, nil
+}
+
+// withOnDemand adds opts.OnDemandModules and their dependencies to
+// opts.Files, under /vm/modules where the guest's modprobe finds them; those
+// loaded at boot are left out.
+func withOnDemand(k *Kernel, opts Options) (Options, error) {
+	if len(opts.OnDemandModules) == 0 {
+		return opts, nil
+	}
+	boot, err := k.ResolveModules(opts.Modules, opts.OptionalModules)
+	if err != nil {
+		return opts, err
+	}
+	loaded := map[string]bool{}
+	for _, p := range boot {
+		loaded[modName(p)] = true
+	}
+	paths, err := k.ResolveModules(opts.OnDemandModules, nil)
+	if err != nil {
+		return opts, fmt.Errorf("on-demand modules: %w", err)
+	}
+	files := maps.Clone(opts.Files)
+	if files == nil {
+		files = map[string]string{}
+	}
+	for _, p := range paths {
+		if !loaded[modName(p)] {
+			files["vm/modules/"+modName(p)+".ko"] = p
+		}
+	}
+	opts.Files = files
+	return opts, nil
 }
 
 // qemuArgv is the command line booting env's kernel with initrd: qemu

@@ -8,6 +8,8 @@
 package main
 
 import (
+	"bytes"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
@@ -97,8 +99,11 @@ func run() int {
 }
 
 // modprobe is /sbin/modprobe in the guest (a symlink to /init): it loads
-// the named modules from /vm/modules, where all are already loaded at boot,
-// so programs that run modprobe (moby/ipvs does) find what they expect.
+// the named modules from /vm/modules, with their dependencies first, so
+// that programs that run modprobe (moby/ipvs does) find what they expect
+// and the kernel's module autoloading works. The kernel asks by alias (such
+// as net-pf-16-proto-16-family-IPVS): an argument that is no module file's
+// name is looked up in the modules' alias= entries.
 func modprobe(args []string) int {
 	code := 0
 	for _, a := range args {
@@ -106,23 +111,88 @@ func modprobe(args []string) int {
 			continue
 		}
 		name := strings.ReplaceAll(a, "-", "_")
-		if _, err := os.Stat("/sys/module/" + name); err == nil {
-			continue
+		if _, err := os.Stat(filepath.Join("/vm/modules", name+".ko")); err != nil {
+			if name = moduleByAlias(a); name == "" {
+				fmt.Fprintf(os.Stderr, "modprobe: module %s not found in the VM's initramfs\n", a)
+				code = 1
+				continue
+			}
 		}
-		f, err := os.Open(filepath.Join("/vm/modules", name+".ko"))
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "modprobe: module %s not found in the VM's initramfs\n", a)
-			code = 1
-			continue
-		}
-		err = unix.FinitModule(int(f.Fd()), "", 0)
-		_ = f.Close()
-		if err != nil && !errors.Is(err, unix.EEXIST) {
+		if err := loadModule(name, 0); err != nil {
 			fmt.Fprintf(os.Stderr, "modprobe: %s: %v\n", a, err)
 			code = 1
 		}
 	}
 	return code
+}
+
+// loadModule loads /vm/modules/<name>.ko after its depends= modules,
+// unless it is loaded already.
+func loadModule(name string, depth int) error {
+	if _, err := os.Stat("/sys/module/" + name); err == nil {
+		return nil
+	}
+	if depth > 16 {
+		return fmt.Errorf("module dependencies nested too deep at %s", name)
+	}
+	p := filepath.Join("/vm/modules", name+".ko")
+	for _, d := range modinfo(p)["depends"] {
+		for _, dep := range strings.Split(d, ",") {
+			if dep = strings.ReplaceAll(strings.TrimSpace(dep), "-", "_"); dep != "" {
+				if err := loadModule(dep, depth+1); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = f.Close() }()
+	if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("load module %s: %w", name, err)
+	}
+	return nil
+}
+
+// moduleByAlias returns the module in /vm/modules one of whose alias=
+// patterns matches alias, or "".
+func moduleByAlias(alias string) string {
+	paths, _ := filepath.Glob("/vm/modules/*.ko")
+	for _, p := range paths {
+		for _, pat := range modinfo(p)["alias"] {
+			if ok, _ := filepath.Match(pat, alias); ok {
+				return strings.TrimSuffix(filepath.Base(p), ".ko")
+			}
+		}
+	}
+	return ""
+}
+
+// modinfo returns the key=value entries of a module's .modinfo section; an
+// unreadable module has none.
+func modinfo(path string) map[string][]string {
+	out := map[string][]string{}
+	f, err := elf.Open(path)
+	if err != nil {
+		return out
+	}
+	defer func() { _ = f.Close() }()
+	sec := f.Section(".modinfo")
+	if sec == nil {
+		return out
+	}
+	data, err := sec.Data()
+	if err != nil {
+		return out
+	}
+	for _, kv := range bytes.Split(data, []byte{0}) {
+		if k, v, ok := strings.Cut(string(kv), "="); ok {
+			out[k] = append(out[k], v)
+		}
+	}
+	return out
 }
 
 // readList reads a NUL-separated list; a missing file is an empty list.

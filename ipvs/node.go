@@ -1,0 +1,68 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+)
+
+// PrepareNodeCommand is the vipcast-speaker subcommand that runs
+// PrepareNode, named in the errors of a speaker that finds the node
+// unprepared.
+const PrepareNodeCommand = "prepare-node"
+
+// ipvsConntrack is the sysctl that makes IPVS keep conntrack entries (see
+// snat.go); it exists once the ip_vs module is loaded.
+const ipvsConntrack = "/proc/sys/net/ipv4/vs/conntrack"
+
+// PrepareNode readies this node's kernel for a speaker that runs without
+// privilege: it makes sure the ip_vs module is loaded, so that the sysctl
+// net.ipv4.vs.conntrack exists, and sets that sysctl to 1. It needs write
+// access to /proc/sys, which container runtimes grant to privileged
+// containers only: it is the work of the chart's short privileged init
+// container (vipcast-speaker prepare-node), and the long-running speaker
+// then finds the sysctl already set.
+func PrepareNode() error {
+	if err := loadIPVS(); err != nil {
+		return err
+	}
+	if err := enableIPVSConntrack(); err != nil {
+		return fmt.Errorf("%w (prepare-node must run privileged, or as root outside a container: /proc/sys is read-only otherwise)", err)
+	}
+	return nil
+}
+
+// loadIPVS asks the kernel for the IPVS generic netlink family. When ip_vs
+// is not loaded the kernel loads it itself on this request (request_module
+// of the alias net-pf-16-proto-16-family-IPVS, run by the host's
+// modprobe), so neither a modprobe binary nor /lib/modules is needed in the
+// container.
+func loadIPVS() error {
+	if _, err := netlink.GenlFamilyGet("IPVS"); err != nil {
+		return fmt.Errorf("IPVS generic netlink family (module ip_vs): %w; the kernel loads ip_vs on this request unless module autoloading is off or the kernel lacks IPVS: then load ip_vs at boot (/etc/modules-load.d)", err)
+	}
+	return nil
+}
+
+// enableIPVSConntrack sets net.ipv4.vs.conntrack=1 unless it already is:
+// a speaker on a prepared node (PrepareNode, or the node's sysctl.d) needs
+// no write access to /proc/sys, which the kubelet mounts read-only in
+// unprivileged containers. The callers add what to do when it fails.
+func enableIPVSConntrack() error {
+	v, err := os.ReadFile(ipvsConntrack)
+	switch {
+	case err == nil && strings.TrimSpace(string(v)) == "1":
+		return nil
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("sysctl net.ipv4.vs.conntrack does not exist: the ip_vs module is not loaded: %w", err)
+	}
+	// The mode only applies to a file WriteFile creates; sysctls exist.
+	if err := os.WriteFile(ipvsConntrack, []byte("1"), 0o644); err != nil { //nolint:gosec // G306: see above
+		return fmt.Errorf("setting sysctl net.ipv4.vs.conntrack=1: %w", err)
+	}
+	return nil
+}

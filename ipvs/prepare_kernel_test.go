@@ -1,0 +1,117 @@
+package ipvs
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vipcast/vipcast/test/vm"
+)
+
+// TestKernelPrepareNode boots a VM in which ip_vs is not loaded (it is in
+// the initramfs, for the kernel's module autoloading to find through the
+// guest's modprobe) and checks what the chart's init container and the
+// unprivileged speaker do: PrepareNode loads ip_vs by asking for its
+// generic netlink family and sets net.ipv4.vs.conntrack=1; New then needs
+// no write to a read-only /proc/sys (as in an unprivileged container), and
+// refuses with a message naming prepare-node when the sysctl is 0.
+func TestKernelPrepareNode(t *testing.T) {
+	if !vm.InVM() {
+		var boot []string
+		for _, m := range vm.DefaultModules {
+			if !strings.HasPrefix(m, "ip_vs") {
+				boot = append(boot, m)
+			}
+		}
+		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute, Modules: boot, OnDemandModules: []string{"ip_vs"}})
+		return
+	}
+	if _, err := os.Stat("/sys/module/ip_vs"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("ip_vs is loaded before the test (stat: %v); the test needs a VM without it", err)
+	}
+	if _, err := os.Stat(ipvsConntrack); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("%s exists before ip_vs is loaded: %v", ipvsConntrack, err)
+	}
+	if err := enableIPVSConntrack(); err == nil || !strings.Contains(err.Error(), "ip_vs module is not loaded") {
+		t.Errorf("enableIPVSConntrack without ip_vs: %v, want an error saying ip_vs is not loaded", err)
+	}
+
+	if err := PrepareNode(); err != nil {
+		t.Fatalf("PrepareNode: %v", err)
+	}
+	if _, err := os.Stat("/sys/module/ip_vs"); err != nil {
+		t.Errorf("ip_vs not loaded after PrepareNode: %v", err)
+	}
+	wantConntrack(t, "1")
+	if err := PrepareNode(); err != nil {
+		t.Errorf("PrepareNode on a prepared node: %v", err)
+	}
+
+	t.Run("read-only /proc/sys, sysctl set", func(t *testing.T) {
+		readOnlyProcSys(t)
+		d, err := New(Options{LinkName: "vipcast-p"})
+		if err != nil {
+			t.Fatalf("New on a prepared node with /proc/sys read-only: %v", err)
+		}
+		d.Close()
+	})
+	t.Run("read-only /proc/sys, sysctl 0", func(t *testing.T) {
+		sysctl(t, "net/ipv4/vs/conntrack", "0")
+		t.Cleanup(func() { sysctl(t, "net/ipv4/vs/conntrack", "1") })
+		readOnlyProcSys(t)
+		d, err := New(Options{LinkName: "vipcast-p"})
+		if err == nil {
+			d.Close()
+			t.Fatal("New with net.ipv4.vs.conntrack=0 and /proc/sys read-only succeeded; want a refusal")
+		}
+		t.Logf("New: %v", err)
+		for _, w := range []string{"net.ipv4.vs.conntrack", "vipcast-speaker " + PrepareNodeCommand, "privileged init container", "read-only file system"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error does not say %q: %v", w, err)
+			}
+		}
+		wantConntrack(t, "0")
+	})
+	t.Run("unprivileged prepare-node", func(t *testing.T) {
+		sysctl(t, "net/ipv4/vs/conntrack", "0")
+		t.Cleanup(func() { sysctl(t, "net/ipv4/vs/conntrack", "1") })
+		readOnlyProcSys(t)
+		err := PrepareNode()
+		if err == nil || !strings.Contains(err.Error(), "must run privileged") {
+			t.Errorf("PrepareNode with /proc/sys read-only: %v, want an error saying it must run privileged", err)
+		}
+	})
+}
+
+func wantConntrack(t *testing.T, want string) {
+	t.Helper()
+	v, err := os.ReadFile(ipvsConntrack)
+	if err != nil || strings.TrimSpace(string(v)) != want {
+		t.Errorf("net.ipv4.vs.conntrack = %q (%v), want %s", v, err, want)
+	}
+}
+
+// readOnlyProcSys bind-mounts /proc/sys read-only over itself until the test
+// ends, as container runtimes do in unprivileged containers.
+func readOnlyProcSys(t *testing.T) {
+	t.Helper()
+	if err := unix.Mount("/proc/sys", "/proc/sys", "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		t.Fatalf("bind /proc/sys: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount("/proc/sys", 0); err != nil {
+			t.Errorf("unmount /proc/sys: %v", err)
+		}
+	})
+	if err := unix.Mount("", "/proc/sys", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		t.Fatalf("remount /proc/sys read-only: %v", err)
+	}
+	if err := os.WriteFile(ipvsConntrack, []byte("1"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Fatalf("write to the read-only /proc/sys: %v, want EROFS", err)
+	}
+}
