@@ -183,8 +183,11 @@ type SecretKeyReference struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	Name string `json:"name"`
 
-	// namespace is the namespace of the Secret. vipcast must be allowed to
-	// read Secrets there.
+	// namespace is the namespace of the Secret. It must be one of the
+	// speaker's BGP password namespaces (its --bgp-password-namespaces; with
+	// the Helm chart, speaker.bgpPasswordSecrets.namespaces, by default
+	// vipcast-bgp-passwords), the only namespaces where the speaker may read
+	// Secrets.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63

@@ -10,11 +10,14 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
 	"github.com/vipcast/vipcast/test/controlplane"
@@ -70,9 +73,9 @@ func TestApplyToAPIServer(t *testing.T) {
 	installCRDs(ctx, t, cp, def)
 	createCRD(ctx, t, cp, serviceMonitorCRD())
 
-	// Helm creates objects in the release namespace, which must exist, and
-	// so must the namespaces the values name (Secrets' namespaces).
-	for _, ns := range []string{namespace, "full-system", "network"} {
+	// Helm creates objects in the release namespace, which must exist; the
+	// chart creates the BGP password namespaces itself.
+	for _, ns := range []string{namespace, "full-system"} {
 		if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("namespace %s: %v", ns, err)
 		}
@@ -117,15 +120,30 @@ func TestApplyToAPIServer(t *testing.T) {
 		{speaker, "get", "", "nodes", "", "", "node-1", true},
 		{speaker, "watch", "vipcast.io", "bgppeers", "", "", "", true},
 		{speaker, "create", "", "events", "", "default", "", true},
-		{speaker, "get", "", "secrets", "", namespace, "tor-a-md5", true},
-		{speaker, "get", "", "secrets", "", "kube-system", "tor-a-md5", false},
+		// Secrets: read (informers) in the password namespace only; nothing
+		// in the release namespace, Helm's release Secrets included.
+		{speaker, "get", "", "secrets", "", "vipcast-bgp-passwords", "tor-a-md5", true},
+		{speaker, "list", "", "secrets", "", "vipcast-bgp-passwords", "", true},
+		{speaker, "watch", "", "secrets", "", "vipcast-bgp-passwords", "", true},
+		{speaker, "create", "", "secrets", "", "vipcast-bgp-passwords", "", false},
+		{speaker, "update", "", "secrets", "", "vipcast-bgp-passwords", "tor-a-md5", false},
+		{speaker, "get", "", "secrets", "", namespace, "sh.helm.release.v1.vipcast.v1", false},
+		{speaker, "get", "", "secrets", "", namespace, "tor-a-md5", false},
 		{speaker, "list", "", "secrets", "", namespace, "", false},
+		{speaker, "watch", "", "secrets", "", namespace, "", false},
+		{speaker, "get", "", "secrets", "", "kube-system", "tor-a-md5", false},
+		{speaker, "list", "", "secrets", "", "kube-system", "", false},
+		{speaker, "list", "", "secrets", "", "", "", false},
+		{speaker, "get", "", "secrets", "", "fabric-passwords", "tor-a-md5", false},
 		{speaker, "patch", "", "services", "", "web", "", false},
 		{speaker, "update", "", "services", "status", "web", "", false},
 		{speaker, "update", "", "nodes", "", "", "node-1", false},
 		{speaker, "update", "vipcast.io", "ippools", "status", "", "public", false},
-		{fullSpeaker, "get", "", "secrets", "", "network", "tor-a-md5", true},
+		{fullSpeaker, "get", "", "secrets", "", "fabric-passwords", "tor-a-md5", true},
+		{fullSpeaker, "watch", "", "secrets", "", "network-passwords", "", true},
+		{fullSpeaker, "get", "", "secrets", "", "full-system", "sh.helm.release.v1.full.v1", false},
 		{fullSpeaker, "get", "", "secrets", "", "full-system", "tor-a-md5", false},
+		{fullSpeaker, "list", "", "secrets", "", "vipcast-bgp-passwords", "", false},
 		{ccm, "patch", "", "services", "status", "web", "svc", true},
 		{ccm, "patch", "", "services", "", "web", "svc", true},
 		{ccm, "update", "", "services", "", "web", "svc", false},
@@ -165,6 +183,68 @@ func TestApplyToAPIServer(t *testing.T) {
 		}
 		if got.Status.Allowed != c.allowed {
 			t.Errorf("%s %s %s/%s/%s in %q name %q: allowed=%v, want %v (%s)", c.sa, c.verb, c.group, c.res, c.sub, c.ns, c.name, got.Status.Allowed, c.allowed, got.Status.Reason)
+		}
+	}
+	t.Run("speaker reads Secrets as itself", func(t *testing.T) { speakerSecretAccess(ctx, t, cp) })
+}
+
+// speakerSecretAccess makes real requests as the speaker's ServiceAccount
+// (impersonated): it lists, watches and gets the password Secret in the
+// password namespace, and is refused Helm's release Secret and every other
+// Secret of the release namespace and of other namespaces.
+func speakerSecretAccess(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) {
+	for ns, sec := range map[string]*corev1.Secret{
+		"vipcast-bgp-passwords": {ObjectMeta: metav1.ObjectMeta{Name: "tor-a-md5"}, StringData: map[string]string{"password": "s3cret"}},
+		namespace: {ObjectMeta: metav1.ObjectMeta{Name: "sh.helm.release.v1.vipcast.v1", Labels: map[string]string{"owner": "helm", "name": "vipcast"}},
+			Type: "helm.sh/release.v1", StringData: map[string]string{"release": "H4sI..."}},
+		"kube-system": {ObjectMeta: metav1.ObjectMeta{Name: "other"}, StringData: map[string]string{"token": "x"}},
+	} {
+		if _, err := cp.Client.CoreV1().Secrets(ns).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("Secret %s/%s: %v", ns, sec.Name, err)
+		}
+	}
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + namespace + ":vipcast-speaker",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+	}
+	as, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := as.CoreV1().Secrets("vipcast-bgp-passwords").List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) != 1 || string(list.Items[0].Data["password"]) != "s3cret" {
+		t.Errorf("speaker lists the password namespace: %v, %v; want the one password Secret", err, list)
+	}
+	w, err := as.CoreV1().Secrets("vipcast-bgp-passwords").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Errorf("speaker watches the password namespace: %v", err)
+	} else {
+		w.Stop()
+	}
+	if _, err := as.CoreV1().Secrets("vipcast-bgp-passwords").Get(ctx, "tor-a-md5", metav1.GetOptions{}); err != nil {
+		t.Errorf("speaker gets the password Secret: %v", err)
+	}
+	for what, call := range map[string]func() error{
+		"get Helm's release Secret": func() error {
+			_, err := as.CoreV1().Secrets(namespace).Get(ctx, "sh.helm.release.v1.vipcast.v1", metav1.GetOptions{})
+			return err
+		},
+		"list the release namespace": func() error {
+			_, err := as.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"get a Secret in kube-system": func() error {
+			_, err := as.CoreV1().Secrets("kube-system").Get(ctx, "other", metav1.GetOptions{})
+			return err
+		},
+		"list Secrets of every namespace": func() error {
+			_, err := as.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+			return err
+		},
+	} {
+		if err := call(); !apierrors.IsForbidden(err) {
+			t.Errorf("speaker may %s: err = %v, want Forbidden", what, err)
 		}
 	}
 }

@@ -57,8 +57,9 @@ var (
 		"vipcast.io/bgppeers":             {"list", "watch"},
 		"/events":                         {"create", "patch"},
 	}
+	// Secret informers, in the password namespaces only.
 	wantSpeakerSecretRole = map[string][]string{
-		"/secrets": {"get"},
+		"/secrets": {"get", "list", "watch"},
 	}
 )
 
@@ -230,6 +231,20 @@ func checkCommon(t *testing.T, r *Rendered) {
 	}
 	for _, u := range r.Find("Role", "vipcast-speaker-bgp-passwords") {
 		checkRules(t, "speaker Secret Role in "+u.GetNamespace(), convert[rbacv1.Role](t, u).Rules, wantSpeakerSecretRole)
+		if u.GetNamespace() == namespace {
+			t.Errorf("speaker may read Secrets in the release namespace %s", namespace)
+		}
+	}
+	// Only the speaker's password Roles grant anything on Secrets.
+	for _, u := range r.Find("Role", "") {
+		if _, ok := ruleTable(t, convert[rbacv1.Role](t, u).Rules)["/secrets"]; ok && u.GetName() != "vipcast-speaker-bgp-passwords" {
+			t.Errorf("Role %s/%s grants Secrets", u.GetNamespace(), u.GetName())
+		}
+	}
+	for _, u := range r.Find("Namespace", "") {
+		if u.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+			t.Errorf("Namespace %s lacks helm.sh/resource-policy: keep: uninstall would delete its Secrets", u.GetName())
+		}
 	}
 	// Nobody gets cluster-wide Secrets by default or in the full example.
 	for _, u := range r.Find("ClusterRole", "") {
@@ -270,8 +285,11 @@ func checkSpeaker(t *testing.T, r *Rendered, delay string, delaySeconds int64) *
 	if g := spec.TerminationGracePeriodSeconds; g == nil || *g <= delaySeconds+5 {
 		t.Errorf("terminationGracePeriodSeconds %v, want more than the convergence delay (%ds) + 5s", g, delaySeconds)
 	}
-	if len(spec.Containers) != 1 || len(spec.InitContainers) != 0 {
-		t.Fatalf("speaker has %d containers and %d init containers, want 1 and 0", len(spec.Containers), len(spec.InitContainers))
+	if len(spec.Containers) != 1 || len(spec.InitContainers) > 1 {
+		t.Fatalf("speaker has %d containers and %d init containers, want 1 and at most 1", len(spec.Containers), len(spec.InitContainers))
+	}
+	for _, ic := range spec.InitContainers {
+		checkPrepareNode(t, ic, spec.Containers[0].Image)
 	}
 	c := spec.Containers[0]
 	wantArg(t, "speaker", c.Args, "--node-name", "$(NODE_NAME)")
@@ -284,6 +302,15 @@ func checkSpeaker(t *testing.T, r *Rendered, delay string, delaySeconds int64) *
 	sc := c.SecurityContext
 	if sc == nil || sc.Capabilities == nil {
 		t.Fatalf("speaker has no securityContext capabilities")
+	}
+	// The long-running speaker parses BGP from the routers: never privileged.
+	if privileged(c) || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("speaker securityContext %+v, want unprivileged, no privilege escalation, read-only root, seccomp RuntimeDefault", sc)
+	}
+	if psc := spec.SecurityContext; psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("speaker pod securityContext %+v, want seccomp RuntimeDefault", psc)
 	}
 	if !slices.Contains(sc.Capabilities.Drop, "ALL") {
 		t.Errorf("speaker capabilities drop %v, want ALL", sc.Capabilities.Drop)
@@ -299,6 +326,22 @@ func checkSpeaker(t *testing.T, r *Rendered, delay string, delaySeconds int64) *
 		}
 	}
 	return ds
+}
+
+// checkPrepareNode checks the speaker's init container: the speaker's own
+// image running the prepare-node subcommand, privileged (it writes
+// /proc/sys), and nothing else: no probes, ports, env or mounts.
+func checkPrepareNode(t *testing.T, c corev1.Container, image string) {
+	t.Helper()
+	if c.Name != "prepare-node" || c.Image != image || !slices.Equal(c.Args, []string{"prepare-node"}) || len(c.Command) != 0 {
+		t.Errorf("init container %s image %q command %q args %q, want prepare-node running %q prepare-node", c.Name, c.Image, c.Command, c.Args, image)
+	}
+	if !privileged(c) || c.SecurityContext.ReadOnlyRootFilesystem == nil || !*c.SecurityContext.ReadOnlyRootFilesystem {
+		t.Errorf("init container securityContext %+v, want privileged with a read-only root", c.SecurityContext)
+	}
+	if len(c.Ports) != 0 || len(c.Env) != 0 || len(c.VolumeMounts) != 0 || c.LivenessProbe != nil || c.ReadinessProbe != nil {
+		t.Errorf("init container has ports %v env %v mounts %v or probes", c.Ports, c.Env, c.VolumeMounts)
+	}
 }
 
 func privileged(c corev1.Container) bool {
@@ -357,7 +400,7 @@ func TestRenderDefaults(t *testing.T) {
 	checkCommon(t, r)
 	want := map[string]int{
 		"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 3, "RoleBinding": 3,
-		"Deployment": 1, "PodDisruptionBudget": 1, "DaemonSet": 1,
+		"Deployment": 1, "PodDisruptionBudget": 1, "DaemonSet": 1, "Namespace": 1,
 	}
 	if got := r.Kinds(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("kinds %v, want %v", got, want)
@@ -377,24 +420,34 @@ func TestRenderDefaults(t *testing.T) {
 		t.Errorf("speaker image %q", img)
 	}
 	wantArg(t, "speaker", c.Args, "--ipvs", "true")
-	wantArg(t, "speaker", c.Args, "--metrics-bind-address", ":7473")
+	// Metrics on the node's address only (kubelet expands $(NODE_IP)).
+	wantArg(t, "speaker", c.Args, "--metrics-bind-address", "$(NODE_IP):7473")
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "NODE_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.hostIP"
+	}) {
+		t.Errorf("speaker env %+v lacks NODE_IP from status.hostIP", c.Env)
+	}
+	wantArg(t, "speaker", c.Args, "--bgp-password-namespaces", "vipcast-bgp-passwords")
 	wantArg(t, "speaker", c.Args, "--dataplane-resync-period", "1m")
 	if g := *ds.Spec.Template.Spec.TerminationGracePeriodSeconds; g != 38 {
 		t.Errorf("terminationGracePeriodSeconds %d, want 38 (3s delay + the speaker's 30s shutdown bound + 5s)", g)
 	}
-	// With --ipvs the speaker writes /proc/sys/net/ipv4/vs/conntrack, which
-	// the kubelet makes read-only in every non-privileged container (see
-	// speaker.privileged in values.yaml): privileged is required, and it is
-	// the only way the default differs from NET_ADMIN alone.
-	if !privileged(c) || !slices.Contains(c.SecurityContext.Capabilities.Add, "NET_ADMIN") {
-		t.Errorf("speaker securityContext %+v, want privileged (sysctl) with NET_ADMIN listed", c.SecurityContext)
+	// With --ipvs the speaker needs net.ipv4.vs.conntrack=1, and /proc/sys
+	// is read-only in every unprivileged container: a privileged init
+	// container sets it; the speaker itself has NET_ADMIN only.
+	if !slices.Equal(c.SecurityContext.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) {
+		t.Errorf("speaker capabilities add %v, want NET_ADMIN", c.SecurityContext.Capabilities.Add)
+	}
+	if n := len(ds.Spec.Template.Spec.InitContainers); n != 1 {
+		t.Errorf("%d init containers, want prepare-node", n)
 	}
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("speaker probes: liveness %+v readiness %+v", c.LivenessProbe, c.ReadinessProbe)
 	}
-	if got := secretRoleNamespaces(r); fmt.Sprint(got) != "[vipcast-system]" {
-		t.Errorf("speaker reads Secrets in %v, want the release namespace only", got)
+	if got := secretRoleNamespaces(r); fmt.Sprint(got) != "[vipcast-bgp-passwords]" {
+		t.Errorf("speaker reads Secrets in %v, want vipcast-bgp-passwords only", got)
 	}
+	one[corev1.Namespace](t, r, "Namespace", "vipcast-bgp-passwords")
 	if !strings.Contains(r.Notes, "vipcast-ccm") || !strings.Contains(r.Notes, "create an IPPool") {
 		t.Errorf("NOTES.txt:\n%s", r.Notes)
 	}
@@ -429,8 +482,12 @@ func TestRenderFullExample(t *testing.T) {
 	wantArg(t, "speaker", sc.Args, "--dataplane-resync-period", "30s")
 	wantArg(t, "speaker", sc.Args, "--resync-period", "10m")
 	wantArg(t, "speaker", sc.Args, "--one_output", "true")
-	if got := secretRoleNamespaces(r); fmt.Sprint(got) != "[network vipcast-system]" {
-		t.Errorf("speaker reads Secrets in %v, want [network vipcast-system]", got)
+	if got := secretRoleNamespaces(r); fmt.Sprint(got) != "[fabric-passwords network-passwords]" {
+		t.Errorf("speaker reads Secrets in %v, want [fabric-passwords network-passwords]", got)
+	}
+	wantArg(t, "speaker", sc.Args, "--bgp-password-namespaces", "fabric-passwords,network-passwords")
+	if n := len(r.Find("Namespace", "")); n != 2 {
+		t.Errorf("%d Namespaces, want the 2 password namespaces", n)
 	}
 
 	if n := len(r.Find("IPPool", "")); n != 2 {
@@ -472,22 +529,24 @@ func TestRenderFullExample(t *testing.T) {
 // TestRenderSpeakerVariants covers the speaker's security settings and
 // grace period outside the defaults.
 func TestRenderSpeakerVariants(t *testing.T) {
-	t.Run("routes only: no privilege, no capability", func(t *testing.T) {
+	t.Run("routes only: no privilege, no capability, no init container", func(t *testing.T) {
 		r := render(t, "speaker: {ipvs: {enabled: false}}")
-		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
+		spec := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec
+		c := spec.Containers[0]
 		wantArg(t, "speaker", c.Args, "--ipvs", "false")
-		if privileged(c) || len(c.SecurityContext.Capabilities.Add) != 0 || *c.SecurityContext.AllowPrivilegeEscalation {
-			t.Errorf("securityContext %+v, want no privilege", c.SecurityContext)
+		if privileged(c) || len(c.SecurityContext.Capabilities.Add) != 0 || *c.SecurityContext.AllowPrivilegeEscalation || len(spec.InitContainers) != 0 {
+			t.Errorf("securityContext %+v, init containers %d: want no privilege", c.SecurityContext, len(spec.InitContainers))
 		}
 		if _, ok := arg(c.Args, "--ipvs-link"); ok {
 			t.Errorf("--ipvs-link passed without IPVS: %q", c.Args)
 		}
 	})
-	t.Run("privileged false: NET_ADMIN only", func(t *testing.T) {
-		r := render(t, "speaker: {privileged: false}")
-		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
-		if privileged(c) || !slices.Equal(c.SecurityContext.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) || *c.SecurityContext.AllowPrivilegeEscalation {
-			t.Errorf("securityContext %+v, want NET_ADMIN and no privilege", c.SecurityContext)
+	t.Run("prepareNode false: nothing privileged, NET_ADMIN only", func(t *testing.T) {
+		r := render(t, "speaker: {ipvs: {enabled: true, prepareNode: false}}")
+		spec := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec
+		c := spec.Containers[0]
+		if len(spec.InitContainers) != 0 || !slices.Equal(c.SecurityContext.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) {
+			t.Errorf("init containers %d, securityContext %+v: want none and NET_ADMIN", len(spec.InitContainers), c.SecurityContext)
 		}
 	})
 	t.Run("delay in ms and minutes", func(t *testing.T) {
@@ -522,15 +581,27 @@ func TestRenderSpeakerVariants(t *testing.T) {
 			t.Errorf("probes or ports without metrics: %+v %+v %+v", c.LivenessProbe, c.ReadinessProbe, c.Ports)
 		}
 	})
-	t.Run("cluster-wide secrets", func(t *testing.T) {
-		r := render(t, "speaker: {bgpPasswordSecrets: {clusterWide: true}}")
-		want := map[string][]string{"/secrets": {"get"}}
-		for k, v := range wantSpeakerClusterRole {
-			want[k] = v
+	t.Run("no password namespaces: no Secret access at all", func(t *testing.T) {
+		r := render(t, "speaker: {bgpPasswordSecrets: {namespaces: []}}")
+		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
+		wantArg(t, "speaker", c.Args, "--bgp-password-namespaces", "")
+		if ns := secretRoleNamespaces(r); len(ns) != 0 || len(r.Find("Namespace", "")) != 0 {
+			t.Errorf("Secret Roles in %v, Namespaces %v: want none", ns, r.Find("Namespace", ""))
 		}
-		checkRules(t, "speaker ClusterRole", one[rbacv1.ClusterRole](t, r, "ClusterRole", "vipcast-speaker").Rules, want)
-		if ns := secretRoleNamespaces(r); len(ns) != 0 {
-			t.Errorf("per-namespace Secret Roles %v next to the cluster-wide grant", ns)
+	})
+	t.Run("namespaces created elsewhere", func(t *testing.T) {
+		r := render(t, "speaker: {bgpPasswordSecrets: {namespaces: [a, b], createNamespaces: false}}")
+		checkCommon(t, r)
+		if ns := secretRoleNamespaces(r); fmt.Sprint(ns) != "[a b]" || len(r.Find("Namespace", "")) != 0 {
+			t.Errorf("Secret Roles in %v, %d Namespaces: want [a b] and none created", ns, len(r.Find("Namespace", "")))
+		}
+	})
+	t.Run("release namespace refused", func(t *testing.T) {
+		for _, list := range []string{"[vipcast-system]", "[vipcast-bgp-passwords, vipcast-system]"} {
+			_, err := Render(release, namespace, []byte("speaker: {bgpPasswordSecrets: {namespaces: "+list+"}}"))
+			if err == nil || !strings.Contains(err.Error(), "speaker.bgpPasswordSecrets.namespaces lists the release namespace \"vipcast-system\"") || !strings.Contains(err.Error(), "sh.helm.release.v1") {
+				t.Errorf("namespaces %s: err = %v, want one naming the key, the release namespace and Helm's release Secrets", list, err)
+			}
 		}
 	})
 }
@@ -554,6 +625,25 @@ func TestSchemaRejectsWrongType(t *testing.T) {
 		{"pool without spec", "ipPools: [{name: public}]", []string{"/ipPools/0", "spec"}},
 		{"secret namespace not a name", "speaker: {bgpPasswordSecrets: {namespaces: [Not_A_Namespace]}}", []string{"/speaker/bgpPasswordSecrets/namespaces/0"}},
 		{"router ID not IPv4", "speaker: {routerID: 2001:db8::1}", []string{"/speaker/routerID"}},
+		{"router ID malformed", "speaker: {routerID: 10.0.0}", []string{"/speaker/routerID"}},
+		{"router ID out of range", "speaker: {routerID: 10.0.0.256}", []string{"/speaker/routerID"}},
+		// What the binaries refuse at start, refused at install time.
+		{"speaker QPS zero", "speaker: {kubeAPIQPS: 0}", []string{"/speaker/kubeAPIQPS"}},
+		{"speaker burst zero", "speaker: {kubeAPIBurst: 0}", []string{"/speaker/kubeAPIBurst"}},
+		{"CCM QPS negative", "ccm: {kubeAPIQPS: -1}", []string{"/ccm/kubeAPIQPS"}},
+		{"CCM burst zero", "ccm: {kubeAPIBurst: 0}", []string{"/ccm/kubeAPIBurst"}},
+		{"CCM service syncs zero", "ccm: {concurrentServiceSyncs: 0}", []string{"/ccm/concurrentServiceSyncs"}},
+		{"delay negative", "speaker: {convergenceDelay: -1s}", []string{"/speaker/convergenceDelay"}},
+		{"resync below 1s", "speaker: {resyncPeriod: 500ms}", []string{"/speaker/resyncPeriod"}},
+		{"resync zero", "speaker: {resyncPeriod: 0s}", []string{"/speaker/resyncPeriod"}},
+		{"resync 999ms", "speaker: {resyncPeriod: 999ms}", []string{"/speaker/resyncPeriod"}},
+		{"resync in ns", "speaker: {resyncPeriod: 5000000000ns}", []string{"/speaker/resyncPeriod"}},
+		{"dataplane resync below 1s", "speaker: {ipvs: {enabled: true, resyncPeriod: 100ms}}", []string{"/speaker/ipvs/resyncPeriod"}},
+		{"dataplane resync zero", "speaker: {ipvs: {enabled: true, resyncPeriod: 0m}}", []string{"/speaker/ipvs/resyncPeriod"}},
+		// Keys that no longer exist name themselves.
+		{"old key speaker.privileged", "speaker: {privileged: false}", []string{"/speaker", "privileged"}},
+		{"old key clusterWide", "speaker: {bgpPasswordSecrets: {clusterWide: true}}", []string{"/speaker/bgpPasswordSecrets", "clusterWide"}},
+		{"prepareNode not a boolean", "speaker: {ipvs: {enabled: true, prepareNode: yes please}}", []string{"/speaker/ipvs/prepareNode"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Render(release, namespace, []byte(tc.values))
@@ -567,6 +657,19 @@ func TestSchemaRejectsWrongType(t *testing.T) {
 			}
 			t.Logf("%s → %v", tc.values, err)
 		})
+	}
+}
+
+// TestSchemaAcceptsMinimums checks the edges the binaries accept.
+func TestSchemaAcceptsMinimums(t *testing.T) {
+	for _, v := range []string{
+		"speaker: {resyncPeriod: 1s, ipvs: {enabled: true, resyncPeriod: 1000ms}}",
+		"speaker: {resyncPeriod: 2h, ipvs: {enabled: true, resyncPeriod: 90s}}",
+		"speaker: {convergenceDelay: 0s, kubeAPIQPS: 0.5, kubeAPIBurst: 1, routerID: 10.0.0.1}",
+	} {
+		if _, err := Render(release, namespace, []byte(v)); err != nil {
+			t.Errorf("values %q: %v", v, err)
+		}
 	}
 }
 

@@ -98,6 +98,20 @@ func chartArgs(args []string, drop []string, replace map[string]string) []string
 	return out
 }
 
+// passwordNamespace is the chart's default namespace for BGP password Secrets.
+const passwordNamespace = "vipcast-bgp-passwords" //nolint:gosec // G101: a namespace name, not a credential
+
+// speakerHasFlag reports whether the vipcast-speaker binary at bin lists
+// --name in its usage.
+func speakerHasFlag(t *testing.T, bin, name string) bool {
+	t.Helper()
+	out, _ := exec.Command(bin, "-h").CombinedOutput()
+	if !strings.Contains(string(out), "-kubeconfig") {
+		t.Fatalf("vipcast-speaker -h printed no usage:\n%s", out)
+	}
+	return strings.Contains(string(out), "-"+name+" ")
+}
+
 // forbidden returns the lines of a log that report an RBAC refusal.
 func forbidden(t *testing.T, path string) []string {
 	t.Helper()
@@ -183,7 +197,7 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 	if _, err := cp.Dynamic.Resource(ippoolsGVR).Create(ctx, pool, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cp.Client.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
+	if _, err := cp.Client.CoreV1().Secrets(passwordNamespace).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "tor-a-md5"}, StringData: map[string]string{"password": "s3cret"},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -198,7 +212,7 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 		"metadata": map[string]any{"name": "tor-a"},
 		"spec": map[string]any{
 			"peerAddress": "127.0.0.1", "peerASN": int64(64500), "localASN": int64(64501), "port": int64(bgpPort),
-			"passwordSecretRef": map[string]any{"namespace": namespace, "name": "tor-a-md5", "key": "password"},
+			"passwordSecretRef": map[string]any{"namespace": passwordNamespace, "name": "tor-a-md5", "key": "password"},
 		},
 	}}
 	if _, err := cp.Dynamic.Resource(bgppeersGVR).Create(ctx, peer, metav1.CreateOptions{}); err != nil {
@@ -227,7 +241,14 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 	// root and a kernel; that part is proven by the ipvs/ VM tests).
 	spkKC := saKubeconfig(ctx, t, cp, namespace, "vipcast-speaker")
 	ds := one[appsv1.DaemonSet](t, r, "DaemonSet", "vipcast-speaker")
-	spkArgs := chartArgs(ds.Spec.Template.Spec.Containers[0].Args, []string{"--ipvs-link", "--dataplane-resync-period"}, map[string]string{
+	drop := []string{"--ipvs-link", "--dataplane-resync-period"}
+	if !speakerHasFlag(t, filepath.Join(bin, "vipcast-speaker"), "bgp-password-namespaces") {
+		// Passed by the chart for the speaker's namespace-scoped Secret
+		// informers; a binary from before that flag reads the Secret by name.
+		t.Log("vipcast-speaker has no --bgp-password-namespaces yet: not passing it")
+		drop = append(drop, "--bgp-password-namespaces")
+	}
+	spkArgs := chartArgs(ds.Spec.Template.Spec.Containers[0].Args, drop, map[string]string{
 		"--node-name":            "node-1",
 		"--ipvs":                 "false",
 		"--metrics-bind-address": "127.0.0.1:" + strconv.Itoa(speakerPort),

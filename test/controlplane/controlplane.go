@@ -171,7 +171,7 @@ func apiServerArgs(dir, etcdURL string, apiPort int) []string {
 		"--service-cluster-ip-range", "10.96.0.0/16,fd00:10:96::/112",
 		"--endpoint-reconciler-type", "none",
 		"--disable-admission-plugins", "ServiceAccount",
-		// The chart's speaker DaemonSet is privileged (IPVS sysctl).
+		// The chart's speaker DaemonSet has a privileged init container (IPVS sysctl).
 		"--allow-privileged=true",
 		// A test run creates thousands of objects quickly; the defaults
 		// (400/200 in flight) are for shared production servers.

@@ -83,8 +83,14 @@ The convergence delay in whole seconds, rounded up. The schema allows only
 {{- end -}}
 {{- end -}}
 
-{{/* Namespaces where the speaker may read BGP password Secrets. */}}
+{{/*
+Namespaces where the speaker may read BGP password Secrets, as a JSON list.
+The release namespace is refused: it holds Helm's release Secrets.
+*/}}
 {{- define "vipcast.speaker.secretNamespaces" -}}
-{{- $ns := .Values.speaker.bgpPasswordSecrets.namespaces | default (list .Release.Namespace) -}}
+{{- $ns := .Values.speaker.bgpPasswordSecrets.namespaces | default list -}}
+{{- if has .Release.Namespace $ns -}}
+{{- fail (printf "speaker.bgpPasswordSecrets.namespaces lists the release namespace %q: the speaker would then read every Secret there, Helm's release Secrets (sh.helm.release.v1.*) included; keep the BGP password Secrets in a namespace of their own, such as vipcast-bgp-passwords" .Release.Namespace) -}}
+{{- end -}}
 {{- toJson $ns -}}
 {{- end -}}
