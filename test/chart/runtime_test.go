@@ -101,17 +101,6 @@ func chartArgs(args []string, drop []string, replace map[string]string) []string
 // passwordNamespace is the chart's default namespace for BGP password Secrets.
 const passwordNamespace = "vipcast-bgp-passwords" //nolint:gosec // G101: a namespace name, not a credential
 
-// speakerHasFlag reports whether the vipcast-speaker binary at bin lists
-// --name in its usage.
-func speakerHasFlag(t *testing.T, bin, name string) bool {
-	t.Helper()
-	out, _ := exec.Command(bin, "-h").CombinedOutput()
-	if !strings.Contains(string(out), "-kubeconfig") {
-		t.Fatalf("vipcast-speaker -h printed no usage:\n%s", out)
-	}
-	return strings.Contains(string(out), "-"+name+" ")
-}
-
 // forbidden returns the lines of a log that report an RBAC refusal.
 func forbidden(t *testing.T, path string) []string {
 	t.Helper()
@@ -242,12 +231,6 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 	spkKC := saKubeconfig(ctx, t, cp, namespace, "vipcast-speaker")
 	ds := one[appsv1.DaemonSet](t, r, "DaemonSet", "vipcast-speaker")
 	drop := []string{"--ipvs-link", "--dataplane-resync-period"}
-	if !speakerHasFlag(t, filepath.Join(bin, "vipcast-speaker"), "bgp-password-namespaces") {
-		// Passed by the chart for the speaker's namespace-scoped Secret
-		// informers; a binary from before that flag reads the Secret by name.
-		t.Log("vipcast-speaker has no --bgp-password-namespaces yet: not passing it")
-		drop = append(drop, "--bgp-password-namespaces")
-	}
 	spkArgs := chartArgs(ds.Spec.Template.Spec.Containers[0].Args, drop, map[string]string{
 		"--node-name":            "node-1",
 		"--ipvs":                 "false",
