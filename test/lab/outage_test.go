@@ -188,7 +188,9 @@ func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage,
 	if now.ResourceVersion != svc.ResourceVersion || !reflect.DeepEqual(now.Status, svc.Status) {
 		t.Errorf("%s: the Service was rewritten (resourceVersion %s → %s, status %+v → %+v)", name, svc.ResourceVersion, now.ResourceVersion, svc.Status, now.Status)
 	}
-	t.Logf("%s for %v: route, sessions, IPVS, Service and held connections unchanged; 0 UPDATEs at the ToR after the return", name, outage)
+	if !t.Failed() {
+		t.Logf("%s for %v: route, sessions, IPVS, Service and held connections unchanged; 0 UPDATEs at the ToR after the return", name, outage)
+	}
 }
 
 // checkHeld fails the test unless every held connection is alive and has
