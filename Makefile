@@ -102,7 +102,7 @@ $(GOLANGCI_LINT):
 	GOBIN=$(GOLANGCI_LINT_DIR)/tmp hack/progress.sh "building golangci-lint" $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) && mv $(GOLANGCI_LINT_DIR)/tmp/golangci-lint $@ && rmdir $(GOLANGCI_LINT_DIR)/tmp
 
 test-unit: ## pure-logic tests, no API server, router or VM (ipam, pool admission, CCM translation, CRD types, speaker decisions, the ipvs and bgp plans)
-	$(GO) test -count=1 ./ipam/... ./poolspec/... ./ccm/... ./api/...
+	$(GO) test -count=1 ./ipam/... ./poolspec/... ./ccm/... ./api/... ./cmd/...
 	$(GO) test -count=1 -skip 'TestControllerKernel' ./speaker/
 	$(GO) test -count=1 -run 'TestDiff|TestValid|FuzzDiff' ./ipvs/
 	$(GO) test -count=1 -run 'TestPlan|TestRoutePlan|TestLogger' ./bgp/
