@@ -2,6 +2,7 @@ package routers
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
@@ -36,6 +37,22 @@ type BIRDConfig struct {
 	// Export are prefixes BIRD originates (static blackhole routes
 	// exported to every neighbor).
 	Export []netip.Prefix
+	// Leak is a number of IPv4 /24s, 20.0.0.0/24 and up, that BIRD sends
+	// to every neighbor as well, like a router leaking a full table: the
+	// static protocol LeakProtocol, which DisableProtocol withdraws. They
+	// reach no kernel (bird.conf has no kernel protocol).
+	Leak int
+}
+
+// LeakProtocol is the name of the static protocol holding
+// BIRDConfig.Leak's routes.
+const LeakProtocol = "leak"
+
+// LeakPrefix returns the i-th prefix of BIRDConfig.Leak.
+func LeakPrefix(i int) netip.Prefix {
+	var a [4]byte
+	binary.BigEndian.PutUint32(a[:], 20<<24+uint32(i)<<8) //nolint:gosec // i is a small count
+	return netip.PrefixFrom(netip.AddrFrom4(a), 24)
 }
 
 // BIRDNeighbor is a BGP protocol of a BIRD router.
@@ -132,6 +149,18 @@ func birdConfig(cfg BIRDConfig, port int) string {
 		return fmt.Sprintf("where proto = \"export%s\"", af)
 	}
 	e4, e6 := export("ipv4", exp4), export("ipv6", exp6)
+	if cfg.Leak > 0 {
+		fmt.Fprintf(&b, "protocol static %s { ipv4;\n", LeakProtocol)
+		for i := range cfg.Leak {
+			fmt.Fprintf(&b, "route %s blackhole;\n", LeakPrefix(i))
+		}
+		b.WriteString("}\n")
+		if e4 == "none" {
+			e4 = fmt.Sprintf("where proto = %q", LeakProtocol)
+		} else {
+			e4 += fmt.Sprintf(" || proto = %q", LeakProtocol)
+		}
+	}
 	for _, n := range cfg.Neighbors {
 		fmt.Fprintf(&b, "protocol bgp %s {\n", n.Name)
 		fmt.Fprintf(&b, "  local %s port %d as %d;\n", cfg.ListenAddress, port, cfg.ASN)
@@ -148,6 +177,18 @@ func birdConfig(cfg BIRDConfig, port int) string {
 		b.WriteString("}\n")
 	}
 	return b.String()
+}
+
+// DisableProtocol stops protocol name (its routes are withdrawn).
+func (b *BIRD) DisableProtocol(name string) error {
+	_, err := b.Birdc("disable", name)
+	return err
+}
+
+// EnableProtocol starts protocol name again.
+func (b *BIRD) EnableProtocol(name string) error {
+	_, err := b.Birdc("enable", name)
+	return err
 }
 
 // Kill kills bird at once (SIGKILL).

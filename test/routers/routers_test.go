@@ -75,3 +75,12 @@ fd00:1::1/128        unicast [spk 08:24:15.692 from 127.0.0.6] * (100/?) [AS6451
 		t.Errorf("fd00:1::1/128 = %+v", p)
 	}
 }
+
+// TestLeakPrefix checks the prefixes BIRDConfig.Leak sends.
+func TestLeakPrefix(t *testing.T) {
+	for i, want := range map[int]string{0: "20.0.0.0/24", 1: "20.0.1.0/24", 256: "20.1.0.0/24", 99_999: "21.134.159.0/24"} {
+		if got := LeakPrefix(i).String(); got != want {
+			t.Errorf("LeakPrefix(%d) = %s, want %s", i, got, want)
+		}
+	}
+}
