@@ -66,7 +66,20 @@ type Peer struct {
 	RestartTime time.Duration
 	// Families are the address families negotiated; empty means both.
 	Families []Family
+	// MaxPrefixes is the most prefixes the router may send in one address
+	// family (counted before the import policy rejects them); one more
+	// shuts the session down with a Cease, "Maximum Number of Prefixes
+	// Reached", until GoBGP reopens it (see Config.PrefixLimitRestart).
+	// 0 means DefaultMaxPrefixes.
+	MaxPrefixes uint32
 }
+
+// DefaultMaxPrefixes is Peer.MaxPrefixes when unset. vipcast accepts no
+// route, but a router may send some: a default route, and the VIPs of the
+// other nodes that the fabric reflects back (one prefix per VIP). 10,000
+// leaves room for that and keeps what a leaking router makes the speaker
+// hold a hundred times below a full Internet table.
+const DefaultMaxPrefixes = 10000
 
 // IBGP reports whether the session is internal (same ASN on both sides).
 func (p *Peer) IBGP() bool { return p.ASN == p.LocalASN }
@@ -114,6 +127,13 @@ type SessionState struct {
 	// Transitions counts the state changes observed since the session
 	// was configured.
 	Transitions uint64
+	// PrefixLimitShutdowns counts the times the session was shut down
+	// because the router sent more than Peer.MaxPrefixes, since the
+	// session was configured.
+	PrefixLimitShutdowns uint64
+	// ReopenAt, while the session is down for exceeding its prefix limit,
+	// is when it is reopened; zero otherwise.
+	ReopenAt time.Time
 }
 
 // Established reports whether the session is up.

@@ -24,6 +24,9 @@ const DefaultASN = 64512
 // to a router; gobgp waits between one and two intervals.
 const connectRetry = 1
 
+// DefaultPrefixLimitRestart is Config.PrefixLimitRestart when unset.
+const DefaultPrefixLimitRestart = time.Minute
+
 // Config configures a GoBGP speaker.
 type Config struct {
 	// RouterID is the BGP identifier (an IPv4 address). Required.
@@ -34,6 +37,12 @@ type Config struct {
 	// ListenPort is the TCP port to accept sessions on; -1 (and 0) means
 	// do not listen: vipcast only opens sessions.
 	ListenPort int32
+	// PrefixLimitRestart is how long a session shut down because the
+	// router sent more than Peer.MaxPrefixes stays down before it is
+	// reopened; the wait doubles with each consecutive shutdown, up to 30
+	// minutes (see prefixLimitRestart). 0 means DefaultPrefixLimitRestart.
+	// gobgp alone would never reopen such a session.
+	PrefixLimitRestart time.Duration
 	// Logger receives gobgp's logs (gobgp Debug at V(4), Info at V(2)).
 	Logger klog.Logger
 	// OnSessionChange, when set, is called on every session state change,
@@ -56,6 +65,8 @@ type GoBGP struct {
 	glog     *gobgpLogger
 	onChange func(SessionState)
 	cancel   context.CancelFunc
+	// restart is Config.PrefixLimitRestart, defaulted.
+	restart time.Duration
 
 	// mu serialises SetPeers, Apply and Stop and guards peers and routes.
 	mu      sync.Mutex
@@ -75,6 +86,17 @@ type sessionTrack struct {
 	since       time.Time
 	reason      string
 	transitions uint64
+	// maxPrefixes is the peer's Peer.MaxPrefixes.
+	maxPrefixes uint32
+
+	// limitStreak counts the consecutive prefix-limit shutdowns (see
+	// prefixLimitRestart), limitShutdowns all of them.
+	limitStreak    int
+	limitShutdowns uint64
+	// reopen, while the session is down for its prefix limit, reopens it
+	// at reopenAt.
+	reopen   *time.Timer
+	reopenAt time.Time
 }
 
 var _ Speaker = (*GoBGP)(nil)
@@ -97,8 +119,13 @@ func New(cfg Config) (*GoBGP, error) {
 	if exit == nil {
 		exit = func(code int) { klog.FlushAndExit(klog.ExitFlushTimeout, code) }
 	}
+	restart := cfg.PrefixLimitRestart
+	if restart <= 0 {
+		restart = DefaultPrefixLimitRestart
+	}
 	glog := newGobgpLogger(cfg.Logger, exit)
 	g := &GoBGP{
+		restart:  restart,
 		srv:      server.NewBgpServer(server.LoggerOption(glog)),
 		log:      cfg.Logger,
 		glog:     glog,
@@ -179,6 +206,7 @@ func (g *GoBGP) removePeers(ctx context.Context, p peerPlan) error {
 			return fmt.Errorf("delete BGP peer %s (%s): %w", old.Name, old.Address, err)
 		}
 		g.smu.Lock()
+		g.states[old.Address.String()].stopReopen()
 		delete(g.states, old.Address.String())
 		g.smu.Unlock()
 		delete(g.peers, old.Name)
@@ -209,7 +237,8 @@ func (g *GoBGP) openSessions(ctx context.Context, adds []peerAdd) error {
 		p := a.peer
 		addr := p.Address.String()
 		g.smu.Lock()
-		g.states[addr] = &sessionTrack{peer: p.Name, state: "Idle", since: time.Now()}
+		g.states[addr].stopReopen()
+		g.states[addr] = &sessionTrack{peer: p.Name, state: "Idle", since: time.Now(), maxPrefixes: p.MaxPrefixes}
 		g.smu.Unlock()
 		g.glog.clearReason(addr)
 		if err := g.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: toAPIPeer(p)}); err != nil {
@@ -246,6 +275,11 @@ func (g *GoBGP) Stop(ctx context.Context) error {
 		return nil
 	}
 	g.stopped = true
+	g.smu.Lock()
+	for _, t := range g.states {
+		t.stopReopen()
+	}
+	g.smu.Unlock()
 	done := make(chan error, 1)
 	// StopBgp runs to its end even when ctx ends first: a half-stopped
 	// server would keep sessions open.
@@ -298,6 +332,9 @@ func normalizePeers(peers []Peer) (map[string]*Peer, error) {
 		if p.Port == 0 {
 			p.Port = 179
 		}
+		if p.MaxPrefixes == 0 {
+			p.MaxPrefixes = DefaultMaxPrefixes
+		}
 		if len(p.Families) == 0 {
 			p.Families = []Family{IPv4Unicast, IPv6Unicast}
 		}
@@ -315,7 +352,7 @@ func peerEqual(a, b *Peer) bool {
 		a.HoldTime == b.HoldTime && a.KeepaliveTime == b.KeepaliveTime &&
 		a.EBGPMultiHop == b.EBGPMultiHop && a.Password == b.Password &&
 		a.GracefulRestart == b.GracefulRestart && a.RestartTime == b.RestartTime &&
-		slices.Equal(a.Families, b.Families)
+		a.MaxPrefixes == b.MaxPrefixes && slices.Equal(a.Families, b.Families)
 }
 
 // hasFamily reports whether p negotiates f.
@@ -361,7 +398,13 @@ func toAPIPeer(p *Peer) *api.Peer {
 		}
 	}
 	for _, f := range p.Families {
-		as := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: apiFamily(f), Enabled: true}}
+		as := &api.AfiSafi{
+			Config: &api.AfiSafiConfig{Family: apiFamily(f), Enabled: true},
+			// gobgp keeps every received path in the peer's Adj-RIB-In,
+			// before the import policy rejects it: the limit is what
+			// bounds that memory.
+			PrefixLimits: &api.PrefixLimit{Family: apiFamily(f), MaxPrefixes: p.MaxPrefixes},
+		}
 		if p.GracefulRestart {
 			as.MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
 		}

@@ -16,7 +16,7 @@ type collector struct {
 	s       Speaker
 	timeout time.Duration
 
-	up, state, announced, sent, received, transitions *prometheus.Desc
+	up, state, announced, sent, received, transitions, limited *prometheus.Desc
 }
 
 // NewCollector returns a Prometheus collector that reports the sessions
@@ -28,6 +28,8 @@ type collector struct {
 //	vipcast_bgp_updates_sent_total{peer}          UPDATE messages sent
 //	vipcast_bgp_updates_received_total{peer}      UPDATE messages received
 //	vipcast_bgp_session_transitions_total{peer}   FSM state changes
+//	vipcast_bgp_prefix_limit_shutdowns_total{peer}
+//	    sessions shut down because the peer sent more than its prefix limit
 func NewCollector(s Speaker) prometheus.Collector {
 	peer := []string{"peer"}
 	return &collector{
@@ -45,12 +47,14 @@ func NewCollector(s Speaker) prometheus.Collector {
 			"BGP UPDATE messages received from the peer in the current session.", peer, nil),
 		transitions: prometheus.NewDesc("vipcast_bgp_session_transitions_total",
 			"BGP session state changes since the peer was configured.", peer, nil),
+		limited: prometheus.NewDesc("vipcast_bgp_prefix_limit_shutdowns_total",
+			"BGP sessions shut down because the peer sent more prefixes than its limit in an address family, since the peer was configured.", peer, nil),
 	}
 }
 
 // Describe sends the descriptors of every metric.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.state, c.announced, c.sent, c.received, c.transitions} {
+	for _, d := range []*prometheus.Desc{c.up, c.state, c.announced, c.sent, c.received, c.transitions, c.limited} {
 		ch <- d
 	}
 }
@@ -74,6 +78,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.sent, prometheus.CounterValue, float64(s.UpdatesSent), s.Peer)
 		ch <- prometheus.MustNewConstMetric(c.received, prometheus.CounterValue, float64(s.UpdatesReceived), s.Peer)
 		ch <- prometheus.MustNewConstMetric(c.transitions, prometheus.CounterValue, float64(s.Transitions), s.Peer)
+		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, float64(s.PrefixLimitShutdowns), s.Peer)
 	}
 }
 

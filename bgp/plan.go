@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 )
 
 // The functions in this file are pure: they work out which gobgp calls
@@ -207,4 +208,28 @@ func planPeers(current, want map[string]*Peer, routes map[netip.Prefix]*Route) p
 	}
 	p.export = slices.Sorted(maps.Keys(want))
 	return p
+}
+
+// maxPrefixLimitRestart caps the wait before a session shut down for
+// exceeding its prefix limit is reopened.
+const maxPrefixLimitRestart = 30 * time.Minute
+
+// prefixLimitRestart returns how long a session shut down for exceeding
+// its prefix limit stays down, and the new count of consecutive such
+// shutdowns, given the previous count streak, how long the session had
+// been Established before this shutdown, and the first wait base. The
+// wait doubles with each consecutive shutdown, up to
+// maxPrefixLimitRestart (or base, when longer); a session that had stayed
+// up that long counts as well-behaved, and starts again from base.
+func prefixLimitRestart(streak int, uptime, base time.Duration) (time.Duration, int) {
+	limit := max(base, maxPrefixLimitRestart)
+	if uptime >= limit {
+		streak = 0
+	}
+	streak++
+	wait := base
+	for i := 1; i < streak && wait < limit; i++ {
+		wait *= 2
+	}
+	return min(wait, limit), streak
 }

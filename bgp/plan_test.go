@@ -482,3 +482,33 @@ func TestPlanPeers(t *testing.T) {
 		})
 	}
 }
+
+func TestPrefixLimitRestart(t *testing.T) {
+	const base = time.Minute
+	for _, tc := range []struct {
+		name       string
+		streak     int
+		uptime     time.Duration
+		base       time.Duration
+		wait       time.Duration
+		nextStreak int
+	}{
+		{"first shutdown", 0, time.Second, base, base, 1},
+		{"second in a row doubles", 1, time.Second, base, 2 * base, 2},
+		{"fifth in a row", 4, 0, base, 16 * base, 5},
+		{"capped at 30 minutes", 5, 0, base, 30 * time.Minute, 6},
+		{"stays capped", 40, 0, base, 30 * time.Minute, 41},
+		{"up 29 minutes: still a streak", 2, 29 * time.Minute, base, 4 * base, 3},
+		{"up 30 minutes: forgiven", 7, 30 * time.Minute, base, base, 1},
+		{"short base doubles", 2, 0, 2 * time.Second, 8 * time.Second, 3},
+		{"base above the cap is kept", 3, 0, time.Hour, time.Hour, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wait, streak := prefixLimitRestart(tc.streak, tc.uptime, tc.base)
+			if wait != tc.wait || streak != tc.nextStreak {
+				t.Errorf("prefixLimitRestart(%d, %s, %s) = %s, %d; want %s, %d",
+					tc.streak, tc.uptime, tc.base, wait, streak, tc.wait, tc.nextStreak)
+			}
+		})
+	}
+}

@@ -39,6 +39,7 @@ func (g *GoBGP) onEvent(ev *api.WatchEventResponse) {
 		g.smu.Unlock()
 		return
 	}
+	wasUp, upSince := t.state == "Established", t.since
 	if t.state != state {
 		t.state, t.since = state, now
 		t.transitions++
@@ -49,7 +50,14 @@ func (g *GoBGP) onEvent(ev *api.WatchEventResponse) {
 	} else if r := g.glog.reason(addr); r != "" {
 		t.reason = r
 	}
-	ss := SessionState{Peer: t.peer, State: t.state, Reason: t.reason, Since: t.since, Transitions: t.transitions}
+	if pe.Peer.State.AdminState == api.PeerState_PFX_CT && t.reopen == nil {
+		uptime := time.Duration(0)
+		if wasUp {
+			uptime = now.Sub(upSince)
+		}
+		g.prefixLimitShutdown(addr, t, uptime, now)
+	}
+	ss := t.sessionState()
 	g.smu.Unlock()
 
 	if g.onChange != nil {
@@ -84,6 +92,7 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]SessionState, error) {
 		g.smu.Lock()
 		if t := g.states[addr]; t != nil {
 			ss.Reason, ss.Since, ss.Transitions = t.reason, t.since, t.transitions
+			ss.PrefixLimitShutdowns, ss.ReopenAt = t.limitShutdowns, t.reopenAt
 			if t.state != ss.State {
 				// The watcher has not seen this change yet.
 				ss.Since = time.Time{}
@@ -113,4 +122,59 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]SessionState, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Peer < out[j].Peer })
 	return out, nil
+}
+
+// sessionState returns what t knows of its session (not its address).
+func (t *sessionTrack) sessionState() SessionState {
+	return SessionState{Peer: t.peer, State: t.state, Reason: t.reason, Since: t.since,
+		Transitions: t.transitions, PrefixLimitShutdowns: t.limitShutdowns, ReopenAt: t.reopenAt}
+}
+
+// stopReopen cancels t's pending reopening, if any; t may be nil.
+func (t *sessionTrack) stopReopen() {
+	if t != nil && t.reopen != nil {
+		t.reopen.Stop()
+		t.reopen, t.reopenAt = nil, time.Time{}
+	}
+}
+
+// prefixLimitShutdown records that gobgp shut the session of addr down
+// because the router sent more prefixes than its limit (gobgp then holds
+// it Idle, admin state PFX_CT, for good), and schedules its reopening,
+// after a wait that grows while the router keeps doing so. gobgp has
+// already sent the Cease and dropped the paths the router had sent. The
+// caller holds g.smu; uptime is how long the session had been up.
+func (g *GoBGP) prefixLimitShutdown(addr string, t *sessionTrack, uptime time.Duration, now time.Time) {
+	var wait time.Duration
+	wait, t.limitStreak = prefixLimitRestart(t.limitStreak, uptime, g.restart)
+	t.limitShutdowns++
+	t.reopenAt = now.Add(wait)
+	t.reopen = time.AfterFunc(wait, func() { g.reopen(addr, t) })
+	t.reason = fmt.Sprintf("the router sent more prefixes than the limit in one address family "+
+		"(Cease: maximum number of prefixes reached); reopening at %s", t.reopenAt.Format(time.RFC3339))
+	g.log.Info("BGP peer sent more prefixes than its limit; session shut down, received routes dropped",
+		"peer", t.peer, "address", addr, "maxPrefixes", t.maxPrefixes, "uptime", uptime.Round(time.Millisecond),
+		"consecutive", t.limitStreak, "reopenIn", wait)
+}
+
+// reopen lets gobgp open the session of addr again after a prefix-limit
+// shutdown, unless the peer was deleted, reconfigured or stopped since.
+func (g *GoBGP) reopen(addr string, t *sessionTrack) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.smu.Lock()
+	current := g.states[addr] == t && t.reopen != nil
+	if current {
+		t.reopen, t.reopenAt = nil, time.Time{}
+	}
+	g.smu.Unlock()
+	if !current || g.stopped {
+		return
+	}
+	g.log.Info("Reopening BGP session after a prefix-limit shutdown", "peer", t.peer, "address", addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := g.srv.EnablePeer(ctx, &api.EnablePeerRequest{Address: addr}); err != nil {
+		g.log.Error(err, "Cannot reopen BGP session after a prefix-limit shutdown", "peer", t.peer, "address", addr)
+	}
 }

@@ -61,6 +61,7 @@ type flags struct {
 	ipvsLink         string
 	dataplaneResync  time.Duration
 	passwordNS       []string
+	prefixRestart    time.Duration
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -89,6 +90,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.IntVar(&f.burst, "kube-api-burst", 100, "Burst of queries to the API server.")
 	fs.BoolVar(&f.ipvs, "ipvs", true, "Program IPVS virtual servers for the VIPs (needs NET_ADMIN and the ip_vs modules); false only announces routes.")
 	fs.StringVar(&f.ipvsLink, "ipvs-link", ipvs.DefaultLinkName, "Dummy link that carries the VIPs (created if missing).")
+	fs.DurationVar(&f.prefixRestart, "bgp-prefix-limit-restart", bgp.DefaultPrefixLimitRestart, "How long a BGP session stays down after the router sent more prefixes than its limit; doubled for each consecutive time, up to 30m.")
 	fs.DurationVar(&f.dataplaneResync, "dataplane-resync-period", time.Minute, "How often the whole IPVS table is compared with the desired state, repairing drift.")
 	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -106,6 +108,8 @@ func parseFlags(args []string) (*flags, error) {
 		return nil, fmt.Errorf("--resync-period=%v is too short: use 1s or more, such as 5m", f.resync)
 	case f.dataplaneResync < time.Second:
 		return nil, fmt.Errorf("--dataplane-resync-period=%v is too short: use 1s or more, such as 1m", f.dataplaneResync)
+	case f.prefixRestart < time.Second:
+		return nil, fmt.Errorf("--bgp-prefix-limit-restart=%v is too short: use 1s or more, such as 1m", f.prefixRestart)
 	case f.ipvs && (f.ipvsLink == "" || len(f.ipvsLink) > 15 || strings.ContainsAny(f.ipvsLink, "/ \t")):
 		return nil, fmt.Errorf("--ipvs-link=%q is not a valid link name: use 1-15 characters without '/' or spaces, such as %s", f.ipvsLink, ipvs.DefaultLinkName)
 	case f.qps <= 0 || f.burst <= 0:
@@ -185,7 +189,7 @@ func run(f *flags) error {
 	// The controller is built after BGP, but the session callback needs
 	// it: it is reached through ctrlRef once it exists.
 	var ctrlRef atomic.Pointer[speaker.Controller]
-	engine, err := startBGP(ctx, routerID, reg, &ctrlRef)
+	engine, err := startBGP(ctx, routerID, f.prefixRestart, reg, &ctrlRef)
 	if err != nil {
 		return err
 	}
@@ -275,11 +279,12 @@ func clients(f *flags) (client, calls kubernetes.Interface, dyn dynamic.Interfac
 
 // startBGP starts the BGP engine (it listens on no port) with its metrics
 // in reg; session changes go to the controller in ctrl once it is set.
-func startBGP(ctx context.Context, routerID netip.Addr, reg prometheus.Registerer, ctrl *atomic.Pointer[speaker.Controller]) (*bgp.GoBGP, error) {
+func startBGP(ctx context.Context, routerID netip.Addr, prefixRestart time.Duration, reg prometheus.Registerer, ctrl *atomic.Pointer[speaker.Controller]) (*bgp.GoBGP, error) {
 	engine, err := bgp.New(bgp.Config{
-		RouterID:   routerID,
-		ListenPort: -1,
-		Logger:     klog.FromContext(ctx).WithName("bgp"),
+		RouterID:           routerID,
+		ListenPort:         -1,
+		PrefixLimitRestart: prefixRestart,
+		Logger:             klog.FromContext(ctx).WithName("bgp"),
 		OnSessionChange: func(s bgp.SessionState) {
 			if c := ctrl.Load(); c != nil {
 				c.SessionChanged(ctx, s)
