@@ -116,9 +116,19 @@ func (l *gobgpLogger) Error(msg string, fields gobgplog.Fields) {
 	l.log.Error(nil, msg, l.kv(fields)...)
 }
 
-// Warn logs msg at verbosity 0 (klog has no warning level).
+// Warn logs msg at verbosity 0 (klog has no warning level), except
+// gobgp's "prefix limit reached", which it repeats for every UPDATE
+// already queued when the limit trips (hundreds per shutdown): the
+// speaker logs the shutdown once, clearly (prefixLimitShutdown), and
+// gobgp's lines go to verbosity 2.
 func (l *gobgpLogger) Warn(msg string, fields gobgplog.Fields) {
 	l.observe(msg, fields)
+	if msg == "prefix limit reached" {
+		if v := l.log.V(2); v.Enabled() {
+			v.Info(msg, l.kv(fields)...)
+		}
+		return
+	}
 	l.log.Info(msg, l.kv(fields)...)
 }
 

@@ -69,3 +69,18 @@ func TestLoggerExitsOnPanicAndFatal(t *testing.T) {
 		}
 	}
 }
+
+// TestLoggerPrefixLimitQuiet checks that gobgp's repeated "prefix limit
+// reached" warning stays below the default verbosity.
+func TestLoggerPrefixLimitQuiet(t *testing.T) {
+	var lines []string
+	sink := funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: 0})
+	l := newGobgpLogger(sink, func(int) { t.Error("exit called") })
+	for range 100 {
+		l.Warn("prefix limit reached", gobgplog.Fields{"Topic": "Peer", "Key": "192.0.2.1", "Family": "ipv4-unicast"})
+	}
+	l.Warn("sent notification", gobgplog.Fields{"Topic": "Peer", "Key": "192.0.2.1"})
+	if len(lines) != 1 || !strings.Contains(lines[0], "sent notification") {
+		t.Errorf("at verbosity 0 got %q, want only the other warning", lines)
+	}
+}
