@@ -24,10 +24,14 @@ type Options struct {
 	// LinkName is the dummy link holding the VIPs (default "vipcast0").
 	// Every address on it is a vipcast VIP: see Diff for ownership.
 	LinkName string
-	// NoSNAT leaves nftables and net.ipv4.vs.conntrack alone; a Service
-	// with SNAT is then refused. By default New sets up source NAT (see
-	// snat.go).
+	// NoSNAT leaves net.ipv4.vs.conntrack and the source NAT set alone; a
+	// Service with SNAT is then refused. By default New sets up source NAT
+	// (see snat.go).
 	NoSNAT bool
+	// NoFilter leaves the VIP filter's sets alone (filter.go): the VIPs
+	// then answer on every port of the node. With NoSNAT too, New does not
+	// touch nftables at all (a read-only Dataplane, for inspection).
+	NoFilter bool
 }
 
 // Dataplane programs the kernel of this node: IPVS virtual and real servers
@@ -42,9 +46,14 @@ type Dataplane struct {
 	nl    *netlink.Handle
 	link  netlink.Link
 	name  string
-	snat  *snat // nil with Options.NoSNAT
-	cache State // the kernel as last read, plus what was applied since
-	stale bool  // cache invalid (never read, or an Apply failed)
+	nft   *nftTables // nil with Options.NoSNAT and NoFilter
+	snat  bool       // source NAT is on
+	guard bool       // the VIP filter is on
+	cache State      // the kernel as last read, plus what was applied since
+	// filter is the VIP filter as last read, plus what was applied since
+	// (valid with cache).
+	filter Filter
+	stale  bool // cache invalid (never read, or an Apply failed)
 }
 
 // New opens the IPVS and rtnetlink handles and ensures the dummy link exists
@@ -70,11 +79,12 @@ func New(opts Options) (*Dataplane, error) {
 		nh.Close()
 		return nil, fmt.Errorf("ipvs netlink: %w (is the ip_vs module loaded?)", err)
 	}
-	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true}
-	if !opts.NoSNAT {
-		if d.snat, err = newSNAT(); err != nil {
+	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true,
+		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter()}
+	if d.snat || d.guard {
+		if d.nft, err = newNFTables(d.snat); err != nil {
 			_ = d.Close() // releases the netlink handles; never fails
-			return nil, fmt.Errorf("source NAT (externalTrafficPolicy Cluster): %w", err)
+			return nil, fmt.Errorf("nftables (source NAT for externalTrafficPolicy Cluster, VIP filter): %w", err)
 		}
 	}
 	return d, nil
@@ -107,8 +117,8 @@ func ensureDummy(nh *netlink.Handle, name string) (netlink.Link, error) {
 func (d *Dataplane) Close() error {
 	d.ipvs.Close()
 	d.nl.Close()
-	if d.snat != nil {
-		d.snat.close()
+	if d.nft != nil {
+		d.nft.close()
 	}
 	return nil
 }
@@ -121,30 +131,49 @@ func (d *Dataplane) LinkName() string { return d.name }
 func (d *Dataplane) Read() (State, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	st, _, err := d.read(nil)
-	return st, err
+	k, err := d.read(nil)
+	return k.st, err
+}
+
+// ReadFilter returns the VIP filter's content as the kernel has it (empty
+// with Options.NoFilter).
+func (d *Dataplane) ReadFilter() (Filter, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k, err := d.read(nil)
+	return k.filter, err
+}
+
+// kernel is what read finds.
+type kernel struct {
+	st State
+	// orphans are source NAT entries without a virtual server.
+	orphans []Key
+	filter  Filter
 }
 
 // read reads the kernel; the real servers of virtual servers that
 // withBackends rejects are not read (Sync skips foreign ones). withBackends
-// is given the key and the VIPs bound to the link. orphans are source NAT
-// entries without a virtual server.
-func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (st State, orphans []Key, err error) {
-	st = NewState()
-	if err := d.readVIPs(st.VIPs); err != nil {
-		return st, nil, err
+// is given the key and the VIPs bound to the link.
+func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (k kernel, err error) {
+	k.st, k.filter = NewState(), NewFilter()
+	if err := d.readVIPs(k.st.VIPs); err != nil {
+		return k, err
 	}
-	if err := d.readServices(st, withBackends); err != nil {
-		return st, nil, err
+	if err := d.readServices(k.st, withBackends); err != nil {
+		return k, err
 	}
-	if d.snat == nil {
-		return st, nil, nil
+	if d.snat {
+		if k.orphans, err = d.readSNAT(k.st); err != nil {
+			return k, err
+		}
 	}
-	orphans, err = d.readSNAT(st)
-	if err != nil {
-		return st, nil, err
+	if d.guard {
+		if k.filter, err = d.nft.readFilter(); err != nil {
+			return k, fmt.Errorf("VIP filter: %w", err)
+		}
 	}
-	return st, orphans, nil
+	return k, nil
 }
 
 // readVIPs adds the addresses bound to the dummy link to vips.
@@ -236,7 +265,7 @@ func (d *Dataplane) readBackends(ks *libipvs.Service, k Key) ([]Backend, error) 
 // readSNAT marks the virtual servers of st whose connections are
 // masqueraded and returns the source NAT entries without a virtual server.
 func (d *Dataplane) readSNAT(st State) (orphans []Key, err error) {
-	keys, err := d.snat.read()
+	keys, err := d.nft.readKeys(d.nft.snat)
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +299,7 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	want := desired.allVIPs()
-	actual, orphans, err := d.read(func(k Key, linkVIPs map[netip.Addr]struct{}) bool {
+	kern, err := d.read(func(k Key, linkVIPs map[netip.Addr]struct{}) bool {
 		if _, ok := want[k.VIP]; ok {
 			return true
 		}
@@ -281,8 +310,9 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 		d.stale = true
 		return Plan{}, err
 	}
+	actual := kern.st
 	p := Diff(desired, actual)
-	for _, k := range orphans {
+	for _, k := range kern.orphans {
 		if s, ok := desired.Services[k]; ok && s.SNAT {
 			// The element outlived its virtual server (deleted by hand),
 			// which comes back wanting it: keep it, or the recreated
@@ -293,7 +323,12 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 		}
 		p.DelSNAT = append(p.DelSNAT, k)
 	}
-	d.cache, d.stale = actual, false
+	if d.guard {
+		// The filter's sets are vipcast's alone: repaired whole, like the
+		// source NAT set.
+		p.Filter = DiffFilter(FilterOf(desired), kern.filter)
+	}
+	d.cache, d.filter, d.stale = actual, kern.filter, false
 	f := d.applyPlan(p)
 	return p, f.syncErrors(desired)
 }
@@ -302,7 +337,7 @@ func (d *Dataplane) validate(desired State) error {
 	if err := desired.Validate(); err != nil {
 		return err
 	}
-	if d.snat == nil {
+	if !d.snat {
 		for _, k := range desired.keys() {
 			if desired.Services[k].SNAT {
 				return fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", k)
@@ -323,7 +358,7 @@ func (d *Dataplane) SyncService(key Key, desired *Service) (Plan, error) {
 		if err := desired.Validate(); err != nil {
 			return Plan{}, err
 		}
-		if desired.SNAT && d.snat == nil {
+		if desired.SNAT && !d.snat {
 			return Plan{}, fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", desired.Key())
 		}
 	}
@@ -332,7 +367,7 @@ func (d *Dataplane) SyncService(key Key, desired *Service) (Plan, error) {
 	if err := d.refresh(); err != nil {
 		return Plan{}, err
 	}
-	p := DiffService(key, desired, d.cache)
+	p := d.diffService(key, desired)
 	err := d.apply(p)
 	if err == nil {
 		return p, nil
@@ -342,8 +377,18 @@ func (d *Dataplane) SyncService(key Key, desired *Service) (Plan, error) {
 	if rerr := d.refresh(); rerr != nil {
 		return p, errors.Join(err, rerr)
 	}
-	p = DiffService(key, desired, d.cache)
+	p = d.diffService(key, desired)
 	return p, d.apply(p)
+}
+
+// diffService is DiffService against the in-memory state, with the filter
+// changes that go with it.
+func (d *Dataplane) diffService(key Key, desired *Service) Plan {
+	p := DiffService(key, desired, d.cache)
+	if d.guard {
+		p.Filter = filterStep(key, desired, p, d.filter)
+	}
+	return p
 }
 
 // State returns a copy of the in-memory state (the kernel as Dataplane
@@ -361,11 +406,11 @@ func (d *Dataplane) refresh() error {
 	if !d.stale {
 		return nil
 	}
-	st, _, err := d.read(nil)
+	k, err := d.read(nil)
 	if err != nil {
 		return err
 	}
-	d.cache, d.stale = st, false
+	d.cache, d.filter, d.stale = k.st, k.filter, false
 	return nil
 }
 
@@ -391,18 +436,23 @@ func (d *Dataplane) apply(p Plan) error {
 // applyPlan is apply, returning the failures by what they concern.
 func (d *Dataplane) applyPlan(p Plan) *failures {
 	f := &failures{absent: map[Key]bool{}}
-	d.bindVIPs(p.AddVIPs, f)
+	unguarded := d.filterVIPs(p.Filter.AddVIPs, f)
+	d.bindVIPs(p.AddVIPs, unguarded, f)
 	d.startSNAT(p.AddSNAT, f)
 	d.applyServices(p, f)
+	d.allow(p.Filter.AddAllow, f)
 	d.applyBackends(p, f)
+	d.disallow(p.Filter.DelAllow, f)
 	d.deleteServices(p.DelServices, f)
 	d.stopSNAT(p.DelSNAT, f)
 	d.unbindVIPs(p.DelVIPs, f)
+	d.unfilterVIPs(p.Filter.DelVIPs, f)
 	if len(f.all) > 0 {
 		d.stale = true
 		return f
 	}
 	p.ApplyTo(&d.cache)
+	p.Filter.ApplyTo(&d.filter)
 	return f
 }
 
@@ -508,9 +558,15 @@ func (e *SyncErrors) Unwrap() []error {
 	return out
 }
 
-// bindVIPs adds the VIPs to the dummy link; one already there is fine.
-func (d *Dataplane) bindVIPs(vips []netip.Addr, f *failures) {
+// bindVIPs adds the VIPs to the dummy link; one already there is fine. A
+// VIP in unguarded is not bound: the filter failed to take it, and bound it
+// would answer on every port of the node.
+func (d *Dataplane) bindVIPs(vips []netip.Addr, unguarded map[netip.Addr]bool, f *failures) {
 	for _, a := range vips {
+		if unguarded[a] {
+			f.addVIP(a, "bind VIP "+a.String(), errors.New("not bound: the VIP filter does not have it"))
+			continue
+		}
 		if err := d.nl.AddrAdd(d.link, vipAddr(a)); err != nil && !errors.Is(err, unix.EEXIST) {
 			f.addVIP(a, "bind VIP "+a.String(), err)
 		}
@@ -522,9 +578,9 @@ func (d *Dataplane) startSNAT(keys []Key, f *failures) {
 	if len(keys) == 0 {
 		return
 	}
-	if d.snat == nil {
+	if !d.snat {
 		f.add("source NAT", errors.New("disabled (NoSNAT)"))
-	} else if err := d.snat.apply(keys, nil); err != nil {
+	} else if err := d.nft.update(d.nft.snat, keyElems(keys), nil); err != nil {
 		f.add("start source NAT", err)
 	}
 }
@@ -591,10 +647,10 @@ func (d *Dataplane) deleteServices(keys []Key, f *failures) {
 // stopSNAT stops masquerading the connections of the virtual servers keys
 // (nothing to do with NoSNAT).
 func (d *Dataplane) stopSNAT(keys []Key, f *failures) {
-	if len(keys) == 0 || d.snat == nil {
+	if len(keys) == 0 || !d.snat {
 		return
 	}
-	if err := d.snat.apply(nil, keys); err != nil {
+	if err := d.nft.update(d.nft.snat, nil, keyElems(keys)); err != nil {
 		f.add("stop source NAT", err)
 	}
 }
@@ -667,5 +723,62 @@ func kernelDest(b Backend) *libipvs.Destination {
 		Weight:          b.Weight,
 		ConnectionFlags: libipvs.ConnectionFlagMasq,
 		AddressFamily:   family(b.Addr),
+	}
+}
+
+// filterVIPs puts the VIPs in the VIP filter before they are bound. When
+// that fails it returns them all: they are not bound.
+func (d *Dataplane) filterVIPs(vips []netip.Addr, f *failures) (failed map[netip.Addr]bool) {
+	if len(vips) == 0 || !d.guard {
+		return nil
+	}
+	err := d.nft.update(d.nft.vips, vipElems(vips), nil)
+	if err == nil {
+		return nil
+	}
+	failed = make(map[netip.Addr]bool, len(vips))
+	for _, a := range vips {
+		f.addVIP(a, "filter VIP "+a.String(), err)
+		failed[a] = true
+	}
+	return failed
+}
+
+// allow lets the virtual servers keys through the VIP filter, except those
+// the kernel refused to add: their port stays closed.
+func (d *Dataplane) allow(keys []Key, f *failures) {
+	if len(keys) == 0 || !d.guard {
+		return
+	}
+	ok := make([]Key, 0, len(keys))
+	for _, k := range keys {
+		if !f.absent[k] {
+			ok = append(ok, k)
+		}
+	}
+	if err := d.nft.update(d.nft.allow, keyElems(ok), nil); err != nil {
+		for _, k := range ok {
+			f.addKey(k, "let "+k.String()+" through the VIP filter", err)
+		}
+	}
+}
+
+// disallow stops letting the virtual servers keys through the VIP filter.
+func (d *Dataplane) disallow(keys []Key, f *failures) {
+	if len(keys) == 0 || !d.guard {
+		return
+	}
+	if err := d.nft.update(d.nft.allow, nil, keyElems(keys)); err != nil {
+		f.add("close ports of the VIP filter", err)
+	}
+}
+
+// unfilterVIPs takes the VIPs, unbound by now, out of the VIP filter.
+func (d *Dataplane) unfilterVIPs(vips []netip.Addr, f *failures) {
+	if len(vips) == 0 || !d.guard {
+		return
+	}
+	if err := d.nft.update(d.nft.vips, nil, vipElems(vips)); err != nil {
+		f.add("take VIPs out of the VIP filter", err)
 	}
 }

@@ -15,11 +15,12 @@ type BackendChange struct {
 
 func (c BackendChange) String() string { return c.Key.String() + " -> " + c.Backend.String() }
 
-// Plan is a set of kernel changes, in the order Apply performs them: bind
-// VIPs, start source NAT, add virtual servers, update virtual servers,
-// delete, update and add real servers, delete virtual servers (their real
-// servers go with them), stop source NAT, unbind VIPs. Every slice is
-// sorted.
+// Plan is a set of kernel changes, in the order Apply performs them: filter
+// new VIPs, bind VIPs, start source NAT, add virtual servers, let them
+// through the VIP filter, update virtual servers, delete, update and add
+// real servers, stop letting through the virtual servers going, delete
+// them (their real servers go with them), stop source NAT, unbind VIPs,
+// stop filtering them. Every slice is sorted.
 type Plan struct {
 	AddVIPs []netip.Addr
 	// AddSNAT: virtual servers whose connections become masqueraded. Done
@@ -34,12 +35,17 @@ type Plan struct {
 	DelServices    []Key
 	DelSNAT        []Key
 	DelVIPs        []netip.Addr
+	// Filter are the VIP filter's changes (see filter.go). Diff and
+	// DiffService leave it empty: the Dataplane fills it from what the
+	// filter holds (Sync: DiffFilter of the desired state's FilterOf;
+	// SyncService: the changes of that one virtual server).
+	Filter FilterPlan
 }
 
 // Len is the number of kernel operations in p.
 func (p Plan) Len() int {
 	return len(p.AddVIPs) + len(p.AddSNAT) + len(p.DelSNAT) + len(p.AddServices) + len(p.UpdateServices) + len(p.DelBackends) +
-		len(p.UpdateBackends) + len(p.AddBackends) + len(p.DelServices) + len(p.DelVIPs)
+		len(p.UpdateBackends) + len(p.AddBackends) + len(p.DelServices) + len(p.DelVIPs) + p.Filter.Len()
 }
 
 // Empty reports whether p changes nothing.
@@ -63,6 +69,10 @@ func (p Plan) String() string {
 	add("-svc", len(p.DelServices))
 	add("-snat", len(p.DelSNAT))
 	add("-vip", len(p.DelVIPs))
+	add("+filter", len(p.Filter.AddVIPs))
+	add("+allow", len(p.Filter.AddAllow))
+	add("-allow", len(p.Filter.DelAllow))
+	add("-filter", len(p.Filter.DelVIPs))
 	if len(parts) == 0 {
 		return "no changes"
 	}
@@ -81,6 +91,7 @@ func (p *Plan) Merge(q Plan) {
 	p.AddBackends = append(p.AddBackends, q.AddBackends...)
 	p.DelServices = append(p.DelServices, q.DelServices...)
 	p.DelVIPs = append(p.DelVIPs, q.DelVIPs...)
+	p.Filter.merge(q.Filter)
 }
 
 func (p *Plan) sort() {
@@ -101,6 +112,7 @@ func (p *Plan) sort() {
 	slices.SortFunc(p.DelBackends, byChange)
 	slices.SortFunc(p.UpdateBackends, byChange)
 	slices.SortFunc(p.AddBackends, byChange)
+	p.Filter.sort()
 }
 
 // Diff returns the minimal changes that turn actual into desired.
@@ -253,8 +265,9 @@ func diffService(p *Plan, want, have *Service) {
 }
 
 // ApplyTo performs p on s in memory, the way Apply performs it on the
-// kernel. Dataplane keeps its view of the kernel this way; tests check plans
-// with it.
+// kernel (p.Filter aside: FilterPlan.ApplyTo performs it on a Filter).
+// Dataplane keeps its view of the kernel this way; tests check plans with
+// it.
 func (p Plan) ApplyTo(s *State) {
 	if s.Services == nil {
 		s.Services = map[Key]Service{}

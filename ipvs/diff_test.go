@@ -167,6 +167,19 @@ func clean(p Plan) Plan {
 	if len(p.DelSNAT) == 0 {
 		p.DelSNAT = nil
 	}
+	f := &p.Filter
+	if len(f.AddVIPs) == 0 {
+		f.AddVIPs = nil
+	}
+	if len(f.DelVIPs) == 0 {
+		f.DelVIPs = nil
+	}
+	if len(f.AddAllow) == 0 {
+		f.AddAllow = nil
+	}
+	if len(f.DelAllow) == 0 {
+		f.DelAllow = nil
+	}
 	return p
 }
 

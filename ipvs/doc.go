@@ -1,13 +1,16 @@
 // Package ipvs is vipcast's dataplane: it turns the desired virtual and real
 // servers into the minimal set of kernel IPVS changes (github.com/moby/ipvs),
 // keeps the VIPs on a local dummy link (github.com/vishvananda/netlink) and
-// source-NATs the connections of externalTrafficPolicy Cluster Services
-// (nftables over netlink, github.com/google/nftables). It is the only
+// source-NATs the connections of externalTrafficPolicy Cluster Services and
+// drops the traffic to a VIP that none of its virtual servers takes (the VIP
+// filter; nftables over netlink, github.com/google/nftables). It is the only
 // package that imports those libraries.
 //
 // Pure logic and I/O are apart:
 //
 //   - Service, Backend, State, Key: what a node wants (or has);
+//   - FilterOf(desired) and DiffFilter(want, have): the VIP filter's sets
+//     from the desired state, and the element changes (filter.go);
 //   - Diff(desired, actual) and DiffService(key, desired, actual): the
 //     minimal Plan, which never touches a virtual server vipcast does not
 //     own (ownership: the VIP is one of vipcast's, that is desired or

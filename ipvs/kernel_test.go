@@ -30,7 +30,7 @@ import (
 // the virtual servers) of one are foreign to the others.
 func TestKernel(t *testing.T) {
 	if !vm.InVM() {
-		vm.RunTest(t, vm.Options{Timeout: 4 * time.Minute})
+		vm.RunTest(t, vm.Options{Timeout: 6 * time.Minute})
 		return
 	}
 	sysctl(t, "net/ipv4/ip_forward", "1")
@@ -42,6 +42,7 @@ func TestKernel(t *testing.T) {
 	t.Run("UDPAndIPv6", testUDPAndIPv6)
 	t.Run("SNAT", testSNAT)
 	t.Run("RefusedScheduler", testRefusedScheduler)
+	t.Run("Filter", testFilter)
 }
 
 // unloadedScheduler is an IPVS scheduler whose module the VM does not load
@@ -459,7 +460,7 @@ func testDriftAndForeign(t *testing.T) {
 	// A restarted speaker that wants nothing removes only its own.
 	d2 := newDataplane(t, "vipcast-c")
 	p = syncOK(t, d2, NewState())
-	if len(p.DelServices) != 2 || len(p.DelVIPs) != 2 || p.Len() != 4 {
+	if len(p.DelServices) != 2 || len(p.DelVIPs) != 2 || len(p.Filter.DelAllow) != 2 || len(p.Filter.DelVIPs) != 2 || p.Len() != 8 {
 		t.Errorf("Sync(empty): %+v", p)
 	}
 	if after := readForeign(); after != before {

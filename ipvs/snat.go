@@ -55,27 +55,41 @@ import (
 // is kept.
 
 const (
-	snatTable = "vipcast"
-	snatSet   = "snat"
-	snatChain = "postrouting"
+	snatTable   = "vipcast"
+	snatSet     = "snat"
+	snatChain   = "postrouting"
+	filterVIPs  = "vips"
+	filterAllow = "allow"
+	filterChain = "input"
 )
 
-// snat owns the ip and ip6 vipcast tables.
-type snat struct {
+// nftTables owns the ip and ip6 vipcast tables: the source NAT set and
+// chain, and the VIP filter's sets and chain (filter.go). Both are always
+// there; what Options turn off is whether vipcast puts elements in them.
+type nftTables struct {
 	conn   *nftables.Conn
 	tables [2]*nftables.Table // ip, ip6
-	sets   [2]*nftables.Set
+	snat   [2]*nftables.Set
+	vips   [2]*nftables.Set
+	allow  [2]*nftables.Set
 }
 
-func newSNAT() (*snat, error) {
-	if err := enableIPVSConntrack(); err != nil {
-		return nil, fmt.Errorf("%w: prepare the node first: the chart runs `vipcast-speaker %s` in a privileged init container (speaker.ipvs.prepareNode: true), or set net.ipv4.vs.conntrack=1 on the node (/etc/sysctl.d, with ip_vs in /etc/modules-load.d)", err, PrepareNodeCommand)
+// newNFTables ensures the tables; with conntrack it first sets
+// net.ipv4.vs.conntrack=1 (needed for source NAT).
+func newNFTables(conntrack bool) (*nftTables, error) {
+	if conntrack {
+		if err := enableIPVSConntrack(); err != nil {
+			return nil, fmt.Errorf("%w: prepare the node first: the chart runs `vipcast-speaker %s` in a privileged init container (speaker.ipvs.prepareNode: true), or set net.ipv4.vs.conntrack=1 on the node (/etc/sysctl.d, with ip_vs in /etc/modules-load.d)", err, PrepareNodeCommand)
+		}
 	}
-	c, err := nftables.New()
+	// A lasting connection: its socket stays in the network namespace New
+	// ran in, whatever thread later calls the Dataplane (a transient one
+	// would open a socket in the caller's namespace for each operation).
+	c, err := nftables.New(nftables.AsLasting())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("nftables netlink: %w", err)
 	}
-	n := &snat{conn: c}
+	n := &nftTables{conn: c}
 	for i, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
 		if err := n.ensure(i, fam); err != nil {
 			return nil, fmt.Errorf("nftables table %s %s: %w", familyName(fam), snatTable, err)
@@ -91,16 +105,16 @@ func familyName(f nftables.TableFamily) string {
 	return "ip"
 }
 
-// ensure reuses the table when it has the expected set and chain (a
-// restarted speaker: the set's elements stay, and so does the masquerading
-// of established connections), and recreates it otherwise. Connections
-// already masqueraded keep their translation even across a recreation:
-// conntrack holds it.
-func (n *snat) ensure(i int, fam nftables.TableFamily) error {
+// ensure reuses the table when it has the expected sets and chains (a
+// restarted speaker: the sets' elements stay, and so do the masquerading of
+// established connections and the VIP filter), and recreates it otherwise
+// (a table of an older version: the next Sync puts the elements back).
+// Connections already masqueraded keep their translation even across a
+// recreation: conntrack holds it.
+func (n *nftTables) ensure(i int, fam nftables.TableFamily) error {
 	t := &nftables.Table{Name: snatTable, Family: fam}
 	n.tables[i] = t
-	if set, ok := n.existing(t); ok {
-		n.sets[i] = set
+	if n.existing(i, t) {
 		return nil
 	}
 	if tables, err := n.conn.ListTablesOfFamily(fam); err == nil {
@@ -111,23 +125,42 @@ func (n *snat) ensure(i int, fam nftables.TableFamily) error {
 		}
 	}
 	n.conn.AddTable(t)
-	keyType, addrLen := nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService), 4
+	addrType, addrLen := nftables.TypeIPAddr, uint32(4)
 	if fam == nftables.TableFamilyIPv6 {
-		keyType, addrLen = nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetProto, nftables.TypeInetService), 16
+		addrType, addrLen = nftables.TypeIP6Addr, 16
 	}
-	set := &nftables.Set{Table: t, Name: snatSet, KeyType: keyType, Concatenation: true}
-	if err := n.conn.AddSet(set, nil); err != nil {
+	keyType := nftables.MustConcatSetType(addrType, nftables.TypeInetProto, nftables.TypeInetService)
+	sets := []*nftables.Set{
+		{Table: t, Name: snatSet, KeyType: keyType, Concatenation: true},
+		{Table: t, Name: filterVIPs, KeyType: addrType},
+		{Table: t, Name: filterAllow, KeyType: keyType, Concatenation: true},
+	}
+	for _, set := range sets {
+		if err := n.conn.AddSet(set, nil); err != nil {
+			return fmt.Errorf("set %s: %w", set.Name, err)
+		}
+	}
+	n.addSNATChain(t, sets[0], addrLen)
+	n.addFilterChain(t, sets[1], sets[2], addrLen)
+	if err := n.conn.Flush(); err != nil {
 		return err
 	}
+	n.snat[i], n.vips[i], n.allow[i] = sets[0], sets[1], sets[2]
+	return nil
+}
+
+// Registers: an address goes to the first 32-bit registers (NFT_REG_1 =
+// NFT_REG32_00..03), protocol and port to the next ones: the layout of a
+// concatenated key.
+const reg32 = 8 // NFT_REG32_00
+
+// addSNATChain queues the postrouting chain and its masquerade rule.
+func (n *nftTables) addSNATChain(t *nftables.Table, set *nftables.Set, addrLen uint32) {
 	ch := n.conn.AddChain(&nftables.Chain{
 		Name: snatChain, Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource,
 	})
-	// Registers: the address goes to the first 32-bit registers (NFT_REG_1
-	// = NFT_REG32_00..03), protocol and port to the next ones: the layout of
-	// a concatenated key.
-	const reg32 = 8 // NFT_REG32_00
-	regProto := uint32(reg32 + addrLen/4)
+	regProto := reg32 + addrLen/4
 	n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
 		&expr.Ct{Register: 1, Key: expr.CtKeyDST, Direction: 0}, // original direction
 		&expr.Ct{Register: regProto, Key: expr.CtKeyPROTOCOL},
@@ -136,42 +169,49 @@ func (n *snat) ensure(i int, fam nftables.TableFamily) error {
 		&expr.Counter{},
 		&expr.Masq{},
 	}})
-	if err := n.conn.Flush(); err != nil {
-		return err
-	}
-	n.sets[i] = set
-	return nil
 }
 
-func (n *snat) existing(t *nftables.Table) (*nftables.Set, bool) {
-	set, err := n.conn.GetSetByName(t, snatSet)
-	if err != nil || set == nil || !set.Concatenation {
-		return nil, false
+// existing reports whether table t (slot i) has every set and chain, and
+// then keeps its sets.
+func (n *nftTables) existing(i int, t *nftables.Table) bool {
+	var sets [3]*nftables.Set
+	for j, name := range []string{snatSet, filterVIPs, filterAllow} {
+		set, err := n.conn.GetSetByName(t, name)
+		if err != nil || set == nil {
+			return false
+		}
+		sets[j] = set
 	}
-	ch, err := n.conn.ListChain(t, snatChain)
-	if err != nil || ch == nil || ch.Type != nftables.ChainTypeNAT {
-		return nil, false
+	if !sets[0].Concatenation || !sets[2].Concatenation {
+		return false
 	}
-	// The table, its set, chain and rule were made in one nftables
-	// transaction, so a table that has both the set and the chain has the
-	// rule too. (The rule is not read back: google/nftables v0.3.0 cannot
-	// decode its ct expressions.)
-	return set, true
+	for name, typ := range map[string]nftables.ChainType{snatChain: nftables.ChainTypeNAT, filterChain: nftables.ChainTypeFilter} {
+		ch, err := n.conn.ListChain(t, name)
+		if err != nil || ch == nil || ch.Type != typ {
+			return false
+		}
+	}
+	// The table, its sets, chains and rules were made in one nftables
+	// transaction, so a table that has them all has the rules too. (The
+	// rules are not read back: google/nftables v0.3.0 cannot decode their
+	// ct expressions.)
+	n.snat[i], n.vips[i], n.allow[i] = sets[0], sets[1], sets[2]
+	return true
 }
 
-func (n *snat) close() {
+func (n *nftTables) close() {
 	_ = n.conn.CloseLasting()
 }
 
-// element encodes k as a set key: address, then protocol and port each in
-// a 32-bit register slot.
-func snatElement(k Key) nftables.SetElement {
+// snatElement encodes k as a key of a VIP . protocol . port set: address,
+// then protocol and port each in a 32-bit register slot.
+func snatElement(k Key) setElem {
 	b := k.VIP.AsSlice()
 	// IP protocol numbers are 8-bit (TCP 6, UDP 17, SCTP 132).
 	b = append(b, byte(k.Protocol), 0, 0, 0) //nolint:gosec // see above
 	b = binary.BigEndian.AppendUint16(b, k.Port)
 	b = append(b, 0, 0)
-	return nftables.SetElement{Key: b}
+	return setElem{v6: !k.VIP.Is4(), key: b, name: k.String()}
 }
 
 func parseSNATElement(b []byte) (Key, bool) {
@@ -186,9 +226,10 @@ func parseSNATElement(b []byte) (Key, bool) {
 	return Key{VIP: a, Protocol: Protocol(r[0]), Port: uint16(r[4])<<8 | uint16(r[5])}, true
 }
 
-func (n *snat) read() (map[Key]struct{}, error) {
+// readKeys reads the VIP . protocol . port elements of both families.
+func (n *nftTables) readKeys(sets [2]*nftables.Set) (map[Key]struct{}, error) {
 	out := map[Key]struct{}{}
-	for _, set := range n.sets {
+	for _, set := range sets {
 		els, err := n.conn.GetSetElements(set)
 		if err != nil {
 			return nil, fmt.Errorf("nftables set %s %s: %w", set.Table.Name, set.Name, err)
@@ -202,32 +243,46 @@ func (n *snat) read() (map[Key]struct{}, error) {
 	return out, nil
 }
 
-// apply adds and deletes elements in one batch per call.
-func (n *snat) apply(add, del []Key) error {
+// setElem is one element of a set of both families.
+type setElem struct {
+	v6   bool
+	key  []byte
+	name string // for errors
+}
+
+func keyElems(keys []Key) []setElem {
+	out := make([]setElem, len(keys))
+	for i, k := range keys {
+		out[i] = snatElement(k)
+	}
+	return out
+}
+
+// update adds and deletes elements of sets (ip, ip6) in one batch. One bad
+// element (say, a delete of one already gone) fails the whole batch: it then
+// redoes them one by one, ignoring deletes of absent elements, and returns
+// the failures.
+func (n *nftTables) update(sets [2]*nftables.Set, add, del []setElem) error {
 	if len(add) == 0 && len(del) == 0 {
 		return nil
 	}
-	split := func(keys []Key) (v4, v6 []nftables.SetElement) {
-		for _, k := range keys {
-			if k.VIP.Is4() {
-				v4 = append(v4, snatElement(k))
-			} else {
-				v6 = append(v6, snatElement(k))
-			}
-		}
-		return
-	}
 	var errs []error
-	a4, a6 := split(add)
-	d4, d6 := split(del)
-	for i, els := range [][]nftables.SetElement{a4, a6} {
-		if len(els) > 0 {
-			errs = append(errs, n.conn.SetAddElements(n.sets[i], els))
+	for _, op := range []struct {
+		els []setElem
+		fn  func(*nftables.Set, []nftables.SetElement) error
+	}{{add, n.conn.SetAddElements}, {del, n.conn.SetDeleteElements}} {
+		var byFam [2][]nftables.SetElement
+		for _, e := range op.els {
+			i := 0
+			if e.v6 {
+				i = 1
+			}
+			byFam[i] = append(byFam[i], nftables.SetElement{Key: e.key})
 		}
-	}
-	for i, els := range [][]nftables.SetElement{d4, d6} {
-		if len(els) > 0 {
-			errs = append(errs, n.conn.SetDeleteElements(n.sets[i], els))
+		for i, els := range byFam {
+			if len(els) > 0 {
+				errs = append(errs, op.fn(sets[i], els))
+			}
 		}
 	}
 	err := errors.Join(errs...)
@@ -237,32 +292,30 @@ func (n *snat) apply(add, del []Key) error {
 	if err == nil {
 		return nil
 	}
-	// One bad element (say, a delete of one already gone) fails the whole
-	// batch: redo them one by one, ignoring what is already done.
 	var errs2 []error
-	for _, k := range add {
-		if err := n.one(k, true); err != nil {
-			errs2 = append(errs2, fmt.Errorf("add %s: %w", k, err))
+	for _, e := range add {
+		if err := n.one(sets, e, true); err != nil {
+			errs2 = append(errs2, fmt.Errorf("add %s: %w", e.name, err))
 		}
 	}
-	for _, k := range del {
-		if err := n.one(k, false); err != nil && !isNotFound(err) {
-			errs2 = append(errs2, fmt.Errorf("delete %s: %w", k, err))
+	for _, e := range del {
+		if err := n.one(sets, e, false); err != nil && !isNotFound(err) {
+			errs2 = append(errs2, fmt.Errorf("delete %s: %w", e.name, err))
 		}
 	}
 	return errors.Join(errs2...)
 }
 
-func (n *snat) one(k Key, add bool) error {
-	set := n.sets[0]
-	if !k.VIP.Is4() {
-		set = n.sets[1]
+func (n *nftTables) one(sets [2]*nftables.Set, e setElem, add bool) error {
+	set := sets[0]
+	if e.v6 {
+		set = sets[1]
 	}
 	var err error
 	if add {
-		err = n.conn.SetAddElements(set, []nftables.SetElement{snatElement(k)})
+		err = n.conn.SetAddElements(set, []nftables.SetElement{{Key: e.key}})
 	} else {
-		err = n.conn.SetDeleteElements(set, []nftables.SetElement{snatElement(k)})
+		err = n.conn.SetDeleteElements(set, []nftables.SetElement{{Key: e.key}})
 	}
 	if err != nil {
 		return err

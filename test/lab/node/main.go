@@ -327,7 +327,7 @@ func ipNet(p netip.Prefix) *net.IPNet {
 }
 
 func stateHandler(w http.ResponseWriter, _ *http.Request) {
-	d, err := ipvs.New(ipvs.Options{NoSNAT: true})
+	d, err := ipvs.New(ipvs.Options{NoSNAT: true, NoFilter: true})
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
