@@ -70,7 +70,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty uses the in-cluster configuration.")
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the Node this speaker runs on (default $NODE_NAME).")
 	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID (an IPv4 address); default: the Node's first IPv4 InternalIP, else derived from the node name.")
-	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":7473", "Address serving /metrics, /healthz and /readyz; \"0\" turns it off.")
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", defaultMetricsAddr, "host:port serving /metrics, /healthz and /readyz (plain HTTP); \"0\" turns it off. The host must be a specific address, such as the node's ($(NODE_IP) from status.hostIP): every address (\":7473\", \"0.0.0.0\", \"[::]\") would include the VIPs.")
 	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "On SIGTERM, how long to keep serving after withdrawing the routes, so routers converge before the sessions close.")
 	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
 	fs.Func("bgp-password-namespaces", "Comma-separated namespaces whose Secrets BGPPeers may name in spec.passwordSecretRef; the speaker lists and watches the Secrets there and reads no others. Empty: no passwords (a BGPPeer with a passwordSecretRef is refused).", func(v string) error {
@@ -115,12 +115,38 @@ func parseFlags(args []string) (*flags, error) {
 	case f.qps <= 0 || f.burst <= 0:
 		return nil, fmt.Errorf("--kube-api-qps=%v and --kube-api-burst=%d must be positive", f.qps, f.burst)
 	}
+	if err := checkMetricsAddr(f.metricsAddr); err != nil {
+		return nil, err
+	}
 	if f.routerID != "" {
 		if a, err := netip.ParseAddr(f.routerID); err != nil || !a.Is4() {
 			return nil, fmt.Errorf("--router-id=%q is not an IPv4 address: use a dotted quad such as 10.0.0.1 (BGP router IDs are 32-bit)", f.routerID)
 		}
 	}
 	return f, nil
+}
+
+// defaultMetricsAddr serves the metrics on loopback only: the chart passes
+// the node's address.
+const defaultMetricsAddr = "127.0.0.1:7473"
+
+// checkMetricsAddr refuses a metrics address without host or with an
+// unspecified one: it would serve the unauthenticated endpoints on every
+// address of the node, the VIPs included. "0" (off) is fine.
+func checkMetricsAddr(addr string) error {
+	if addr == "0" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-bind-address=%q is not host:port: use the node's address, such as 10.0.0.5:7473 (in a DaemonSet $(NODE_IP):7473 with NODE_IP from status.hostIP), or 0 to turn it off", addr)
+	}
+	if a, err := netip.ParseAddr(host); host == "" || (err == nil && a.Unmap().IsUnspecified()) {
+		return fmt.Errorf("--metrics-bind-address=%q listens on every address of the node, its VIPs included: "+
+			"use the node's address, such as 10.0.0.5:%s (in a DaemonSet $(NODE_IP):%s with NODE_IP from status.hostIP), %s, or 0 to turn it off",
+			addr, port, port, defaultMetricsAddr)
+	}
+	return nil
 }
 
 func main() {
