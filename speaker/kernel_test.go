@@ -254,10 +254,29 @@ func TestControllerKernel(t *testing.T) {
 		}
 		return st
 	}
+	// The VIP filter lets through exactly the Services' virtual servers
+	// on exactly their VIPs: a Service gaining or losing a port (or going)
+	// opens or closes that port.
+	wantFilter := func() ipvs.Filter {
+		f := ipvs.NewFilter()
+		maps.Copy(f.VIPs, wantVIPs)
+		for k := range want {
+			f.Allow[k] = struct{}{}
+		}
+		return f
+	}
+	readFilter := func() ipvs.Filter {
+		t.Helper()
+		f, err := dp.ReadFilter()
+		if err != nil {
+			t.Fatalf("ReadFilter: %v", err)
+		}
+		return f
+	}
 	matches := func(st ipvs.State) bool {
 		all := maps.Clone(want)
 		maps.Copy(all, foreign)
-		return reflect.DeepEqual(st.Services, all) && reflect.DeepEqual(st.VIPs, wantVIPs)
+		return reflect.DeepEqual(st.Services, all) && reflect.DeepEqual(st.VIPs, wantVIPs) && reflect.DeepEqual(readFilter(), wantFilter())
 	}
 	describe := func(st ipvs.State) string {
 		var b strings.Builder
@@ -283,6 +302,7 @@ func TestControllerKernel(t *testing.T) {
 			}
 		}
 		fmt.Fprintf(&b, "\n  VIPs on %s: %v, want %v", link, sortedAddrs(st.VIPs), sortedAddrs(wantVIPs))
+		fmt.Fprintf(&b, "\n  VIP filter: %+v, want %+v", readFilter(), wantFilter())
 		return b.String()
 	}
 	waitKernel := func(what string, within time.Duration) time.Duration {
@@ -344,8 +364,10 @@ func TestControllerKernel(t *testing.T) {
 		nRS += len(s.Backends)
 	}
 	calls, n := rec.since(0)
-	if len(calls) == 0 || !calls[0].full || calls[0].plan.Len() != len(wantVIPs)+nSNAT+len(want)+nRS {
-		t.Fatalf("a) the first dataplane call is %v, want the start-up Sync: %d VIPs, %d SNAT, %d virtual servers, %d real servers",
+	// Each VIP is bound and filtered; each virtual server is added and let
+	// through the filter.
+	if len(calls) == 0 || !calls[0].full || calls[0].plan.Len() != 2*len(wantVIPs)+nSNAT+2*len(want)+nRS {
+		t.Fatalf("a) the first dataplane call is %v, want the start-up Sync: %d VIPs, %d SNAT, %d virtual servers, %d real servers, and their filter elements",
 			calls, len(wantVIPs), nSNAT, len(want), nRS)
 	}
 	t.Logf("a) start-up: %v", calls[0])
@@ -501,6 +523,33 @@ func TestControllerKernel(t *testing.T) {
 	if want := []netip.Addr{c4.VIP, c6.VIP}; !slices.Equal(unbound, want) {
 		t.Errorf("d) unbound VIPs %v, want %v", unbound, want)
 	}
+
+	// d2) Service e gains port 82, then loses it: that port's virtual
+	// server and filter element come and go, the rest stays (matches
+	// checks the whole table and the whole filter).
+	setPorts := func(ports ...int32) {
+		t.Helper()
+		e, err := client.CoreV1().Services("ns").Get(ctx, "e", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Spec.Ports = nil
+		for _, port := range ports {
+			e.Spec.Ports = append(e.Spec.Ports, tcp(port)...)
+		}
+		if _, err := client.CoreV1().Services("ns").Update(ctx, e, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e82 := ipvs.Key{VIP: eKey.VIP, Port: 82, Protocol: ipvs.TCP}
+	setPorts(81, 82)
+	want[e82] = mh(ipvs.Service{VIP: eKey.VIP, Port: 82, Protocol: ipvs.TCP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.4.2", 8081, 1)}})
+	took = waitKernel("d2) Service e gains port 82", 10*time.Second)
+	t.Logf("d2) port 82 programmed and let through after %s", took.Round(time.Millisecond))
+	setPorts(81)
+	delete(want, e82)
+	took = waitKernel("d2) Service e loses port 82", 10*time.Second)
+	t.Logf("d2) port 82 removed and closed after %s", took.Round(time.Millisecond))
 
 	// e) A restarted speaker (a new Controller and a new Dataplane on the
 	// same kernel) takes the table over without a single change: what
