@@ -139,11 +139,11 @@ func checkMetricsAddr(addr string) error {
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("--metrics-bind-address=%q is not host:port: use the node's address, such as 10.0.0.5:7473 (in a DaemonSet $(NODE_IP):7473 with NODE_IP from status.hostIP), or 0 to turn it off", addr)
+		return fmt.Errorf("--metrics-bind-address=%q is not host:port: use the node's address, such as 10.0.0.5:7473 (in a DaemonSet [$(NODE_IP)]:7473 with NODE_IP from status.hostIP), or 0 to turn it off", addr)
 	}
 	if a, err := netip.ParseAddr(host); host == "" || (err == nil && a.Unmap().IsUnspecified()) {
 		return fmt.Errorf("--metrics-bind-address=%q listens on every address of the node, its VIPs included: "+
-			"use the node's address, such as 10.0.0.5:%s (in a DaemonSet $(NODE_IP):%s with NODE_IP from status.hostIP), %s, or 0 to turn it off",
+			"use the node's address, such as 10.0.0.5:%s (in a DaemonSet [$(NODE_IP)]:%s with NODE_IP from status.hostIP), %s, or 0 to turn it off",
 			addr, port, port, defaultMetricsAddr)
 	}
 	return nil

@@ -19,6 +19,7 @@ func TestMetricsBindAddress(t *testing.T) {
 		{arg: "0", want: "0"},
 		{arg: "10.0.0.5:7473", want: "10.0.0.5:7473"},
 		{arg: "[fd00::5]:7473", want: "[fd00::5]:7473"},
+		{arg: "[10.0.0.5]:7473", want: "[10.0.0.5]:7473"}, // the chart's form for either family
 		{arg: "localhost:7473", want: "localhost:7473"},
 		{arg: ":7473", wantErr: true},
 		{arg: "0.0.0.0:7473", wantErr: true},

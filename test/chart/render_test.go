@@ -420,8 +420,9 @@ func TestRenderDefaults(t *testing.T) {
 		t.Errorf("speaker image %q", img)
 	}
 	wantArg(t, "speaker", c.Args, "--ipvs", "true")
-	// Metrics on the node's address only (kubelet expands $(NODE_IP)).
-	wantArg(t, "speaker", c.Args, "--metrics-bind-address", "$(NODE_IP):7473")
+	// Metrics on the node's address only (kubelet expands $(NODE_IP); the
+	// brackets make one form for IPv4 and IPv6 node addresses).
+	wantArg(t, "speaker", c.Args, "--metrics-bind-address", "[$(NODE_IP)]:7473")
 	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
 		return e.Name == "NODE_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.hostIP"
 	}) {

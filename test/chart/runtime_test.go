@@ -234,7 +234,8 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 	spkArgs := chartArgs(ds.Spec.Template.Spec.Containers[0].Args, drop, map[string]string{
 		"--node-name":            "node-1",
 		"--ipvs":                 "false",
-		"--metrics-bind-address": "127.0.0.1:" + strconv.Itoa(speakerPort),
+		// The chart's bracketed form, [$(NODE_IP)]:port, on loopback.
+		"--metrics-bind-address": "[127.0.0.1]:" + strconv.Itoa(speakerPort),
 	})
 	spkArgs = append(spkArgs, "--kubeconfig", spkKC)
 	spkLog := filepath.Join(cp.Dir, "speaker.log")
