@@ -232,8 +232,8 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 	ds := one[appsv1.DaemonSet](t, r, "DaemonSet", "vipcast-speaker")
 	drop := []string{"--ipvs-link", "--dataplane-resync-period"}
 	spkArgs := chartArgs(ds.Spec.Template.Spec.Containers[0].Args, drop, map[string]string{
-		"--node-name":            "node-1",
-		"--ipvs":                 "false",
+		"--node-name": "node-1",
+		"--ipvs":      "false",
 		// The chart's bracketed form, [$(NODE_IP)]:port, on loopback.
 		"--metrics-bind-address": "[127.0.0.1]:" + strconv.Itoa(speakerPort),
 	})
