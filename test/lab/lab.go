@@ -109,7 +109,7 @@ type Options struct {
 
 // PasswordNamespace is the namespace of the demo's BGP password Secret, the
 // speakers' --bgp-password-namespaces.
-const PasswordNamespace = "vipcast-bgp-passwords"
+const PasswordNamespace = "vipcast-bgp-passwords" //nolint:gosec // G101: a namespace name, not a credential
 
 // Lab is a running topology.
 type Lab struct {
