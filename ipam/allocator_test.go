@@ -101,6 +101,32 @@ func TestAutoAssignFalse(t *testing.T) {
 	mustFail(t, only, v4("ns/a"), ReasonNoPool, `pool "manual" has autoAssign disabled`)
 }
 
+// TestTerminatingPool: a Terminating pool keeps what its owners hold, and
+// counts it, but serves no new request: automatic, explicit or by address.
+func TestTerminatingPool(t *testing.T) {
+	pools := []Pool{
+		{Name: "going", Addresses: []string{"10.0.0.0/30"}, AutoAssign: true, Priority: -1},
+		{Name: "staying", Addresses: []string{"10.1.0.0/30"}, AutoAssign: true},
+	}
+	a := newAlloc(t, pools...)
+	mustAssign(t, a, v4("ns/a"), "going", "10.0.0.0")
+	pools[0].Terminating = true
+	if errs := a.SetPools(pools); errs != nil {
+		t.Fatal(errs)
+	}
+	mustAssign(t, a, v4("ns/a"), "going", "10.0.0.0")
+	if st, _ := a.Stats("going"); st.IPv4.InUse != 1 {
+		t.Errorf("going: %d in use, want 1", st.IPv4.InUse)
+	}
+	mustAssign(t, a, v4("ns/b"), "staying", "10.1.0.0")
+	r := v4("ns/c")
+	r.Pool = "going"
+	mustFail(t, a, r, ReasonNoPool, `pool "going" is being deleted`)
+	r = v4("ns/c")
+	r.IPs = addrs("10.0.0.1")
+	mustFail(t, a, r, ReasonNoPool, `pool "going" is being deleted`)
+}
+
 func TestExplicitPool(t *testing.T) {
 	a := newAlloc(t,
 		Pool{Name: "first", Addresses: []string{"10.0.0.0/30"}, AutoAssign: true},

@@ -74,9 +74,13 @@ func (p *pool) lowestFree(f Family) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// refuses returns why the pool's namespace and Service constraints do not
-// admit the request, or "" if they do. AutoAssign is not considered.
+// refuses returns why the pool does not admit the request — it is
+// Terminating, or its namespace and Service constraints exclude the
+// request — or "" if it does. AutoAssign is not considered.
 func (p *pool) refuses(req *normReq) string {
+	if p.cfg.Terminating {
+		return fmt.Sprintf("pool %q is being deleted and hands out no new address", p.name())
+	}
 	if !p.admitsNamespace(req) {
 		return fmt.Sprintf("pool %q only serves namespaces %s, not %q", p.name(), p.namespaceRule(), req.Namespace)
 	}

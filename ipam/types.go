@@ -60,6 +60,10 @@ type Pool struct {
 	// AvoidBuggyIPs skips IPv4 addresses ending in .0 and .255: they are
 	// never handed out and not counted in the capacity.
 	AvoidBuggyIPs bool
+	// Terminating closes the pool to new allocations (its IPPool is being
+	// deleted): what its owners hold stays theirs and is still accounted
+	// here, but no request is served from it.
+	Terminating bool
 	// Priority orders automatic selection: lower values are tried first;
 	// ties are broken by Name.
 	Priority int

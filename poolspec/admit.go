@@ -57,6 +57,9 @@ type Admission struct {
 	// refusedRanges are the parsed addresses of each refused pool (nil
 	// when they do not parse), parallel to Refused; they only explain.
 	refusedRanges [][]ipam.Range
+	// held are, by name, the attributes of every IPPool considered
+	// (admitted or refused) for the VIPs it holds outside its spec.
+	held map[string]*BGP
 	// index holds every admitted range sorted by First; admitted pools do
 	// not overlap, so Last is sorted too.
 	index []ownedRange
@@ -103,7 +106,12 @@ func Admit(pools []*v1alpha1.IPPool) *Admission {
 	// checks, oldest first.
 	rejected := ipam.New().SetPools(specs)
 
-	adm := &Admission{refused: map[string]int{}}
+	adm := &Admission{refused: map[string]int{}, held: map[string]*BGP{}}
+	for _, p := range ordered {
+		if _, dup := adm.held[p.Name]; !dup {
+			adm.held[p.Name] = heldBGP(p.Spec.BGP)
+		}
+	}
 	for _, o := range outcomes {
 		if o.pool != nil {
 			err, bad := rejected[o.pool.Name]
@@ -141,6 +149,9 @@ func decode(p *v1alpha1.IPPool) (*Pool, *Refusal, []ipam.Range) {
 		AutoAssign:    p.Spec.AutoAssignOrDefault(),
 		AvoidBuggyIPs: p.Spec.AvoidBuggyIPs,
 		Priority:      UnsetPriority,
+		// A pool being deleted keeps what its Services hold and hands out
+		// nothing new.
+		Terminating: p.DeletionTimestamp != nil,
 	}
 	if a := p.Spec.Allocation; a != nil {
 		if a.Priority != nil {
