@@ -22,6 +22,9 @@ type View struct {
 	admission *poolspec.Admission
 	// pools are the admitted pools by name.
 	pools map[string]*Pool
+	// held are every pool (admitted or refused) by name, as they announce
+	// the VIPs they hold outside their spec (poolspec.Admission.HeldBGP).
+	held map[string]*Pool
 }
 
 // Pool is one admitted IPPool as the routing decisions need it.
@@ -83,14 +86,32 @@ func (v *View) PoolFor(ip netip.Addr) *Pool {
 	return nil
 }
 
+// HolderFor returns the pool that holds ip, a VIP in the status of a
+// Service whose vipcast.io/pool annotation is named, by the holding rule
+// the CCM applies too (poolspec.Admission.Holder), or nil when none does:
+// the admitted pool that owns ip, else (a pool narrowed or refused since
+// it handed ip out) that pool as it announces what it holds outside its
+// spec: host routes, with what still decodes of its spec.bgp.
+func (v *View) HolderFor(ip netip.Addr, named string) *Pool {
+	h, ok := v.admission.Holder(ip, named)
+	switch {
+	case !ok:
+		return nil
+	case h.InSpec:
+		return v.pools[h.Pool]
+	}
+	return v.held[h.Pool]
+}
+
 // Compile builds this node's View of the pools and peers.
 //
 // Pools are admitted by poolspec.Admit, the rule the CCM allocates with,
 // so both binaries agree on which pool owns an address: oldest first; a
 // pool whose spec.addresses, spec.allocation selectors or spec.bgp cannot
 // be used, or that overlaps an older admitted pool, is refused, returned
-// as a PoolError and owns no address (a VIP inside it is in no pool here,
-// as in the CCM).
+// as a PoolError and owns no address, as in the CCM. A VIP a Service
+// already published keeps its holder, though (HolderFor): a pool narrowed
+// or refused since keeps announcing it.
 //
 // What depends on this node is decided here: an admitted pool whose
 // spec.bgp.nodeSelector does not select the node is Disabled (not an
@@ -102,10 +123,18 @@ func (v *View) PoolFor(ip netip.Addr) *Pool {
 // it is fixed.
 func Compile(pools []*v1alpha1.IPPool, peers []*v1alpha1.BGPPeer, node Node) (*View, []PoolError) {
 	adm := poolspec.Admit(pools)
-	v := &View{Node: node, admission: adm, pools: make(map[string]*Pool, len(adm.Pools))}
+	v := &View{Node: node, admission: adm, pools: make(map[string]*Pool, len(adm.Pools)), held: map[string]*Pool{}}
 	selected := selectedPeers(peers, node)
 	for _, p := range adm.Pools {
-		v.pools[p.Name] = nodePool(p, selected, node)
+		v.pools[p.Name] = nodePool(p.Name, p.Ranges, &p.BGP, selected, node)
+	}
+	for _, p := range pools {
+		if p == nil {
+			continue
+		}
+		if b := adm.HeldBGP(p.Name); b != nil && v.held[p.Name] == nil {
+			v.held[p.Name] = nodePool(p.Name, nil, b, selected, node)
+		}
 	}
 	var errs []PoolError
 	for _, r := range adm.Refused {
@@ -114,14 +143,13 @@ func Compile(pools []*v1alpha1.IPPool, peers []*v1alpha1.BGPPeer, node Node) (*V
 	return v, errs
 }
 
-// nodePool is an admitted pool as this node announces it: its
-// peerSelector resolved against the node's peers, Disabled when its
+// nodePool is a pool as this node announces it, from its decoded spec.bgp
+// b: its peerSelector resolved against the node's peers, Disabled when its
 // nodeSelector does not select the node.
-func nodePool(p *poolspec.Pool, peers []peerLabels, node Node) *Pool {
-	b := &p.BGP
+func nodePool(name string, ranges []ipam.Range, b *poolspec.BGP, peers []peerLabels, node Node) *Pool {
 	pool := &Pool{
-		Name:                p.Name,
-		Ranges:              p.Ranges,
+		Name:                name,
+		Ranges:              ranges,
 		Communities:         b.Communities,
 		LocalPref:           b.LocalPref,
 		AggregationLength:   b.AggregationLength,
@@ -140,7 +168,7 @@ func nodePool(p *poolspec.Pool, peers []peerLabels, node Node) *Pool {
 		}
 	}
 	if b.NodeSelector != nil && !b.NodeSelector.Matches(node.Labels) {
-		pool.Disabled = fmt.Sprintf("pool %s's nodeSelector does not select this node", p.Name)
+		pool.Disabled = fmt.Sprintf("pool %s's nodeSelector does not select this node", name)
 	}
 	return pool
 }

@@ -11,6 +11,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/vipcast/vipcast/ipvs"
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // AnnotationScheduler is the Service annotation that picks the IPVS scheduler of its
@@ -96,7 +97,7 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 	var vips []netip.Addr
 	var fams [2]bool // families with a VIP in a pool
 	for _, vip := range serviceVIPs(svc) {
-		if view.PoolFor(vip) != nil {
+		if view.HolderFor(vip, svc.Annotations[poolspec.AnnotationPool]) != nil {
 			vips = append(vips, vip)
 			fams[famSlot(vip)] = true
 		}

@@ -16,11 +16,13 @@ import (
 	"github.com/vipcast/vipcast/api/v1alpha1"
 	fx "github.com/vipcast/vipcast/api/v1alpha1/v1alpha1test"
 	"github.com/vipcast/vipcast/ipvs"
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // dpView is the view of the dataplane tests: an IPv4 and an IPv6 pool, a
 // pool whose nodeSelector does not select the test node (Disabled), and a
-// pool refused for its spec.bgp ("dark", owning nothing).
+// pool refused for its spec.bgp ("dark", owning nothing but still holding
+// the VIPs published in it).
 func dpView(t testing.TB, node Node) *View {
 	t.Helper()
 	pools := []*v1alpha1.IPPool{
@@ -153,8 +155,15 @@ func TestServiceDataplane(t *testing.T) {
 		// Pools.
 		{name: "VIP outside every pool", svc: dpSvc("198.51.100.1"),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))}},
-		{name: "VIP of a refused pool is not forwarded", svc: dpSvc("198.18.0.5"),
-			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))}},
+		{name: "VIP of a refused pool is still held, and forwarded", svc: dpSvc("198.18.0.5"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))},
+			want:   []ipvs.Service{vs("198.18.0.5", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}},
+		{name: "VIP narrowed out of its annotated pool is still forwarded", svc: func() *v1.Service {
+			s := dpSvc("198.51.100.1")
+			s.Annotations = map[string]string{poolspec.AnnotationPool: "p4"}
+			return s
+		}(), slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))},
+			want: []ipvs.Service{vs("198.51.100.1", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}},
 		{name: "one VIP of two outside every pool", svc: dpSvc("198.51.100.1", "192.0.2.10"),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"))},
 			want:   []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}},

@@ -10,6 +10,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // ServiceRoutes returns the routes this node announces for one Service,
@@ -37,10 +38,13 @@ import (
 //     endpoint, and not at all when none has: a route to a Service without
 //     a backend only black-holes traffic that the fabric could send
 //     elsewhere (MetalLB does the same).
-//   - The VIP must lie in an IPPool the view admitted (the pool that owns
-//     it; a refused pool owns nothing, and the reason then names it and
-//     why it is refused); that pool must not be Disabled for this node
-//     (its spec.bgp.nodeSelector selects the node).
+//   - A pool must hold the VIP (View.HolderFor, the CCM's rule): the
+//     admitted pool that owns it, else the pool the Service's
+//     vipcast.io/pool annotation names or a refused pool containing it —
+//     a pool narrowed or broken since it handed the VIP out keeps it
+//     announced until the Service lets it go, as a host route with what
+//     still decodes of its spec.bgp. That pool must not be Disabled for
+//     this node (its spec.bgp.nodeSelector selects the node).
 //   - The prefix is the VIP masked to the pool's aggregationLength (IPv4)
 //     or aggregationLengthV6 (IPv6) under Cluster. Under Local it is always
 //     the host prefix (/32, /128): an aggregate would also attract traffic
@@ -78,7 +82,7 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 	routes = make([]bgp.Route, 0, len(vips))
 	var reasons []string
 	for _, vip := range vips {
-		r, why := vipRoute(vip, view, &eps, local)
+		r, why := vipRoute(vip, svc.Annotations[poolspec.AnnotationPool], view, &eps, local)
 		if why != "" {
 			if !slices.Contains(reasons, why) {
 				reasons = append(reasons, why)
@@ -98,15 +102,13 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 	return routes, strings.Join(reasons, "; ")
 }
 
-// vipRoute returns the route of one VIP of a Service under ServiceRoutes'
-// rules, or why it is not announced.
-func vipRoute(vip netip.Addr, view *View, eps *endpointCounts, local bool) (bgp.Route, string) {
-	pool := view.PoolFor(vip)
+// vipRoute returns the route of one VIP of a Service whose vipcast.io/pool
+// annotation is named under ServiceRoutes' rules, or why it is not
+// announced.
+func vipRoute(vip netip.Addr, named string, view *View, eps *endpointCounts, local bool) (bgp.Route, string) {
+	pool := view.HolderFor(vip, named)
 	switch {
 	case pool == nil:
-		if r, ok := view.admission.RefusedContaining(vip); ok {
-			return bgp.Route{}, fmt.Sprintf("VIP %s is in IPPool %s, which is refused (%s: %s)", vip, r.Pool, r.Reason, r.Message)
-		}
 		return bgp.Route{}, fmt.Sprintf("VIP %s is in no IPPool", vip)
 	case pool.Disabled != "":
 		return bgp.Route{}, pool.Disabled

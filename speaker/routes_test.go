@@ -1,6 +1,7 @@
 package speaker
 
 import (
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/vipcast/vipcast/api/v1alpha1"
 	fx "github.com/vipcast/vipcast/api/v1alpha1/v1alpha1test"
 	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 const (
@@ -47,6 +49,15 @@ func routesConfig() ([]*v1alpha1.IPPool, []*v1alpha1.BGPPeer) {
 		mkPeer("rr", "10.0.0.100", map[string]string{"role": "rr"}),
 	}
 	return pools, peers
+}
+
+// annotated sets svc's vipcast.io/pool annotation to pool.
+func annotated(svc *v1.Service, pool string) *v1.Service {
+	if svc.Annotations == nil {
+		svc.Annotations = map[string]string{}
+	}
+	svc.Annotations[poolspec.AnnotationPool] = pool
+	return svc
 }
 
 func TestServiceRoutes(t *testing.T) {
@@ -146,14 +157,23 @@ func TestServiceRoutes(t *testing.T) {
 			reason: "VIP 10.9.9.9 is in no IPPool"},
 		{name: "overlap: VIP in the older pool", svc: mkSvc("s", "172.16.0.9"), slices: []*discoveryv1.EndpointSlice{readyHere},
 			want: []bgp.Route{route("172.16.0.9/32")}},
-		{name: "overlap: VIP only in the rejected newer pool", svc: mkSvc("s", "172.16.1.9"), slices: []*discoveryv1.EndpointSlice{readyHere},
-			reason: "VIP 172.16.1.9 is in IPPool new, which is refused (Overlap: spec.addresses"},
+		{name: "overlap: VIP only in the rejected newer pool is held by it, host route", svc: mkSvc("s", "172.16.1.9"), slices: []*discoveryv1.EndpointSlice{readyHere},
+			want: []bgp.Route{route("172.16.1.9/32")}},
+		// The holding rule (poolspec.Admission.Holder): a VIP its pool no
+		// longer covers stays announced, as a host route with the pool's
+		// attributes, while the Service names the pool.
+		{name: "narrowed out: held by the annotated pool, with its attributes", svc: annotated(mkSvc("s", "10.9.9.9"), "attrs"), slices: []*discoveryv1.EndpointSlice{readyHere},
+			want: []bgp.Route{func() bgp.Route { r := attrs; r.Prefix = netip.MustParsePrefix("10.9.9.9/32"); return r }()}},
+		{name: "narrowed out of an aggregating pool: host route, not the aggregate", svc: annotated(mkSvc("s", "10.9.9.9"), "agg"), slices: []*discoveryv1.EndpointSlice{readyElsewhere},
+			want: []bgp.Route{route("10.9.9.9/32")}},
+		{name: "narrowed out, annotation names no pool", svc: annotated(mkSvc("s", "10.9.9.9"), "gone"), slices: []*discoveryv1.EndpointSlice{readyHere},
+			reason: "VIP 10.9.9.9 is in no IPPool"},
 		{name: "pool nodeSelector does not select this node", svc: mkSvc("s", "203.0.113.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
 			reason: "pool zoneb's nodeSelector does not select this node"},
 		{name: "pool nodeSelector selects this node", svc: mkSvc("s", "203.0.113.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
 			node: func(n *Node) { n.Labels = map[string]string{"zone": "b"} }, want: []bgp.Route{route("203.0.113.1/32")}},
-		{name: "pool refused for a malformed nodeSelector owns nothing", svc: mkSvc("s", "100.64.1.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
-			reason: "VIP 100.64.1.1 is in IPPool badsel, which is refused (InvalidSelector: spec.bgp.nodeSelector"},
+		{name: "pool refused for a malformed nodeSelector still holds its VIPs: every node announces", svc: mkSvc("s", "100.64.1.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
+			want: []bgp.Route{route("100.64.1.1/32")}},
 
 		// Prefixes.
 		{name: "aggregation IPv4 under Cluster", svc: mkSvc("s", "198.51.100.77"), slices: []*discoveryv1.EndpointSlice{readyElsewhere},
