@@ -51,10 +51,12 @@ func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Ser
 		return nil, err
 	}
 	before, held := p.alloc.Assigned(req.Owner)
-	if held && req.Pool != "" && req.Pool == before.Pool && len(req.IPs) == 0 {
+	if held && req.Pool != "" && (len(req.IPs) == 0 || sameIPs(req.IPs, before.IPs)) && p.pools.holds(req.Pool, before.IPs) {
 		// Already served by the pool the annotation names (often written by
-		// vipcast itself): keep the VIP even if the pool's namespace or
-		// Service selectors changed since; they govern new allocations.
+		// vipcast itself), which still holds the VIPs (poolspec's holding
+		// rule, the speakers' too): keep them even if the pool was
+		// narrowed, refused or is being deleted since, or its namespace or
+		// Service selectors changed; all that governs new allocations.
 		req.Pool = ""
 	}
 	a, err := p.alloc.Assign(req)

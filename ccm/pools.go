@@ -14,12 +14,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -53,6 +55,8 @@ type poolController struct {
 	admission *poolspec.Admission         // the last pool admission; nil before the first sync
 	refused   map[string]poolspec.Refusal // pool name → why it is not installed
 	known     map[string]bool             // pools with metrics exported
+	blocked   map[string]string           // pool name → the last DeletionBlocked message
+	services  corelisters.ServiceLister   // set by useServices before run
 }
 
 func newPoolController(alloc *ipam.Allocator, m *providerMetrics, dyn dynamic.Interface, client kubernetes.Interface, factory dynamicinformer.DynamicSharedInformerFactory) (*poolController, error) {
@@ -76,16 +80,17 @@ func newPoolController(alloc *ipam.Allocator, m *providerMetrics, dyn dynamic.In
 		recorder: broadcaster.NewRecorder(scheme, v1.EventSource{Component: clientName}),
 		refused:  map[string]poolspec.Refusal{},
 		known:    map[string]bool{},
+		blocked:  map[string]string{},
 	}
 	enqueue := func(any) { pc.queue.Add(keyPools) }
 	if _, err := pc.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueue,
 		UpdateFunc: func(old, cur any) {
 			// Our own status writes come back here: only a spec change
-			// (a new generation) needs the pools reloaded.
+			// (a new generation) or a deletion needs the pools reloaded.
 			o, ok1 := old.(*unstructured.Unstructured)
 			c, ok2 := cur.(*unstructured.Unstructured)
-			if ok1 && ok2 && o.GetGeneration() == c.GetGeneration() {
+			if ok1 && ok2 && o.GetGeneration() == c.GetGeneration() && (o.GetDeletionTimestamp() == nil) == (c.GetDeletionTimestamp() == nil) {
 				return
 			}
 			enqueue(cur)
@@ -98,6 +103,10 @@ func newPoolController(alloc *ipam.Allocator, m *providerMetrics, dyn dynamic.In
 }
 
 func (pc *poolController) hasSynced() bool { return pc.informer.HasSynced() }
+
+// useServices gives the controller the Services whose VIPs its pools
+// hold; call it before run.
+func (pc *poolController) useServices(l corelisters.ServiceLister) { pc.services = l }
 
 // markStatusDirty schedules a status write; calls within statusDelay coalesce.
 func (pc *poolController) markStatusDirty() {
@@ -233,33 +242,29 @@ func (pc *poolController) explain(req ipam.Request, err error) error {
 	return err
 }
 
-// writeStatuses publishes each pool's capacity, usage and Ready condition,
-// writing only pools whose status changed, and refreshes the metrics.
+// writeStatuses publishes each pool's capacity, usage, held addresses and
+// conditions, writing only pools whose status changed, keeps the
+// pool-protection finalizer, and refreshes the metrics.
 func (pc *poolController) writeStatuses(ctx context.Context) error {
 	pc.mu.Lock()
-	refused := pc.refused
+	adm, refused := pc.admission, pc.refused
 	pc.mu.Unlock()
+	holdings := map[string][]poolspec.Holding{}
+	if adm != nil && pc.services != nil {
+		svcs, err := pc.services.List(labels.Everything())
+		if err != nil {
+			return fmt.Errorf("listing Services: %w", err)
+		}
+		holdings = adm.Holdings(publishedServices(svcs))
+	}
 
 	seen := map[string]bool{}
 	var firstErr error
 	for _, pool := range pc.listPools(ctx) {
 		seen[pool.Name] = true
-		stats, installed := pc.alloc.Stats(pool.Name)
-		if installed {
-			pc.metrics.setPoolStats(pool.Name, stats)
-		}
-		want := desiredStatus(pool, stats, installed, refused[pool.Name])
-		if equality.Semantic.DeepEqual(pool.Status, want) {
-			continue
-		}
-		pool.Status = want
-		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(pool)
-		if err != nil {
-			return fmt.Errorf("encoding IPPool %s: %w", pool.Name, err)
-		}
-		_, err = pc.dyn.Resource(vipcastv1alpha1.IPPoolsResource).UpdateStatus(ctx, &unstructured.Unstructured{Object: obj}, metav1.UpdateOptions{})
-		if err != nil && !apierrors.IsNotFound(err) && firstErr == nil {
-			firstErr = fmt.Errorf("updating status of IPPool %s: %w", pool.Name, err)
+		err := pc.writePool(ctx, pool, refused[pool.Name], holdings[pool.Name])
+		if err != nil && firstErr == nil {
+			firstErr = err
 		}
 	}
 	pc.mu.Lock()
@@ -271,6 +276,34 @@ func (pc *poolController) writeStatuses(ctx context.Context) error {
 	pc.known = seen
 	pc.mu.Unlock()
 	return firstErr
+}
+
+// writePool writes one pool's status if it changed, then its finalizer.
+func (pc *poolController) writePool(ctx context.Context, pool *vipcastv1alpha1.IPPool, refusal poolspec.Refusal, holdings []poolspec.Holding) error {
+	stats, installed := pc.alloc.Stats(pool.Name)
+	if installed {
+		pc.metrics.setPoolStats(pool.Name, stats)
+	}
+	want := desiredStatus(pool, stats, installed, refusal)
+	holdStatus(&want, pool, holdings)
+	pc.reportBlocked(pool, holdings)
+	rv := pool.ResourceVersion
+	if !equality.Semantic.DeepEqual(pool.Status, want) {
+		pool.Status = want
+		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(pool)
+		if err != nil {
+			return fmt.Errorf("encoding IPPool %s: %w", pool.Name, err)
+		}
+		got, err := pc.dyn.Resource(vipcastv1alpha1.IPPoolsResource).UpdateStatus(ctx, &unstructured.Unstructured{Object: obj}, metav1.UpdateOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case err != nil:
+			return fmt.Errorf("updating status of IPPool %s: %w", pool.Name, err)
+		}
+		rv = got.GetResourceVersion()
+	}
+	return pc.syncFinalizer(ctx, pool, rv, len(holdings) > 0)
 }
 
 // desiredStatus computes an IPPool's status; refusal is why the pool is not

@@ -137,9 +137,19 @@ func (p *Provider) SetInformers(factory informers.SharedInformerFactory) {
 	nsInformer := factory.Core().V1().Namespaces()
 	p.services, p.nsLister = svcInformer.Lister(), nsInformer.Lister()
 	p.annotator = newPoolAnnotator(p.client, p.services)
+	p.pools.useServices(p.services)
 	if _, err := svcInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(_, cur any) { p.observeForeign(ctx, cur) },
-		DeleteFunc: p.forgetDeleted,
+		// Which Services hold which pool's addresses is in the pools'
+		// status and decides their finalizer.
+		AddFunc: func(any) { p.pools.markStatusDirty() },
+		UpdateFunc: func(_, cur any) {
+			p.observeForeign(ctx, cur)
+			p.pools.markStatusDirty()
+		},
+		DeleteFunc: func(obj any) {
+			p.forgetDeleted(obj)
+			p.pools.markStatusDirty()
+		},
 	}); err != nil {
 		logger.Error(err, "Could not watch Services")
 		return

@@ -32,8 +32,23 @@ const (
 	// and a human-readable message) when it cannot.
 	ConditionReady = "Ready"
 
+	// ConditionHeldOutsideSpec is True on an IPPool when Services hold
+	// addresses the pool no longer offers (spec.addresses narrowed, or the
+	// pool refused): they keep them, published and announced, until they
+	// let them go; the message lists them.
+	ConditionHeldOutsideSpec = "HeldOutsideSpec"
+
 	// ReasonValid is the Ready=True reason: the configuration is in use.
 	ReasonValid = "Valid"
+	// ReasonTerminating is the Ready=False reason for an IPPool being
+	// deleted: it hands out no new address, and its deletion waits until
+	// no Service holds one of its addresses (the message lists them).
+	ReasonTerminating = "Terminating"
+	// ReasonHeldOutsideSpec is the HeldOutsideSpec=True reason.
+	ReasonHeldOutsideSpec = "HeldOutsideSpec"
+	// ReasonAllInSpec is the HeldOutsideSpec=False reason: every address
+	// Services hold from the pool is in its spec.
+	ReasonAllInSpec = "AllInSpec"
 	// ReasonOverlap is the Ready=False reason for an IPPool whose addresses
 	// overlap each other or another IPPool's addresses.
 	ReasonOverlap = "Overlap"
@@ -295,9 +310,21 @@ type IPPoolStatus struct {
 	// +optional
 	IPv6 *IPPoolFamilyStatus `json:"ipv6,omitempty"`
 
+	// heldOutsideSpec is the number of addresses Services hold from this
+	// pool outside what it offers: addresses its spec.addresses no longer
+	// contain, or every address held while the pool is refused. They stay
+	// with their Services, published and announced, until released; the
+	// HeldOutsideSpec condition lists them.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	HeldOutsideSpec int64 `json:"heldOutsideSpec,omitempty"`
+
 	// conditions describe the pool's state. The Ready condition is True
 	// when vipcast assigns addresses from the pool, and False with reason
-	// Overlap, InvalidAddresses or InvalidSelector when it cannot.
+	// Overlap, InvalidAddresses, InvalidSelector or InvalidConfig when it
+	// cannot, or Terminating while its deletion waits for the Services
+	// that hold its addresses. HeldOutsideSpec is True while Services hold
+	// addresses outside the pool's spec.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -154,6 +154,8 @@ func TestApplyToAPIServer(t *testing.T) {
 		{ccm, "list", "", "namespaces", "", "", "", true},
 		{ccm, "update", "vipcast.io", "ippools", "status", "", "public", true},
 		{ccm, "update", "vipcast.io", "ippools", "", "", "public", false},
+		{ccm, "patch", "vipcast.io", "ippools", "", "", "public", true},
+		{ccm, "delete", "vipcast.io", "ippools", "", "", "public", false},
 		{ccm, "list", "vipcast.io", "bgppeers", "", "", "", true},
 		{ccm, "update", "vipcast.io", "bgppeers", "status", "", "tor-a", true},
 		{ccm, "update", "vipcast.io", "bgppeers", "", "", "tor-a", false},

@@ -34,7 +34,7 @@ var (
 		"/nodes/status":                      {"patch"},
 		"/namespaces":                        {"list", "watch"},
 		"/events":                            {"create", "patch"},
-		"vipcast.io/ippools":                 {"list", "watch"},
+		"vipcast.io/ippools":                 {"list", "patch", "watch"},
 		"vipcast.io/ippools/status":          {"update"},
 		"vipcast.io/bgppeers":                {"list", "watch"},
 		"vipcast.io/bgppeers/status":         {"update"},
