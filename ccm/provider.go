@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/netip"
 	"sort"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -29,6 +30,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ipam"
+	"github.com/vipcast/vipcast/lbclass"
 )
 
 // ProviderName is the cloud provider name vipcast registers
@@ -45,6 +47,13 @@ var errNotReady = errors.New("vipcast: allocator is still being rebuilt from Ser
 type Provider struct {
 	alloc   *ipam.Allocator
 	metrics *providerMetrics
+	// classes says which Services vipcast serves.
+	classes lbclass.Selector
+
+	// foreign holds, by owner, the addresses another writer published in
+	// the status of a Service vipcast serves: reserved, never overwritten.
+	foreignMu sync.Mutex
+	foreign   map[string][]netip.Addr
 
 	// ready is closed once pools are loaded and every Service's status has
 	// been restored into the allocator: no allocation happens before.
@@ -68,19 +77,23 @@ var (
 
 // Register registers the vipcast provider with the cloud-provider package
 // under ProviderName; its metrics go to reg (legacyregistry.Register in the
-// binary, so they are served on the CCM's /metrics).
-func Register(reg func(metrics.Registerable) error) {
+// binary, so they are served on the CCM's /metrics). classes is read when
+// the cloud-controller-manager builds the provider, after flag parsing.
+func Register(reg func(metrics.Registerable) error, classes *lbclass.Selector) {
 	cloudprovider.RegisterCloudProvider(ProviderName, func(io.Reader) (cloudprovider.Interface, error) {
-		return New(reg)
+		return New(reg, *classes)
 	})
 }
 
-// New returns an uninitialized provider; the cloud-controller-manager calls
-// Initialize once it holds the leader lease.
-func New(reg func(metrics.Registerable) error) (*Provider, error) {
+// New returns an uninitialized provider serving the Services classes
+// serves; the cloud-controller-manager calls Initialize once it holds the
+// leader lease.
+func New(reg func(metrics.Registerable) error, classes lbclass.Selector) (*Provider, error) {
 	p := &Provider{
 		alloc:   ipam.New(),
 		metrics: newProviderMetrics(),
+		classes: classes,
+		foreign: map[string][]netip.Addr{},
 		ready:   make(chan struct{}),
 	}
 	if err := p.metrics.register(reg); err != nil {
@@ -141,11 +154,8 @@ func (p *Provider) SetInformers(factory informers.SharedInformerFactory) {
 	if _, err := svcInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		// Which Services hold which pool's addresses is in the pools'
 		// status and decides their finalizer.
-		AddFunc: func(any) { p.pools.markStatusDirty() },
-		UpdateFunc: func(_, cur any) {
-			p.observeForeign(ctx, cur)
-			p.pools.markStatusDirty()
-		},
+		AddFunc:    func(any) { p.pools.markStatusDirty() },
+		UpdateFunc: func(any, any) { p.pools.markStatusDirty() },
 		DeleteFunc: func(obj any) {
 			p.forgetDeleted(obj)
 			p.pools.markStatusDirty()
@@ -208,35 +218,17 @@ func (p *Provider) restore(ctx context.Context) (restored, conflicts int) {
 			logger.Error(err, "VIP in Service status conflicts with an older Service; this Service will get a new VIP", "service", klog.KObj(svc), "ips", ips)
 			continue
 		}
+		if p.classes.Serves(svc) && !p.vipcastWrote(svc, ips) {
+			p.markForeign(Owner(svc), ips)
+		}
 		restored++
 	}
 	return restored, conflicts
 }
 
-// observeForeign reserves VIPs that another load-balancer implementation
-// (a Service with a loadBalancerClass) publishes, so vipcast never hands
-// them out too.
-func (p *Provider) observeForeign(ctx context.Context, obj any) {
-	svc, ok := obj.(*v1.Service)
-	if !ok || svc.Spec.LoadBalancerClass == nil || !p.isReady() {
-		return
-	}
-	ips := statusIPs(svc)
-	if len(ips) == 0 {
-		return
-	}
-	if a, held := p.alloc.Assigned(Owner(svc)); held && sameIPs(a.IPs, ips) {
-		return
-	}
-	// Restore replaces what the owner held, and only if nothing conflicts:
-	// on error the earlier reservation stays.
-	if err := p.alloc.Restore(restoreRequest(svc), ips); err != nil {
-		klog.FromContext(ctx).Error(err, "Service of another loadBalancerClass publishes a VIP vipcast already gave out", "service", klog.KObj(svc))
-	}
-}
-
-// forgetDeleted releases what a deleted Service held when the service
-// controller will not (Services of another class, or without our finalizer).
+// forgetDeleted releases what a deleted Service held. A Service vipcast
+// served was released before its finalizer went; this covers the others
+// (another class's reservations, Services without the finalizer).
 func (p *Provider) forgetDeleted(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
@@ -245,9 +237,8 @@ func (p *Provider) forgetDeleted(obj any) {
 	if !ok || !p.isReady() {
 		return
 	}
-	if svc.Spec.LoadBalancerClass != nil || svc.Spec.Type != v1.ServiceTypeLoadBalancer {
-		p.release(svc)
-	}
+	p.forgetForeign(Owner(svc))
+	p.release(svc)
 }
 
 func (p *Provider) isReady() bool {

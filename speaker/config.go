@@ -7,6 +7,7 @@ import (
 	"github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/bgp"
 	"github.com/vipcast/vipcast/ipam"
+	"github.com/vipcast/vipcast/lbclass"
 	"github.com/vipcast/vipcast/poolspec"
 )
 
@@ -18,6 +19,10 @@ import (
 type View struct {
 	// Node is the node the view was compiled for.
 	Node Node
+	// Classes says which Services vipcast serves (the speaker's
+	// --load-balancer-class and --serve-classless-services, the same as
+	// the CCM's); the zero value serves the class-less ones.
+	Classes lbclass.Selector
 	// admission decides which pool owns an address.
 	admission *poolspec.Admission
 	// pools are the admitted pools by name.

@@ -19,6 +19,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/lbclass"
 )
 
 // Component is the name the speaker records Events and logs under.
@@ -60,6 +61,10 @@ type Options struct {
 	Metrics *Metrics
 	// Dataplane programs IPVS; nil announces routes only.
 	Dataplane Dataplane
+	// Classes says which Services vipcast serves: the CCM's class
+	// settings, so the speaker announces exactly the Services the CCM
+	// publishes VIPs for. The zero value serves the class-less ones.
+	Classes lbclass.Selector
 	// DataplaneResync is how often the whole kernel table is compared
 	// with the desired state, repairing drift.
 	DataplaneResync time.Duration

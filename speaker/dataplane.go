@@ -91,7 +91,7 @@ const AnnotationScheduler = ipvs.SchedulerAnnotation
 // not alias another's (appending to them reallocates). A nil view (configuration not loaded yet) gives
 // nothing: the caller must not apply that as the Service's desired state.
 func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View) (services []ipvs.Service, problems []string) {
-	if view == nil || notVipcasts(svc) != "" {
+	if view == nil || !view.Classes.Serves(svc) {
 		return nil, nil
 	}
 	var vips []netip.Addr

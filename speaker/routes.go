@@ -62,7 +62,7 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 	if view == nil {
 		return nil, "configuration not loaded yet"
 	}
-	if why := notVipcasts(svc); why != "" {
+	if why := view.Classes.Why(svc); why != "" {
 		return nil, why
 	}
 	vips := serviceVIPs(svc)

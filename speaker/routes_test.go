@@ -14,6 +14,7 @@ import (
 	"github.com/vipcast/vipcast/api/v1alpha1"
 	fx "github.com/vipcast/vipcast/api/v1alpha1/v1alpha1test"
 	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/lbclass"
 	"github.com/vipcast/vipcast/poolspec"
 )
 
@@ -280,5 +281,47 @@ func TestCompileDoesNotModifyInput(t *testing.T) {
 	}
 	if pools[0].Name != first || peers[0].Name != firstPeer {
 		t.Errorf("input reordered: %s, %s", pools[0].Name, peers[0].Name)
+	}
+}
+
+// TestServiceRoutesClasses checks that a speaker given a class announces
+// and programs exactly the Services of that class (and class-less ones only
+// when told), by the rule the CCM applies (lbclass).
+func TestServiceRoutesClasses(t *testing.T) {
+	pools, peers := routesConfig()
+	slices := []*discoveryv1.EndpointSlice{mkSlice("s", v4, ep{node: "n1", ready: yes})}
+	withClass := func(class string) *v1.Service {
+		s := mkSvc("s", "192.0.2.1")
+		if class != "" {
+			s.Spec.LoadBalancerClass = ptr.To(class)
+		}
+		return s
+	}
+	tests := []struct {
+		classes lbclass.Selector
+		class   string
+		served  bool
+	}{
+		{lbclass.Selector{Class: "vipcast.io/bgp", NoClassless: true}, "vipcast.io/bgp", true},
+		{lbclass.Selector{Class: "vipcast.io/bgp", NoClassless: true}, "", false},
+		{lbclass.Selector{Class: "vipcast.io/bgp", NoClassless: true}, "vipcast.io/other", false},
+		{lbclass.Selector{Class: "vipcast.io/bgp"}, "", true},
+		{lbclass.Selector{}, "vipcast.io/bgp", false},
+	}
+	for _, tc := range tests {
+		view, _ := Compile(pools, peers, testNode())
+		view.Classes = tc.classes
+		svc := withClass(tc.class)
+		routes, reason := ServiceRoutes(svc, slices, view)
+		vs, _ := ServiceDataplane(svc, slices, view)
+		if !tc.served && vs != nil {
+			t.Errorf("%v, class %q: virtual servers %+v for a Service not served", tc.classes, tc.class, vs)
+		}
+		if (len(routes) > 0) != tc.served {
+			t.Errorf("%v, class %q: %d routes (%q), %d virtual servers; want served=%v", tc.classes, tc.class, len(routes), reason, len(vs), tc.served)
+		}
+		if !tc.served && reason != tc.classes.Why(svc) {
+			t.Errorf("%v, class %q: reason %q, want lbclass's %q", tc.classes, tc.class, reason, tc.classes.Why(svc))
+		}
 	}
 }

@@ -16,19 +16,6 @@ import (
 // the informer cache key and the CCM's allocator owner.
 func ServiceKey(svc *v1.Service) string { return svc.Namespace + "/" + svc.Name }
 
-// notVipcasts returns why svc is not a Service vipcast serves, or "" when
-// it is: spec.type LoadBalancer and no spec.loadBalancerClass (the CCM's
-// service controller only handles class-less Services).
-func notVipcasts(svc *v1.Service) string {
-	if svc.Spec.Type != v1.ServiceTypeLoadBalancer {
-		return "not a LoadBalancer Service"
-	}
-	if c := svc.Spec.LoadBalancerClass; c != nil {
-		return "handled by loadBalancerClass " + *c
-	}
-	return ""
-}
-
 // serviceVIPs returns the distinct IPs of status.loadBalancer.ingress, in
 // order, unmapped.
 func serviceVIPs(svc *v1.Service) []netip.Addr {

@@ -65,6 +65,7 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 	c.report.nodeProblems(ctx, node, nodeErrs)
 	peers := c.watch.listPeers(ctx)
 	view, poolErrs := Compile(c.watch.listPools(ctx), peers, n)
+	view.Classes = c.opts.Classes
 	c.report.poolProblems(ctx, poolErrs)
 	c.view = view
 	return n, peers, nil
@@ -172,7 +173,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 		c.report.dataplaneRefused(ctx, svc, c.prog.refusal(key))
 	}
 	routes, why := c.serviceRoutes(svc, slices)
-	if len(routes) == 0 && len(svc.Status.LoadBalancer.Ingress) > 0 && svc.Spec.LoadBalancerClass == nil {
+	if len(routes) == 0 && len(svc.Status.LoadBalancer.Ingress) > 0 && c.opts.Classes.Serves(svc) {
 		klog.FromContext(ctx).V(2).Info("Not announcing", "service", key, "reason", why)
 	}
 	if err := c.ann.setService(ctx, key, routes); err != nil {

@@ -1,13 +1,19 @@
 // Command vipcast-ccm is vipcast's cloud-controller-manager: the
 // Kubernetes cloud-provider app (leader election, secure serving with
-// /healthz and /metrics, the service, cloud-node and node-lifecycle
-// controllers) running vipcast's provider, which allocates LoadBalancer VIPs
-// from IPPools and initializes nodes.
+// /healthz and /metrics, the cloud-node and node-lifecycle controllers)
+// running vipcast's provider, which allocates LoadBalancer VIPs from IPPools
+// and initializes nodes, and vipcast's own service controller in place of
+// the stock one, so it can serve a spec.loadBalancerClass.
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
 	"os"
 
+	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/wait"
 	cloudprovider "k8s.io/cloud-provider"
 	"k8s.io/cloud-provider/app"
@@ -20,9 +26,12 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
 	_ "k8s.io/component-base/metrics/prometheus/version"  // build info metric
+	genericcontrollermanager "k8s.io/controller-manager/app"
+	"k8s.io/controller-manager/controller"
 	"k8s.io/klog/v2"
 
 	"github.com/vipcast/vipcast/ccm"
+	"github.com/vipcast/vipcast/lbclass"
 )
 
 // Defaults that differ from the cloud-provider app's. Its stock defaults (one
@@ -35,7 +44,16 @@ const (
 	defaultClientQPS    = 500
 	defaultClientBurst  = 1000
 	leaseName           = "vipcast-ccm"
+	leaseFlag           = "leader-elect-resource-name"
 )
+
+// classFlags are vipcast's own flags: which Services it serves.
+type classFlags struct {
+	class     string
+	classless bool
+	// selector is built from the flags before the provider is.
+	selector lbclass.Selector
+}
 
 func main() {
 	opts, err := options.NewCloudControllerManagerOptions()
@@ -48,12 +66,77 @@ func main() {
 	opts.Generic.ClientConnection.Burst = defaultClientBurst
 	opts.Generic.LeaderElection.ResourceName = leaseName
 
-	ccm.Register(legacyregistry.Register)
+	cf := &classFlags{}
+	var extra cliflag.NamedFlagSets
+	fs := extra.FlagSet("vipcast")
+	fs.StringVar(&cf.class, lbclass.FlagClass, "", "The spec.loadBalancerClass of the Services vipcast serves, a domain-prefixed name such as vipcast.io/bgp; empty serves no class. Give the speakers the same value.")
+	fs.BoolVar(&cf.classless, lbclass.FlagClassless, true, "Also serve Services without a spec.loadBalancerClass. Default: true without --"+lbclass.FlagClass+", false with it. Give the speakers the same value.")
 
-	cmd := app.NewCloudControllerManagerCommand(opts, initCloud, app.DefaultInitFuncConstructors,
-		names.CCMControllerAliases(), cliflag.NamedFlagSets{}, wait.NeverStop)
+	ccm.Register(legacyregistry.Register, &cf.selector)
+
+	cmd := app.NewCloudControllerManagerCommand(opts, initCloud, controllers(), names.CCMControllerAliases(), extra, wait.NeverStop)
 	cmd.Use = "vipcast-ccm"
+	cmd.PreRunE = func(*cobra.Command, []string) error {
+		return cf.complete(cmd, opts)
+	}
 	os.Exit(cli.Run(cmd))
+}
+
+// complete checks the class flags and, unless --leader-elect-resource-name
+// was given, names the lease after the class served.
+func (cf *classFlags) complete(cmd *cobra.Command, opts *options.CloudControllerManagerOptions) error {
+	var classless *bool
+	if cmd.Flags().Changed(lbclass.FlagClassless) {
+		classless = &cf.classless
+	}
+	sel, err := lbclass.New(cf.class, classless)
+	if err != nil {
+		return err
+	}
+	cf.selector = sel
+	if !cmd.Flags().Changed(leaseFlag) {
+		name, err := sel.LeaseName(leaseName)
+		if err != nil {
+			return err
+		}
+		opts.Generic.LeaderElection.ResourceName = name
+	}
+	return nil
+}
+
+// controllers returns the cloud-provider app's controllers with the stock
+// service controller replaced by vipcast's, under the same name (so
+// --controllers=-service still turns it off).
+func controllers() map[string]app.ControllerInitFuncConstructor {
+	ctrls := maps.Clone(app.DefaultInitFuncConstructors)
+	stock := ctrls[names.ServiceLBController]
+	ctrls[names.ServiceLBController] = app.ControllerInitFuncConstructor{
+		InitContext: stock.InitContext,
+		Constructor: func(ic app.ControllerInitContext, cfg *config.CompletedConfig, cloud cloudprovider.Interface) app.InitFunc {
+			return func(ctx context.Context, _ genericcontrollermanager.ControllerContext) (controller.Interface, bool, error) {
+				return startServiceController(ctx, ic, cfg, cloud)
+			}
+		},
+	}
+	return ctrls
+}
+
+// startServiceController runs vipcast's service controller.
+func startServiceController(ctx context.Context, ic app.ControllerInitContext, cfg *config.CompletedConfig, cloud cloudprovider.Interface) (controller.Interface, bool, error) {
+	p, ok := cloud.(*ccm.Provider)
+	if !ok {
+		return nil, false, errors.New("the service controller needs the vipcast provider (--cloud-provider=" + ccm.ProviderName + ")")
+	}
+	client, err := cfg.ClientBuilder.Client(ic.ClientName)
+	if err != nil {
+		return nil, false, fmt.Errorf("service controller client: %w", err)
+	}
+	c, err := ccm.NewServiceController(p, client, cfg.SharedInformers.Core().V1().Services())
+	if err != nil {
+		return nil, false, err
+	}
+	go c.Run(ctx, int(cfg.ComponentConfig.ServiceController.ConcurrentServiceSyncs))
+	return nil, true, nil
 }
 
 // initCloud builds the provider named by --cloud-provider (vipcast by default).

@@ -44,6 +44,7 @@ import (
 
 	"github.com/vipcast/vipcast/bgp"
 	"github.com/vipcast/vipcast/ipvs"
+	"github.com/vipcast/vipcast/lbclass"
 	"github.com/vipcast/vipcast/speaker"
 )
 
@@ -62,6 +63,9 @@ type flags struct {
 	dataplaneResync  time.Duration
 	passwordNS       []string
 	prefixRestart    time.Duration
+	class            string
+	classless        bool
+	classes          lbclass.Selector
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -92,8 +96,14 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.ipvsLink, "ipvs-link", ipvs.DefaultLinkName, "Dummy link that carries the VIPs (created if missing).")
 	fs.DurationVar(&f.prefixRestart, "bgp-prefix-limit-restart", bgp.DefaultPrefixLimitRestart, "How long a BGP session stays down after the router sent more prefixes than its limit; doubled for each consecutive time, up to 30m.")
 	fs.DurationVar(&f.dataplaneResync, "dataplane-resync-period", time.Minute, "How often the whole IPVS table is compared with the desired state, repairing drift.")
+	fs.StringVar(&f.class, lbclass.FlagClass, "", "The spec.loadBalancerClass of the Services vipcast serves, such as vipcast.io/bgp; empty serves no class. Must be the CCM's value.")
+	fs.BoolVar(&f.classless, lbclass.FlagClassless, true, "Also serve Services without a spec.loadBalancerClass. Default: true without --"+lbclass.FlagClass+", false with it. Must be the CCM's value.")
 	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	var err error
+	if f.classes, err = classesFrom(fs, f); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -147,6 +157,23 @@ func checkMetricsAddr(addr string) error {
 			addr, port, port, defaultMetricsAddr)
 	}
 	return nil
+}
+
+// classesFrom builds the class settings from the parsed flags:
+// --serve-classless-services counts only when given (its default depends on
+// --load-balancer-class).
+func classesFrom(fs *flag.FlagSet, f *flags) (lbclass.Selector, error) {
+	var classless *bool
+	fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == lbclass.FlagClassless {
+			classless = &f.classless
+		}
+	})
+	sel, err := lbclass.New(f.class, classless)
+	if err != nil {
+		return sel, fmt.Errorf("class flags: %w", err)
+	}
+	return sel, nil
 }
 
 func main() {
@@ -225,6 +252,7 @@ func run(f *flags) error {
 		Calls:              calls,
 		Dynamic:            dyn,
 		PasswordNamespaces: f.passwordNS,
+		Classes:            f.classes,
 		BGP:                engine,
 		Resync:             f.resync,
 		Metrics:            metrics,
