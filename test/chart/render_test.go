@@ -28,7 +28,7 @@ const (
 // broader verb, a new resource or a lost one fails.
 var (
 	wantCCMClusterRole = map[string][]string{
-		"/services":                          {"list", "patch", "watch"},
+		"/services":                          {"get", "list", "patch", "watch"},
 		"/services/status":                   {"patch"},
 		"/nodes":                             {"get", "list", "patch", "update", "watch"},
 		"/nodes/status":                      {"patch"},
@@ -688,5 +688,61 @@ func TestTemplatesHaveNoRegistryHost(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestRenderLoadBalancerClass checks that the CCM and the speakers get the
+// same class flags, and that the CCM's Lease (argument and RBAC) is named
+// after the class unless set.
+func TestRenderLoadBalancerClass(t *testing.T) {
+	for _, tc := range []struct {
+		values, class, classless, lease string
+	}{
+		{"", "", "", "vipcast-ccm"},
+		{"loadBalancerClass: vipcast.io/bgp", "vipcast.io/bgp", "", "vipcast-ccm-vipcast.io-bgp"},
+		{"{loadBalancerClass: example.com/Edge_V2, serveClasslessServices: true}", "example.com/Edge_V2", "true", "vipcast-ccm-example.com-edge-v2"},
+		{"{loadBalancerClass: vipcast.io/bgp, ccm: {leaderElection: {resourceName: mine}}}", "vipcast.io/bgp", "", "mine"},
+	} {
+		r := render(t, tc.values)
+		ccm := one[appsv1.Deployment](t, r, "Deployment", "vipcast-ccm").Spec.Template.Spec.Containers[0]
+		speaker := one[appsv1.DaemonSet](t, r, "DaemonSet", "vipcast-speaker").Spec.Template.Spec.Containers[0]
+		for what, args := range map[string][]string{"CCM": ccm.Args, "speaker": speaker.Args} {
+			for flag, want := range map[string]string{"--load-balancer-class": tc.class, "--serve-classless-services": tc.classless} {
+				if got, _ := arg(args, flag); got != want {
+					t.Errorf("%q: %s %s=%q, want %q", tc.values, what, flag, got, want)
+				}
+			}
+		}
+		wantArg(t, "CCM", ccm.Args, "--leader-elect-resource-name", tc.lease)
+		role := one[rbacv1.Role](t, r, "Role", "vipcast-ccm-leader-election")
+		if !slices.ContainsFunc(role.Rules, func(p rbacv1.PolicyRule) bool { return slices.Contains(p.ResourceNames, tc.lease) }) {
+			t.Errorf("%q: leader-election Role %+v does not name Lease %s", tc.values, role.Rules, tc.lease)
+		}
+	}
+}
+
+// TestSchemaRejectsBadClass checks loadBalancerClass as the API server and
+// the binaries do: a domain-prefixed qualified name, and some Service served.
+func TestSchemaRejectsBadClass(t *testing.T) {
+	for _, v := range []string{
+		"loadBalancerClass: bgp",
+		"loadBalancerClass: Vipcast.io/bgp",
+		"loadBalancerClass: vipcast.io/",
+		"loadBalancerClass: vipcast.io/a/b",
+		"loadBalancerClass: vipcast.io/-bgp",
+		"serveClasslessServices: false",
+		"serveClasslessServices: no please",
+	} {
+		_, err := Render(release, namespace, []byte(v))
+		if err == nil {
+			t.Errorf("values %q rendered; want a schema error", v)
+			continue
+		}
+		if !strings.Contains(err.Error(), "loadBalancerClass") && !strings.Contains(err.Error(), "serveClasslessServices") {
+			t.Errorf("values %q: error does not name the key: %v", v, err)
+		}
+	}
+	if _, err := Render(release, namespace, []byte("{loadBalancerClass: vipcast.io/bgp, serveClasslessServices: false}")); err != nil {
+		t.Errorf("a class without class-less Services: %v", err)
 	}
 }

@@ -94,3 +94,29 @@ The release namespace is refused: it holds Helm's release Secrets.
 {{- end -}}
 {{- toJson $ns -}}
 {{- end -}}
+
+{{/*
+The CCM's Lease name: ccm.leaderElection.resourceName, or the binary's own
+default derived from loadBalancerClass (lbclass.Selector.LeaseName).
+*/}}
+{{- define "vipcast.ccm.leaseName" -}}
+{{- if .Values.ccm.leaderElection.resourceName -}}
+{{- .Values.ccm.leaderElection.resourceName -}}
+{{- else if .Values.loadBalancerClass -}}
+{{- printf "vipcast-ccm-%s" (.Values.loadBalancerClass | replace "/" "-" | replace "_" "-" | lower) -}}
+{{- else -}}
+vipcast-ccm
+{{- end -}}
+{{- end -}}
+
+{{/*
+Which Services vipcast serves: the same flags for the CCM and the speakers.
+*/}}
+{{- define "vipcast.classArgs" -}}
+{{- with .Values.loadBalancerClass }}
+- --load-balancer-class={{ . }}
+{{- end }}
+{{- if kindIs "bool" .Values.serveClasslessServices }}
+- --serve-classless-services={{ .Values.serveClasslessServices }}
+{{- end }}
+{{- end -}}
