@@ -77,18 +77,9 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", defaultMetricsAddr, "host:port serving /metrics, /healthz and /readyz (plain HTTP); \"0\" turns it off. The host must be a specific address, such as the node's ($(NODE_IP) from status.hostIP): every address (\":7473\", \"0.0.0.0\", \"[::]\") would include the VIPs.")
 	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "On SIGTERM, how long to keep serving after withdrawing the routes, so routers converge before the sessions close.")
 	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
-	fs.Func("bgp-password-namespaces", "Comma-separated namespaces whose Secrets BGPPeers may name in spec.passwordSecretRef; the speaker lists and watches the Secrets there and reads no others. Empty: no passwords (a BGPPeer with a passwordSecretRef is refused).", func(v string) error {
-		f.passwordNS = nil
-		for _, ns := range strings.Split(v, ",") {
-			if ns = strings.TrimSpace(ns); ns == "" {
-				continue
-			}
-			if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-				return fmt.Errorf("%q is not a namespace name (%s): use lowercase letters, digits and '-', such as vipcast-bgp-passwords", ns, strings.Join(errs, "; "))
-			}
-			f.passwordNS = append(f.passwordNS, ns)
-		}
-		return nil
+	fs.Func("bgp-password-namespaces", "Comma-separated namespaces whose Secrets BGPPeers may name in spec.passwordSecretRef; the speaker lists and watches the Secrets there and reads no others. Empty: no passwords (a BGPPeer with a passwordSecretRef is refused).", func(v string) (err error) {
+		f.passwordNS, err = parseNamespaces(v)
+		return err
 	})
 	fs.Float64Var(&f.qps, "kube-api-qps", 50, "Queries per second to the API server.")
 	fs.IntVar(&f.burst, "kube-api-burst", 100, "Burst of queries to the API server.")
@@ -109,31 +100,56 @@ func parseFlags(args []string) (*flags, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q: vipcast-speaker takes flags only (or the subcommand %s, as the first argument)", fs.Args(), ipvs.PrepareNodeCommand)
 	}
+	if err := f.check(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// check refuses flag values the speaker cannot run with, naming the flag
+// and the fix.
+func (f *flags) check() error {
 	switch {
 	case f.nodeName == "":
-		return nil, errors.New("--node-name is empty: pass --node-name or set NODE_NAME (in a DaemonSet, from the downward API spec.nodeName)")
+		return errors.New("--node-name is empty: pass --node-name or set NODE_NAME (in a DaemonSet, from the downward API spec.nodeName)")
 	case f.convergenceDelay < 0:
-		return nil, fmt.Errorf("--convergence-delay=%v is negative: use 0s or more, such as 3s", f.convergenceDelay)
+		return fmt.Errorf("--convergence-delay=%v is negative: use 0s or more, such as 3s", f.convergenceDelay)
 	case f.resync < time.Second:
-		return nil, fmt.Errorf("--resync-period=%v is too short: use 1s or more, such as 5m", f.resync)
+		return fmt.Errorf("--resync-period=%v is too short: use 1s or more, such as 5m", f.resync)
 	case f.dataplaneResync < time.Second:
-		return nil, fmt.Errorf("--dataplane-resync-period=%v is too short: use 1s or more, such as 1m", f.dataplaneResync)
+		return fmt.Errorf("--dataplane-resync-period=%v is too short: use 1s or more, such as 1m", f.dataplaneResync)
 	case f.prefixRestart < time.Second:
-		return nil, fmt.Errorf("--bgp-prefix-limit-restart=%v is too short: use 1s or more, such as 1m", f.prefixRestart)
+		return fmt.Errorf("--bgp-prefix-limit-restart=%v is too short: use 1s or more, such as 1m", f.prefixRestart)
 	case f.ipvs && (f.ipvsLink == "" || len(f.ipvsLink) > 15 || strings.ContainsAny(f.ipvsLink, "/ \t")):
-		return nil, fmt.Errorf("--ipvs-link=%q is not a valid link name: use 1-15 characters without '/' or spaces, such as %s", f.ipvsLink, ipvs.DefaultLinkName)
+		return fmt.Errorf("--ipvs-link=%q is not a valid link name: use 1-15 characters without '/' or spaces, such as %s", f.ipvsLink, ipvs.DefaultLinkName)
 	case f.qps <= 0 || f.burst <= 0:
-		return nil, fmt.Errorf("--kube-api-qps=%v and --kube-api-burst=%d must be positive", f.qps, f.burst)
+		return fmt.Errorf("--kube-api-qps=%v and --kube-api-burst=%d must be positive", f.qps, f.burst)
 	}
 	if err := checkMetricsAddr(f.metricsAddr); err != nil {
-		return nil, err
+		return err
 	}
 	if f.routerID != "" {
 		if a, err := netip.ParseAddr(f.routerID); err != nil || !a.Is4() {
-			return nil, fmt.Errorf("--router-id=%q is not an IPv4 address: use a dotted quad such as 10.0.0.1 (BGP router IDs are 32-bit)", f.routerID)
+			return fmt.Errorf("--router-id=%q is not an IPv4 address: use a dotted quad such as 10.0.0.1 (BGP router IDs are 32-bit)", f.routerID)
 		}
 	}
-	return f, nil
+	return nil
+}
+
+// parseNamespaces parses --bgp-password-namespaces: comma-separated
+// namespace names, blanks ignored.
+func parseNamespaces(v string) ([]string, error) {
+	var out []string
+	for _, ns := range strings.Split(v, ",") {
+		if ns = strings.TrimSpace(ns); ns == "" {
+			continue
+		}
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return nil, fmt.Errorf("%q is not a namespace name (%s): use lowercase letters, digits and '-', such as vipcast-bgp-passwords", ns, strings.Join(errs, "; "))
+		}
+		out = append(out, ns)
+	}
+	return out, nil
 }
 
 // defaultMetricsAddr serves the metrics on loopback only: the chart passes
