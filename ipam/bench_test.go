@@ -199,3 +199,63 @@ func TestMemoryIndependentOfPoolSize(t *testing.T) {
 		t.Fatalf("memory per address depends on pool size or is too large: %v", got)
 	}
 }
+
+// manyPorts returns n ports of protocol proto starting at first.
+func manyPorts(proto string, first int32, n int) []Port {
+	out := make([]Port, n)
+	for i := range out {
+		out[i] = Port{Protocol: proto, Port: first + int32(i)}
+	}
+	return out
+}
+
+// sharersWithManyPorts returns an allocator where owner ns/a holds an
+// address under sharing key "k" with n TCP ports, and the request of a
+// second owner, ns/b, with n UDP ports (the same numbers, so nothing
+// clashes) under the same key.
+func sharersWithManyPorts(tb testing.TB, n int) (*Allocator, Request) {
+	tb.Helper()
+	a := newAlloc(tb, Pool{Name: "p", Addresses: []string{"10.0.0.0/24"}, AutoAssign: true})
+	first := Request{Owner: "ns/a", Namespace: "ns", Families: []Family{IPv4}, SharingKey: "k", Ports: manyPorts("TCP", 1, n)}
+	if _, err := a.Assign(first); err != nil {
+		tb.Fatal(err)
+	}
+	second := first
+	second.Owner, second.Ports = "ns/b", manyPorts("UDP", 1, n)
+	return a, second
+}
+
+// BenchmarkShareManyPorts measures Assign (join, then keep) of a Service
+// sharing an address with another, each with 20,000 ports: the port-clash
+// check runs under the allocator's lock.
+func BenchmarkShareManyPorts(b *testing.B) {
+	a, second := sharersWithManyPorts(b, 20_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		got, err := a.Assign(second)
+		if err != nil || len(got.IPs) != 1 || got.IPs[0].String() != "10.0.0.0" {
+			b.Fatalf("Assign = %v, %v; want the shared 10.0.0.0", got, err)
+		}
+	}
+}
+
+// TestShareManyPortsIsFast fails when the port-clash check between two
+// sharers is quadratic: with 60,000 ports each (TCP, UDP and SCTP as a
+// Service may have) a quadratic check takes seconds, a sorted merge a few
+// milliseconds.
+func TestShareManyPortsIsFast(t *testing.T) {
+	if testing.Short() {
+		t.Skip("timing")
+	}
+	a, second := sharersWithManyPorts(t, 60_000)
+	start := time.Now()
+	got, err := a.Assign(second)
+	took := time.Since(start)
+	if err != nil || len(got.IPs) != 1 || got.IPs[0].String() != "10.0.0.0" {
+		t.Fatalf("Assign = %v, %v; want the shared 10.0.0.0", got, err)
+	}
+	t.Logf("joining a sharer, 60,000 ports each: %s", took)
+	if took > time.Second {
+		t.Fatalf("joining a sharer with 60,000 ports each took %s, want well under a second (quadratic port check?)", took)
+	}
+}

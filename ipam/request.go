@@ -55,7 +55,7 @@ func normalize(req Request, n *normReq) error {
 	n.orderIPs(n.IPs)
 	n.attrs = shareAttrs{
 		key:         req.SharingKey,
-		ports:       slices.Clone(req.Ports),
+		ports:       sortedPorts(req.Ports),
 		local:       req.LocalTrafficPolicy,
 		podSelector: req.PodSelector,
 	}

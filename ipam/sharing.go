@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -11,9 +12,40 @@ import (
 // share an address.
 type shareAttrs struct {
 	key         string
-	ports       []Port
+	ports       []Port // sorted by comparePorts, without duplicates
 	local       bool
 	podSelector string
+}
+
+// comparePorts orders ports by protocol, then number.
+func comparePorts(p, q Port) int {
+	if c := strings.Compare(p.Protocol, q.Protocol); c != 0 {
+		return c
+	}
+	return cmp.Compare(p.Port, q.Port)
+}
+
+// sortedPorts returns a sorted copy of ports without duplicates, in
+// O(P log P), so that clashes between two owners are found by a merge.
+func sortedPorts(ports []Port) []Port {
+	out := slices.Clone(ports)
+	slices.SortFunc(out, comparePorts)
+	return slices.Compact(out)
+}
+
+// firstClash returns the lowest port in both sorted lists, in O(P+Q).
+func firstClash(ps, qs []Port) (Port, bool) {
+	for i, j := 0, 0; i < len(ps) && j < len(qs); {
+		switch c := comparePorts(ps[i], qs[j]); {
+		case c < 0:
+			i++
+		case c > 0:
+			j++
+		default:
+			return ps[i], true
+		}
+	}
+	return Port{}, false
 }
 
 // shareConflict returns why an owner `name` with attrs a may not share ip
@@ -26,14 +58,10 @@ func shareConflict(ip netip.Addr, name string, a *shareAttrs, h *owner) *Error {
 		}
 		return newError(ReasonInUse, "%s: address %s is already in use by %s; %s", name, ip, h.name, hint)
 	}
-	for _, p := range a.ports {
-		for _, q := range h.attrs.ports {
-			if p == q {
-				return newError(ReasonPortClash,
-					"%s: cannot share address %s with %s under sharing key %q: both use port %s; change the port, or use another sharing key",
-					name, ip, h.name, a.key, p)
-			}
-		}
+	if p, clash := firstClash(a.ports, h.attrs.ports); clash {
+		return newError(ReasonPortClash,
+			"%s: cannot share address %s with %s under sharing key %q: both use port %s; change the port, or use another sharing key",
+			name, ip, h.name, a.key, p)
 	}
 	if (a.local || h.attrs.local) && a.podSelector != h.attrs.podSelector {
 		return newError(ReasonPortClash,

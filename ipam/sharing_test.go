@@ -1,6 +1,10 @@
 package ipam
 
-import "testing"
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
 
 func shareReq(owner, key string, ports ...Port) Request {
 	return Request{Owner: owner, Namespace: "ns", Families: []Family{IPv4}, SharingKey: key, Ports: ports}
@@ -245,4 +249,34 @@ func TestRestore(t *testing.T) {
 	}
 	checkErr(t, a.Restore(v4("ns/x"), addrs("10.0.0.6", "10.0.0.7")), ReasonInvalid, "two IPv4 addresses")
 	checkOK(t, a)
+}
+
+// TestFirstClash checks the sorted merge against the pairwise comparison
+// it replaces, on random port lists (unsorted, with duplicates).
+func TestFirstClash(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 13))
+	protos := []string{"TCP", "UDP", "SCTP"}
+	random := func() []Port {
+		out := make([]Port, rng.IntN(8))
+		for i := range out {
+			out[i] = Port{Protocol: protos[rng.IntN(len(protos))], Port: int32(rng.IntN(6))}
+		}
+		return out
+	}
+	for range 5000 {
+		ps, qs := random(), random()
+		var want []Port
+		for _, p := range ps {
+			if slices.Contains(qs, p) {
+				want = append(want, p)
+			}
+		}
+		got, clash := firstClash(sortedPorts(ps), sortedPorts(qs))
+		if clash != (len(want) > 0) || (clash && !slices.Contains(want, got)) {
+			t.Fatalf("firstClash(%v, %v) = %v, %v; clashing ports %v", ps, qs, got, clash, want)
+		}
+		if clash && slices.ContainsFunc(want, func(p Port) bool { return comparePorts(p, got) < 0 }) {
+			t.Fatalf("firstClash(%v, %v) = %v, not the lowest of %v", ps, qs, got, want)
+		}
+	}
 }
