@@ -44,7 +44,7 @@ func newProviderMetrics() *providerMetrics {
 		}, []string{"family"}),
 		errors: metrics.NewCounterVec(&metrics.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "allocation_errors_total",
-			Help:           "Failed VIP allocations, by reason (UnknownPool, NotInPool, IPInUse, PortClash, PoolExhausted, NoEligiblePool, InvalidRequest).",
+			Help:           "Failed VIP allocations, by reason (UnknownPool, NotInPool, IPInUse, PortClash, TrafficPolicyClash, PoolExhausted, NoEligiblePool, InvalidRequest).",
 			StabilityLevel: metrics.ALPHA,
 		}, []string{"reason"}),
 	}

@@ -223,7 +223,29 @@ func (p *Provider) restore(ctx context.Context) (restored, conflicts int) {
 		}
 		restored++
 	}
+	p.reportLegacyShares(ctx, svcs)
 	return restored, conflicts
+}
+
+// ReasonLegacySharedVIP is the reason of the Warning Event on a Service that
+// keeps a VIP it shares with Services that today's sharing rules would not
+// let it share with (an older release allowed it).
+const ReasonLegacySharedVIP = "LegacySharedVIP"
+
+// reportLegacyShares logs and records a Warning Event on every Service that
+// restore let keep a VIP shared the way older releases allowed: it keeps the
+// VIP (a restore never renumbers), and nobody may join it that way.
+func (p *Provider) reportLegacyShares(ctx context.Context, svcs []*v1.Service) {
+	logger := klog.FromContext(ctx).WithName(clientName)
+	for _, svc := range svcs {
+		why := p.alloc.LegacyShare(Owner(svc))
+		if why == "" {
+			continue
+		}
+		msg := "keeps its VIP, which it shared before this vipcast release refused such sharing; no other Service can join the VIP this way. " + why
+		logger.Info("Service keeps a VIP shared under older sharing rules", "service", klog.KObj(svc), "reason", why)
+		p.pools.recorder.Event(svc, v1.EventTypeWarning, ReasonLegacySharedVIP, msg)
+	}
 }
 
 // forgetDeleted releases what a deleted Service held. A Service vipcast

@@ -30,9 +30,14 @@ type ipState struct {
 	addr    netip.Addr
 	holders []*owner // sorted by name; never empty while in Allocator.ips
 	key     string   // sharing key under which st is filed in byKey
-	rng     *prange  // range accounting for the address; nil for an orphan
-	idx     u128     // index of addr in rng
-	one     [1]*owner
+	// legacy: Restore found holders sharing the address that today's rules
+	// would not let share (as older releases did); they are judged by the
+	// old rules (legacyConflict) until the exception ends, newcomers by
+	// today's. Reset when the holders meet today's rules (rekey).
+	legacy bool
+	rng    *prange // range accounting for the address; nil for an orphan
+	idx    u128    // index of addr in rng
+	one    [1]*owner
 }
 
 // ips returns the owner's addresses.
@@ -233,8 +238,10 @@ func (a *Allocator) PoolOf(ip netip.Addr) (string, bool) {
 // from a Service's status at start-up), whether or not a pool contains them,
 // replacing whatever it held before; an empty ips releases the owner. It
 // fails only if an address is held by another owner that may not share it
-// (the error names that owner), or if ips is malformed (two addresses of
-// one family). Restore is meant to be called before any Assign.
+// under the rules of any release (the error names that owner), or if ips
+// is malformed (two addresses of one family). A share only older releases
+// allowed is restored as a legacy share (see LegacyShare): a restore never
+// renumbers. Restore is meant to be called before any Assign.
 func (a *Allocator) Restore(req Request, ips []netip.Addr) error {
 	nr := &normReq{}
 	err := normalize(Request{
@@ -252,12 +259,26 @@ func (a *Allocator) Restore(req Request, ips []netip.Addr) error {
 	nr.orderIPs(ips)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	var legacy []netip.Addr
 	for _, ip := range ips {
-		if st := a.ips[ip]; st != nil {
-			if err := canShare(st, nr.Owner, &nr.attrs); err != nil {
-				return err
-			}
+		st := a.ips[ip]
+		if st == nil {
+			continue
 		}
+		if err := canShare(st, nr.Owner, &nr.attrs); err != nil {
+			// Only a share an older release made is restored anyway.
+			for _, h := range st.holders {
+				if h.name != nr.Owner {
+					if lerr := legacyConflict(ip, nr.Owner, &nr.attrs, h); lerr != nil {
+						return lerr
+					}
+				}
+			}
+			legacy = append(legacy, ip)
+		}
+	}
+	for _, ip := range legacy {
+		a.ips[ip].legacy = true
 	}
 	a.commit(a.owners[nr.Owner], nr.Owner, nr.attrs, ips)
 	return nil

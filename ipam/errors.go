@@ -20,6 +20,9 @@ const (
 	// ReasonPortClash: the sharing key is equal but ports/protocols clash,
 	// or the pod selectors differ while one sharer uses the Local policy.
 	ReasonPortClash Reason = "PortClash"
+	// ReasonPolicyClash: the sharing key is equal but one Service uses
+	// externalTrafficPolicy Local and the other Cluster.
+	ReasonPolicyClash Reason = "TrafficPolicyClash"
 	// ReasonExhausted: no free address in any eligible pool.
 	ReasonExhausted Reason = "PoolExhausted"
 	// ReasonNoPool: no pool matches the namespace, selectors or families.

@@ -252,6 +252,7 @@ func (w *fuzzWorld) step(r *byteReader) {
 				t.Fatalf("fresh Assign(%+v) = %v, want lowest free %s (%v)", req, got.IPs, want, wantOK)
 			}
 		}
+		w.checkJoins(req, before.IPs, got.IPs)
 		w.attrs[req.Owner] = req
 		if had {
 			w.checkFreed(before.IPs, got.IPs)
@@ -284,6 +285,9 @@ func (w *fuzzWorld) step(r *byteReader) {
 			t.Fatalf("Restore(%s, %v) recorded %v", req.Owner, ips, got)
 		}
 		w.counts["restore ok"]++
+		if w.a.LegacyShare(req.Owner) != "" {
+			w.counts["restore ok, legacy share"]++
+		}
 		for _, ip := range ips {
 			w.outside[ip] = true
 		}
@@ -366,6 +370,36 @@ func (w *fuzzWorld) checkAssignment(req Request, got Assignment) {
 			}
 		}
 	}
+}
+
+// checkJoins checks that an owner joined only holders it may share with
+// under today's rules: whatever Restore admitted from older releases, a new
+// holder of an address meets today's rules with every holder.
+func (w *fuzzWorld) checkJoins(req Request, before, after []netip.Addr) {
+	for _, ip := range after {
+		if slices.Contains(before, ip) {
+			continue
+		}
+		for _, h := range w.a.Holders(ip) {
+			if h == req.Owner {
+				continue
+			}
+			other := w.attrs[h]
+			if why := joinRefused(req, other); why != "" {
+				w.t.Fatalf("Assign(%+v) joined %s held by %s (%+v): %s", req, ip, h, other, why)
+			}
+			w.counts["assign joined a sharer"]++
+		}
+	}
+}
+
+// joinRefused is the reference for today's sharing rules beyond the key
+// and the ports (which checkWorld checks for every holder).
+func joinRefused(req, other Request) string {
+	if req.LocalTrafficPolicy != other.LocalTrafficPolicy {
+		return "a Local and a Cluster Service share"
+	}
+	return ""
 }
 
 // checkFreed checks that addresses the owner gave up and nobody else holds

@@ -8,7 +8,9 @@ import (
 
 // checkInvariants verifies the allocator's internal consistency: owners and
 // address states agree, holders of a shared address may share it, every
-// address is accounted in exactly the range that contains it, the runs
+// address is accounted in exactly the range that contains it (holders of a
+// legacy share, one Restore admitted under older rules, meet those rules
+// and break today's), the runs
 // match the accounted addresses, pool counters match, and the sharing-key
 // index is exact.
 func (a *Allocator) checkInvariants() error {
@@ -49,11 +51,18 @@ func (a *Allocator) checkInvariants() error {
 			if i > 0 && strings.Compare(st.holders[i-1].name, h.name) >= 0 {
 				return fmt.Errorf("%s holders not sorted/unique", ip)
 			}
+			check := shareConflict
+			if st.legacy {
+				check = legacyConflict
+			}
 			for _, g := range st.holders[:i] {
-				if err := shareConflict(ip, h.name, &h.attrs, g); err != nil {
-					return fmt.Errorf("%s held by %q and %q which may not share: %w", ip, g.name, h.name, err)
+				if err := check(ip, h.name, &h.attrs, g); err != nil {
+					return fmt.Errorf("%s held by %q and %q which may not share (legacy %v): %w", ip, g.name, h.name, st.legacy, err)
 				}
 			}
+		}
+		if st.legacy && st.breaksRules() == nil {
+			return fmt.Errorf("%s is a legacy share but its holders %v meet today's rules", ip, st.holders)
 		}
 		r, idx, ok := a.locate(ip)
 		if ok {

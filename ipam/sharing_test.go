@@ -3,6 +3,7 @@ package ipam
 import (
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -78,20 +79,90 @@ func TestSharingLocalTrafficPolicy(t *testing.T) {
 		return r
 	}
 	mustAssign(t, a, local("ns/a", "app=x", true, 1), "p", "10.0.0.0")
-	// Same selector: shares, whatever its own policy.
-	mustAssign(t, a, local("ns/b", "app=x", false, 2), "p", "10.0.0.0")
+	// Local with the same selector: shares.
 	mustAssign(t, a, local("ns/c", "app=x", true, 3), "p", "10.0.0.0")
 	// Different selector while a sharer is Local: a fresh address...
 	mustAssign(t, a, local("ns/d", "app=y", false, 4), "p", "10.0.0.1")
 	// ... or an error naming the sharer when the address is requested.
-	r := withIPs(local("ns/e", "app=y", false, 5), "10.0.0.0")
+	r := withIPs(local("ns/e", "app=y", true, 5), "10.0.0.0")
 	mustFail(t, a, r, ReasonPortClash, "ns/a", "externalTrafficPolicy Local", `("app=y" vs "app=x")`)
-	// Without any Local sharer selectors may differ.
+	// Cluster sharers may have different selectors.
 	mustAssign(t, a, local("ns/f", "app=z", false, 6), "p", "10.0.0.1")
 	mustHolders(t, a, "10.0.0.1", "ns/d", "ns/f")
 	// A Local newcomer must match every sharer.
 	r = withIPs(local("ns/g", "app=y", true, 7), "10.0.0.1")
-	mustFail(t, a, r, ReasonPortClash, "ns/f")
+	mustFail(t, a, r, ReasonPolicyClash, "ns/d")
+}
+
+// TestSharingTrafficPolicyMix: a Cluster Service is announced from every
+// node, so sharing a VIP with a Local one would draw the Local Service's
+// traffic to nodes without its endpoints. Such sharers never meet.
+func TestSharingTrafficPolicyMix(t *testing.T) {
+	a := newAlloc(t, Pool{Name: "p", Addresses: []string{"10.0.0.0/29"}, AutoAssign: true})
+	req := func(owner string, local bool, port int32) Request {
+		r := shareReq(owner, "k", tcp(port))
+		r.LocalTrafficPolicy, r.PodSelector = local, "app=x"
+		return r
+	}
+	mustAssign(t, a, req("ns/cluster", false, 1), "p", "10.0.0.0")
+	// Same key, same selector, other policy: a fresh address, not the shared one.
+	mustAssign(t, a, req("ns/local", true, 2), "p", "10.0.0.1")
+	// Asking for the other's address is refused, naming it, the policies and the fix.
+	mustFail(t, a, withIPs(req("ns/local2", true, 3), "10.0.0.0"), ReasonPolicyClash,
+		`ns/local2: cannot share address 10.0.0.0 with ns/cluster under sharing key "k"`,
+		"ns/local2 has externalTrafficPolicy Local and ns/cluster has Cluster",
+		"give both the same externalTrafficPolicy")
+	mustFail(t, a, withIPs(req("ns/cluster2", false, 3), "10.0.0.1"), ReasonPolicyClash,
+		"ns/cluster2 has externalTrafficPolicy Cluster and ns/local has Local")
+	// A sharer switching its policy leaves the other's VIP alone: it moves.
+	mustAssign(t, a, req("ns/local3", true, 4), "p", "10.0.0.1")
+	mustAssign(t, a, req("ns/local3", false, 4), "p", "10.0.0.0")
+	mustHolders(t, a, "10.0.0.0", "ns/cluster", "ns/local3")
+	mustHolders(t, a, "10.0.0.1", "ns/local")
+	// ... and fails, keeping its VIP, when it asks for its address.
+	mustAssign(t, a, withIPs(req("ns/local4", true, 5), "10.0.0.1"), "p", "10.0.0.1")
+	mustFail(t, a, withIPs(req("ns/local4", false, 5), "10.0.0.1"), ReasonPolicyClash, "ns/local")
+	checkOK(t, a)
+}
+
+// TestRestoreLegacyShare: Services that shared a VIP under the rules of an
+// older vipcast (a Local and a Cluster Service) keep it across restore and
+// every later Assign, but nobody may join them the old way.
+func TestRestoreLegacyShare(t *testing.T) {
+	a := newAlloc(t, Pool{Name: "p", Addresses: []string{"10.0.0.0/29"}, AutoAssign: true})
+	req := func(owner string, local bool, port int32) Request {
+		r := shareReq(owner, "k", tcp(port))
+		r.LocalTrafficPolicy, r.PodSelector = local, "app=x"
+		return r
+	}
+	if err := a.Restore(req("ns/cluster", false, 1), addrs("10.0.0.0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Restore(req("ns/local", true, 2), addrs("10.0.0.0")); err != nil {
+		t.Fatalf("restoring a share made under the old rules: %v", err)
+	}
+	mustHolders(t, a, "10.0.0.0", "ns/cluster", "ns/local")
+	if why := a.LegacyShare("ns/local"); !strings.Contains(why, "ns/cluster") || !strings.Contains(why, "externalTrafficPolicy") {
+		t.Fatalf("LegacyShare(ns/local) = %q, want the rule it breaks, naming ns/cluster", why)
+	}
+	// Restore never renumbers: both keep it, with or without asking for it.
+	mustAssign(t, a, req("ns/local", true, 2), "p", "10.0.0.0")
+	mustAssign(t, a, withIPs(req("ns/cluster", false, 1), "10.0.0.0"), "p", "10.0.0.0")
+	// Old rules still bind them: a port clash moves the one that changed.
+	if err := a.Restore(req("ns/clash", false, 1), addrs("10.0.0.0")); ReasonOf(err) != ReasonPortClash {
+		t.Fatalf("Restore with a clashing port: %v, want %s", err, ReasonPortClash)
+	}
+	// Newcomers follow today's rules, against every holder.
+	mustFail(t, a, withIPs(req("ns/new", false, 3), "10.0.0.0"), ReasonPolicyClash, "ns/local")
+	mustFail(t, a, withIPs(req("ns/new", true, 3), "10.0.0.0"), ReasonPolicyClash, "ns/cluster")
+	mustAssign(t, a, req("ns/new", true, 3), "p", "10.0.0.1")
+	// Once the exception is gone, it stays gone.
+	a.Release("ns/cluster")
+	if why := a.LegacyShare("ns/local"); why != "" {
+		t.Fatalf("LegacyShare after the other left = %q", why)
+	}
+	mustFail(t, a, withIPs(req("ns/cluster", false, 1), "10.0.0.0"), ReasonPolicyClash, "ns/local")
+	checkOK(t, a)
 }
 
 func TestSharingPreferenceAcrossPools(t *testing.T) {
