@@ -20,9 +20,14 @@ const (
 	// AnnotationIPs requests specific VIPs: a comma-separated list with at
 	// most one IPv4 and one IPv6 address.
 	AnnotationIPs = "vipcast.io/ips"
-	// AnnotationSharingKey lets Services with the same key share a VIP when
-	// their ports do not clash.
+	// AnnotationSharingKey lets Services of one namespace with the same key
+	// share a VIP when their ports do not clash and their
+	// externalTrafficPolicy is the same.
 	AnnotationSharingKey = "vipcast.io/sharing-key"
+	// AnnotationAllowSharedIPAcrossNamespaces ("true" or "false") lets a
+	// Service share a VIP under its sharing key with Services of other
+	// namespaces that set it to "true" too.
+	AnnotationAllowSharedIPAcrossNamespaces = "vipcast.io/allow-shared-ip-across-namespaces"
 )
 
 // maxSharingKeyLen bounds the sharing key; it is compared, never parsed.
@@ -54,6 +59,10 @@ func RequestFor(svc *v1.Service, nsLabels map[string]string) (ipam.Request, erro
 			AnnotationSharingKey, maxSharingKeyLen)
 	}
 
+	if err := checkCrossNamespace(svc); err != nil {
+		return req, err
+	}
+
 	ips, err := requestedIPs(svc)
 	if err != nil {
 		return req, err
@@ -72,14 +81,16 @@ func RequestFor(svc *v1.Service, nsLabels map[string]string) (ipam.Request, erro
 
 // baseRequest holds what every request of the Service carries, none of it
 // validated: owner, labels, traffic policy, pod selector, ports (protocol
-// defaulting to TCP as the API server does) and the trimmed sharing key.
+// defaulting to TCP as the API server does), the trimmed sharing key and
+// whether it may be shared across namespaces.
 func baseRequest(svc *v1.Service) ipam.Request {
 	req := ipam.Request{
-		Owner:              Owner(svc),
-		Namespace:          svc.Namespace,
-		ServiceLabels:      svc.Labels,
-		LocalTrafficPolicy: svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
-		SharingKey:         strings.TrimSpace(svc.Annotations[AnnotationSharingKey]),
+		Owner:                 Owner(svc),
+		Namespace:             svc.Namespace,
+		ServiceLabels:         svc.Labels,
+		LocalTrafficPolicy:    svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
+		SharingKey:            strings.TrimSpace(svc.Annotations[AnnotationSharingKey]),
+		ShareAcrossNamespaces: strings.EqualFold(strings.TrimSpace(svc.Annotations[AnnotationAllowSharedIPAcrossNamespaces]), "true"),
 	}
 	if len(svc.Spec.Selector) > 0 {
 		req.PodSelector = labels.SelectorFromSet(svc.Spec.Selector).String()
@@ -92,6 +103,25 @@ func baseRequest(svc *v1.Service) ipam.Request {
 		req.Ports = append(req.Ports, ipam.Port{Protocol: string(proto), Port: p.Port})
 	}
 	return req
+}
+
+// checkCrossNamespace validates the vipcast.io/allow-shared-ip-across-namespaces
+// annotation: "true" or "false", and only next to a sharing key.
+func checkCrossNamespace(svc *v1.Service) error {
+	raw, ok := svc.Annotations[AnnotationAllowSharedIPAcrossNamespaces]
+	if !ok {
+		return nil
+	}
+	v := strings.ToLower(strings.TrimSpace(raw))
+	if v != "true" && v != "false" {
+		return invalid("annotation %s is %q; set it to \"true\" to share this Service's VIP with Services of other namespaces that set it too, or to \"false\" (the default)",
+			AnnotationAllowSharedIPAcrossNamespaces, raw)
+	}
+	if v == "true" && strings.TrimSpace(svc.Annotations[AnnotationSharingKey]) == "" {
+		return invalid("annotation %s is \"true\" but the Service has no %s; set the same sharing key on every Service that should share a VIP, or remove %s",
+			AnnotationAllowSharedIPAcrossNamespaces, AnnotationSharingKey, AnnotationAllowSharedIPAcrossNamespaces)
+	}
+	return nil
 }
 
 // requestedIPs merges the vipcast.io/ips annotation and the deprecated

@@ -262,6 +262,21 @@ func requestForCases(t testing.TB) []requestForCase {
 			opts: []svcOption{withAnnotation(AnnotationSharingKey, " "+long+" ")},
 			want: ipam.Request{Families: v4, SharingKey: long},
 		},
+		{
+			name: "sharing across namespaces, any case, trimmed",
+			opts: []svcOption{withAnnotation(AnnotationSharingKey, "dns"), withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, " True ")},
+			want: ipam.Request{Families: v4, SharingKey: "dns", ShareAcrossNamespaces: true},
+		},
+		{
+			name: "sharing across namespaces off",
+			opts: []svcOption{withAnnotation(AnnotationSharingKey, "dns"), withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "false")},
+			want: ipam.Request{Families: v4, SharingKey: "dns"},
+		},
+		{
+			name: "sharing across namespaces off without a key",
+			opts: []svcOption{withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "false")},
+			want: ipam.Request{Families: v4},
+		},
 	}
 }
 
@@ -387,6 +402,16 @@ func requestForErrorCases() []requestForErrorCase {
 			name:   "sharing key too long",
 			opts:   []svcOption{withAnnotation(AnnotationSharingKey, tooLong)},
 			wantIn: []string{AnnotationSharingKey, "253"},
+		},
+		{
+			name:   "sharing across namespaces neither true nor false",
+			opts:   []svcOption{withAnnotation(AnnotationSharingKey, "dns"), withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "yes")},
+			wantIn: []string{AnnotationAllowSharedIPAcrossNamespaces, `"yes"`, `"true"`},
+		},
+		{
+			name:   "sharing across namespaces without a sharing key",
+			opts:   []svcOption{withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "true")},
+			wantIn: []string{AnnotationAllowSharedIPAcrossNamespaces, AnnotationSharingKey},
 		},
 	}
 }

@@ -21,6 +21,7 @@ func inNamespace(ns string) svcOption {
 func TestSharingBetweenServices(t *testing.T) {
 	key := withAnnotation(AnnotationSharingKey, "k")
 	sel := withSelector(map[string]string{"app": "shop"})
+	cross := withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "true")
 	tests := []struct {
 		name        string
 		first, next []svcOption
@@ -57,6 +58,25 @@ func TestSharingBetweenServices(t *testing.T) {
 			next:   []svcOption{withName("api"), key, sel, withPorts(port("", 443))},
 			reason: ipam.ReasonPolicyClash,
 			frags:  []string{"shop/api has externalTrafficPolicy Cluster and shop/web has Local"},
+		},
+		{
+			name:   "another namespace with the same key",
+			first:  []svcOption{key, withPorts(port("", 80))},
+			next:   []svcOption{inNamespace("other"), key, withPorts(port("", 443))},
+			reason: ipam.ReasonInUse,
+			frags:  []string{"other/web", "shop/web, of another namespace", "sharing keys are per namespace", AnnotationAllowSharedIPAcrossNamespaces, "not set on other/web and shop/web"},
+		},
+		{
+			name:   "another namespace, only the newcomer opts in",
+			first:  []svcOption{key, withPorts(port("", 80))},
+			next:   []svcOption{inNamespace("other"), key, cross, withPorts(port("", 443))},
+			reason: ipam.ReasonInUse,
+			frags:  []string{"not set on shop/web"},
+		},
+		{
+			name:  "another namespace, both opt in",
+			first: []svcOption{key, cross, withPorts(port("", 80))},
+			next:  []svcOption{inNamespace("other"), key, cross, withPorts(port("", 443))},
 		},
 	}
 	for _, tc := range tests {

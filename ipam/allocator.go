@@ -245,7 +245,8 @@ func (a *Allocator) PoolOf(ip netip.Addr) (string, bool) {
 func (a *Allocator) Restore(req Request, ips []netip.Addr) error {
 	nr := &normReq{}
 	err := normalize(Request{
-		Owner: req.Owner, SharingKey: req.SharingKey, Ports: req.Ports,
+		Owner: req.Owner, Namespace: req.Namespace, SharingKey: req.SharingKey,
+		ShareAcrossNamespaces: req.ShareAcrossNamespaces, Ports: req.Ports,
 		LocalTrafficPolicy: req.LocalTrafficPolicy, PodSelector: req.PodSelector,
 		Families: req.Families,
 	}, nr)

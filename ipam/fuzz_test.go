@@ -185,6 +185,8 @@ func (w *fuzzWorld) request(r *byteReader) Request {
 		Ports:              fuzzPorts[r.pick(len(fuzzPorts))],
 		LocalTrafficPolicy: flags&1 != 0,
 		PodSelector:        []string{"app=x", "app=y"}[flags>>1&1],
+		// Mostly opted in, so that cross-namespace shares happen.
+		ShareAcrossNamespaces: flags&48 != 0,
 	}
 	if req.Pool == "zz" && flags&12 != 12 {
 		req.Pool = "" // keep unknown pools rare
@@ -389,6 +391,9 @@ func (w *fuzzWorld) checkJoins(req Request, before, after []netip.Addr) {
 				w.t.Fatalf("Assign(%+v) joined %s held by %s (%+v): %s", req, ip, h, other, why)
 			}
 			w.counts["assign joined a sharer"]++
+			if other.Namespace != req.Namespace {
+				w.counts["assign joined across namespaces"]++
+			}
 		}
 	}
 }
@@ -396,6 +401,9 @@ func (w *fuzzWorld) checkJoins(req Request, before, after []netip.Addr) {
 // joinRefused is the reference for today's sharing rules beyond the key
 // and the ports (which checkWorld checks for every holder).
 func joinRefused(req, other Request) string {
+	if req.Namespace != other.Namespace && !(req.ShareAcrossNamespaces && other.ShareAcrossNamespaces) {
+		return "Services of different namespaces share without both opting in"
+	}
 	if req.LocalTrafficPolicy != other.LocalTrafficPolicy {
 		return "a Local and a Cluster Service share"
 	}

@@ -55,6 +55,8 @@ func normalize(req Request, n *normReq) error {
 	n.orderIPs(n.IPs)
 	n.attrs = shareAttrs{
 		key:         req.SharingKey,
+		namespace:   req.Namespace,
+		crossNS:     req.ShareAcrossNamespaces,
 		ports:       sortedPorts(req.Ports),
 		local:       req.LocalTrafficPolicy,
 		podSelector: req.PodSelector,

@@ -8,10 +8,16 @@ import (
 	"strings"
 )
 
+// crossNamespaceAnnotation is the Service annotation the CCM reads into
+// Request.ShareAcrossNamespaces, named in errors so users know the fix.
+const crossNamespaceAnnotation = "vipcast.io/allow-shared-ip-across-namespaces"
+
 // shareAttrs are the parts of a request that decide whether two owners may
 // share an address.
 type shareAttrs struct {
 	key         string
+	namespace   string
+	crossNS     bool   // shares with other namespaces that opt in too
 	ports       []Port // sorted by comparePorts, without duplicates
 	local       bool
 	podSelector string
@@ -84,8 +90,21 @@ func keyConflict(ip netip.Addr, name string, a *shareAttrs, h *owner) *Error {
 	return newError(ReasonInUse, "%s: address %s is already in use by %s; %s", name, ip, h.name, hint)
 }
 
-// ruleConflict checks the sharing rules older releases did not have.
+// ruleConflict checks the sharing rules older releases did not have: the
+// same namespace unless both opt in, and the same traffic policy.
 func ruleConflict(ip netip.Addr, name string, a *shareAttrs, h *owner) *Error {
+	if a.namespace != h.attrs.namespace && !(a.crossNS && h.attrs.crossNS) {
+		var missing []string
+		if !a.crossNS {
+			missing = append(missing, name)
+		}
+		if !h.attrs.crossNS {
+			missing = append(missing, h.name)
+		}
+		return newError(ReasonInUse,
+			"%s: address %s is already in use by %s, of another namespace, under sharing key %q; sharing keys are per namespace: to share across namespaces set annotation %s: \"true\" on every Service sharing it (it is not set on %s), or request another address",
+			name, ip, h.name, a.key, crossNamespaceAnnotation, strings.Join(missing, " and "))
+	}
 	if a.local != h.attrs.local {
 		return newError(ReasonPolicyClash,
 			"%s: cannot share address %s with %s under sharing key %q: %s has externalTrafficPolicy %s and %s has %s, and a Cluster Service's route from every node would draw the Local Service's traffic to nodes without its endpoints; give both the same externalTrafficPolicy, or use another sharing key",

@@ -351,3 +351,74 @@ func TestFirstClash(t *testing.T) {
 		}
 	}
 }
+
+// TestSharingAcrossNamespaces: sharing keys are per namespace; Services of
+// different namespaces share only when every one of them opts in.
+func TestSharingAcrossNamespaces(t *testing.T) {
+	a := newAlloc(t, Pool{Name: "p", Addresses: []string{"10.0.0.0/29"}, AutoAssign: true})
+	req := func(owner string, cross bool, port int32) Request {
+		r := shareReq(owner, "k", tcp(port))
+		r.Namespace = strings.Split(owner, "/")[0]
+		r.ShareAcrossNamespaces = cross
+		return r
+	}
+	mustAssign(t, a, req("victim/web", false, 80), "p", "10.0.0.0")
+	// Another namespace, the same key: its own address, not the victim's.
+	mustAssign(t, a, req("other/x", false, 443), "p", "10.0.0.1")
+	mustHolders(t, a, "10.0.0.0", "victim/web")
+	// Asking for the victim's address is refused, naming it and the fix.
+	mustFail(t, a, withIPs(req("other/y", false, 444), "10.0.0.0"), ReasonInUse,
+		`other/y: address 10.0.0.0 is already in use by victim/web, of another namespace, under sharing key "k"`,
+		"sharing keys are per namespace", `vipcast.io/allow-shared-ip-across-namespaces: "true"`, "not set on other/y and victim/web")
+	// Opting in alone is not enough: every sharer must.
+	mustFail(t, a, withIPs(req("other/y", true, 444), "10.0.0.0"), ReasonInUse, "not set on victim/web")
+	mustAssign(t, a, req("other/y", true, 444), "p", "10.0.0.1") // joins other/x
+	// The same namespace needs no opt-in, whatever the sharers set.
+	mustAssign(t, a, req("victim/api", true, 8080), "p", "10.0.0.0")
+	mustHolders(t, a, "10.0.0.0", "victim/api", "victim/web")
+
+	// When everyone opts in, namespaces do not matter.
+	mustAssign(t, a, req("blue/dns", true, 53), "p", "10.0.0.2")
+	mustAssign(t, a, withIPs(req("green/dns", true, 54), "10.0.0.2"), "p", "10.0.0.2")
+	mustHolders(t, a, "10.0.0.2", "blue/dns", "green/dns")
+	// A sharer withdrawing its opt-in moves away; the others keep the VIP.
+	mustAssign(t, a, req("green/dns", false, 54), "p", "10.0.0.3")
+	mustHolders(t, a, "10.0.0.2", "blue/dns")
+	checkOK(t, a)
+}
+
+// TestRestoreLegacyShareAcrossNamespaces: Services of different namespaces
+// that shared a VIP under an earlier release, when keys were cluster-wide,
+// keep it; nobody joins them without meeting today's rules with each.
+func TestRestoreLegacyShareAcrossNamespaces(t *testing.T) {
+	a := newAlloc(t, Pool{Name: "p", Addresses: []string{"10.0.0.0/29"}, AutoAssign: true})
+	req := func(owner string, cross bool, port int32) Request {
+		r := shareReq(owner, "k", tcp(port))
+		r.Namespace = strings.Split(owner, "/")[0]
+		r.ShareAcrossNamespaces = cross
+		return r
+	}
+	for _, r := range []Request{req("one/a", false, 80), req("two/b", false, 443)} {
+		if err := a.Restore(r, addrs("10.0.0.4")); err != nil {
+			t.Fatalf("Restore(%s): %v", r.Owner, err)
+		}
+	}
+	mustHolders(t, a, "10.0.0.4", "one/a", "two/b")
+	if why := a.LegacyShare("one/a"); !strings.Contains(why, "two/b") || !strings.Contains(why, "per namespace") {
+		t.Fatalf("LegacyShare(one/a) = %q", why)
+	}
+	mustAssign(t, a, req("one/a", false, 80), "p", "10.0.0.4")
+	mustAssign(t, a, withIPs(req("two/b", false, 443), "10.0.0.4"), "p", "10.0.0.4")
+	// A newcomer of either namespace breaks the rule with the other holder.
+	mustFail(t, a, withIPs(req("one/c", false, 8080), "10.0.0.4"), ReasonInUse, "two/b")
+	mustFail(t, a, withIPs(req("three/d", true, 8080), "10.0.0.4"), ReasonInUse, "one/a")
+	mustAssign(t, a, req("one/c", false, 8080), "p", "10.0.0.0")
+	// Both opting in ends the exception: the share is then an ordinary one.
+	mustAssign(t, a, req("one/a", true, 80), "p", "10.0.0.4")
+	mustAssign(t, a, req("two/b", true, 443), "p", "10.0.0.4")
+	if why := a.LegacyShare("two/b"); why != "" {
+		t.Fatalf("LegacyShare after both opted in = %q", why)
+	}
+	mustAssign(t, a, withIPs(req("three/d", true, 8080), "10.0.0.4"), "p", "10.0.0.4")
+	checkOK(t, a)
+}

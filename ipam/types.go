@@ -116,9 +116,14 @@ type Request struct {
 	// Families is served; otherwise (PreferDualStack) the request gets what
 	// one pool offers, at least the first family.
 	RequireAllFamilies bool
-	// SharingKey lets owners with the same key share an address when their
-	// ports do not clash.
+	// SharingKey lets owners of the same namespace with the same key share
+	// an address when their ports do not clash and their traffic policies
+	// agree (see ShareAcrossNamespaces for other namespaces).
 	SharingKey string
+	// ShareAcrossNamespaces lets the owner share an address with owners of
+	// other namespaces that set it too. Sharing keys are per namespace
+	// (Namespace): without it, owners of different namespaces never share.
+	ShareAcrossNamespaces bool
 	// Ports are the owner's ports, checked for clashes between sharers.
 	Ports []Port
 	// LocalTrafficPolicy is true for externalTrafficPolicy: Local.

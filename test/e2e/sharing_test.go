@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,16 +84,44 @@ func TestSharingRefusals(t *testing.T) {
 	if ip := e.waitVIP("team-a", "local-auto"); ip.String() == "10.70.0.5" {
 		t.Errorf("team-a/local-auto (Local) joined team-a/web's (Cluster) VIP %s", ip)
 	}
-	// A Cluster Service with the same key still joins.
+
+	// Case 3: a Service of another namespace with the same key.
+	e.namespace("team-b", nil)
+	e.createService(lbService("team-b", "asks", key, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(22)))
+	e.createService(lbService("team-b", "auto", key, withPorts(2222)))
+	e.waitEvent("team-b", "asks", "10.70.0.5", "team-a/web", "sharing keys are per namespace",
+		ccm.AnnotationAllowSharedIPAcrossNamespaces, "not set on team-b/asks and team-a/web")
+	if ip := e.waitVIP("team-b", "auto"); ip.String() == "10.70.0.5" {
+		t.Errorf("team-b/auto joined team-a/web's VIP %s across namespaces", ip)
+	}
+	// Opting in on one side only changes nothing.
+	cross := withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "true")
+	e.createService(lbService("team-b", "asks-opted-in", key, cross, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(23)))
+	e.waitEvent("team-b", "asks-opted-in", "team-a/web", "not set on team-a/web")
+	// When both opt in, they share.
+	e.namespace("team-c", nil)
+	e.createService(lbService("team-a", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), cross, withPorts(53)))
+	dns := e.waitVIP("team-a", "dns")
+	e.createService(lbService("team-c", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), cross, withPorts(5353)))
+	if ip := e.waitVIP("team-c", "dns"); ip != dns {
+		t.Errorf("team-c/dns got %s, want to share team-a/dns's %s (both opted in)", ip, dns)
+	}
+	// A malformed opt-in is an Event naming the annotation.
+	e.createService(lbService("team-b", "bad-opt-in", key, withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "yes")))
+	e.waitEvent("team-b", "bad-opt-in", ccm.AnnotationAllowSharedIPAcrossNamespaces, `"yes"`)
+
+	// A Cluster Service of team-a with the same key still joins.
 	e.createService(lbService("team-a", "cluster-auto", key, withPorts(8080)))
 	if ip := e.waitVIP("team-a", "cluster-auto"); ip.String() != "10.70.0.5" {
 		t.Errorf("team-a/cluster-auto got %s, want to share 10.70.0.5", ip)
 	}
 
-	now := e.listServices("team-a")
+	now := e.listServices("team-a", "team-b")
 	checkUnchanged(t, before, now)
-	if ing := now["team-a/local-asks"].Status.LoadBalancer.Ingress; len(ing) != 0 {
-		t.Errorf("team-a/local-asks got %v despite the refusal", ing)
+	for _, name := range []string{"team-a/local-asks", "team-b/asks", "team-b/asks-opted-in", "team-b/bad-opt-in"} {
+		if ing := now[name].Status.LoadBalancer.Ingress; len(ing) != 0 {
+			t.Errorf("%s got %v despite the refusal", name, ing)
+		}
 	}
 }
 
@@ -116,7 +145,11 @@ func TestSharingUpgrade(t *testing.T) {
 	}
 	published(lbService("team-a", "old-cluster", key, app, withPorts(80)), "10.70.0.9")
 	published(lbService("team-a", "old-local", key, app, withLocal(), withPorts(443)), "10.70.0.9")
-	before := e.snapshotAll("team-a")
+	// Keys were cluster-wide: a Service of team-b shares team-a's VIP.
+	e.namespace("team-b", nil)
+	published(lbService("team-a", "old-web", key, withPorts(80)), "10.70.0.10")
+	published(lbService("team-b", "old-web", key, withPorts(443)), "10.70.0.10")
+	before := e.snapshotAll("team-a", "team-b")
 
 	e.startCCM("a")
 	e.waitEventReason("team-a", "old-local", v1.EventTypeWarning, ccm.ReasonLegacySharedVIP,
@@ -126,10 +159,20 @@ func TestSharingUpgrade(t *testing.T) {
 		e.waitEventReason("team-a", name, v1.EventTypeNormal, "EnsuredLoadBalancer")
 	}
 
+	e.waitEventReason("team-b", "old-web", v1.EventTypeWarning, ccm.ReasonLegacySharedVIP,
+		"team-a/old-web", "per namespace", ccm.AnnotationAllowSharedIPAcrossNamespaces)
+	e.waitEventReason("team-a", "old-web", v1.EventTypeWarning, ccm.ReasonLegacySharedVIP, "team-b/old-web")
+	for _, key := range []string{"team-a/old-web", "team-b/old-web"} {
+		ns, name, _ := strings.Cut(key, "/")
+		e.waitEventReason(ns, name, v1.EventTypeNormal, "EnsuredLoadBalancer")
+	}
+
 	// Newcomers follow today's rules against every holder.
 	e.createService(lbService("team-a", "new-cluster", key, app, withAnnotation(ccm.AnnotationIPs, "10.70.0.9"), withPorts(8080)))
 	e.waitEvent("team-a", "new-cluster", "10.70.0.9", "team-a/old-local", "externalTrafficPolicy")
+	e.createService(lbService("team-a", "new-web", key, withAnnotation(ccm.AnnotationIPs, "10.70.0.10"), withPorts(8080)))
+	e.waitEvent("team-a", "new-web", "10.70.0.10", "team-b/old-web", "per namespace")
 
-	now := e.listServices("team-a")
+	now := e.listServices("team-a", "team-b")
 	checkUnchanged(t, before, now)
 }
