@@ -71,7 +71,7 @@ func (e *env) serviceVIPs(ns, name string) []netip.Addr {
 func (e *env) waitVIP(ns, name string) netip.Addr {
 	e.t.Helper()
 	var vip netip.Addr
-	e.eventually(30*time.Second, fmt.Sprintf("a VIP for %s/%s", ns, name), func() (bool, error) {
+	e.eventually(60*time.Second, fmt.Sprintf("a VIP for %s/%s", ns, name), func() (bool, error) {
 		ips := e.serviceVIPs(ns, name)
 		if len(ips) != 1 {
 			return false, fmt.Errorf("VIPs %v", ips)

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,24 +26,6 @@ func withLocal() svcOpt {
 
 func withSelector(sel map[string]string) svcOpt {
 	return func(s *v1.Service) { s.Spec.Selector = sel }
-}
-
-// waitVIP waits until ns/name has a VIP and returns it.
-func (e *env) waitVIP(ns, name string) netip.Addr {
-	e.t.Helper()
-	var ip netip.Addr
-	e.eventually(60*time.Second, ns+"/"+name+" to get a VIP", func() (bool, error) {
-		s, err := e.cp.Client.CoreV1().Services(ns).Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		if ips := ingressIPs(e.t, s); len(ips) > 0 {
-			ip = ips[0]
-			return true, nil
-		}
-		return false, nil
-	})
-	return ip
 }
 
 // snapshotAll returns the published VIPs of every Service in namespaces.
