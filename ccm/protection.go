@@ -48,12 +48,14 @@ func publishedServices(svcs []*v1.Service) []poolspec.Published {
 // naming the holders its deletion waits for.
 func holdStatus(st *vipcastv1alpha1.IPPoolStatus, pool *vipcastv1alpha1.IPPool, holdings []poolspec.Holding) {
 	var outside []string
+	addrs := map[netip.Addr]bool{} // a shared VIP is one address
 	for _, h := range holdings {
 		if !h.InSpec {
 			outside = append(outside, h.String())
+			addrs[h.IP] = true
 		}
 	}
-	st.HeldOutsideSpec = int64(len(outside))
+	st.HeldOutsideSpec = int64(len(addrs))
 	cond := metav1.Condition{
 		Type:               vipcastv1alpha1.ConditionHeldOutsideSpec,
 		Status:             metav1.ConditionFalse,
@@ -64,7 +66,7 @@ func holdStatus(st *vipcastv1alpha1.IPPoolStatus, pool *vipcastv1alpha1.IPPool, 
 	if len(outside) > 0 {
 		cond.Status, cond.Reason = metav1.ConditionTrue, vipcastv1alpha1.ReasonHeldOutsideSpec
 		cond.Message = fmt.Sprintf("%d addresses held outside the pool's spec stay with their Services, published and announced, until released: %s; no new address comes from outside the spec",
-			len(outside), poolspec.Summary(outside, maxListed))
+			len(addrs), poolspec.Summary(outside, maxListed))
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
 	if pool.DeletionTimestamp == nil {

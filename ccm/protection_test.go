@@ -40,6 +40,8 @@ func TestHoldStatus(t *testing.T) {
 		{name: "all in spec", holdings: []poolspec.Holding{holding("ns/a", "192.0.2.1", true)}, heldStatus: metav1.ConditionFalse},
 		{name: "narrowed", holdings: []poolspec.Holding{holding("ns/a", "192.0.2.1", true), holding("ns/b", "198.51.100.1", false)},
 			outside: 1, heldStatus: metav1.ConditionTrue, heldMsg: []string{"1 addresses", "198.51.100.1 (ns/b)", "until released"}},
+		{name: "narrowed, one address shared by two Services: counted once", holdings: []poolspec.Holding{holding("ns/a", "198.51.100.1", false), holding("ns/b", "198.51.100.1", false)},
+			outside: 1, heldStatus: metav1.ConditionTrue, heldMsg: []string{"1 addresses", "198.51.100.1 (ns/a)", "198.51.100.1 (ns/b)"}},
 		{name: "deleting, held", deleting: true, holdings: []poolspec.Holding{holding("ns/a", "192.0.2.1", true), holding("ns/a", "2001:db8::1", true)},
 			heldStatus: metav1.ConditionFalse, readyReason: v1alpha1.ReasonTerminating, readyMsg: []string{"waits for 1 Service(s)", ": ns/a;"}},
 		{name: "deleting, many holders: ten named and a count", deleting: true, holdings: many,
