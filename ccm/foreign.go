@@ -26,9 +26,10 @@ const ReasonForeignStatus = "ForeignLoadBalancerStatus"
 // vipcastWrote reports whether a served Service's status addresses, read at
 // start-up, look like vipcast's. Each must lie in an installed IPPool
 // (the one the vipcast.io/pool annotation names, when it names an installed
-// one), or in none while the annotation names a pool that is not installed:
-// an address whose pool was since deleted or refused stays with its
-// Service.
+// one); or be held by a pool outside its spec by poolspec's holding rule
+// (the annotation names a narrowed, refused or terminating pool); or lie
+// in no pool while the annotation names a pool that does not exist: an
+// address whose pool was deleted stays with its Service.
 func (p *Provider) vipcastWrote(svc *v1.Service, ips []netip.Addr) bool {
 	named, annotated := svc.Annotations[AnnotationPool]
 	_, namedInstalled := p.alloc.Stats(named)
@@ -37,7 +38,7 @@ func (p *Provider) vipcastWrote(svc *v1.Service, ips []netip.Addr) bool {
 		switch {
 		case inPool && namedInstalled && pool != named:
 			return false
-		case !inPool && (!annotated || namedInstalled):
+		case !inPool && (!annotated || namedInstalled) && !p.pools.holds(named, []netip.Addr{ip}):
 			return false
 		}
 	}

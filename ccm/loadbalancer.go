@@ -58,6 +58,14 @@ func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Ser
 		// narrowed, refused or is being deleted since, or its namespace or
 		// Service selectors changed; all that governs new allocations.
 		req.Pool = ""
+	} else if held && req.Pool == "" && p.pools.unheld(before.IPs) {
+		// The vipcast.io/pool annotation that kept VIPs outside every pool's
+		// spec (a narrowed pool) is gone: no pool holds them, so no speaker
+		// announces them. Publishing them on would leave the Service
+		// unreachable; it gets new VIPs from the pools instead.
+		logger.Info("VIPs held by no pool since the pool annotation went: allocating new ones", "ips", before.IPs)
+		p.release(svc)
+		before = ipam.Assignment{}
 	}
 	a, err := p.alloc.Assign(req)
 	if err != nil {

@@ -168,3 +168,22 @@ func (pc *poolController) holds(name string, ips []netip.Addr) bool {
 	}
 	return true
 }
+
+// unheld reports whether a pool is loaded and no pool holds one of ips by
+// the holding rule without an annotation: in its spec, or refused with ips
+// in its spec. Such a VIP stays published only while an annotation names
+// the pool that holds it.
+func (pc *poolController) unheld(ips []netip.Addr) bool {
+	pc.mu.Lock()
+	adm := pc.admission
+	pc.mu.Unlock()
+	if adm == nil {
+		return false
+	}
+	for _, ip := range ips {
+		if _, ok := adm.Holder(ip, ""); !ok {
+			return true
+		}
+	}
+	return false
+}

@@ -240,14 +240,23 @@ func TestPoolNarrowedKeepsVIP(t *testing.T) {
 	if got := e.waitVIP("web", "b"); got != netip.MustParseAddr("10.100.0.15") {
 		t.Errorf("web/b got %s, want 10.100.0.15, the lowest address of the narrowed spec", got)
 	}
-	// Once web/a lets its VIP go, nothing is held outside the spec.
-	if err := e.cp.Client.CoreV1().Services("web").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	// Without the annotation that ties it to the narrowed pool, no pool
+	// holds web/a's VIP and no speaker would announce it: web/a gets a new
+	// one from the spec (found by TestCCMModel).
+	e.patchService("web", "a", `{"metadata":{"annotations":{"vipcast.io/pool":null}}}`)
+	e.eventually(30*time.Second, "web/a to move into the narrowed spec", func() (bool, error) {
+		ips := e.serviceVIPs("web", "a")
+		return len(ips) == 1 && ips[0] == netip.MustParseAddr("10.100.0.16"), fmt.Errorf("VIPs %v", ips)
+	})
+	e.waitTable("FRR", frr, map[string]route{"10.100.0.16/32": {nextHop: "10.0.0.2", communities: []string{"64512:100"}}})
+	// Once web/a let its old VIP go, nothing is held outside the spec.
 	e.eventually(30*time.Second, "IPPool vips to hold nothing outside its spec", func() (bool, error) {
 		st, reason, msg := e.poolCondition("vips", "HeldOutsideSpec")
 		return st == "False", fmt.Errorf("condition %s/%s %q", st, reason, msg)
 	})
+	if err := e.cp.Client.CoreV1().Services("web").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	e.waitTable("FRR", frr, map[string]route{})
 }
 
