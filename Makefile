@@ -25,7 +25,7 @@ GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT_DIR := $(abspath $(VIPCAST_CACHE))/golangci-lint-$(GOLANGCI_LINT_VERSION)
 GOLANGCI_LINT := $(GOLANGCI_LINT_DIR)/golangci-lint
 
-.PHONY: all build images test test-unit test-controlplane test-routing bench generate verify tools routers lab lab-root lab-down lint fuzz clean help
+.PHONY: all build images test test-unit test-controlplane test-routing bench generate verify tools routers lab lab-root lab-down lint fuzz model clean help
 
 all: build
 
@@ -134,6 +134,13 @@ FUZZ_TARGETS := \
 	./speaker/:FuzzCompile \
 	./speaker/:FuzzRouteTable \
 	./speaker/:FuzzServiceDataplane
+
+# The randomized model test of vipcast-ccm (test/e2e TestCCMModel): make test
+# runs 200 steps with a seed from the clock; this runs more, or replays one.
+MODEL_STEPS ?= 2000
+MODEL_SEED ?= 0
+model: tools ## TestCCMModel for MODEL_STEPS steps (default 2000) from MODEL_SEED (0: the clock)
+	$(GO) test -count=1 -timeout 4h -run '^TestCCMModel$$' -v ./test/e2e/ -args -vipcast.model-steps=$(MODEL_STEPS) -vipcast.model-seed=$(MODEL_SEED) 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|model_test.go' ; exit $${PIPESTATUS[0]}
 
 fuzz: ## run every fuzz target for a while each (FUZZTIME=60s)
 	@set -e; for t in $(FUZZ_TARGETS); do \

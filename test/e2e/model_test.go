@@ -1,0 +1,585 @@
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/retry"
+
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/poolspec"
+)
+
+// The model test's knobs: `make test` runs the default number of steps
+// with a seed from the clock; a failure prints the seed to run again with
+// -args -vipcast.model-seed=N (and more steps with -vipcast.model-steps).
+var (
+	modelSeed  = flag.Uint64("vipcast.model-seed", 0, "seed of TestCCMModel; 0 picks one from the clock")
+	modelSteps = flag.Int("vipcast.model-steps", 200, "steps of TestCCMModel")
+)
+
+// The model's universe: two namespaces, four pools each owning a /26 of
+// which its spec holds a random non-empty set of /28 blocks, and twelve
+// Service names.
+const (
+	modelPools    = 4
+	modelServices = 12
+	modelBlocks   = 4 // /28 blocks in a pool's /26
+)
+
+var modelNamespaces = []string{"m1", "m2"}
+
+// TestCCMModel is a randomized model-based test of vipcast-ccm against the
+// real API server: random sequences of pool create, edit (widen or narrow)
+// and delete; Service create, edit (type, class, annotations, ports,
+// traffic policy) and delete; and CCM kills and leader changes. After each
+// step settles, the invariants hold (see checkInvariants).
+func TestCCMModel(t *testing.T) {
+	seed := *modelSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("TestCCMModel seed %d, %d steps (again: go test ./test/e2e/ -run TestCCMModel -args -vipcast.model-seed=%d)", seed, *modelSteps, seed)
+	m := &model{e: newEnv(t), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), seed: seed}
+	for _, ns := range modelNamespaces {
+		m.e.namespace(ns, nil)
+	}
+	m.ccms = []*ccmProcess{m.e.startCCM("model-0")}
+	m.waitLeader()
+	m.prev = m.snapshot()
+	for m.step = 1; m.step <= *modelSteps; m.step++ {
+		what, touched := m.randomStep()
+		m.settle()
+		cur := m.snapshot()
+		if err := checkInvariants(m.prev, cur, touched); err != nil {
+			t.Fatalf("seed %d, step %d (%s): %v\nhistory:\n%s", seed, m.step, what, err, strings.Join(m.history, "\n"))
+		}
+		m.history = append(m.history, fmt.Sprintf("%3d %s", m.step, what))
+		m.prev = cur
+	}
+	t.Logf("seed %d: %d steps, invariants held; %s", seed, *modelSteps, m.prev.summary())
+}
+
+// model drives the API server and the CCMs.
+type model struct {
+	e       *env
+	rng     *rand.Rand
+	seed    uint64
+	step    int
+	ccms    []*ccmProcess // the running CCMs, oldest first
+	started int
+	prev    *modelState
+	history []string
+}
+
+// randomStep makes one random change and returns what it did and the keys
+// of the Services whose own request it changed (their VIP may change).
+func (m *model) randomStep() (string, map[string]bool) {
+	switch r := m.rng.IntN(100); {
+	case r < 22:
+		return m.putPool(), nil
+	case r < 27:
+		return m.deletePool(), nil
+	case r < 55:
+		return m.putService()
+	case r < 68:
+		return m.deleteService()
+	case r < 94:
+		return m.putService()
+	case r < 97:
+		return m.killCCM(), nil
+	default:
+		return m.leaderChange(), nil
+	}
+}
+
+// poolName and poolBlock name the universe's pools and their /28 blocks.
+func poolName(i int) string { return fmt.Sprintf("model-p%d", i) }
+
+func poolBlock(pool, block int) string {
+	return fmt.Sprintf("10.200.%d.%d/28", pool, block*16)
+}
+
+// putPool creates or edits a random pool with a random non-empty set of
+// its blocks.
+func (m *model) putPool() string {
+	i := m.rng.IntN(modelPools)
+	var blocks []string
+	for b := range modelBlocks {
+		if m.rng.IntN(2) == 0 {
+			blocks = append(blocks, poolBlock(i, b))
+		}
+	}
+	if len(blocks) == 0 {
+		blocks = []string{poolBlock(i, m.rng.IntN(modelBlocks))}
+	}
+	res := m.e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource)
+	ctx := context.Background()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		u, err := res.Get(ctx, poolName(i), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			u = &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "vipcast.io/v1alpha1", "kind": "IPPool",
+				"metadata": map[string]any{"name": poolName(i)},
+			}}
+			if err := unstructured.SetNestedStringSlice(u.Object, blocks, "spec", "addresses"); err != nil {
+				return err
+			}
+			_, err = res.Create(ctx, u, metav1.CreateOptions{})
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		if err := unstructured.SetNestedStringSlice(u.Object, blocks, "spec", "addresses"); err != nil {
+			return err
+		}
+		_, err = res.Update(ctx, u, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		m.e.t.Fatalf("step %d: pool %s: %v", m.step, poolName(i), err)
+	}
+	return fmt.Sprintf("pool %s addresses %v", poolName(i), blocks)
+}
+
+// deletePool deletes a random pool (a pool still in use stays until its
+// holders let go).
+func (m *model) deletePool() string {
+	name := poolName(m.rng.IntN(modelPools))
+	err := m.e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Delete(context.Background(), name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		m.e.t.Fatalf("step %d: deleting pool %s: %v", m.step, name, err)
+	}
+	return "delete pool " + name
+}
+
+// serviceName returns a random Service of the universe.
+func (m *model) serviceName() (ns, name string) {
+	return modelNamespaces[m.rng.IntN(len(modelNamespaces))], fmt.Sprintf("s%d", m.rng.IntN(modelServices))
+}
+
+// putService creates a random Service or changes one thing of it.
+func (m *model) putService() (string, map[string]bool) {
+	ns, name := m.serviceName()
+	key := ns + "/" + name
+	svcs := m.e.cp.Client.CoreV1().Services(ns)
+	ctx := context.Background()
+	var what string
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := svcs.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			s = lbService(ns, name)
+			m.randomize(s, "ports")
+			m.randomize(s, "policy")
+			m.randomize(s, "sharing")
+			what = fmt.Sprintf("create %s %s", key, describe(s))
+			_, err = svcs.Create(ctx, s, metav1.CreateOptions{})
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		aspects := []string{"ports", "policy", "sharing", "across", "pool", "ips", "type", "class"}
+		aspect := aspects[m.rng.IntN(len(aspects))]
+		m.randomize(s, aspect)
+		what = fmt.Sprintf("edit %s %s → %s", key, aspect, describe(s))
+		_, err = svcs.Update(ctx, s, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		// The API server's own validation refuses some combinations
+		// (e.g. a class on a ClusterIP Service): nothing changed.
+		if apierrors.IsInvalid(err) {
+			return what + " (refused by the API server)", nil
+		}
+		m.e.t.Fatalf("step %d: %s: %v", m.step, what, err)
+	}
+	return what, map[string]bool{key: true}
+}
+
+// randomize changes one aspect of a Service at random.
+func (m *model) randomize(s *v1.Service, aspect string) {
+	pick := func(opts ...string) string { return opts[m.rng.IntN(len(opts))] }
+	setAnn := func(k, v string) {
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		if v == "" {
+			delete(s.Annotations, k)
+			return
+		}
+		s.Annotations[k] = v
+	}
+	switch aspect {
+	case "ports":
+		all := []v1.ServicePort{{Name: "http", Port: 80}, {Name: "https", Port: 443}, {Name: "alt", Port: 8080}, {Name: "dns", Port: 53, Protocol: v1.ProtocolUDP}}
+		m.rng.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
+		s.Spec.Ports = all[:1+m.rng.IntN(2)]
+		for i := range s.Spec.Ports {
+			if s.Spec.Ports[i].Protocol == "" {
+				s.Spec.Ports[i].Protocol = v1.ProtocolTCP
+			}
+		}
+	case "policy":
+		if s.Spec.Type == v1.ServiceTypeLoadBalancer {
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicy(pick("Cluster", "Local"))
+		}
+	case "sharing":
+		setAnn(annSharingKey, pick("", "", "k1", "k2"))
+	case "across":
+		if s.Annotations[annSharingKey] != "" {
+			setAnn(annAcrossNamespaces, pick("", "true"))
+		} else {
+			setAnn(annAcrossNamespaces, "")
+		}
+	case "pool":
+		setAnn("vipcast.io/pool", pick("", "", poolName(m.rng.IntN(modelPools))))
+	case "ips":
+		ip := netip.MustParsePrefix(poolBlock(m.rng.IntN(modelPools), m.rng.IntN(modelBlocks))).Addr()
+		for range 1 + m.rng.IntN(14) {
+			ip = ip.Next()
+		}
+		setAnn("vipcast.io/ips", pick("", "", ip.String()))
+	case "type":
+		m.setType(s, v1.ServiceType(pick("LoadBalancer", "LoadBalancer", "ClusterIP")))
+	case "class":
+		if s.Spec.Type == v1.ServiceTypeLoadBalancer && s.Spec.LoadBalancerClass == nil && m.rng.IntN(3) == 0 {
+			// The class is immutable on a LoadBalancer Service: only a new
+			// one (below, a type change back) can drop it.
+			c := "example.com/other"
+			s.Spec.LoadBalancerClass = &c
+		}
+	}
+}
+
+// setType switches a Service between LoadBalancer and ClusterIP, clearing
+// the fields the API server refuses on ClusterIP.
+func (m *model) setType(s *v1.Service, typ v1.ServiceType) {
+	s.Spec.Type = typ
+	if typ == v1.ServiceTypeClusterIP {
+		s.Spec.ExternalTrafficPolicy = ""
+		s.Spec.LoadBalancerClass = nil
+		s.Spec.AllocateLoadBalancerNodePorts = nil
+		for i := range s.Spec.Ports {
+			s.Spec.Ports[i].NodePort = 0
+		}
+		return
+	}
+	s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyCluster
+}
+
+// describe is a short account of a Service's request.
+func describe(s *v1.Service) string {
+	var ports []string
+	for _, p := range s.Spec.Ports {
+		ports = append(ports, fmt.Sprintf("%d/%s", p.Port, p.Protocol))
+	}
+	class := ""
+	if s.Spec.LoadBalancerClass != nil {
+		class = " class=" + *s.Spec.LoadBalancerClass
+	}
+	return fmt.Sprintf("{%s%s %s ports=%s ann=%v}", s.Spec.Type, class, s.Spec.ExternalTrafficPolicy, strings.Join(ports, ","), vipcastAnnotations(s))
+}
+
+func vipcastAnnotations(s *v1.Service) map[string]string {
+	out := map[string]string{}
+	for k, v := range s.Annotations {
+		if strings.HasPrefix(k, "vipcast.io/") {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// deleteService deletes a random Service.
+func (m *model) deleteService() (string, map[string]bool) {
+	ns, name := m.serviceName()
+	err := m.e.cp.Client.CoreV1().Services(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		m.e.t.Fatalf("step %d: deleting Service %s/%s: %v", m.step, ns, name, err)
+	}
+	return fmt.Sprintf("delete %s/%s", ns, name), map[string]bool{ns + "/" + name: true}
+}
+
+// killCCM kills the leader without letting it release its lease and
+// starts a replacement, as a crash and a Deployment's restart would.
+func (m *model) killCCM() string {
+	old := m.ccms[len(m.ccms)-1]
+	old.Kill()
+	m.ccms = m.ccms[:len(m.ccms)-1]
+	m.started++
+	m.ccms = append(m.ccms, m.e.startCCM(fmt.Sprintf("model-%d", m.started)))
+	m.waitLeader()
+	return "kill the CCM and start another"
+}
+
+// leaderChange starts a second CCM, stops the leader gracefully and waits
+// for the second to take over.
+func (m *model) leaderChange() string {
+	m.started++
+	next := m.e.startCCM(fmt.Sprintf("model-%d", m.started))
+	for _, c := range m.ccms {
+		c.Stop(5 * time.Second)
+	}
+	m.ccms = []*ccmProcess{next}
+	m.waitLeader()
+	return "leader change (graceful)"
+}
+
+// waitLeader waits until the newest CCM holds the lease.
+func (m *model) waitLeader() {
+	c := m.ccms[len(m.ccms)-1]
+	m.e.eventually(30*time.Second, "the new CCM to lead", func() (bool, error) { return c.isLeader(), nil })
+}
+
+// settle waits until the CCM has stopped writing: no Service or pool has
+// changed for longer than the CCM's own delays (the pool annotation after
+// 0.5s of quiet, pool status writes coalesced over 1s).
+func (m *model) settle() {
+	const quiet = 1500 * time.Millisecond
+	last, since := "", time.Now()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		fp := m.fingerprint()
+		if fp != last {
+			last, since = fp, time.Now()
+		} else if time.Since(since) >= quiet {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	m.e.t.Fatalf("seed %d, step %d: the CCM kept writing for 30s", m.seed, m.step)
+}
+
+// fingerprint is the resourceVersions of every Service and pool.
+func (m *model) fingerprint() string {
+	ctx := context.Background()
+	var b strings.Builder
+	for _, ns := range modelNamespaces {
+		l, err := m.e.cp.Client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			m.e.t.Fatal(err)
+		}
+		for _, s := range l.Items {
+			b.WriteString(s.Name + s.ResourceVersion + ",")
+		}
+	}
+	l, err := m.e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		m.e.t.Fatal(err)
+	}
+	for _, p := range l.Items {
+		b.WriteString(p.GetName() + p.GetResourceVersion() + ",")
+	}
+	return b.String()
+}
+
+// modelState is what the invariants read: every Service and pool.
+type modelState struct {
+	services map[string]*v1.Service
+	pools    []*vipcastv1alpha1.IPPool
+}
+
+func (m *model) snapshot() *modelState {
+	st := &modelState{services: m.e.listServices(modelNamespaces...)}
+	l, err := m.e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		m.e.t.Fatal(err)
+	}
+	for _, u := range l.Items {
+		p := &vipcastv1alpha1.IPPool{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err != nil {
+			m.e.t.Fatal(err)
+		}
+		st.pools = append(st.pools, p)
+	}
+	return st
+}
+
+// vips returns the published addresses of the Services vipcast serves,
+// by Service key.
+func (st *modelState) vips() map[string][]netip.Addr {
+	out := map[string][]netip.Addr{}
+	for k, s := range st.services {
+		if s.Spec.Type != v1.ServiceTypeLoadBalancer || s.Spec.LoadBalancerClass != nil {
+			continue
+		}
+		for _, ing := range s.Status.LoadBalancer.Ingress {
+			if ip, err := netip.ParseAddr(ing.IP); err == nil {
+				out[k] = append(out[k], ip)
+			}
+		}
+		slices.SortFunc(out[k], netip.Addr.Compare)
+	}
+	return out
+}
+
+func (st *modelState) summary() string {
+	held := 0
+	for _, ips := range st.vips() {
+		if len(ips) > 0 {
+			held++
+		}
+	}
+	return fmt.Sprintf("at the end %d Services (%d with a VIP), %d pools", len(st.services), held, len(st.pools))
+}
+
+// checkInvariants checks the state after a step against the one before;
+// touched are the Services whose own request the step changed.
+func checkInvariants(prev, cur *modelState, touched map[string]bool) error {
+	for _, check := range []func() error{
+		func() error { return noDoubleHolders(cur) },
+		func() error { return vipsStable(prev, cur, touched) },
+		func() error { return vipsAnnounceable(cur) },
+		func() error { return poolCountsExact(cur) },
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// noDoubleHolders: no two Services hold one VIP unless they may share it.
+func noDoubleHolders(st *modelState) error {
+	holders := map[netip.Addr][]string{}
+	for k, ips := range st.vips() {
+		for _, ip := range ips {
+			holders[ip] = append(holders[ip], k)
+		}
+	}
+	for ip, keys := range holders {
+		sort.Strings(keys)
+		for i := range keys {
+			for j := i + 1; j < len(keys); j++ {
+				if !mayShare(st.services[keys[i]], st.services[keys[j]]) {
+					return fmt.Errorf("%s is held by %s %s and %s %s, which may not share it", ip,
+						keys[i], describe(st.services[keys[i]]), keys[j], describe(st.services[keys[j]]))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// mayShare reports whether two Services may hold one VIP: the same
+// sharing key; the same namespace, or both opted in to sharing across
+// namespaces; the same traffic policy, and for Local the same pods.
+func mayShare(a, b *v1.Service) bool {
+	key := a.Annotations[annSharingKey]
+	across := a.Annotations[annAcrossNamespaces] == "true" && b.Annotations[annAcrossNamespaces] == "true"
+	return key != "" && key == b.Annotations[annSharingKey] &&
+		(a.Namespace == b.Namespace || across) &&
+		a.Spec.ExternalTrafficPolicy == b.Spec.ExternalTrafficPolicy &&
+		(a.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal || maps.Equal(a.Spec.Selector, b.Spec.Selector))
+}
+
+// The sharing annotations the model sets.
+const (
+	annSharingKey       = "vipcast.io/sharing-key"
+	annAcrossNamespaces = "vipcast.io/allow-shared-ip-across-namespaces"
+)
+
+// vipsStable: a Service whose own request the step did not change, and
+// whose VIPs satisfied that request, keeps its VIPs — through pool edits,
+// deletions, CCM kills and leader changes. (A Service still waiting for
+// what it asked, say a pool that did not exist yet, may move once it can.)
+func vipsStable(prev, cur *modelState, touched map[string]bool) error {
+	now := cur.vips()
+	adm := poolspec.Admit(prev.pools)
+	for k, before := range prev.vips() {
+		if touched[k] || len(before) == 0 || !satisfies(adm, prev.services[k], before) {
+			continue
+		}
+		if _, exists := cur.services[k]; !exists {
+			return fmt.Errorf("%s disappeared without being deleted", k)
+		}
+		if !slices.Equal(before, now[k]) {
+			return fmt.Errorf("%s %s changed VIPs from %v to %v though its request did not change", k, describe(cur.services[k]), before, now[k])
+		}
+	}
+	return nil
+}
+
+// satisfies reports whether ips are what svc asks for: the addresses its
+// vipcast.io/ips names, if any, held by the pool its vipcast.io/pool
+// names, if any.
+func satisfies(adm *poolspec.Admission, svc *v1.Service, ips []netip.Addr) bool {
+	named := svc.Annotations[poolspec.AnnotationPool]
+	want := svc.Annotations["vipcast.io/ips"]
+	for _, ip := range ips {
+		if want != "" && !slices.Contains(strings.Split(want, ","), ip.String()) {
+			return false
+		}
+		if h, ok := adm.Holder(ip, named); named != "" && (!ok || h.Pool != named) {
+			return false
+		}
+	}
+	return true
+}
+
+// vipsAnnounceable: every published VIP lies in an address range the
+// speakers announce: a pool holds it (poolspec's holding rule, which the
+// speakers use) — in its spec, or held outside it by the pool the Service's
+// vipcast.io/pool names.
+func vipsAnnounceable(st *modelState) error {
+	adm := poolspec.Admit(st.pools)
+	for k, ips := range st.vips() {
+		for _, ip := range ips {
+			if _, ok := adm.Holder(ip, st.services[k].Annotations[poolspec.AnnotationPool]); !ok {
+				return fmt.Errorf("%s %s publishes %s, which no pool holds: the speakers would not announce it", k, describe(st.services[k]), ip)
+			}
+		}
+	}
+	return nil
+}
+
+// poolCountsExact: each pool's status counts the distinct published
+// addresses it holds: in its spec (ipv4.inUse) and outside it
+// (heldOutsideSpec).
+func poolCountsExact(st *modelState) error {
+	adm := poolspec.Admit(st.pools)
+	inSpec, outside := map[string]map[netip.Addr]bool{}, map[string]map[netip.Addr]bool{}
+	for k, ips := range st.vips() {
+		for _, ip := range ips {
+			h, ok := adm.Holder(ip, st.services[k].Annotations[poolspec.AnnotationPool])
+			if !ok {
+				continue
+			}
+			into := outside
+			if h.InSpec {
+				into = inSpec
+			}
+			if into[h.Pool] == nil {
+				into[h.Pool] = map[netip.Addr]bool{}
+			}
+			into[h.Pool][ip] = true
+		}
+	}
+	for _, p := range st.pools {
+		got := int64(0)
+		if f := p.Status.IPv4; f != nil {
+			got = f.InUse
+		}
+		if got != int64(len(inSpec[p.Name])) || p.Status.HeldOutsideSpec != int64(len(outside[p.Name])) {
+			return fmt.Errorf("pool %s status says %d addresses in use and %d held outside its spec; Services publish %d in it and %d outside it",
+				p.Name, got, p.Status.HeldOutsideSpec, len(inSpec[p.Name]), len(outside[p.Name]))
+		}
+	}
+	return nil
+}
