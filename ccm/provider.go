@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"reflect"
 	"sort"
 	"sync"
 	"time"
@@ -153,9 +154,18 @@ func (p *Provider) SetInformers(factory informers.SharedInformerFactory) {
 	p.pools.useServices(p.services)
 	if _, err := svcInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		// Which Services hold which pool's addresses is in the pools'
-		// status and decides their finalizer.
-		AddFunc:    func(any) { p.pools.markStatusDirty() },
-		UpdateFunc: func(any, any) { p.pools.markStatusDirty() },
+		// status and decides their finalizer: only a change of what a
+		// Service publishes, or of the pool it names, can change that.
+		AddFunc: func(obj any) {
+			if svc, ok := obj.(*v1.Service); ok && len(svc.Status.LoadBalancer.Ingress) > 0 {
+				p.pools.markStatusDirty()
+			}
+		},
+		UpdateFunc: func(old, cur any) {
+			if holdingChanged(old, cur) {
+				p.pools.markStatusDirty()
+			}
+		},
 		DeleteFunc: func(obj any) {
 			p.forgetDeleted(obj)
 			p.pools.markStatusDirty()
@@ -342,4 +352,18 @@ func restoreRequest(svc *v1.Service) ipam.Request {
 	req = baseRequest(svc)
 	req.Families, req.RequireAllFamilies = families(svc)
 	return req
+}
+
+// holdingChanged reports whether a Service update can change which pool
+// holds which published address: its status addresses, its pool
+// annotation, its type or its class.
+func holdingChanged(old, cur any) bool {
+	o, ok1 := old.(*v1.Service)
+	n, ok2 := cur.(*v1.Service)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return !reflect.DeepEqual(o.Status.LoadBalancer.Ingress, n.Status.LoadBalancer.Ingress) ||
+		o.Annotations[AnnotationPool] != n.Annotations[AnnotationPool] ||
+		o.Spec.Type != n.Spec.Type || !reflect.DeepEqual(o.Spec.LoadBalancerClass, n.Spec.LoadBalancerClass)
 }
