@@ -537,11 +537,24 @@ func satisfies(adm *poolspec.Admission, svc *v1.Service, ips []netip.Addr) bool 
 // speakers announce: a pool holds it (poolspec's holding rule, which the
 // speakers use) — in its spec, or held outside it by the pool the Service's
 // vipcast.io/pool names.
+//
+// The documented exception: a Service whose vipcast.io/pool names a pool
+// that does not exist has asked for the impossible (UnknownPool) and keeps
+// its status; a VIP of it that only the annotation held is not announced
+// until the annotation names its pool again.
 func vipsAnnounceable(st *modelState) error {
 	adm := poolspec.Admit(st.pools)
+	exists := map[string]bool{}
+	for _, p := range st.pools {
+		exists[p.Name] = true
+	}
 	for k, ips := range st.vips() {
+		named := st.services[k].Annotations[poolspec.AnnotationPool]
+		if named != "" && !exists[named] {
+			continue
+		}
 		for _, ip := range ips {
-			if _, ok := adm.Holder(ip, st.services[k].Annotations[poolspec.AnnotationPool]); !ok {
+			if _, ok := adm.Holder(ip, named); !ok {
 				return fmt.Errorf("%s %s publishes %s, which no pool holds: the speakers would not announce it", k, describe(st.services[k]), ip)
 			}
 		}

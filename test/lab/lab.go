@@ -433,13 +433,23 @@ func (l *Lab) registerNode(n *Node, kernel string) {
 	if err != nil {
 		t.Fatalf("node %s: %v", n.Name, err)
 	}
-	created.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.Addr.String()}, {Type: v1.NodeHostName, Address: n.Name}}
-	created.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}}
-	created.Status.NodeInfo = v1.NodeSystemInfo{
-		KernelVersion: kernel, OSImage: "vipcast lab VM", OperatingSystem: "linux", Architecture: "amd64",
-		KubeletVersion: "none (lab node agent)", ContainerRuntimeVersion: "none (pods are namespaces)",
-	}
-	if _, err := l.CP.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	// vipcast-ccm initializes the new Node at once: retry on its writes.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		created.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.Addr.String()}, {Type: v1.NodeHostName, Address: n.Name}}
+		created.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}}
+		created.Status.NodeInfo = v1.NodeSystemInfo{
+			KernelVersion: kernel, OSImage: "vipcast lab VM", OperatingSystem: "linux", Architecture: "amd64",
+			KubeletVersion: "none (lab node agent)", ContainerRuntimeVersion: "none (pods are namespaces)",
+		}
+		_, err := l.CP.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			if fresh, gerr := l.CP.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{}); gerr == nil {
+				created = fresh
+			}
+		}
+		return err
+	})
+	if err != nil {
 		t.Fatalf("node %s status: %v", n.Name, err)
 	}
 	// The API server taints every new Node not-ready; the node lifecycle
