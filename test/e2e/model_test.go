@@ -538,19 +538,16 @@ func satisfies(adm *poolspec.Admission, svc *v1.Service, ips []netip.Addr) bool 
 // speakers use) — in its spec, or held outside it by the pool the Service's
 // vipcast.io/pool names.
 //
-// The documented exception: a Service whose vipcast.io/pool names a pool
-// that does not exist has asked for the impossible (UnknownPool) and keeps
-// its status; a VIP of it that only the annotation held is not announced
-// until the annotation names its pool again.
+// The documented exception: a Service whose own request fails (its
+// vipcast.io/ips or vipcast.io/pool asks for what it does not have, say a
+// pool that does not exist) keeps its status; a VIP of it outside every
+// pool's spec that no annotation ties to its pool is not announced until
+// the request succeeds.
 func vipsAnnounceable(st *modelState) error {
 	adm := poolspec.Admit(st.pools)
-	exists := map[string]bool{}
-	for _, p := range st.pools {
-		exists[p.Name] = true
-	}
 	for k, ips := range st.vips() {
 		named := st.services[k].Annotations[poolspec.AnnotationPool]
-		if named != "" && !exists[named] {
+		if !satisfies(adm, st.services[k], ips) {
 			continue
 		}
 		for _, ip := range ips {
