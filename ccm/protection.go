@@ -155,9 +155,7 @@ func (pc *poolController) reportBlocked(pool *vipcastv1alpha1.IPPool, holdings [
 // annotation names it: then the Service keeps them, though the pool may
 // have been narrowed, refused or be being deleted since.
 func (pc *poolController) holds(name string, ips []netip.Addr) bool {
-	pc.mu.Lock()
-	adm := pc.admission
-	pc.mu.Unlock()
+	adm := pc.currentAdmission()
 	if adm == nil || len(ips) == 0 {
 		return false
 	}
@@ -174,9 +172,7 @@ func (pc *poolController) holds(name string, ips []netip.Addr) bool {
 // in its spec. Such a VIP stays published only while an annotation names
 // the pool that holds it.
 func (pc *poolController) unheld(ips []netip.Addr) bool {
-	pc.mu.Lock()
-	adm := pc.admission
-	pc.mu.Unlock()
+	adm := pc.currentAdmission()
 	if adm == nil {
 		return false
 	}
@@ -186,4 +182,12 @@ func (pc *poolController) unheld(ips []netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// currentAdmission returns the pools' last admission (nil before the
+// first load).
+func (pc *poolController) currentAdmission() *poolspec.Admission {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.admission
 }

@@ -48,6 +48,25 @@ type problem struct {
 	message string
 }
 
+// parseAll parses the items of list that parse, sorted by compare and
+// without duplicates; bad is the index of the first item that does not
+// parse (-1 when every one does).
+func parseAll[T comparable](list []string, parse func(string) (T, bool), compare func(a, b T) int) (out []T, bad int) {
+	bad = -1
+	for i, item := range list {
+		v, ok := parse(item)
+		if !ok {
+			if bad < 0 {
+				bad = i
+			}
+			continue
+		}
+		out = append(out, v)
+	}
+	slices.SortFunc(out, compare)
+	return slices.Compact(out), bad
+}
+
 // decodeBGP decodes b (nil: the pool's defaults) for a pool of the given
 // ranges, or returns its first problem, in the order aggregation lengths,
 // communities, large communities, peerSelector, nodeSelector.
@@ -62,24 +81,13 @@ func decodeBGP(b *v1alpha1.IPPoolBGP, ranges []ipam.Range) (BGP, *problem) {
 	if b == nil {
 		return out, nil
 	}
-	for i, c := range b.Communities {
-		v, ok := parseCommunity(c)
-		if !ok {
-			return BGP{}, &problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.communities[%d] %q is not a community: write ASN:VALUE with both parts 0-65535 (e.g. 64512:100) or a well-known name such as no-export", i, c)}
-		}
-		out.Communities = append(out.Communities, v)
+	var bad int
+	if out.Communities, bad = parseAll(b.Communities, parseCommunity, cmp.Compare[uint32]); bad >= 0 {
+		return BGP{}, &problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.communities[%d] %q is not a community: write ASN:VALUE with both parts 0-65535 (e.g. 64512:100) or a well-known name such as no-export", bad, b.Communities[bad])}
 	}
-	slices.Sort(out.Communities)
-	out.Communities = slices.Compact(out.Communities)
-	for i, c := range b.LargeCommunities {
-		v, ok := parseLargeCommunity(c)
-		if !ok {
-			return BGP{}, &problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.largeCommunities[%d] %q is not a large community: write GLOBAL:LOCAL1:LOCAL2 with each part 0-4294967295 (e.g. 4200000000:1:2)", i, c)}
-		}
-		out.LargeCommunities = append(out.LargeCommunities, v)
+	if out.LargeCommunities, bad = parseAll(b.LargeCommunities, parseLargeCommunity, compareLarge); bad >= 0 {
+		return BGP{}, &problem{v1alpha1.ReasonInvalidConfig, fmt.Sprintf("spec.bgp.largeCommunities[%d] %q is not a large community: write GLOBAL:LOCAL1:LOCAL2 with each part 0-4294967295 (e.g. 4200000000:1:2)", bad, b.LargeCommunities[bad])}
 	}
-	slices.SortFunc(out.LargeCommunities, compareLarge)
-	out.LargeCommunities = slices.Compact(out.LargeCommunities)
 	if b.LocalPref != nil {
 		lp := *b.LocalPref
 		out.LocalPref = &lp

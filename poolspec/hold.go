@@ -1,6 +1,7 @@
 package poolspec
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -75,20 +76,8 @@ func heldBGP(b *v1alpha1.IPPoolBGP) *BGP {
 	if b == nil {
 		return out
 	}
-	for _, c := range b.Communities {
-		if v, ok := parseCommunity(c); ok {
-			out.Communities = append(out.Communities, v)
-		}
-	}
-	slices.Sort(out.Communities)
-	out.Communities = slices.Compact(out.Communities)
-	for _, c := range b.LargeCommunities {
-		if v, ok := parseLargeCommunity(c); ok {
-			out.LargeCommunities = append(out.LargeCommunities, v)
-		}
-	}
-	slices.SortFunc(out.LargeCommunities, compareLarge)
-	out.LargeCommunities = slices.Compact(out.LargeCommunities)
+	out.Communities, _ = parseAll(b.Communities, parseCommunity, cmp.Compare[uint32])
+	out.LargeCommunities, _ = parseAll(b.LargeCommunities, parseLargeCommunity, compareLarge)
 	if b.LocalPref != nil {
 		lp := *b.LocalPref
 		out.LocalPref = &lp
