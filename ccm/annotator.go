@@ -18,10 +18,12 @@ import (
 	"k8s.io/klog/v2"
 
 	"golang.org/x/time/rate"
+
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // Background pool-annotation writing. Users wait for VIPs, not for the
-// informational vipcast.io/pool annotation, and every annotation write also
+// annotations that record their pool, and every annotation write also
 // makes the service controller re-sync the Service (two more Events). So the
 // annotator yields: it writes only after allocation has been quiet for
 // annotateQuiet, at most annotateQPS writes a second.
@@ -31,8 +33,8 @@ const (
 	annotateBurst = 10
 )
 
-// poolAnnotator records the pool vipcast chose in each Service's
-// vipcast.io/pool annotation, in the background.
+// poolAnnotator records the pool that handed out each Service's VIPs in its
+// annotations (poolAnnotations), in the background.
 type poolAnnotator struct {
 	client   kubernetes.Interface
 	services corelisters.ServiceLister
@@ -128,10 +130,8 @@ func (a *poolAnnotator) write(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if svc.Annotations[AnnotationPool] != pool {
-		patch, err := json.Marshal(map[string]any{
-			"metadata": map[string]any{"annotations": map[string]string{AnnotationPool: pool}},
-		})
+	if ann := poolAnnotations(svc.Annotations, pool); len(ann) > 0 {
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann}})
 		if err != nil {
 			return fmt.Errorf("building patch: %w", err)
 		}
@@ -140,11 +140,27 @@ func (a *poolAnnotator) write(ctx context.Context, key string) error {
 			err = nil
 		}
 		if err != nil {
-			return fmt.Errorf("recording annotation %s=%s: %w", AnnotationPool, pool, err)
+			return fmt.Errorf("recording pool %s in annotations %v: %w", pool, ann, err)
 		}
 	}
 	a.done(key, pool)
 	return nil
+}
+
+// poolAnnotations returns the annotations to set on a Service with
+// annotations cur whose VIPs pool handed out: the record
+// vipcast.io/allocated-from-pool, and vipcast.io/pool when the Service has
+// none (a request its user wrote, even one naming another pool, is never
+// overwritten).
+func poolAnnotations(cur map[string]string, pool string) map[string]string {
+	out := map[string]string{}
+	if cur[poolspec.AnnotationAllocatedFrom] != pool {
+		out[poolspec.AnnotationAllocatedFrom] = pool
+	}
+	if _, ok := cur[AnnotationPool]; !ok {
+		out[AnnotationPool] = pool
+	}
+	return out
 }
 
 // done forgets key's pending pool unless a newer one was recorded meanwhile.

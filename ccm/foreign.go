@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
+
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // ReasonForeignStatus is the reason of the Warning Event on a Service vipcast
@@ -25,20 +27,21 @@ const ReasonForeignStatus = "ForeignLoadBalancerStatus"
 
 // vipcastWrote reports whether a served Service's status addresses, read at
 // start-up, look like vipcast's. Each must lie in an installed IPPool
-// (the one the vipcast.io/pool annotation names, when it names an installed
-// one); or be held by a pool outside its spec by poolspec's holding rule
-// (the annotation names a narrowed, refused or terminating pool); or lie
-// in no pool while the annotation names a pool that does not exist: an
-// address whose pool was deleted stays with its Service.
+// (the one its annotations name, poolspec.HeldBy, when they name an
+// installed one); or be held by a pool outside its spec by poolspec's
+// holding rule (they name a narrowed, refused or terminating pool); or lie
+// in no pool while they name a pool that does not exist: an address whose
+// pool was deleted stays with its Service.
 func (p *Provider) vipcastWrote(svc *v1.Service, ips []netip.Addr) bool {
-	named, annotated := svc.Annotations[AnnotationPool]
+	named := poolspec.HeldBy(svc.Annotations)
+	annotated := named != ""
 	_, namedInstalled := p.alloc.Stats(named)
 	for _, ip := range ips {
 		pool, inPool := p.alloc.PoolOf(ip)
 		switch {
 		case inPool && namedInstalled && pool != named:
 			return false
-		case !inPool && (!annotated || namedInstalled) && !p.pools.holds(named, []netip.Addr{ip}):
+		case !inPool && (!annotated || namedInstalled) && !p.pools.holds(named, named, []netip.Addr{ip}):
 			return false
 		}
 	}

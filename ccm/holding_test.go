@@ -1,11 +1,14 @@
 package ccm
 
 import (
+	"maps"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // TestHoldingChanged: the pools' status is recomputed for a Service update
@@ -30,6 +33,8 @@ func TestHoldingChanged(t *testing.T) {
 		{"status cleared", func(s *v1.Service) { s.Status.LoadBalancer.Ingress = nil }, true},
 		{"pool annotation", func(s *v1.Service) { s.Annotations[AnnotationPool] = "q" }, true},
 		{"pool annotation removed", func(s *v1.Service) { delete(s.Annotations, AnnotationPool) }, true},
+		{"record written", func(s *v1.Service) { s.Annotations[poolspec.AnnotationAllocatedFrom] = "q" }, true},
+		{"record written, naming the requested pool", func(s *v1.Service) { s.Annotations[poolspec.AnnotationAllocatedFrom] = "p" }, false},
 		{"type", func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeClusterIP }, true},
 		{"class", func(s *v1.Service) { s.Spec.LoadBalancerClass = ptr.To("example.com/x") }, true},
 	} {
@@ -41,5 +46,28 @@ func TestHoldingChanged(t *testing.T) {
 	}
 	if !holdingChanged(base, "not a Service") {
 		t.Error("an object that is not a Service must count as a change")
+	}
+}
+
+// TestPoolAnnotations: the CCM records the pool of every Service's VIPs,
+// and fills in the request only when the Service has none, never
+// overwriting one its user wrote.
+func TestPoolAnnotations(t *testing.T) {
+	rec := poolspec.AnnotationAllocatedFrom
+	for _, tc := range []struct {
+		name string
+		cur  map[string]string
+		want map[string]string
+	}{
+		{"fresh auto-assigned Service", nil, map[string]string{rec: "p", AnnotationPool: "p"}},
+		{"asked for p", map[string]string{AnnotationPool: "p"}, map[string]string{rec: "p"}},
+		{"already recorded", map[string]string{AnnotationPool: "p", rec: "p"}, map[string]string{}},
+		{"moved from q to p", map[string]string{AnnotationPool: "p", rec: "q"}, map[string]string{rec: "p"}},
+		{"request edited meanwhile to another pool: kept", map[string]string{AnnotationPool: "other", rec: "q"}, map[string]string{rec: "p"}},
+		{"published by a release without the record", map[string]string{AnnotationPool: "p", "unrelated": "x"}, map[string]string{rec: "p"}},
+	} {
+		if got := poolAnnotations(tc.cur, "p"); !maps.Equal(got, tc.want) {
+			t.Errorf("%s: poolAnnotations(%v, p) = %v, want %v", tc.name, tc.cur, got, tc.want)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/vipcast/vipcast/ipam"
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 var _ cloudprovider.LoadBalancer = (*Provider)(nil)
@@ -36,8 +37,9 @@ func (p *Provider) GetLoadBalancerName(_ context.Context, _ string, svc *v1.Serv
 }
 
 // EnsureLoadBalancer allocates the Service's VIPs, or keeps the ones it has,
-// and returns them with ipMode Proxy. When vipcast chose the pool, it
-// records it in the vipcast.io/pool annotation, in the background
+// and returns them with ipMode Proxy. It records the pool that handed them
+// out in the vipcast.io/allocated-from-pool annotation, and in
+// vipcast.io/pool when the Service did not ask for one, in the background
 // (poolAnnotator). Errors name their cause; the service controller turns
 // them into a SyncLoadBalancerFailed Event and retries.
 func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Service, _ []*v1.Node) (*v1.LoadBalancerStatus, error) {
@@ -51,19 +53,20 @@ func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Ser
 		return nil, err
 	}
 	before, held := p.alloc.Assigned(req.Owner)
-	if held && req.Pool != "" && (len(req.IPs) == 0 || sameIPs(req.IPs, before.IPs)) && p.pools.holds(req.Pool, before.IPs) {
-		// Already served by the pool the annotation names (often written by
-		// vipcast itself), which still holds the VIPs (poolspec's holding
-		// rule, the speakers' too): keep them even if the pool was
-		// narrowed, refused or is being deleted since, or its namespace or
-		// Service selectors changed; all that governs new allocations.
+	heldBy := poolspec.HeldBy(svc.Annotations)
+	if held && req.Pool != "" && (len(req.IPs) == 0 || sameIPs(req.IPs, before.IPs)) && p.pools.holds(req.Pool, heldBy, before.IPs) {
+		// Already served by the pool the request names, which still holds
+		// the VIPs (poolspec's holding rule, the speakers' too): keep them
+		// even if the pool was narrowed, refused or is being deleted since,
+		// or its namespace or Service selectors changed; all that governs
+		// new allocations.
 		req.Pool = ""
-	} else if held && req.Pool == "" && p.pools.unheld(before.IPs) {
-		// The vipcast.io/pool annotation that kept VIPs outside every pool's
-		// spec (a narrowed pool) is gone: no pool holds them, so no speaker
-		// announces them. Publishing them on would leave the Service
-		// unreachable; it gets new VIPs from the pools instead.
-		logger.Info("VIPs held by no pool since the pool annotation went: allocating new ones", "ips", before.IPs)
+	} else if held && req.Pool == "" && p.pools.unheld(heldBy, before.IPs) {
+		// No pool holds these VIPs (they lie outside every spec and no
+		// existing pool is recorded for them), so no speaker announces
+		// them. Publishing them on would leave the Service unreachable; it
+		// gets new VIPs from the pools instead.
+		logger.Info("VIPs held by no pool: allocating new ones", "ips", before.IPs, "recordedPool", heldBy)
 		p.release(svc)
 		before = ipam.Assignment{}
 	}
@@ -78,7 +81,7 @@ func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Ser
 		logger.V(2).Info("Allocated VIPs", "pool", a.Pool, "ips", a.IPs, "previous", before.IPs)
 	}
 	p.accountChange(a.Pool, before.IPs, a.IPs)
-	if req.Pool == "" && a.Pool != "" && svc.Annotations[AnnotationPool] != a.Pool {
+	if _, pinned := svc.Annotations[AnnotationPool]; a.Pool != "" && (svc.Annotations[poolspec.AnnotationAllocatedFrom] != a.Pool || !pinned) {
 		p.annotator.record(req.Owner, a.Pool)
 	}
 	return lbStatus(a.IPs), nil

@@ -35,7 +35,7 @@ func publishedServices(svcs []*v1.Service) []poolspec.Published {
 			continue
 		}
 		if ips := statusIPs(svc); len(ips) > 0 {
-			out = append(out, poolspec.Published{Service: Owner(svc), Pool: svc.Annotations[AnnotationPool], IPs: ips})
+			out = append(out, poolspec.Published{Service: Owner(svc), Pool: poolspec.HeldBy(svc.Annotations), IPs: ips})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Service < out[j].Service })
@@ -151,16 +151,16 @@ func (pc *poolController) reportBlocked(pool *vipcastv1alpha1.IPPool, holdings [
 }
 
 // holds reports whether the pool called name holds every one of ips
-// (poolspec.Admission.Holder) for a Service whose vipcast.io/pool
-// annotation names it: then the Service keeps them, though the pool may
+// (poolspec.Admission.Holder) for a Service whose annotations name the pool
+// named (poolspec.HeldBy): then the Service keeps them, though the pool may
 // have been narrowed, refused or be being deleted since.
-func (pc *poolController) holds(name string, ips []netip.Addr) bool {
+func (pc *poolController) holds(name, named string, ips []netip.Addr) bool {
 	adm := pc.currentAdmission()
 	if adm == nil || len(ips) == 0 {
 		return false
 	}
 	for _, ip := range ips {
-		if h, ok := adm.Holder(ip, name); !ok || h.Pool != name {
+		if h, ok := adm.Holder(ip, named); !ok || h.Pool != name {
 			return false
 		}
 	}
@@ -168,16 +168,16 @@ func (pc *poolController) holds(name string, ips []netip.Addr) bool {
 }
 
 // unheld reports whether a pool is loaded and no pool holds one of ips by
-// the holding rule without an annotation: in its spec, or refused with ips
-// in its spec. Such a VIP stays published only while an annotation names
-// the pool that holds it.
-func (pc *poolController) unheld(ips []netip.Addr) bool {
+// the holding rule, for a Service whose annotations name the pool named
+// (poolspec.HeldBy): no speaker announces such a VIP, say because the pool
+// recorded for it was deleted.
+func (pc *poolController) unheld(named string, ips []netip.Addr) bool {
 	adm := pc.currentAdmission()
 	if adm == nil {
 		return false
 	}
 	for _, ip := range ips {
-		if _, ok := adm.Holder(ip, ""); !ok {
+		if _, ok := adm.Holder(ip, named); !ok {
 			return true
 		}
 	}

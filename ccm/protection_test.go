@@ -134,6 +134,11 @@ func TestPublishedServices(t *testing.T) {
 	}
 	got := publishedServices([]*v1.Service{
 		svc("b", "blue", v1.ServiceTypeLoadBalancer, nil, "192.0.2.1"),
+		func() *v1.Service {
+			s := svc("c", "gone", v1.ServiceTypeLoadBalancer, nil, "192.0.2.5")
+			s.Annotations[poolspec.AnnotationAllocatedFrom] = "green"
+			return s
+		}(),
 		svc("a", "", v1.ServiceTypeLoadBalancer, nil, "192.0.2.2", "2001:db8::2"),
 		svc("pending", "blue", v1.ServiceTypeLoadBalancer, nil),
 		svc("foreign", "", v1.ServiceTypeLoadBalancer, ptr.To("example.com/x"), "192.0.2.3"),
@@ -142,6 +147,7 @@ func TestPublishedServices(t *testing.T) {
 	want := fmt.Sprint([]poolspec.Published{
 		{Service: "ns/a", IPs: []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("2001:db8::2")}},
 		{Service: "ns/b", Pool: "blue", IPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}},
+		{Service: "ns/c", Pool: "green", IPs: []netip.Addr{netip.MustParseAddr("192.0.2.5")}},
 	})
 	if fmt.Sprint(got) != want {
 		t.Errorf("publishedServices = %v, want %v", got, want)

@@ -32,6 +32,7 @@ import (
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ipam"
 	"github.com/vipcast/vipcast/lbclass"
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // ProviderName is the cloud provider name vipcast registers
@@ -355,8 +356,8 @@ func restoreRequest(svc *v1.Service) ipam.Request {
 }
 
 // holdingChanged reports whether a Service update can change which pool
-// holds which published address: its status addresses, its pool
-// annotation, its type or its class.
+// holds which published address: its status addresses, the pool its
+// annotations name (poolspec.HeldBy), its type or its class.
 func holdingChanged(old, cur any) bool {
 	o, ok1 := old.(*v1.Service)
 	n, ok2 := cur.(*v1.Service)
@@ -364,6 +365,6 @@ func holdingChanged(old, cur any) bool {
 		return true
 	}
 	return !reflect.DeepEqual(o.Status.LoadBalancer.Ingress, n.Status.LoadBalancer.Ingress) ||
-		o.Annotations[AnnotationPool] != n.Annotations[AnnotationPool] ||
+		poolspec.HeldBy(o.Annotations) != poolspec.HeldBy(n.Annotations) ||
 		o.Spec.Type != n.Spec.Type || !reflect.DeepEqual(o.Spec.LoadBalancerClass, n.Spec.LoadBalancerClass)
 }

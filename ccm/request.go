@@ -10,13 +10,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/vipcast/vipcast/ipam"
+	"github.com/vipcast/vipcast/poolspec"
 )
 
 // Service annotations read (and, for AnnotationPool, written) by vipcast.
 const (
 	// AnnotationPool names the IPPool to allocate from. The CCM writes it
-	// with the pool it chose when the Service did not ask for one.
-	AnnotationPool = "vipcast.io/pool"
+	// with the pool it chose when the Service did not ask for one; it
+	// records the pool of every Service's VIPs in
+	// poolspec.AnnotationAllocatedFrom.
+	AnnotationPool = poolspec.AnnotationPool
 	// AnnotationIPs requests specific VIPs: a comma-separated list with at
 	// most one IPv4 and one IPv6 address.
 	AnnotationIPs = "vipcast.io/ips"

@@ -16,6 +16,24 @@ import (
 // it.
 const AnnotationPool = "vipcast.io/pool"
 
+// AnnotationAllocatedFrom is the Service annotation in which vipcast-ccm
+// records the IPPool that handed out the Service's VIPs. Unlike
+// AnnotationPool, a request users edit, it is vipcast's own record: a VIP
+// outside every pool's spec stays held by the recorded pool whatever
+// becomes of the request (HeldBy).
+const AnnotationAllocatedFrom = "vipcast.io/allocated-from-pool"
+
+// HeldBy returns the pool name the holding rule reads of a Service's
+// annotations (Holder's named): the pool vipcast-ccm recorded in
+// AnnotationAllocatedFrom; for a Service published before vipcast wrote
+// that record, its AnnotationPool; "" when it has neither.
+func HeldBy(annotations map[string]string) string {
+	if p := annotations[AnnotationAllocatedFrom]; p != "" {
+		return p
+	}
+	return annotations[AnnotationPool]
+}
+
 // Finalizer is the finalizer vipcast-ccm puts on every IPPool: it removes
 // it from a deleted pool only once no Service's status holds an address
 // the pool holds (Admission.Holdings).
@@ -36,8 +54,8 @@ type Hold struct {
 }
 
 // Holder returns the pool that holds ip, a VIP published in the status of
-// a Service whose vipcast.io/pool annotation is named ("" when it has
-// none), for the first of these that applies:
+// a Service whose annotations name the pool named (HeldBy; "" when they
+// name none), for the first of these that applies:
 //
 //  1. the admitted pool whose spec.addresses contain ip (InSpec);
 //  2. the IPPool called named, if it exists, admitted or refused,
@@ -87,12 +105,12 @@ func heldBGP(b *v1alpha1.IPPoolBGP) *BGP {
 	return out
 }
 
-// Published is what the holding rule reads of one Service: its key, its
-// vipcast.io/pool annotation and the VIPs of its status.
+// Published is what the holding rule reads of one Service: its key, the
+// pool its annotations name (HeldBy) and the VIPs of its status.
 type Published struct {
 	// Service is "namespace/name".
 	Service string
-	// Pool is the vipcast.io/pool annotation ("" when absent).
+	// Pool is the pool its annotations name (HeldBy; "" when none).
 	Pool string
 	// IPs are the addresses of status.loadBalancer.ingress.
 	IPs []netip.Addr

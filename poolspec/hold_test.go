@@ -105,3 +105,22 @@ func TestSummary(t *testing.T) {
 		}
 	}
 }
+
+func TestHeldBy(t *testing.T) {
+	tests := []struct {
+		name string
+		ann  map[string]string
+		want string
+	}{
+		{"none", nil, ""},
+		{"request only (published before the record existed)", map[string]string{AnnotationPool: "a"}, "a"},
+		{"record only", map[string]string{AnnotationAllocatedFrom: "b"}, "b"},
+		{"the record wins over an edited request", map[string]string{AnnotationPool: "gone", AnnotationAllocatedFrom: "b"}, "b"},
+		{"an empty record falls back to the request", map[string]string{AnnotationPool: "a", AnnotationAllocatedFrom: ""}, "a"},
+	}
+	for _, tt := range tests {
+		if got := HeldBy(tt.ann); got != tt.want {
+			t.Errorf("%s: HeldBy(%v) = %q, want %q", tt.name, tt.ann, got, tt.want)
+		}
+	}
+}

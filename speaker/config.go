@@ -92,8 +92,9 @@ func (v *View) PoolFor(ip netip.Addr) *Pool {
 }
 
 // HolderFor returns the pool that holds ip, a VIP in the status of a
-// Service whose vipcast.io/pool annotation is named, by the holding rule
-// the CCM applies too (poolspec.Admission.Holder), or nil when none does:
+// Service whose annotations name the pool named (poolspec.HeldBy), by the
+// holding rule the CCM applies too (poolspec.Admission.Holder), or nil when
+// none does:
 // the admitted pool that owns ip, else (a pool narrowed or refused since
 // it handed ip out) that pool as it announces what it holds outside its
 // spec: host routes, with what still decodes of its spec.bgp.

@@ -97,7 +97,7 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 	var vips []netip.Addr
 	var fams [2]bool // families with a VIP in a pool
 	for _, vip := range serviceVIPs(svc) {
-		if view.HolderFor(vip, svc.Annotations[poolspec.AnnotationPool]) != nil {
+		if view.HolderFor(vip, poolspec.HeldBy(svc.Annotations)) != nil {
 			vips = append(vips, vip)
 			fams[famSlot(vip)] = true
 		}

@@ -39,8 +39,9 @@ import (
 //     a backend only black-holes traffic that the fabric could send
 //     elsewhere (MetalLB does the same).
 //   - A pool must hold the VIP (View.HolderFor, the CCM's rule): the
-//     admitted pool that owns it, else the pool the Service's
-//     vipcast.io/pool annotation names or a refused pool containing it —
+//     admitted pool that owns it, else the pool the Service's annotations
+//     name (poolspec.HeldBy: the CCM's vipcast.io/allocated-from-pool
+//     record, else vipcast.io/pool) or a refused pool containing it —
 //     a pool narrowed or broken since it handed the VIP out keeps it
 //     announced until the Service lets it go, as a host route with what
 //     still decodes of its spec.bgp. That pool must not be Disabled for
@@ -82,7 +83,7 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 	routes = make([]bgp.Route, 0, len(vips))
 	var reasons []string
 	for _, vip := range vips {
-		r, why := vipRoute(vip, svc.Annotations[poolspec.AnnotationPool], view, &eps, local)
+		r, why := vipRoute(vip, poolspec.HeldBy(svc.Annotations), view, &eps, local)
 		if why != "" {
 			if !slices.Contains(reasons, why) {
 				reasons = append(reasons, why)

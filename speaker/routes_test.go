@@ -61,6 +61,16 @@ func annotated(svc *v1.Service, pool string) *v1.Service {
 	return svc
 }
 
+// recorded sets svc's vipcast.io/allocated-from-pool annotation, the CCM's
+// record, to pool.
+func recorded(svc *v1.Service, pool string) *v1.Service {
+	if svc.Annotations == nil {
+		svc.Annotations = map[string]string{}
+	}
+	svc.Annotations[poolspec.AnnotationAllocatedFrom] = pool
+	return svc
+}
+
 func TestServiceRoutes(t *testing.T) {
 	readyHere := mkSlice("s", v4, ep{node: "n2", ready: yes}, ep{node: "n1", ready: yes})
 	readyElsewhere := mkSlice("s", v4, ep{node: "n2", ready: yes})
@@ -169,6 +179,10 @@ func TestServiceRoutes(t *testing.T) {
 			want: []bgp.Route{route("10.9.9.9/32")}},
 		{name: "narrowed out, annotation names no pool", svc: annotated(mkSvc("s", "10.9.9.9"), "gone"), slices: []*discoveryv1.EndpointSlice{readyHere},
 			reason: "VIP 10.9.9.9 is in no IPPool"},
+		{name: "narrowed out, the request edited to a pool that does not exist: the CCM's record holds it", svc: recorded(annotated(mkSvc("s", "10.9.9.9"), "gone"), "agg"),
+			slices: []*discoveryv1.EndpointSlice{readyElsewhere}, want: []bgp.Route{route("10.9.9.9/32")}},
+		{name: "narrowed out, the request removed: the CCM's record holds it", svc: recorded(mkSvc("s", "10.9.9.9"), "agg"),
+			slices: []*discoveryv1.EndpointSlice{readyElsewhere}, want: []bgp.Route{route("10.9.9.9/32")}},
 		{name: "pool nodeSelector does not select this node", svc: mkSvc("s", "203.0.113.1"), slices: []*discoveryv1.EndpointSlice{readyHere},
 			reason: "pool zoneb's nodeSelector does not select this node"},
 		{name: "pool nodeSelector selects this node", svc: mkSvc("s", "203.0.113.1"), slices: []*discoveryv1.EndpointSlice{readyHere},

@@ -209,8 +209,8 @@ func TestTwoClasses(t *testing.T) {
 // controller overwrites gets a ForeignLoadBalancerStatus Warning; vipcast
 // does not write its VIP back and releases the VIP it had; once the status
 // is cleared vipcast allocates again. After a restart, an address on a
-// Service carrying vipcast's pool annotation is taken as held by that pool
-// (poolspec's holding rule) until the annotation goes.
+// Service carrying vipcast's pool annotations is taken as held by that pool
+// (poolspec's holding rule) until they go.
 func TestForeignStatus(t *testing.T) {
 	e := newEnv(t)
 	e.mustApplyPools(classPool)
@@ -243,8 +243,9 @@ func TestForeignStatus(t *testing.T) {
 	// After a restart the status alone cannot tell another writer's
 	// address from one the annotated pool holds outside its spec (a
 	// narrowed pool's), which the speakers go on announcing: it is taken
-	// as held, and left as it is. Without vipcast's annotation no pool
-	// holds it, and vipcast allocates from its pools.
+	// as held, and left as it is. Without vipcast's annotations (the
+	// request it filled in and its record) no pool holds it, and vipcast
+	// allocates from its pools.
 	e.writeStatus("web", "svc", foreignIP)
 	e.waitEventReason("web", "svc", v1.EventTypeWarning, ccm.ReasonForeignStatus, foreignIP, "did not allocate")
 	c.Stop(5 * time.Second)
@@ -258,8 +259,8 @@ func TestForeignStatus(t *testing.T) {
 	if got := e.statusOf("web", "svc"); len(got) != 1 || got[0] != foreignIP {
 		t.Fatalf("after a restart: status %v, want %s left as it is", got, foreignIP)
 	}
-	e.patchService("web", "svc", `{"metadata":{"annotations":{"vipcast.io/pool":null}}}`)
-	e.waitStatus("web", "svc", "a vipcast VIP once the annotation is gone", inVIPs)
+	e.patchService("web", "svc", `{"metadata":{"annotations":{"vipcast.io/pool":null,"vipcast.io/allocated-from-pool":null}}}`)
+	e.waitStatus("web", "svc", "a vipcast VIP once the annotations are gone", inVIPs)
 }
 
 // TestClassFlagErrors: both binaries refuse a bad class setting at start

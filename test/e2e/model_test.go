@@ -526,7 +526,7 @@ func satisfies(adm *poolspec.Admission, svc *v1.Service, ips []netip.Addr) bool 
 		if want != "" && !slices.Contains(strings.Split(want, ","), ip.String()) {
 			return false
 		}
-		if h, ok := adm.Holder(ip, named); named != "" && (!ok || h.Pool != named) {
+		if h, ok := adm.Holder(ip, poolspec.HeldBy(svc.Annotations)); named != "" && (!ok || h.Pool != named) {
 			return false
 		}
 	}
@@ -535,21 +535,13 @@ func satisfies(adm *poolspec.Admission, svc *v1.Service, ips []netip.Addr) bool 
 
 // vipsAnnounceable: every published VIP lies in an address range the
 // speakers announce: a pool holds it (poolspec's holding rule, which the
-// speakers use) — in its spec, or held outside it by the pool the Service's
-// vipcast.io/pool names.
-//
-// The documented exception: a Service whose own request fails (its
-// vipcast.io/ips or vipcast.io/pool asks for what it does not have, say a
-// pool that does not exist) keeps its status; a VIP of it outside every
-// pool's spec that no annotation ties to its pool is not announced until
-// the request succeeds.
+// speakers use) — in its spec, or held outside it by the pool the CCM
+// recorded for the Service (poolspec.HeldBy) — whatever the Service's own
+// request asks meanwhile.
 func vipsAnnounceable(st *modelState) error {
 	adm := poolspec.Admit(st.pools)
 	for k, ips := range st.vips() {
-		named := st.services[k].Annotations[poolspec.AnnotationPool]
-		if !satisfies(adm, st.services[k], ips) {
-			continue
-		}
+		named := poolspec.HeldBy(st.services[k].Annotations)
 		for _, ip := range ips {
 			if _, ok := adm.Holder(ip, named); !ok {
 				return fmt.Errorf("%s %s publishes %s, which no pool holds: the speakers would not announce it", k, describe(st.services[k]), ip)
@@ -567,7 +559,7 @@ func poolCountsExact(st *modelState) error {
 	inSpec, outside := map[string]map[netip.Addr]bool{}, map[string]map[netip.Addr]bool{}
 	for k, ips := range st.vips() {
 		for _, ip := range ips {
-			h, ok := adm.Holder(ip, st.services[k].Annotations[poolspec.AnnotationPool])
+			h, ok := adm.Holder(ip, poolspec.HeldBy(st.services[k].Annotations))
 			if !ok {
 				continue
 			}

@@ -17,6 +17,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ccm"
+	"github.com/vipcast/vipcast/poolspec"
 	"github.com/vipcast/vipcast/test/routers"
 )
 
@@ -183,7 +184,8 @@ func (e *env) announcedPool(bgp string) (table, *ccmProcess) {
 }
 
 // servedService creates web/a with a ready endpoint, waits for its VIP
-// and the vipcast.io/pool annotation the CCM writes, and returns the VIP.
+// and the annotations in which the CCM records its pool, and returns the
+// VIP.
 func (e *env) servedService() netip.Addr {
 	e.t.Helper()
 	e.namespace("web", nil)
@@ -195,7 +197,8 @@ func (e *env) servedService() netip.Addr {
 		if err != nil {
 			return false, err
 		}
-		return s.Annotations[ccm.AnnotationPool] == "vips", fmt.Errorf("annotations %v", s.Annotations)
+		return s.Annotations[ccm.AnnotationPool] == "vips" && s.Annotations[poolspec.AnnotationAllocatedFrom] == "vips",
+			fmt.Errorf("annotations %v", s.Annotations)
 	})
 	return vip
 }
@@ -240,24 +243,28 @@ func TestPoolNarrowedKeepsVIP(t *testing.T) {
 	if got := e.waitVIP("web", "b"); got != netip.MustParseAddr("10.100.0.15") {
 		t.Errorf("web/b got %s, want 10.100.0.15, the lowest address of the narrowed spec", got)
 	}
-	// Without the annotation that ties it to the narrowed pool, no pool
-	// holds web/a's VIP and no speaker would announce it: web/a gets a new
-	// one from the spec (found by TestCCMModel).
+	// The CCM's record (vipcast.io/allocated-from-pool), not the request
+	// users edit, ties the VIP to its pool: with the request edited to a
+	// pool that does not exist (which fails) or removed, web/a keeps its
+	// VIP, still held by vips and announced (found by TestCCMModel: the
+	// request alone used to be the record).
+	e.patchService("web", "a", `{"metadata":{"annotations":{"vipcast.io/pool":"gone"}}}`)
+	e.waitEventReason("web", "a", "Warning", "SyncLoadBalancerFailed", `pool "gone" does not exist`)
+	e.keepsVIP(3*time.Second, "web", "a", vip)
+	e.keepsTable(3*time.Second, "FRR", frr, want)
 	e.patchService("web", "a", `{"metadata":{"annotations":{"vipcast.io/pool":null}}}`)
-	e.eventually(30*time.Second, "web/a to move into the narrowed spec", func() (bool, error) {
-		ips := e.serviceVIPs("web", "a")
-		return len(ips) == 1 && ips[0] == netip.MustParseAddr("10.100.0.16"), fmt.Errorf("VIPs %v", ips)
-	})
-	e.waitTable("FRR", frr, map[string]route{"10.100.0.16/32": {nextHop: "10.0.0.2", communities: []string{"64512:100"}}})
-	// Once web/a let its old VIP go, nothing is held outside the spec.
+	e.touchService("web", "a", "request-removed")
+	e.keepsVIP(3*time.Second, "web", "a", vip)
+	e.keepsTable(3*time.Second, "FRR", frr, want)
+	// Deleted, web/a lets its VIP go: nothing is held outside the spec.
+	if err := e.cp.Client.CoreV1().Services("web").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	e.eventually(30*time.Second, "IPPool vips to hold nothing outside its spec", func() (bool, error) {
 		st, reason, msg := e.poolCondition("vips", "HeldOutsideSpec")
 		return st == "False", fmt.Errorf("condition %s/%s %q", st, reason, msg)
 	})
-	if err := e.cp.Client.CoreV1().Services("web").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	e.waitTable("FRR", frr, map[string]route{})
+	e.waitTable("FRR", frr, map[string]route{}) // web/b has no endpoint
 }
 
 // TestPoolBrokenBGPKeepsVIP: a spec.bgp the speakers cannot use (a

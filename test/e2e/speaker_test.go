@@ -230,43 +230,58 @@ type route struct {
 func (e *env) waitTable(name string, get table, want map[string]route) {
 	e.t.Helper()
 	e.eventually(30*time.Second, fmt.Sprintf("%s holding %v", name, slices.Sorted(maps.Keys(want))), func() (bool, error) {
-		got, err := get()
-		if err != nil {
-			return false, err
-		}
-		seen := 0
-		for p, paths := range got {
-			if !slices.ContainsFunc(testVIPs, func(v netip.Prefix) bool { return v.Overlaps(p) }) {
-				continue
-			}
-			w, ok := want[p.String()]
-			if !ok {
-				return false, fmt.Errorf("unexpected route %s", p)
-			}
-			seen++
-			if len(paths) != 1 {
-				return false, fmt.Errorf("%s: %d paths, want 1", p, len(paths))
-			}
-			path := paths[0]
-			if path.NextHop.String() != w.nextHop {
-				return false, fmt.Errorf("%s: next hop %s, want %s", p, path.NextHop, w.nextHop)
-			}
-			for _, c := range w.communities {
-				if !slices.ContainsFunc(path.Communities, func(got string) bool { return canonCommunity(got) == canonCommunity(c) }) {
-					return false, fmt.Errorf("%s: communities %v lack %s", p, path.Communities, c)
-				}
-			}
-			for _, c := range w.large {
-				if !slices.Contains(path.LargeCommunities, c) {
-					return false, fmt.Errorf("%s: large communities %v lack %s", p, path.LargeCommunities, c)
-				}
-			}
-		}
-		if seen != len(want) {
-			return false, fmt.Errorf("%d of %d routes present", seen, len(want))
-		}
-		return true, nil
+		err := tableIs(get, want)
+		return err == nil, err
 	})
+}
+
+// keepsTable checks for d that a router's routes inside testVIPs stay
+// exactly want.
+func (e *env) keepsTable(d time.Duration, name string, get table, want map[string]route) {
+	e.t.Helper()
+	e.consistently(d, fmt.Sprintf("%s keeping %v", name, slices.Sorted(maps.Keys(want))), func() error { return tableIs(get, want) })
+}
+
+// tableIs reports how a router's routes inside testVIPs differ from want
+// (prefix → expected path, with the expected attributes); nil when they
+// do not.
+func tableIs(get table, want map[string]route) error {
+	got, err := get()
+	if err != nil {
+		return err
+	}
+	seen := 0
+	for p, paths := range got {
+		if !slices.ContainsFunc(testVIPs, func(v netip.Prefix) bool { return v.Overlaps(p) }) {
+			continue
+		}
+		w, ok := want[p.String()]
+		if !ok {
+			return fmt.Errorf("unexpected route %s", p)
+		}
+		seen++
+		if len(paths) != 1 {
+			return fmt.Errorf("%s: %d paths, want 1", p, len(paths))
+		}
+		path := paths[0]
+		if path.NextHop.String() != w.nextHop {
+			return fmt.Errorf("%s: next hop %s, want %s", p, path.NextHop, w.nextHop)
+		}
+		for _, c := range w.communities {
+			if !slices.ContainsFunc(path.Communities, func(got string) bool { return canonCommunity(got) == canonCommunity(c) }) {
+				return fmt.Errorf("%s: communities %v lack %s", p, path.Communities, c)
+			}
+		}
+		for _, c := range w.large {
+			if !slices.Contains(path.LargeCommunities, c) {
+				return fmt.Errorf("%s: large communities %v lack %s", p, path.LargeCommunities, c)
+			}
+		}
+	}
+	if seen != len(want) {
+		return fmt.Errorf("%d of %d routes present", seen, len(want))
+	}
+	return nil
 }
 
 // TestSpeakerRouting is the loopback tier: vipcast-speaker against the real
