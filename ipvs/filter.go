@@ -141,29 +141,23 @@ func (p FilterPlan) ApplyTo(f *Filter) {
 // DiffFilter returns the element changes that turn have into want. The
 // filter's sets are vipcast's alone: whatever want lacks is deleted.
 func DiffFilter(want, have Filter) FilterPlan {
-	var p FilterPlan
-	for a := range want.VIPs {
-		if _, ok := have.VIPs[a]; !ok {
-			p.AddVIPs = append(p.AddVIPs, a)
-		}
-	}
-	for a := range have.VIPs {
-		if _, ok := want.VIPs[a]; !ok {
-			p.DelVIPs = append(p.DelVIPs, a)
-		}
-	}
-	for k := range want.Allow {
-		if _, ok := have.Allow[k]; !ok {
-			p.AddAllow = append(p.AddAllow, k)
-		}
-	}
-	for k := range have.Allow {
-		if _, ok := want.Allow[k]; !ok {
-			p.DelAllow = append(p.DelAllow, k)
-		}
+	p := FilterPlan{
+		AddVIPs: missing(want.VIPs, have.VIPs), DelVIPs: missing(have.VIPs, want.VIPs),
+		AddAllow: missing(want.Allow, have.Allow), DelAllow: missing(have.Allow, want.Allow),
 	}
 	p.sort()
 	return p
+}
+
+// missing returns the elements of set that in lacks, in no order.
+func missing[K comparable](set, in map[K]struct{}) []K {
+	var out []K
+	for k := range set {
+		if _, ok := in[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // filterStep returns the filter changes that go with p, the plan of
