@@ -37,6 +37,10 @@ const contactInterval = 10 * time.Second
 // on start-up and every Options.DataplaneResync.
 const keyResync = "\x00resync"
 
+// keyStatus is the queue key for computing the node's SpeakerStatus,
+// queued statusInterval after every change.
+const keyStatus = "\x00status"
+
 // Options configure a Controller.
 type Options struct {
 	// NodeName is the node this speaker runs on.
@@ -87,8 +91,13 @@ type Controller struct {
 	report *reporter
 	ann    *announcer
 	prog   *programmer // nil without a dataplane
+	status *statusWriter
 
 	view *View // owned by the worker goroutine
+	// notAnnounced says, by Service key, why this node announces no route
+	// for a VIP of a Service vipcast serves (see unannounced); owned by
+	// the worker goroutine.
+	notAnnounced map[string]string
 
 	mu     sync.Mutex
 	synced bool
@@ -119,7 +128,9 @@ func NewController(opts Options) (*Controller, error) {
 		opts: opts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "speaker"}),
-		events: record.NewBroadcaster(),
+		events:       record.NewBroadcaster(),
+		status:       newStatusWriter(opts.Dynamic),
+		notAnnounced: map[string]string{},
 	}
 	c.report = newReporter(c.events.NewRecorder(scheme, v1.EventSource{Component: Component, Host: opts.NodeName}), opts.NodeName)
 	c.ann = newAnnouncer(opts.BGP, opts.Metrics, func() { c.queue.AddRateLimited(keyConfig) })
@@ -155,6 +166,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.events.Shutdown()
 	probe := &contact{client: c.opts.Calls, interval: contactInterval, metrics: c.opts.Metrics, now: time.Now}
 	go probe.run(ctx)
+	go c.status.run(ctx)
 
 	if err := c.watch.start(ctx); err != nil {
 		return err
@@ -207,6 +219,8 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		err = c.syncConfig(ctx, false)
 	case keyResync:
 		err = c.syncConfig(ctx, true)
+	case keyStatus:
+		err = c.publishStatus(ctx)
 	default:
 		err = c.syncService(ctx, key)
 	}
@@ -225,6 +239,8 @@ func printableKey(key string) string {
 		return "config"
 	case keyResync:
 		return "resync"
+	case keyStatus:
+		return "status"
 	}
 	return key
 }
@@ -240,5 +256,6 @@ func (c *Controller) WithdrawAll(ctx context.Context) error {
 // it logs every change and records an Event on the BGPPeer when the session
 // comes up or goes down (not for each retry in between).
 func (c *Controller) SessionChanged(ctx context.Context, s bgp.SessionState) {
+	c.queue.AddAfter(keyStatus, statusInterval)
 	c.report.sessionChanged(ctx, s, func(name string) *vipcastv1alpha1.BGPPeer { return c.watch.peer(ctx, name) })
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -48,6 +49,7 @@ func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 	c.synced = true // the first table is in BGP and the sessions are configured
 	c.mu.Unlock()
 	c.opts.Metrics.observeSync("config", start)
+	c.queue.AddAfter(keyStatus, statusInterval)
 	klog.FromContext(ctx).V(2).Info("Configuration synced", "peers", sessions, "routes", c.ann.table.Len(),
 		"announced", announced, "withdrawn", withdrawn, "duration", time.Since(start))
 	return dpErr
@@ -118,14 +120,50 @@ func (c *Controller) syncDataplane(ctx context.Context, full bool) error {
 	return errors.Join(errs...)
 }
 
-// allRoutes yields every Service in the cache with its routes.
+// allRoutes yields every Service in the cache with its routes, and
+// records anew why this node announces none for some (notAnnounced).
 func (c *Controller) allRoutes(yield func(string, []bgp.Route) bool) {
+	fresh := map[string]string{}
 	for _, svc := range c.watch.listServices() {
-		routes, _ := c.serviceRoutes(svc, c.watch.slicesOf(svc))
+		routes, why := c.serviceRoutes(svc, c.watch.slicesOf(svc))
+		if c.unannounced(svc, why) {
+			fresh[ServiceKey(svc)] = why
+		}
 		if !yield(ServiceKey(svc), routes) {
 			return
 		}
 	}
+	c.notAnnounced = fresh
+}
+
+// unannounced reports whether svc belongs in the SpeakerStatus's
+// notAnnounced: a Service vipcast serves, with a VIP in its status, that
+// ServiceRoutes gave a reason for (some VIP without a route here).
+func (c *Controller) unannounced(svc *v1.Service, why string) bool {
+	return why != "" && len(svc.Status.LoadBalancer.Ingress) > 0 && c.opts.Classes.Serves(svc)
+}
+
+// publishStatus hands the status writer this node's SpeakerStatus, once
+// the first full sync has computed it.
+func (c *Controller) publishStatus(ctx context.Context) error {
+	if !c.HasSynced() {
+		return nil // the first sync queues keyStatus
+	}
+	node, err := c.watch.currentNode()
+	if err != nil {
+		return err
+	}
+	sessions, err := c.opts.BGP.Sessions(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the BGP sessions: %w", err)
+	}
+	routes := c.ann.table.Routes()
+	prefixes := make([]netip.Prefix, len(routes))
+	for i, r := range routes {
+		prefixes[i] = r.Prefix
+	}
+	c.status.set(node, BuildSpeakerStatus(sessions, prefixes, c.notAnnounced))
+	return nil
 }
 
 // serviceRoutes is ServiceRoutes, except that a Service whose virtual
@@ -162,7 +200,9 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
+	defer c.queue.AddAfter(keyStatus, statusInterval)
 	if svc == nil {
+		delete(c.notAnnounced, key)
 		c.report.forgetService(key)
 		dpErr := c.program(key, nil)
 		return errors.Join(dpErr, c.ann.deleteService(ctx, key))
@@ -173,8 +213,13 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 		c.report.dataplaneRefused(ctx, svc, c.prog.refusal(key))
 	}
 	routes, why := c.serviceRoutes(svc, slices)
-	if len(routes) == 0 && len(svc.Status.LoadBalancer.Ingress) > 0 && c.opts.Classes.Serves(svc) {
-		klog.FromContext(ctx).V(2).Info("Not announcing", "service", key, "reason", why)
+	if c.unannounced(svc, why) {
+		c.notAnnounced[key] = why
+		if len(routes) == 0 {
+			klog.FromContext(ctx).V(2).Info("Not announcing", "service", key, "reason", why)
+		}
+	} else {
+		delete(c.notAnnounced, key)
 	}
 	if err := c.ann.setService(ctx, key, routes); err != nil {
 		return errors.Join(dpErr, err)

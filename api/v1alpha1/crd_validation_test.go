@@ -237,6 +237,8 @@ func TestCRDs(t *testing.T) {
 	want := map[string]struct{ plural, short string }{
 		"IPPool":  {"ippools", "ippool"},
 		"BGPPeer": {"bgppeers", "bgppeer"},
+		// Written by the speakers: vipcast-only short name.
+		"SpeakerStatus": {"speakerstatuses", "vipspeaker"},
 	}
 	if len(schemas) != len(want) {
 		t.Errorf("found CRDs for %d kinds, want %d", len(schemas), len(want))
@@ -273,7 +275,8 @@ func TestSchemeRegistration(t *testing.T) {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	for _, obj := range []runtime.Object{&v1alpha1.IPPool{}, &v1alpha1.IPPoolList{}, &v1alpha1.BGPPeer{}, &v1alpha1.BGPPeerList{}} {
+	for _, obj := range []runtime.Object{&v1alpha1.IPPool{}, &v1alpha1.IPPoolList{}, &v1alpha1.BGPPeer{}, &v1alpha1.BGPPeerList{},
+		&v1alpha1.SpeakerStatus{}, &v1alpha1.SpeakerStatusList{}} {
 		gvks, _, err := scheme.ObjectKinds(obj)
 		if err != nil || len(gvks) != 1 || gvks[0].GroupVersion() != v1alpha1.SchemeGroupVersion {
 			t.Errorf("%T: kinds %v, err %v", obj, gvks, err)

@@ -16,16 +16,17 @@ var (
 	// SchemeBuilder collects the functions that register this package's
 	// types into a runtime.Scheme.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme registers IPPool, BGPPeer and their list types with a
-	// runtime.Scheme.
+	// AddToScheme registers IPPool, BGPPeer, SpeakerStatus and their list
+	// types with a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
-// IPPoolsResource and BGPPeersResource are the resources served for the
-// CRDs, for dynamic clients and informers.
+// IPPoolsResource, BGPPeersResource and SpeakerStatusesResource are the
+// resources served for the CRDs, for dynamic clients and informers.
 var (
-	IPPoolsResource  = SchemeGroupVersion.WithResource("ippools")
-	BGPPeersResource = SchemeGroupVersion.WithResource("bgppeers")
+	IPPoolsResource         = SchemeGroupVersion.WithResource("ippools")
+	BGPPeersResource        = SchemeGroupVersion.WithResource("bgppeers")
+	SpeakerStatusesResource = SchemeGroupVersion.WithResource("speakerstatuses")
 )
 
 // Kind returns the group-qualified kind for an unqualified kind name.
@@ -45,6 +46,8 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&IPPoolList{},
 		&BGPPeer{},
 		&BGPPeerList{},
+		&SpeakerStatus{},
+		&SpeakerStatusList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

@@ -50,12 +50,14 @@ var (
 		"/configmaps[extension-apiserver-authentication]": {"get", "list", "watch"},
 	}
 	wantSpeakerClusterRole = map[string][]string{
-		"/services":                       {"list", "watch"},
-		"discovery.k8s.io/endpointslices": {"list", "watch"},
-		"/nodes":                          {"get", "list", "watch"},
-		"vipcast.io/ippools":              {"list", "watch"},
-		"vipcast.io/bgppeers":             {"list", "watch"},
-		"/events":                         {"create", "patch"},
+		"/services":                         {"list", "watch"},
+		"discovery.k8s.io/endpointslices":   {"list", "watch"},
+		"/nodes":                            {"get", "list", "watch"},
+		"vipcast.io/ippools":                {"list", "watch"},
+		"vipcast.io/bgppeers":               {"list", "watch"},
+		"/events":                           {"create", "patch"},
+		"vipcast.io/speakerstatuses":        {"create", "get"},
+		"vipcast.io/speakerstatuses/status": {"update"},
 	}
 	// Secret informers, in the password namespaces only.
 	wantSpeakerSecretRole = map[string][]string{
@@ -218,8 +220,8 @@ func checkCommon(t *testing.T, r *Rendered) {
 	checkRules(t, "speaker ClusterRole", spk.Rules, wantSpeakerClusterRole)
 	for k, verbs := range ruleTable(t, spk.Rules) {
 		for _, v := range verbs {
-			if k != "/events" && !slices.Contains([]string{"get", "list", "watch"}, v) {
-				t.Errorf("speaker may %s %s: it only reads (and records Events)", v, k)
+			if !strings.HasPrefix(k, "vipcast.io/speakerstatuses") && k != "/events" && !slices.Contains([]string{"get", "list", "watch"}, v) {
+				t.Errorf("speaker may %s %s: it only reads (and records Events and its SpeakerStatus)", v, k)
 			}
 		}
 	}
@@ -405,8 +407,8 @@ func TestRenderDefaults(t *testing.T) {
 	if got := r.Kinds(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("kinds %v, want %v", got, want)
 	}
-	if len(r.CRDs) != 2 {
-		t.Errorf("%d CRDs, want 2 (IPPool, BGPPeer)", len(r.CRDs))
+	if len(r.CRDs) != 3 {
+		t.Errorf("%d CRDs, want 3 (IPPool, BGPPeer, SpeakerStatus)", len(r.CRDs))
 	}
 
 	d := checkCCM(t, r, 2)

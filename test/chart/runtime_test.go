@@ -33,6 +33,8 @@ import (
 var (
 	ippoolsGVR  = schema.GroupVersionResource{Group: "vipcast.io", Version: "v1alpha1", Resource: "ippools"}
 	bgppeersGVR = schema.GroupVersionResource{Group: "vipcast.io", Version: "v1alpha1", Resource: "bgppeers"}
+	// speakerStatusesGVR: the speakers' per-node status objects.
+	speakerStatusesGVR = schema.GroupVersionResource{Group: "vipcast.io", Version: "v1alpha1", Resource: "speakerstatuses"}
 )
 
 // installCRDs creates the chart's CRDs and waits until they are established.
@@ -355,6 +357,19 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
+	})
+	// The speaker writes its SpeakerStatus, owned by its Node: the session
+	// it opens (no router listens: not Established) and the Service it
+	// announces no route for (no endpoints).
+	eventually("the speaker's SpeakerStatus", func(ctx context.Context) (bool, error) {
+		s, err := cp.Dynamic.Resource(speakerStatusesGVR).Get(ctx, "node-1", metav1.GetOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // not written yet: retry until the timeout
+		}
+		owners := s.GetOwnerReferences()
+		configured, _, _ := unstructured.NestedInt64(s.Object, "status", "sessionsConfigured")
+		groups, _, _ := unstructured.NestedSlice(s.Object, "status", "notAnnounced")
+		return len(owners) == 1 && owners[0].Kind == "Node" && owners[0].UID == created.UID && configured == 1 && len(groups) == 1, nil
 	})
 	// The speaker reads the password when it configures the peer; a
 	// refused read would be a Warning Event on the BGPPeer (and a log line).
