@@ -28,11 +28,14 @@ import (
 // peerStatusController publishes each BGPPeer's Ready condition: whether
 // its configuration is usable on every node (BGPPeerSpec.Check), and
 // whether an older BGPPeer with the same address takes its place on some
-// existing node (peerConflicts). Sessions are per node: the speakers report
-// them in Events and metrics.
+// existing node (peerConflicts); and how many Ready nodes have a session
+// with it, and how many of those are Established, as the speakers'
+// SpeakerStatuses report (sessionCounts).
 type peerStatusController struct {
 	dyn      dynamic.Interface
 	informer cache.SharedIndexInformer
+	// speakers caches the SpeakerStatuses, slimmed to their sessions.
+	speakers cache.SharedIndexInformer
 	// nodes is the cloud-controller-manager's Node informer (useNodes);
 	// nil until then.
 	nodes cache.SharedIndexInformer
@@ -76,6 +79,17 @@ func newPeerStatusController(dyn dynamic.Interface, factory dynamicinformer.Dyna
 	}); err != nil {
 		return nil, fmt.Errorf("bgppeer handler: %w", err)
 	}
+	pc.speakers = factory.ForResource(vipcastv1alpha1.SpeakerStatusesResource).Informer()
+	if err := pc.speakers.SetTransform(slimSpeakerStatus); err != nil {
+		return nil, fmt.Errorf("speakerstatus transform: %w", err)
+	}
+	if _, err := pc.speakers.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { pc.sessionsChanged(nil, obj) },
+		UpdateFunc: pc.sessionsChanged,
+		DeleteFunc: func(obj any) { pc.sessionsChanged(obj, nil) },
+	}); err != nil {
+		return nil, fmt.Errorf("speakerstatus handler: %w", err)
+	}
 	return pc, nil
 }
 
@@ -84,19 +98,22 @@ func newPeerStatusController(dyn dynamic.Interface, factory dynamicinformer.Dyna
 // and watch, which the CCM has anyway); it must be called before run.
 func (pc *peerStatusController) useNodes(nodes cache.SharedIndexInformer) error {
 	pc.nodes = nodes
-	// Only a peer that shares its address with another can change with the
-	// nodes, and only when a node comes, goes or changes its labels.
+	// A node that comes, goes or moves in or out of Ready changes every
+	// peer's session counts; a change of its labels, the conflicts of the
+	// peers that share their address with another.
 	_, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { pc.enqueueShared() },
+		AddFunc: func(any) { pc.enqueueAll() },
 		UpdateFunc: func(old, cur any) {
 			o, ok1 := old.(*corev1.Node)
 			c, ok2 := cur.(*corev1.Node)
-			if ok1 && ok2 && maps.Equal(o.Labels, c.Labels) {
-				return
+			switch {
+			case !ok1 || !ok2 || nodeReady(o) != nodeReady(c):
+				pc.enqueueAll()
+			case !maps.Equal(o.Labels, c.Labels):
+				pc.enqueueShared()
 			}
-			pc.enqueueShared()
 		},
-		DeleteFunc: func(any) { pc.enqueueShared() },
+		DeleteFunc: func(any) { pc.enqueueAll() },
 	})
 	if err != nil {
 		return fmt.Errorf("node handler for BGPPeer status: %w", err)
@@ -105,7 +122,7 @@ func (pc *peerStatusController) useNodes(nodes cache.SharedIndexInformer) error 
 }
 
 func (pc *peerStatusController) hasSynced() bool {
-	return pc.informer.HasSynced() && (pc.nodes == nil || pc.nodes.HasSynced())
+	return pc.informer.HasSynced() && pc.speakers.HasSynced() && (pc.nodes == nil || pc.nodes.HasSynced())
 }
 
 // peerAddr is the address of a cached BGPPeer, unmapped; false when it
@@ -196,7 +213,8 @@ func (pc *peerStatusController) sync(ctx context.Context, key string) error {
 		klog.FromContext(ctx).Error(err, "Decoding BGPPeer", "peer", key)
 		return nil
 	}
-	want := peerStatus(peer, pc.conflict(ctx, peer))
+	nodes, established := pc.sessionCounts(peer.Name)
+	want := peerStatus(peer, pc.conflict(ctx, peer), nodes, established)
 	if equality.Semantic.DeepEqual(peer.Status, want) {
 		return nil
 	}
@@ -288,17 +306,18 @@ func peerConflicts(peers []*vipcastv1alpha1.BGPPeer, nodes []*corev1.Node) map[s
 	return out
 }
 
-// peerStatus computes a BGPPeer's status from its spec and conflict (its
-// peerConflicts message, "" for none); a condition's transition time is
-// kept while it does not change.
-func peerStatus(peer *vipcastv1alpha1.BGPPeer, conflict string) vipcastv1alpha1.BGPPeerStatus {
+// peerStatus computes a BGPPeer's status from its spec, conflict (its
+// peerConflicts message, "" for none) and session counts (sessionCounts); a
+// condition's transition time is kept while it does not change.
+func peerStatus(peer *vipcastv1alpha1.BGPPeer, conflict string, nodes, established int32) vipcastv1alpha1.BGPPeerStatus {
 	st := *peer.Status.DeepCopy()
 	st.ObservedGeneration = peer.Generation
+	st.Nodes, st.NodesEstablished = nodes, established
 	cond := metav1.Condition{
 		Type:               vipcastv1alpha1.ConditionReady,
 		Status:             metav1.ConditionTrue,
 		Reason:             vipcastv1alpha1.ReasonValid,
-		Message:            "configuration accepted; the speakers on the selected nodes open the sessions (their Events and vipcast_bgp_session_up show each session)",
+		Message:            "configuration accepted; the speakers on the selected nodes open the sessions (status.nodesEstablished counts those up; each node's SpeakerStatus, its Events and vipcast_bgp_session_up show each session)",
 		ObservedGeneration: peer.Generation,
 	}
 	if prob := peer.Spec.Check(); prob != nil {

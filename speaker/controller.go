@@ -252,6 +252,14 @@ func (c *Controller) WithdrawAll(ctx context.Context) error {
 	return c.ann.withdrawAll(ctx)
 }
 
+// ReportStopped writes, after the sessions are closed, that this node
+// announces nothing and its sessions are Idle ("vipcast-speaker stopped"),
+// so its SpeakerStatus and the BGPPeers' counts do not go on showing a
+// speaker that left. It is the last step of a graceful shutdown.
+func (c *Controller) ReportStopped(ctx context.Context) error {
+	return c.status.stopped(ctx)
+}
+
 // SessionChanged is the bgp engine's callback for a session state change:
 // it logs every change and records an Event on the BGPPeer when the session
 // comes up or goes down (not for each retry in between).

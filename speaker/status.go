@@ -105,11 +105,15 @@ type statusWriter struct {
 	client dynamic.NamespaceableResourceInterface
 	now    func() time.Time
 
+	kick chan struct{}
+
 	mu      sync.Mutex
 	pending *speakerStatus
-	kick    chan struct{}
+	last    *speakerStatus // the last one set
 
-	written *vipcastv1alpha1.SpeakerStatusStatus // writer goroutine only
+	writing sync.Mutex                           // one write at a time
+	written *vipcastv1alpha1.SpeakerStatusStatus // under writing
+	final   bool                                 // under writing: the stop is written, nothing after it
 }
 
 func newStatusWriter(dyn dynamic.Interface) *statusWriter {
@@ -125,6 +129,7 @@ func newStatusWriter(dyn dynamic.Interface) *statusWriter {
 func (w *statusWriter) set(node *v1.Node, st vipcastv1alpha1.SpeakerStatusStatus) {
 	w.mu.Lock()
 	w.pending = &speakerStatus{node: node, status: st}
+	w.last = w.pending
 	w.mu.Unlock()
 	select {
 	case w.kick <- struct{}{}:
@@ -150,7 +155,7 @@ func (w *statusWriter) run(ctx context.Context) {
 		if next == nil {
 			continue
 		}
-		if err := w.write(ctx, next); err != nil {
+		if err := w.write(ctx, next, false); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -176,9 +181,36 @@ func (w *statusWriter) run(ctx context.Context) {
 	}
 }
 
+// stopped writes, once the speaker has closed its sessions, that it
+// announces nothing and its sessions are Idle; nothing when it never set a
+// status (it never synced).
+func (w *statusWriter) stopped(ctx context.Context) error {
+	w.mu.Lock()
+	last := w.last
+	w.mu.Unlock()
+	if last == nil {
+		return nil
+	}
+	st := vipcastv1alpha1.SpeakerStatusStatus{SessionsConfigured: last.status.SessionsConfigured}
+	since := &metav1.Time{Time: w.now().Truncate(time.Second)}
+	for _, s := range last.status.Sessions {
+		st.Sessions = append(st.Sessions, vipcastv1alpha1.SpeakerSession{
+			Peer: s.Peer, Address: s.Address, State: "Idle", Since: since, LastError: "vipcast-speaker stopped",
+		})
+	}
+	return w.write(ctx, &speakerStatus{node: last.node, status: st}, true)
+}
+
 // write makes the node's SpeakerStatus hold want's status, creating the
 // object (owned by the Node) if it does not exist.
-func (w *statusWriter) write(ctx context.Context, want *speakerStatus) error {
+// With final it is the stop's write; after it nothing is written.
+func (w *statusWriter) write(ctx context.Context, want *speakerStatus, final bool) error {
+	w.writing.Lock()
+	defer w.writing.Unlock()
+	if w.final {
+		return nil
+	}
+	w.final = final
 	if w.written != nil && reflect.DeepEqual(*w.written, want.status) {
 		return nil
 	}

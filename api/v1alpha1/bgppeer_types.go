@@ -48,6 +48,8 @@ const (
 // +kubebuilder:printcolumn:name="Peer Address",type=string,JSONPath=".spec.peerAddress",description="Address of the BGP router"
 // +kubebuilder:printcolumn:name="Peer ASN",type=integer,JSONPath=".spec.peerASN",description="Autonomous system number of the BGP router"
 // +kubebuilder:printcolumn:name="Local ASN",type=integer,JSONPath=".spec.localASN",description="Autonomous system number vipcast uses"
+// +kubebuilder:printcolumn:name="Established",type=integer,JSONPath=".status.nodesEstablished",description="Ready nodes whose session with the router is Established (written by vipcast-ccm from the SpeakerStatuses)"
+// +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=".status.nodes",description="Ready nodes with a session with the router configured"
 // +kubebuilder:printcolumn:name="Port",type=integer,JSONPath=".spec.port",priority=1,description="TCP port of the BGP router"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=".status.conditions[?(@.type==\"Ready\")].status",priority=1,description="Whether the configuration is usable (written by vipcast-ccm)"
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=".status.conditions[?(@.type==\"Ready\")].reason",priority=1,description="Why the peer is or is not ready"
@@ -244,6 +246,15 @@ type BGPPeerStatus struct {
 	// +patchMergeKey=type
 	// +kubebuilder:validation:MaxItems=8
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// nodes counts the Ready nodes whose speaker has a session with this
+	// peer configured, as their SpeakerStatuses report; written by
+	// vipcast-ccm.
+	// +optional
+	Nodes int32 `json:"nodes,omitempty"`
+	// nodesEstablished counts those whose session is Established.
+	// +optional
+	NodesEstablished int32 `json:"nodesEstablished,omitempty"`
 }
 
 // BGPPeerList is a list of BGPPeers.

@@ -370,9 +370,14 @@ func startBGP(ctx context.Context, routerID netip.Addr, prefixRestart time.Durat
 	return engine, nil
 }
 
+// stopReportTimeout bounds the last write of a shutdown, the
+// SpeakerStatus saying the speaker stopped: an absent API server must not
+// hold the pod's termination up.
+const stopReportTimeout = 3 * time.Second
+
 // shutdown withdraws every route with the sessions still up, waits for the
-// routers to converge, and then closes the sessions with a Cease
-// notification so the routers also drop anything left at once.
+// routers to converge, closes the sessions with a Cease notification so
+// the routers also drop anything left at once, and reports the stop.
 func shutdown(logger klog.Logger, ctrl *speaker.Controller, engine bgp.Speaker, delay time.Duration, runErr error) error {
 	ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), logger), delay+30*time.Second)
 	defer cancel()
@@ -386,6 +391,11 @@ func shutdown(logger klog.Logger, ctrl *speaker.Controller, engine bgp.Speaker, 
 		logger.Error(err, "Stopping BGP")
 	}
 	logger.Info("BGP stopped")
+	reportCtx, cancelReport := context.WithTimeout(ctx, stopReportTimeout)
+	defer cancelReport()
+	if err := ctrl.ReportStopped(reportCtx); err != nil {
+		logger.Error(err, "Reporting the stop in this node's SpeakerStatus")
+	}
 	return runErr
 }
 

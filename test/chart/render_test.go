@@ -28,17 +28,18 @@ const (
 // broader verb, a new resource or a lost one fails.
 var (
 	wantCCMClusterRole = map[string][]string{
-		"/services":                          {"get", "list", "patch", "watch"},
-		"/services/status":                   {"patch"},
-		"/nodes":                             {"get", "list", "patch", "update", "watch"},
-		"/nodes/status":                      {"patch"},
-		"/namespaces":                        {"list", "watch"},
-		"/events":                            {"create", "patch"},
-		"vipcast.io/ippools":                 {"list", "patch", "watch"},
-		"vipcast.io/ippools/status":          {"update"},
-		"vipcast.io/bgppeers":                {"list", "watch"},
-		"vipcast.io/bgppeers/status":         {"update"},
-		"authentication.k8s.io/tokenreviews": {"create"},
+		"/services":                                 {"get", "list", "patch", "watch"},
+		"/services/status":                          {"patch"},
+		"/nodes":                                    {"get", "list", "patch", "update", "watch"},
+		"/nodes/status":                             {"patch"},
+		"/namespaces":                               {"list", "watch"},
+		"/events":                                   {"create", "patch"},
+		"vipcast.io/ippools":                        {"list", "patch", "watch"},
+		"vipcast.io/ippools/status":                 {"update"},
+		"vipcast.io/bgppeers":                       {"list", "watch"},
+		"vipcast.io/bgppeers/status":                {"update"},
+		"vipcast.io/speakerstatuses":                {"list", "watch"},
+		"authentication.k8s.io/tokenreviews":        {"create"},
 		"authorization.k8s.io/subjectaccessreviews": {"create"},
 	}
 	// Leader election: create any Lease; get/update only the CCM's.

@@ -166,8 +166,8 @@ func TestPoolDeletionProtection(t *testing.T) {
 
 // announcedPool sets up FRR, a speaker on node-a peered with it, a pool
 // "vips" (10.100.0.10-10.100.0.20, the given spec.bgp) and a CCM; it
-// returns FRR's table and the CCM.
-func (e *env) announcedPool(bgp string) (table, *ccmProcess) {
+// returns FRR's table, the CCM and the speaker.
+func (e *env) announcedPool(bgp string) (table, *ccmProcess, *speakerProc) {
 	e.t.Helper()
 	speakerAddr := netip.MustParseAddr("127.0.0.2")
 	frr := routers.StartFRR(e.t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.1"),
@@ -176,11 +176,11 @@ func (e *env) announcedPool(bgp string) (table, *ccmProcess) {
 	e.mustApplyPools(fmt.Sprintf("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: vips}\nspec: {addresses: [10.100.0.10-10.100.0.20], bgp: %s}\n", bgp))
 	e.applyPeer(peerDoc("frr", frr.Address, frr.Port, 64500, 64501, ""))
 	c := e.startCCM("first")
-	e.startSpeaker("node-a")
+	s := e.startSpeaker("node-a")
 	if err := frr.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
 		e.t.Fatal(err)
 	}
-	return frrTable(frr), c
+	return frrTable(frr), c, s
 }
 
 // servedService creates web/a with a ready endpoint, waits for its VIP
@@ -219,7 +219,7 @@ func (e *env) restartCCM(c *ccmProcess) {
 // spec; a new Service gets an address inside the spec.
 func TestPoolNarrowedKeepsVIP(t *testing.T) {
 	e := newEnv(t)
-	frr, first := e.announcedPool(`{communities: ["64512:100"]}`)
+	frr, first, _ := e.announcedPool(`{communities: ["64512:100"]}`)
 	vip := e.servedService()
 	if vip != netip.MustParseAddr("10.100.0.10") {
 		t.Fatalf("web/a got %s, want the pool's lowest address 10.100.0.10", vip)
@@ -274,7 +274,7 @@ func TestPoolNarrowedKeepsVIP(t *testing.T) {
 // that still decode.
 func TestPoolBrokenBGPKeepsVIP(t *testing.T) {
 	e := newEnv(t)
-	frr, first := e.announcedPool(`{communities: ["64512:100"]}`)
+	frr, first, _ := e.announcedPool(`{communities: ["64512:100"]}`)
 	vip := e.servedService()
 	want := map[string]route{vip.String() + "/32": {nextHop: "10.0.0.2", communities: []string{"64512:100"}}}
 	e.waitTable("FRR", frr, want)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
@@ -46,7 +47,7 @@ func (e *env) waitSpeakerStatus(node, what string, ok func(vipcastv1alpha1.Speak
 // lands on node-a.
 func TestSpeakerStatus(t *testing.T) {
 	e := newEnv(t)
-	frr, _ := e.announcedPool(`{}`)
+	frr, _, spk := e.announcedPool(`{}`)
 	vip := e.servedService() // Cluster, an endpoint on node-b: announced
 	e.createService(lbService("web", "local", withLocal()))
 	e.endpoints("web", "local", endpoint{node: "node-b", ip: "10.244.2.6", ready: true})
@@ -101,4 +102,31 @@ func TestSpeakerStatus(t *testing.T) {
 	if len(table.Rows) != 1 || fmt.Sprint(table.Rows[0].Cells[:5]) != "[node-a 1 1 2 0]" {
 		t.Errorf("rows %+v, want node-a with 1 of 1 sessions, 2 prefixes announced, 0 Services not", table.Rows)
 	}
+
+	// The CCM counts the Ready nodes with the session on the BGPPeer.
+	e.waitPeerSessions("frr", 1, 1)
+	// A speaker stopped gracefully says so last: sessions Idle, nothing
+	// announced; the BGPPeer counts no node Established.
+	spk.Stop(10 * time.Second)
+	e.waitSpeakerStatus("node-a", "saying the speaker stopped", func(st vipcastv1alpha1.SpeakerStatusStatus) bool {
+		return st.SessionsConfigured == 1 && st.SessionsEstablished == 0 && len(st.Sessions) == 1 &&
+			st.Sessions[0].State == "Idle" && st.Sessions[0].LastError == "vipcast-speaker stopped" &&
+			st.AnnouncedCount == 0 && len(st.Announced) == 0
+	})
+	e.waitPeerSessions("frr", 1, 0)
+}
+
+// waitPeerSessions waits until the BGPPeer's status counts nodes with the
+// session and established of them Established.
+func (e *env) waitPeerSessions(peer string, nodes, established int64) {
+	e.t.Helper()
+	e.eventually(30*time.Second, fmt.Sprintf("BGPPeer %s counting %d nodes, %d Established", peer, nodes, established), func() (bool, error) {
+		u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Get(context.Background(), peer, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		n, _, _ := unstructured.NestedInt64(u.Object, "status", "nodes")
+		up, _, _ := unstructured.NestedInt64(u.Object, "status", "nodesEstablished")
+		return n == nodes && up == established, fmt.Errorf("nodes %d, nodesEstablished %d", n, up)
+	})
 }
