@@ -32,7 +32,7 @@ all: build
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-build: ## build bin/vipcast-ccm and bin/vipcast-speaker
+build: ## build bin/vipcast-ccm, bin/vipcast-speaker and bin/kubectl-vipcast (the kubectl plugin)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 images: ## container images without a Docker daemon: _output/images/vipcast-{ccm,speaker}.tar (docker load / skopeo)
@@ -55,7 +55,7 @@ routers: ## install FRR, BIRD and iproute2 from Debian when missing
 # kube-apiserver and etcd, built from Go modules (test/tools) into a cache
 # keyed by the Kubernetes version: the first build takes ~12 min on 2 cores,
 # every later run reuses it.
-tools: $(K8S_BIN)/kube-apiserver $(K8S_BIN)/etcd ## build the control-plane binaries into the cache
+tools: $(K8S_BIN)/kube-apiserver $(K8S_BIN)/etcd $(K8S_BIN)/kubectl ## build the control-plane binaries and kubectl into the cache
 
 $(K8S_BIN)/kube-apiserver:
 	@mkdir -p $(K8S_BIN)

@@ -24,9 +24,9 @@ import (
 	"github.com/vipcast/vipcast/test/proc"
 )
 
-// ccmBinary and speakerBinary are the vipcast binaries built once by
-// TestMain.
-var ccmBinary, speakerBinary string
+// ccmBinary, speakerBinary and pluginBinary (kubectl-vipcast) are the
+// vipcast binaries built once by TestMain.
+var ccmBinary, speakerBinary, pluginBinary string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "vipcast-e2e-bin")
@@ -36,7 +36,9 @@ func TestMain(m *testing.M) {
 	}
 	ccmBinary = filepath.Join(dir, "vipcast-ccm")
 	speakerBinary = filepath.Join(dir, "vipcast-speaker")
-	build := exec.Command("go", "build", "-o", dir+"/", "github.com/vipcast/vipcast/cmd/vipcast-ccm", "github.com/vipcast/vipcast/cmd/vipcast-speaker")
+	pluginBinary = filepath.Join(dir, "kubectl-vipcast")
+	build := exec.Command("go", "build", "-o", dir+"/", "github.com/vipcast/vipcast/cmd/vipcast-ccm", "github.com/vipcast/vipcast/cmd/vipcast-speaker",
+		"github.com/vipcast/vipcast/cmd/kubectl-vipcast")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building vipcast binaries:", err)
