@@ -167,7 +167,7 @@ lab-root:
 
 lab: lab-root tools routers $(K8S_BIN)/kubectl ## as root: control plane, vipcast-ccm, 2 node VMs with vipcast-speaker, an FRR ToR and a client; Ctrl-C tears down
 	@mkdir -p _output
-	$(GO) build -o _output/lab ./test/lab/cmd/lab
+	$(GO) build -o _output/ ./test/lab/cmd/lab ./cmd/kubectl-vipcast
 	_output/lab up -dir _output/lab-run
 
 lab-down: ## stop a running `make lab` (from another terminal) and remove its leftovers

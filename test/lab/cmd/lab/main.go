@@ -158,10 +158,16 @@ func publish(ctx context.Context, t harness.T, l *lab.Lab) netip.Addr {
 // showCluster shows the cluster through kubectl and the ToR's route and
 // BGP entry for vip.
 func showCluster(ctx context.Context, l *lab.Lab, kubeconfig, kubectl string, vip netip.Addr) {
+	// kubectl finds the plugin kubectl-vipcast next to this program
+	// (`make lab` builds both into _output).
+	path := os.Getenv("PATH")
+	if self, err := os.Executable(); err == nil {
+		path = filepath.Dir(self) + string(os.PathListSeparator) + path
+	}
 	run := func(title string, argv ...string) {
 		fmt.Printf("\n$ %s\n", title)
 		c := exec.CommandContext(ctx, argv[0], argv[1:]...)
-		c.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+		c.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "PATH="+path)
 		c.Stdout, c.Stderr = os.Stdout, os.Stdout
 		if err := c.Run(); err != nil {
 			fmt.Printf("(%s: %v)\n", argv[0], err)
@@ -173,6 +179,10 @@ func showCluster(ctx context.Context, l *lab.Lab, kubeconfig, kubectl string, vi
 	run("kubectl get ippools,bgppeers -o wide", kubectl, "get", "ippools,bgppeers", "-o", "wide")
 	run("kubectl get svc -n demo -o wide", kubectl, "get", "svc", "-n", lab.DemoNamespace, "-o", "wide")
 	run("kubectl get events -n demo", kubectl, "get", "events", "-n", lab.DemoNamespace)
+	run("kubectl get speakerstatuses.vipcast.io   (each node's speaker: sessions, prefixes announced, Services not)",
+		kubectl, "get", "speakerstatuses.vipcast.io")
+	run("kubectl vipcast why "+lab.DemoNamespace+"/"+lab.DemoService, kubectl, "vipcast", "why", lab.DemoNamespace+"/"+lab.DemoService)
+	run("kubectl vipcast peers", kubectl, "vipcast", "peers")
 	run("(ToR) ip route show "+vip.String(), "ip", "-n", l.TorNS.Name, "route", "show", vip.String())
 	run("(ToR) vtysh -c 'show bgp ipv4 unicast "+vip.String()+"'", "vtysh", "--vty_socket", l.ToR.Dir, "-c", "show bgp ipv4 unicast "+vip.String())
 }
