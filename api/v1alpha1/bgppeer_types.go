@@ -43,7 +43,7 @@ const (
 // +genclient:nonNamespaced
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,shortName=bgppeer,categories=vipcast
+// +kubebuilder:resource:scope=Cluster,shortName=vippeer;vippeers,categories=vipcast
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Peer Address",type=string,JSONPath=".spec.peerAddress",description="Address of the BGP router"
 // +kubebuilder:printcolumn:name="Peer ASN",type=integer,JSONPath=".spec.peerASN",description="Autonomous system number of the BGP router"

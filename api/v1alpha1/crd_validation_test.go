@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -234,11 +235,15 @@ func decodeYAML(t *testing.T, doc []byte) map[string]any {
 
 func TestCRDs(t *testing.T) {
 	schemas := loadSchemas(t)
-	want := map[string]struct{ plural, short string }{
-		"IPPool":  {"ippools", "ippool"},
-		"BGPPeer": {"bgppeers", "bgppeer"},
-		// Written by the speakers: vipcast-only short name.
-		"SpeakerStatus": {"speakerstatuses", "vipspeaker"},
+	// Short names are vipcast's own: "ippool(s)" and "bgppeer(s)" are
+	// other products' too (Cilium, Calico, MetalLB).
+	want := map[string]struct {
+		plural string
+		short  []string
+	}{
+		"IPPool":        {"ippools", []string{"vippool", "vippools"}},
+		"BGPPeer":       {"bgppeers", []string{"vippeer", "vippeers"}},
+		"SpeakerStatus": {"speakerstatuses", []string{"vipspeaker", "vipspeakers"}},
 	}
 	if len(schemas) != len(want) {
 		t.Errorf("found CRDs for %d kinds, want %d", len(schemas), len(want))
@@ -251,8 +256,7 @@ func TestCRDs(t *testing.T) {
 		}
 		crd := s.crd
 		if crd.Spec.Group != v1alpha1.GroupName || crd.Spec.Scope != apiextensions.ClusterScoped ||
-			crd.Spec.Names.Plural != w.plural || len(crd.Spec.Names.ShortNames) != 1 ||
-			crd.Spec.Names.ShortNames[0] != w.short || len(crd.Spec.Names.Categories) != 1 ||
+			crd.Spec.Names.Plural != w.plural || !slices.Equal(crd.Spec.Names.ShortNames, w.short) || len(crd.Spec.Names.Categories) != 1 ||
 			crd.Spec.Names.Categories[0] != "vipcast" {
 			t.Errorf("%s: unexpected group/scope/names: %s %s %+v", kind, crd.Spec.Group, crd.Spec.Scope, crd.Spec.Names)
 		}

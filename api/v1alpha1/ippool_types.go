@@ -107,7 +107,7 @@ var WellKnownCommunities = map[string]uint32{
 // +genclient:nonNamespaced
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,shortName=ippool,categories=vipcast
+// +kubebuilder:resource:scope=Cluster,shortName=vippool;vippools,categories=vipcast
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Addresses",type=string,JSONPath=".spec.addresses",description="Address blocks of the pool"
 // +kubebuilder:printcolumn:name="IPv4 Capacity",type=string,JSONPath=".status.ipv4.capacity",description="Number of assignable IPv4 addresses"

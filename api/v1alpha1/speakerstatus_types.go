@@ -23,7 +23,7 @@ const (
 //
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,shortName=vipspeaker,categories=vipcast
+// +kubebuilder:resource:scope=Cluster,shortName=vipspeaker;vipspeakers,categories=vipcast
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Established",type=integer,JSONPath=".status.sessionsEstablished",description="BGP sessions Established"
 // +kubebuilder:printcolumn:name="Sessions",type=integer,JSONPath=".status.sessionsConfigured",description="BGP sessions configured on this node"

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -304,6 +305,55 @@ func (e *env) readyNodes(names ...string) {
 		created.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
 		if _, err := e.cp.Client.CoreV1().Nodes().UpdateStatus(context.Background(), created, metav1.UpdateOptions{}); err != nil {
 			e.t.Fatalf("node %s status: %v", name, err)
+		}
+	}
+}
+
+// kubectl runs the real kubectl (built by `make tools`) with args against
+// the test's API server (through KUBECONFIG: kubectl refuses flags before
+// a plugin's name), kubectl-vipcast on its PATH, and returns its output's
+// lines, trailing blanks trimmed.
+func (e *env) kubectl(args ...string) []string {
+	e.t.Helper()
+	kubectl := filepath.Join(controlplane.BinDir(), "kubectl")
+	if _, err := os.Stat(kubectl); err != nil {
+		e.t.Fatalf("kubectl not found (run `make tools` to build it): %v", err)
+	}
+	cmd := exec.Command(kubectl, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.cp.Kubeconfig,
+		"PATH="+filepath.Dir(pluginBinary)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+	}
+	e.t.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)
+	lines := strings.Split(string(out), "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimRight(l, " ")
+	}
+	return lines
+}
+
+// kubectlWants checks that kubectl's output for args has every line of
+// want.
+func (e *env) kubectlWants(args []string, want ...string) {
+	e.t.Helper()
+	lines := e.kubectl(args...)
+	for _, w := range want {
+		if !slices.Contains(lines, w) {
+			e.t.Errorf("kubectl %v printed %q, without the line %q", args, lines, w)
+		}
+	}
+}
+
+// kubectlLacks checks that kubectl's output for args has none of the
+// lines of unwanted.
+func (e *env) kubectlLacks(args []string, unwanted ...string) {
+	e.t.Helper()
+	lines := e.kubectl(args...)
+	for _, u := range unwanted {
+		if slices.Contains(lines, u) {
+			e.t.Errorf("kubectl %v printed the line %q", args, u)
 		}
 	}
 }

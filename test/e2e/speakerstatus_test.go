@@ -4,11 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
-	"github.com/vipcast/vipcast/test/controlplane"
 )
 
 // speakerStatus reads a node's SpeakerStatus.
@@ -127,32 +122,6 @@ func TestSpeakerStatus(t *testing.T) {
 			st.AnnouncedCount == 0 && len(st.Announced) == 0
 	})
 	e.waitPeerSessions("frr", 1, 0)
-}
-
-// kubectlWants runs the real kubectl (built by `make tools`) with args
-// against the test's API server (through KUBECONFIG: kubectl refuses flags
-// before a plugin's name), kubectl-vipcast on its PATH, and checks that its
-// output has every line of want.
-func (e *env) kubectlWants(args []string, want ...string) {
-	e.t.Helper()
-	kubectl := filepath.Join(controlplane.BinDir(), "kubectl")
-	if _, err := os.Stat(kubectl); err != nil {
-		e.t.Fatalf("kubectl not found (run `make tools` to build it): %v", err)
-	}
-	cmd := exec.Command(kubectl, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.cp.Kubeconfig,
-		"PATH="+filepath.Dir(pluginBinary)+string(os.PathListSeparator)+os.Getenv("PATH"))
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		e.t.Fatalf("kubectl %v: %v\n%s", args, err, out)
-	}
-	e.t.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)
-	lines := strings.Split(string(out), "\n")
-	for _, w := range want {
-		if !slices.ContainsFunc(lines, func(l string) bool { return strings.TrimRight(l, " ") == w }) {
-			e.t.Errorf("kubectl %v printed\n%s\nwithout the line %q", args, out, w)
-		}
-	}
 }
 
 // waitPeerSessions waits until the BGPPeer's status counts nodes with the

@@ -176,7 +176,7 @@ func showCluster(ctx context.Context, l *lab.Lab, kubeconfig, kubectl string, vi
 	run("kubectl get nodes -o wide", kubectl, "get", "nodes", "-o", "wide")
 	run("kubectl get nodes -o custom-columns=...   (vipcast-ccm initialized them: provider ID set, uninitialized taint gone)",
 		kubectl, "get", "nodes", "-o", "custom-columns=NAME:.metadata.name,PROVIDER-ID:.spec.providerID,TAINTS:.spec.taints[*].key")
-	run("kubectl get ippools,bgppeers -o wide", kubectl, "get", "ippools,bgppeers", "-o", "wide")
+	run("kubectl get ippools.vipcast.io,bgppeers.vipcast.io -o wide", kubectl, "get", "ippools.vipcast.io,bgppeers.vipcast.io", "-o", "wide")
 	run("kubectl get svc -n demo -o wide", kubectl, "get", "svc", "-n", lab.DemoNamespace, "-o", "wide")
 	run("kubectl get events -n demo", kubectl, "get", "events", "-n", lab.DemoNamespace)
 	run("kubectl get speakerstatuses.vipcast.io   (each node's speaker: sessions, prefixes announced, Services not)",
