@@ -122,7 +122,7 @@ func (pc *peerStatusController) useNodes(nodes cache.SharedIndexInformer) error 
 }
 
 func (pc *peerStatusController) hasSynced() bool {
-	return pc.informer.HasSynced() && pc.speakers.HasSynced() && (pc.nodes == nil || pc.nodes.HasSynced())
+	return pc.informer.HasSynced() && (pc.nodes == nil || pc.nodes.HasSynced())
 }
 
 // peerAddr is the address of a cached BGPPeer, unmapped; false when it

@@ -200,12 +200,24 @@ func (p *Provider) SetInformers(factory informers.SharedInformerFactory) {
 }
 
 // runPeerStatus publishes the BGPPeers' Ready conditions once their cache
-// is synced.
+// is synced. It waits up to speakerStatusSyncWait for the SpeakerStatuses
+// too, so the first session counts are right, but not longer: without
+// their CRD or RBAC (an upgrade that skipped them) the Ready conditions
+// still go on, and the counts follow once they can be read.
 func (p *Provider) runPeerStatus(ctx context.Context) {
-	if p.peers != nil && cache.WaitForNamedCacheSync(clientName+"-bgppeers", ctx.Done(), p.peers.hasSynced) {
-		p.peers.run(ctx)
+	if p.peers == nil || !cache.WaitForNamedCacheSync(clientName+"-bgppeers", ctx.Done(), p.peers.hasSynced) {
+		return
 	}
+	wait, cancel := context.WithTimeout(ctx, speakerStatusSyncWait)
+	if !cache.WaitForCacheSync(wait.Done(), p.peers.speakers.HasSynced) && ctx.Err() == nil {
+		klog.FromContext(ctx).Info("SpeakerStatuses not readable yet: the BGPPeers' session counts follow once they are (apply this release's CRDs and RBAC)")
+	}
+	cancel()
+	p.peers.run(ctx)
 }
+
+// speakerStatusSyncWait bounds runPeerStatus's wait for the SpeakerStatuses.
+const speakerStatusSyncWait = 10 * time.Second
 
 // restore records every VIP found in a Service's status in the allocator,
 // oldest Service first, so a VIP already published is never handed to

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -137,4 +138,19 @@ func (e *env) waitPeerSessions(peer string, nodes, established int64) {
 		up, _, _ := unstructured.NestedInt64(u.Object, "status", "nodesEstablished")
 		return n == nodes && up == established, fmt.Errorf("nodes %d, nodesEstablished %d", n, up)
 	})
+}
+
+// TestPeerStatusWithoutSpeakerStatuses: a CCM upgraded without this
+// release's SpeakerStatus CRD (helm upgrade does not apply crds/) still
+// writes the BGPPeers' Ready condition; the session counts stay 0.
+func TestPeerStatusWithoutSpeakerStatuses(t *testing.T) {
+	e := newEnv(t)
+	if err := e.cp.APIExtensions.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(),
+		"speakerstatuses.vipcast.io", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.applyPeer(peerDoc("tor", netip.MustParseAddr("192.0.2.1"), 179, 64500, 64501, ""))
+	e.startCCM("first")
+	e.waitPeerReady("tor", "True", vipcastv1alpha1.ReasonValid)
+	e.waitPeerSessions("tor", 0, 0)
 }
