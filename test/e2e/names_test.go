@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +84,13 @@ func TestResourceNames(t *testing.T) {
 	}
 	for _, name := range []string{"bgppeers.vipcast.io", "vippeer", "vippeers"} {
 		e.kubectlWants([]string{"get", name, "-o", "name"}, "bgppeer.vipcast.io/tor")
+	}
+	// The docs' explain commands, qualified.
+	for res, field := range map[string]string{"ippools.vipcast.io.spec": "addresses", "bgppeers.vipcast.io.spec": "peerAddress"} {
+		lines := e.kubectl("explain", res)
+		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, field) }) {
+			t.Errorf("kubectl explain %s: no field %s in %q", res, field, lines)
+		}
 	}
 	// The category lists vipcast's kinds and no other product's.
 	e.kubectlWants([]string{"get", "vipcast", "-o", "name"}, "ippool.vipcast.io/vips", "bgppeer.vipcast.io/tor")
