@@ -72,6 +72,28 @@ type Peer struct {
 	// Reached", until GoBGP reopens it (see Config.PrefixLimitRestart).
 	// 0 means DefaultMaxPrefixes.
 	MaxPrefixes uint32
+	// BFD, when set, runs a BFD session (RFC 5880) with the router beside
+	// the BGP session: BFD going from Up to Down resets the BGP session at
+	// once. A change of BFD alone renegotiates the BFD timers (a Poll
+	// sequence) and does not reset the BGP session.
+	BFD *BFD
+}
+
+// BFD configures the Bidirectional Forwarding Detection session of a peer.
+type BFD struct {
+	// MinTx is the desired minimum interval between the packets this node
+	// sends (bfd.DesiredMinTxInterval) while the session is Up.
+	MinTx time.Duration
+	// MinRx is the required minimum interval between the packets the
+	// router sends (bfd.RequiredMinRxInterval).
+	MinRx time.Duration
+	// Multiplier is the detect multiplier: the session goes Down when the
+	// router's packets stop for this many of its intervals.
+	Multiplier uint8
+	// Multihop selects RFC 5883 multihop BFD (UDP port 4784, a TTL of at
+	// least 254 accepted) instead of RFC 5881 single hop (UDP port 3784,
+	// TTL 255 only).
+	Multihop bool
 }
 
 // DefaultMaxPrefixes is Peer.MaxPrefixes when unset. vipcast accepts no
@@ -134,6 +156,12 @@ type SessionState struct {
 	// ReopenAt, while the session is down for exceeding its prefix limit,
 	// is when it is reopened; zero otherwise.
 	ReopenAt time.Time
+	// BFD is the state of the peer's BFD session (AdminDown, Down, Init or
+	// Up); empty when the peer has no BFD.
+	BFD string
+	// BFDDiag is the diagnostic of the BFD session's last change to Down,
+	// in words; empty while it never went Down.
+	BFDDiag string
 }
 
 // Established reports whether the session is up.
