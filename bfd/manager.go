@@ -1,0 +1,623 @@
+package bfd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"k8s.io/klog/v2"
+)
+
+// UDP ports of BFD Control packets.
+const (
+	// SingleHopPort is the destination port of single-hop sessions (RFC
+	// 5881).
+	SingleHopPort = 3784
+	// MultihopPort is the destination port of multihop sessions (RFC 5883).
+	MultihopPort = 4784
+)
+
+// TTLs accepted on received packets: single hop accepts only 255, the
+// generalized TTL security mechanism RFC 5881 section 5 requires; multihop
+// accepts 254 and up, a peer at most one router away, as FRR's bfdd does by
+// default (RFC 5883 leaves the value to the configuration).
+const (
+	singleHopMinTTL = 255
+	multihopMinTTL  = 254
+)
+
+// shutdownPackets is how many AdminDown packets a removed session sends,
+// so that the peer sees the session taken down on purpose even if one is
+// lost.
+const shutdownPackets = 3
+
+// SessionConfig configures one session.
+type SessionConfig struct {
+	// Peer is the remote system's address.
+	Peer netip.Addr
+	// Local is the local address packets are sent from and received on;
+	// when zero, the address the kernel routes Peer from.
+	Local netip.Addr
+	// Multihop selects RFC 5883 instead of RFC 5881.
+	Multihop bool
+	// Timers are the session's timers.
+	Timers Timers
+}
+
+// Event is a session's change of state.
+type Event struct {
+	// Key names the session (Manager.Set's key).
+	Key string
+	// From and To are the states before and after.
+	From, To State
+	// Diag is the local diagnostic after the change.
+	Diag Diag
+	// RemoteState is the state the peer last reported: AdminDown when the
+	// peer took the session down on purpose, which is not a path failure
+	// (RFC 5882 section 3.2).
+	RemoteState State
+}
+
+// Failure reports whether the event is a loss of the path: a session that
+// was Up went Down, and not because the peer took it down on purpose.
+func (e Event) Failure() bool {
+	return e.From == Up && e.To == Down && e.RemoteState != AdminDown
+}
+
+// Status is a snapshot of one session.
+type Status struct {
+	State, RemoteState State
+	Diag               Diag
+	// Since is when State was entered.
+	Since time.Time
+	// Tx is the transmit interval in force, Detect the detection time.
+	Tx, Detect time.Duration
+	// LocalDiscr and RemoteDiscr are the discriminators.
+	LocalDiscr, RemoteDiscr uint32
+	// Local is the local address in use.
+	Local netip.Addr
+	// PacketsIn and PacketsOut count Control packets; Downs counts the
+	// session's changes from Up to Down.
+	PacketsIn, PacketsOut, Downs uint64
+	// Err is the last socket error, if any.
+	Err string
+}
+
+// Manager runs BFD sessions over UDP sockets in the caller's network
+// namespace. Packets are received on one socket per local address and
+// port, demultiplexed by Your Discriminator (or, while it is zero, by the
+// peer's address); each session sends from its own socket, from a source
+// port in 49152-65535, with TTL 255.
+type Manager struct {
+	log      klog.Logger
+	onChange func(Event)
+
+	mu        sync.Mutex
+	sessions  map[string]*runner
+	byDiscr   map[uint32]*runner
+	listeners map[netip.AddrPort]*listener
+	closed    bool
+}
+
+// NewManager returns a Manager; onChange, when set, is called on every
+// state change, from the session's goroutine: it must not block for long.
+func NewManager(log klog.Logger, onChange func(Event)) *Manager {
+	return &Manager{
+		log:       log,
+		onChange:  onChange,
+		sessions:  map[string]*runner{},
+		byDiscr:   map[uint32]*runner{},
+		listeners: map[netip.AddrPort]*listener{},
+	}
+}
+
+// Set creates the session key with cfg, or changes its timers. A change of
+// the peer, the local address or multihop recreates the session; a change
+// of timers alone renegotiates them with a Poll sequence, without a flap.
+func (m *Manager) Set(key string, cfg SessionConfig) error {
+	if err := cfg.Timers.Validate(); err != nil {
+		return err
+	}
+	if !cfg.Peer.IsValid() {
+		return errors.New("bfd: no peer address")
+	}
+	cfg.Peer = cfg.Peer.Unmap()
+	cfg.Local = cfg.Local.Unmap()
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return errors.New("bfd: manager is closed")
+	}
+	if r, ok := m.sessions[key]; ok {
+		if r.cfg.Peer == cfg.Peer && r.cfg.Local == cfg.Local && r.cfg.Multihop == cfg.Multihop {
+			r.cfg.Timers = cfg.Timers
+			m.mu.Unlock()
+			r.setTimers(cfg.Timers)
+			return nil
+		}
+		m.removeLocked(key)
+	}
+	m.mu.Unlock()
+	return m.add(key, cfg)
+}
+
+// add opens the sockets of a new session and starts it.
+func (m *Manager) add(key string, cfg SessionConfig) error {
+	local := cfg.Local
+	if !local.IsValid() {
+		var err error
+		if local, err = routeSource(cfg.Peer); err != nil {
+			return err
+		}
+	}
+	port := uint16(SingleHopPort)
+	if cfg.Multihop {
+		port = MultihopPort
+	}
+	tx, err := openSender(local, cfg.Peer)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		_ = tx.Close()
+		return errors.New("bfd: manager is closed")
+	}
+	lk := netip.AddrPortFrom(local, port)
+	l := m.listeners[lk]
+	if l == nil {
+		if l, err = m.listen(lk, cfg.Multihop); err != nil {
+			_ = tx.Close()
+			return err
+		}
+		m.listeners[lk] = l
+	}
+	l.users++
+	discr := rand.Uint32()
+	for discr == 0 || m.byDiscr[discr] != nil {
+		discr = rand.Uint32()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runner{
+		key: key, cfg: cfg, local: local, port: port, tx: tx, listener: lk,
+		s:      NewSession(discr, cfg.Timers),
+		rx:     make(chan received, 16),
+		timers: make(chan Timers, 1),
+		cancel: cancel, done: make(chan struct{}),
+		log:    m.log.WithValues("bfdPeer", cfg.Peer, "key", key),
+		notify: m.onChange,
+	}
+	r.status = r.snapshot(time.Now())
+	m.sessions[key] = r
+	m.byDiscr[discr] = r
+	go r.run(ctx)
+	r.log.V(2).Info("Started BFD session", "local", local, "multihop", cfg.Multihop, "minTx", cfg.Timers.MinTx, "minRx", cfg.Timers.MinRx, "multiplier", cfg.Timers.Multiplier)
+	return nil
+}
+
+// Remove takes the session key down: it sends AdminDown packets and
+// closes the session. Removing an unknown key does nothing.
+func (m *Manager) Remove(key string) {
+	m.mu.Lock()
+	r := m.removeLocked(key)
+	m.mu.Unlock()
+	if r != nil {
+		<-r.done
+	}
+}
+
+// removeLocked stops the session key and releases its listener; the
+// caller holds m.mu. It returns the runner, whose done closes when its
+// AdminDown packets are sent.
+func (m *Manager) removeLocked(key string) *runner {
+	r := m.sessions[key]
+	if r == nil {
+		return nil
+	}
+	delete(m.sessions, key)
+	delete(m.byDiscr, r.s.LocalDiscriminator())
+	r.cancel()
+	if l := m.listeners[r.listener]; l != nil {
+		l.users--
+		if l.users == 0 {
+			delete(m.listeners, r.listener)
+			_ = l.conn.Close()
+		}
+	}
+	return r
+}
+
+// Status returns a snapshot of the session key.
+func (m *Manager) Status(key string) (Status, bool) {
+	m.mu.Lock()
+	r := m.sessions[key]
+	m.mu.Unlock()
+	if r == nil {
+		return Status{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status, true
+}
+
+// Keys returns the configured sessions' keys.
+func (m *Manager) Keys() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	keys := make([]string, 0, len(m.sessions))
+	for k := range m.sessions {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// Close takes every session down (AdminDown) and closes the sockets.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closed = true
+	var runners []*runner
+	for k := range m.sessions {
+		runners = append(runners, m.removeLocked(k))
+	}
+	m.mu.Unlock()
+	for _, r := range runners {
+		<-r.done
+	}
+}
+
+// routeSource returns the address the kernel sends to peer from.
+func routeSource(peer netip.Addr) (netip.Addr, error) {
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(peer, SingleHopPort)))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("bfd: no route to %s: %w", peer, err)
+	}
+	defer func() { _ = c.Close() }()
+	return c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap(), nil
+}
+
+// sender is a session's socket: bound to the local address and a source
+// port in 49152-65535 (RFC 5881 section 4), TTL 255, DSCP CS6.
+type sender struct {
+	conn *net.UDPConn
+	to   *net.UDPAddr
+}
+
+// openSender binds a sender from local toward peer; the destination port
+// is set per packet.
+func openSender(local, peer netip.Addr) (*sender, error) {
+	var lastErr error
+	for range 32 {
+		port := 49152 + rand.IntN(16384)
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local, uint16(port)))) //nolint:gosec // within 49152-65535
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if err := setTTLAndClass(c, local.Is4()); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		return &sender{conn: c}, nil
+	}
+	return nil, fmt.Errorf("bfd: no free source port on %s for peer %s: %w", local, peer, lastErr)
+}
+
+func setTTLAndClass(c *net.UDPConn, v4 bool) error {
+	if v4 {
+		p := ipv4.NewPacketConn(c)
+		if err := p.SetTTL(255); err != nil {
+			return fmt.Errorf("bfd: set TTL 255: %w", err)
+		}
+		if err := p.SetTOS(0xc0); err != nil {
+			return fmt.Errorf("bfd: set DSCP CS6: %w", err)
+		}
+		return nil
+	}
+	p := ipv6.NewPacketConn(c)
+	if err := p.SetHopLimit(255); err != nil {
+		return fmt.Errorf("bfd: set hop limit 255: %w", err)
+	}
+	if err := p.SetTrafficClass(0xc0); err != nil {
+		return fmt.Errorf("bfd: set DSCP CS6: %w", err)
+	}
+	return nil
+}
+
+// Close closes the socket.
+func (s *sender) Close() error { return s.conn.Close() }
+
+// listener receives the packets sent to one local address and port.
+type listener struct {
+	conn  *net.UDPConn
+	users int
+}
+
+// received is a packet handed to a session.
+type received struct {
+	p  Control
+	at time.Time
+}
+
+// listen opens the receiving socket of la and starts its reader.
+func (m *Manager) listen(la netip.AddrPort, multihop bool) (*listener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), "udp", la.String())
+	if err != nil {
+		return nil, fmt.Errorf("bfd: listen on %s: %w", la, err)
+	}
+	conn := pc.(*net.UDPConn)
+	minTTL := singleHopMinTTL
+	if multihop {
+		minTTL = multihopMinTTL
+	}
+	var read func([]byte) (int, int, netip.Addr, error)
+	if la.Addr().Is4() {
+		p := ipv4.NewPacketConn(conn)
+		if err := p.SetControlMessage(ipv4.FlagTTL, true); err != nil {
+			_ = conn.Close()
+			return nil, fmt.Errorf("bfd: receive TTLs on %s: %w", la, err)
+		}
+		read = func(b []byte) (int, int, netip.Addr, error) {
+			n, cm, src, err := p.ReadFrom(b)
+			ttl := -1
+			if cm != nil {
+				ttl = cm.TTL
+			}
+			return n, ttl, addrOf(src), err
+		}
+	} else {
+		p := ipv6.NewPacketConn(conn)
+		if err := p.SetControlMessage(ipv6.FlagHopLimit, true); err != nil {
+			_ = conn.Close()
+			return nil, fmt.Errorf("bfd: receive hop limits on %s: %w", la, err)
+		}
+		read = func(b []byte) (int, int, netip.Addr, error) {
+			n, cm, src, err := p.ReadFrom(b)
+			ttl := -1
+			if cm != nil {
+				ttl = cm.HopLimit
+			}
+			return n, ttl, addrOf(src), err
+		}
+	}
+	l := &listener{conn: conn}
+	go m.readLoop(la, read, minTTL, multihop)
+	return l, nil
+}
+
+func addrOf(a net.Addr) netip.Addr {
+	if u, ok := a.(*net.UDPAddr); ok {
+		return u.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// readLoop reads la's packets until its socket closes and hands each valid
+// one to its session.
+func (m *Manager) readLoop(la netip.AddrPort, read func([]byte) (int, int, netip.Addr, error), minTTL int, multihop bool) {
+	buf := make([]byte, 512)
+	for {
+		n, ttl, src, err := read(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			m.log.V(4).Info("BFD read failed", "local", la, "err", err)
+			continue
+		}
+		now := time.Now()
+		if ttl < minTTL {
+			m.log.V(4).Info("Discarded a BFD packet: TTL below the minimum", "local", la, "from", src, "ttl", ttl, "min", minTTL)
+			continue
+		}
+		p, err := Unmarshal(buf[:n])
+		if err != nil {
+			m.log.V(4).Info("Discarded a BFD packet", "local", la, "from", src, "err", err)
+			continue
+		}
+		r := m.demux(p, src, la.Addr(), multihop)
+		if r == nil {
+			m.log.V(4).Info("Discarded a BFD packet of no session", "local", la, "from", src, "yourDiscriminator", p.YourDiscriminator)
+			continue
+		}
+		select {
+		case r.rx <- received{p: p, at: now}:
+		default:
+			// The session is behind; its next packet tells the same.
+		}
+	}
+}
+
+// demux finds the session of a packet from src to local.
+func (m *Manager) demux(p Control, src, local netip.Addr, multihop bool) *runner {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p.YourDiscriminator != 0 {
+		r := m.byDiscr[p.YourDiscriminator]
+		if r == nil || r.cfg.Peer != src {
+			return nil
+		}
+		return r
+	}
+	for _, r := range m.sessions {
+		if r.cfg.Peer == src && r.local == local && r.cfg.Multihop == multihop {
+			return r
+		}
+	}
+	return nil
+}
+
+// runner runs one Session: its timers, its sends and its received packets.
+type runner struct {
+	key      string
+	cfg      SessionConfig
+	local    netip.Addr
+	port     uint16
+	tx       *sender
+	listener netip.AddrPort
+	log      klog.Logger
+	notify   func(Event)
+
+	// s is owned by the run goroutine.
+	s      *Session
+	rx     chan received
+	timers chan Timers
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu     sync.Mutex
+	status Status
+}
+
+// setTimers hands new timers to the run goroutine, replacing any not yet
+// taken.
+func (r *runner) setTimers(t Timers) {
+	for {
+		select {
+		case r.timers <- t:
+			return
+		default:
+		}
+		select {
+		case <-r.timers:
+		default:
+		}
+	}
+}
+
+// run is the session's goroutine.
+func (r *runner) run(ctx context.Context) {
+	defer close(r.done)
+	defer func() { _ = r.tx.Close() }()
+	txTimer := time.NewTimer(0)
+	defer txTimer.Stop()
+	detect := time.NewTimer(time.Hour)
+	detect.Stop()
+	defer detect.Stop()
+	armDetect := func() {
+		detect.Stop()
+		if d := r.s.DetectDeadline(); !d.IsZero() {
+			detect.Reset(time.Until(d))
+		}
+	}
+	armTx := func() {
+		txTimer.Stop()
+		if iv := r.s.Jitter(rand.Float64()); iv > 0 {
+			txTimer.Reset(iv)
+		}
+	}
+	for {
+		var ch Change
+		now := time.Now()
+		select {
+		case <-ctx.Done():
+			r.shutdown()
+			return
+		case <-txTimer.C:
+			r.send(false)
+			armTx()
+			continue
+		case <-detect.C:
+			ch = r.s.Expire(time.Now())
+			armDetect()
+		case p := <-r.rx:
+			ch = r.s.Receive(p.p, p.at)
+			r.count(func(s *Status) { s.PacketsIn++ })
+			armDetect()
+			if ch.SendFinal {
+				r.send(true)
+			}
+		case t := <-r.timers:
+			ch = r.s.SetTimers(t)
+			r.log.V(2).Info("Changed BFD timers", "minTx", t.MinTx, "minRx", t.MinRx, "multiplier", t.Multiplier, "poll", r.s.Polling())
+		}
+		r.record(ch, now)
+		if ch.SendNow {
+			r.send(false)
+			armTx()
+		}
+	}
+}
+
+// shutdown sends the AdminDown packets of a removed session.
+func (r *runner) shutdown() {
+	ch := r.s.Shutdown()
+	for i := range shutdownPackets {
+		if i > 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		r.send(false)
+	}
+	r.record(ch, time.Now())
+	r.log.V(2).Info("Stopped BFD session")
+}
+
+// send sends one packet.
+func (r *runner) send(final bool) {
+	p := r.s.Packet(final)
+	b := p.Marshal(make([]byte, 0, controlLen))
+	_, err := r.tx.conn.WriteToUDPAddrPort(b, netip.AddrPortFrom(r.cfg.Peer, r.port))
+	r.count(func(s *Status) {
+		if err != nil {
+			s.Err = err.Error()
+			return
+		}
+		s.Err = ""
+		s.PacketsOut++
+	})
+}
+
+func (r *runner) count(f func(*Status)) {
+	r.mu.Lock()
+	f(&r.status)
+	r.mu.Unlock()
+}
+
+// record updates the status after ch and reports a change of state.
+func (r *runner) record(ch Change, now time.Time) {
+	snap := r.snapshot(now)
+	r.mu.Lock()
+	snap.PacketsIn, snap.PacketsOut, snap.Downs, snap.Err = r.status.PacketsIn, r.status.PacketsOut, r.status.Downs, r.status.Err
+	if !ch.Changed() {
+		snap.Since = r.status.Since
+	}
+	if ch.From == Up && ch.To != Up {
+		snap.Downs++
+	}
+	r.status = snap
+	r.mu.Unlock()
+	if !ch.Changed() {
+		return
+	}
+	ev := Event{Key: r.key, From: ch.From, To: ch.To, Diag: r.s.Diag(), RemoteState: r.s.RemoteState()}
+	r.log.V(2).Info("BFD session changed state", "from", ch.From, "to", ch.To, "diag", ev.Diag, "remoteState", ev.RemoteState)
+	if r.notify != nil {
+		r.notify(ev)
+	}
+}
+
+func (r *runner) snapshot(now time.Time) Status {
+	tx, det := r.s.Negotiated()
+	return Status{
+		State: r.s.State(), RemoteState: r.s.RemoteState(), Diag: r.s.Diag(), Since: now,
+		Tx: tx, Detect: det, LocalDiscr: r.s.LocalDiscriminator(), RemoteDiscr: r.s.RemoteDiscriminator(),
+		Local: r.local,
+	}
+}

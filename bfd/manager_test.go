@@ -1,0 +1,133 @@
+package bfd
+
+import (
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/klog/v2/ktesting"
+)
+
+// recorder keeps a Manager's events.
+type recorder struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (r *recorder) add(e Event) {
+	r.mu.Lock()
+	r.events = append(r.events, e)
+	r.mu.Unlock()
+}
+
+func (r *recorder) all() []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Event(nil), r.events...)
+}
+
+func waitState(t *testing.T, m *Manager, key string, want State, timeout time.Duration) Status {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		st, ok := m.Status(key)
+		if ok && st.State == want {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("session %s: %+v after %v, want %v", key, st, timeout, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestManagersOverLoopback runs two Managers against each other on
+// 127.0.0.1 and 127.0.0.2: the sessions come Up, a timer change is
+// renegotiated without leaving Up, and a removed session's AdminDown
+// takes the other Down without counting as a failure. The protocol
+// against FRR's bfdd and BIRD is tested in test/routers and test/e2e.
+func TestManagersOverLoopback(t *testing.T) {
+	a1, a2 := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")
+	var ra, rb recorder
+	ma := NewManager(ktesting.NewLogger(t, ktesting.NewConfig()), ra.add)
+	mb := NewManager(ktesting.NewLogger(t, ktesting.NewConfig()), rb.add)
+	t.Cleanup(ma.Close)
+	t.Cleanup(mb.Close)
+	if err := ma.Set("b", SessionConfig{Peer: a2, Local: a1, Timers: fast}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mb.Set("a", SessionConfig{Peer: a1, Local: a2, Timers: fast}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitState(t, ma, "b", Up, 5*time.Second)
+	waitState(t, mb, "a", Up, 5*time.Second)
+	t.Logf("both Up %v after start", time.Since(start).Round(time.Millisecond))
+	// The Poll that follows Up moves both to the fast timers.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		st, _ := ma.Status("b")
+		if st.Tx == 100*time.Millisecond && st.Detect == 300*time.Millisecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timers after Up: %+v, want tx 100ms detect 300ms", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	slower := Timers{MinTx: 200 * time.Millisecond, MinRx: 200 * time.Millisecond, Multiplier: 4}
+	if err := ma.Set("b", SessionConfig{Peer: a2, Local: a1, Timers: slower}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(3 * time.Second)
+	for {
+		st, _ := mb.Status("a")
+		if st.Tx == 200*time.Millisecond && st.Detect == 800*time.Millisecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b's view after a's change: %+v, want tx 200ms detect 800ms", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Three detection times of the slowest side with nothing but Up.
+	time.Sleep(2400 * time.Millisecond)
+	for _, r := range [][]Event{ra.all(), rb.all()} {
+		for _, e := range r {
+			if e.From == Up {
+				t.Fatalf("a session left Up during the renegotiation: %+v", e)
+			}
+		}
+	}
+	if st, _ := ma.Status("b"); st.Downs != 0 || st.PacketsIn == 0 || st.PacketsOut == 0 || st.Err != "" {
+		t.Fatalf("status %+v", st)
+	}
+
+	mb.Remove("a")
+	st := waitState(t, ma, "b", Down, 2*time.Second)
+	if st.Diag != DiagNeighborDown || st.RemoteState != AdminDown || st.Downs != 1 {
+		t.Fatalf("after the peer's removal: %+v, want Down, neighbor signaled down, remote AdminDown", st)
+	}
+	evs := ra.all()
+	last := evs[len(evs)-1]
+	if last.From != Up || last.To != Down || last.Failure() {
+		t.Fatalf("last event %+v: want Up to Down, not a failure", last)
+	}
+}
+
+// TestSetRefusesBadTimers checks that bad timers never reach a socket.
+func TestSetRefusesBadTimers(t *testing.T) {
+	m := NewManager(ktesting.NewLogger(t, ktesting.NewConfig()), nil)
+	t.Cleanup(m.Close)
+	if err := m.Set("x", SessionConfig{Peer: netip.MustParseAddr("127.0.0.1"), Timers: Timers{MinTx: time.Second, MinRx: time.Second}}); err == nil {
+		t.Fatal("multiplier 0 accepted")
+	}
+	if err := m.Set("x", SessionConfig{Timers: fast}); err == nil {
+		t.Fatal("no peer accepted")
+	}
+	if len(m.Keys()) != 0 {
+		t.Fatalf("sessions %v after refusals", m.Keys())
+	}
+}
