@@ -160,8 +160,11 @@ type SessionState struct {
 	// Up); empty when the peer has no BFD.
 	BFD string
 	// BFDDiag is the diagnostic of the BFD session's last change to Down,
-	// in words; empty while it never went Down.
+	// in words, or why the BFD session could not start; empty while it
+	// never went Down.
 	BFDDiag string
+	// BFDDowns counts the BFD session's changes from Up to Down.
+	BFDDowns uint64
 }
 
 // Established reports whether the session is up.

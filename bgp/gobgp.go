@@ -13,6 +13,8 @@ import (
 	api "github.com/osrg/gobgp/v3/api"
 	"github.com/osrg/gobgp/v3/pkg/server"
 	"k8s.io/klog/v2"
+
+	"github.com/vipcast/vipcast/bfd"
 )
 
 // DefaultASN is the global ASN of the embedded gobgp server when
@@ -77,6 +79,13 @@ type GoBGP struct {
 	// smu guards states, which the watch goroutine updates.
 	smu    sync.Mutex
 	states map[string]*sessionTrack // by neighbor address
+
+	// bfd runs the peers' BFD sessions, keyed by peer name; bfdEvents
+	// carries their changes to handleBFD. bfdErr (guarded by mu) says why
+	// a peer's BFD session could not start.
+	bfd       *bfd.Manager
+	bfdEvents eventQueue
+	bfdErr    map[string]string
 }
 
 // sessionTrack is what the watcher learns about one neighbor address.
@@ -88,6 +97,9 @@ type sessionTrack struct {
 	transitions uint64
 	// maxPrefixes is the peer's Peer.MaxPrefixes.
 	maxPrefixes uint32
+	// bfdDown, set when a BFD failure reset the session, is the reason
+	// shown until the session is Established again.
+	bfdDown string
 
 	// limitStreak counts the consecutive prefix-limit shutdowns (see
 	// prefixLimitRestart), limitShutdowns all of them.
@@ -133,7 +145,10 @@ func New(cfg Config) (*GoBGP, error) {
 		peers:    map[string]*Peer{},
 		routes:   map[netip.Prefix]*Route{},
 		states:   map[string]*sessionTrack{},
+		bfdEvents: eventQueue{wake: make(chan struct{}, 1)},
+		bfdErr:    map[string]string{},
 	}
+	g.bfd = bfd.NewManager(cfg.Logger.WithName("bfd"), g.bfdEvents.push)
 	go g.srv.Serve()
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -154,6 +169,7 @@ func New(cfg Config) (*GoBGP, error) {
 		g.shutdown()
 		return nil, fmt.Errorf("watch gobgp peer events: %w", err)
 	}
+	go g.bfdLoop(ctx)
 	return g, nil
 }
 
@@ -161,6 +177,7 @@ func New(cfg Config) (*GoBGP, error) {
 func (g *GoBGP) shutdown() {
 	g.cancel()
 	_ = g.srv.StopBgp(context.Background(), &api.StopBgpRequest{})
+	g.bfd.Close()
 }
 
 // SetPeers makes the configured sessions exactly peers. A new peer is
@@ -177,7 +194,9 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 	if g.stopped {
 		return errors.New("bgp speaker is stopped")
 	}
-	return g.executePeers(ctx, planPeers(g.peers, want, g.routes))
+	err = g.executePeers(ctx, planPeers(g.peers, want, g.routes))
+	g.syncBFD(want)
+	return err
 }
 
 // executePeers makes the gobgp calls of p, in order, and stops at the
@@ -285,6 +304,9 @@ func (g *GoBGP) Stop(ctx context.Context) error {
 	// server would keep sessions open.
 	go func() { done <- g.srv.StopBgp(context.WithoutCancel(ctx), &api.StopBgpRequest{}) }()
 	defer g.cancel()
+	// The BFD sessions go after the BGP sessions' Cease, with AdminDown,
+	// which routers do not count as a failure.
+	defer g.bfd.Close()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -320,6 +342,10 @@ func normalizePeers(peers []Peer) (map[string]*Peer, error) {
 			return nil, fmt.Errorf("BGP peer %s: restart time %s is negative", p.Name, p.RestartTime)
 		case p.HoldTime != 0 && p.KeepaliveTime >= p.HoldTime:
 			return nil, fmt.Errorf("BGP peer %s: keepalive %s is not below the hold time %s", p.Name, p.KeepaliveTime, p.HoldTime)
+		case p.BFD != nil:
+			if err := bfdTimers(p.BFD).Validate(); err != nil {
+				return nil, fmt.Errorf("BGP peer %s: %w", p.Name, err)
+			}
 		}
 		if _, dup := out[p.Name]; dup {
 			return nil, fmt.Errorf("BGP peer %s is listed twice", p.Name)
@@ -341,11 +367,18 @@ func normalizePeers(peers []Peer) (map[string]*Peer, error) {
 		p.Families = slices.Clone(p.Families)
 		slices.Sort(p.Families)
 		p.Families = slices.Compact(p.Families)
+		if p.BFD != nil {
+			b := *p.BFD
+			p.BFD = &b
+		}
 		out[p.Name] = &p
 	}
 	return out, nil
 }
 
+// peerEqual reports whether a and b configure the same BGP session. BFD
+// is left out: a change of BFD alone does not reset the BGP session
+// (syncBFD applies it).
 func peerEqual(a, b *Peer) bool {
 	return a.Address == b.Address && a.Port == b.Port && a.ASN == b.ASN &&
 		a.LocalASN == b.LocalASN && a.SourceAddress == b.SourceAddress &&

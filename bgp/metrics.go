@@ -16,7 +16,7 @@ type collector struct {
 	s       Speaker
 	timeout time.Duration
 
-	up, state, announced, sent, received, transitions, limited *prometheus.Desc
+	up, state, announced, sent, received, transitions, limited, bfdUp, bfdDowns *prometheus.Desc
 }
 
 // NewCollector returns a Prometheus collector that reports the sessions
@@ -30,6 +30,11 @@ type collector struct {
 //	vipcast_bgp_session_transitions_total{peer}   FSM state changes
 //	vipcast_bgp_prefix_limit_shutdowns_total{peer}
 //	    sessions shut down because the peer sent more than its prefix limit
+//	vipcast_bfd_session_up{peer}                  1 when the BFD session is Up
+//	vipcast_bfd_session_down_transitions_total{peer}
+//	    BFD session changes from Up to Down
+//
+// The BFD metrics exist only for peers with BFD.
 func NewCollector(s Speaker) prometheus.Collector {
 	peer := []string{"peer"}
 	return &collector{
@@ -49,12 +54,16 @@ func NewCollector(s Speaker) prometheus.Collector {
 			"BGP session state changes since the peer was configured.", peer, nil),
 		limited: prometheus.NewDesc("vipcast_bgp_prefix_limit_shutdowns_total",
 			"BGP sessions shut down because the peer sent more prefixes than its limit in an address family, since the peer was configured.", peer, nil),
+		bfdUp: prometheus.NewDesc("vipcast_bfd_session_up",
+			"Whether the peer's BFD session is Up (1) or not (0); only for peers with BFD.", peer, nil),
+		bfdDowns: prometheus.NewDesc("vipcast_bfd_session_down_transitions_total",
+			"BFD session changes from Up to Down, each of which reset the BGP session unless the router had set the BFD session AdminDown.", peer, nil),
 	}
 }
 
 // Describe sends the descriptors of every metric.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.state, c.announced, c.sent, c.received, c.transitions, c.limited} {
+	for _, d := range []*prometheus.Desc{c.up, c.state, c.announced, c.sent, c.received, c.transitions, c.limited, c.bfdUp, c.bfdDowns} {
 		ch <- d
 	}
 }
@@ -79,6 +88,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.received, prometheus.CounterValue, float64(s.UpdatesReceived), s.Peer)
 		ch <- prometheus.MustNewConstMetric(c.transitions, prometheus.CounterValue, float64(s.Transitions), s.Peer)
 		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, float64(s.PrefixLimitShutdowns), s.Peer)
+		if s.BFD != "" {
+			ch <- prometheus.MustNewConstMetric(c.bfdUp, prometheus.GaugeValue, boolValue(s.BFD == "Up"), s.Peer)
+			ch <- prometheus.MustNewConstMetric(c.bfdDowns, prometheus.CounterValue, float64(s.BFDDowns), s.Peer)
+		}
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
+
+	"github.com/vipcast/vipcast/bfd"
 )
 
 // stateName maps gobgp's session states to the names in SessionState.
@@ -44,11 +46,16 @@ func (g *GoBGP) onEvent(ev *api.WatchEventResponse) {
 		t.state, t.since = state, now
 		t.transitions++
 	}
-	if state == "Established" {
-		t.reason = ""
+	switch {
+	case state == "Established":
+		t.reason, t.bfdDown = "", ""
 		g.glog.clearReason(addr)
-	} else if r := g.glog.reason(addr); r != "" {
-		t.reason = r
+	case t.bfdDown != "":
+		t.reason = t.bfdDown
+	default:
+		if r := g.glog.reason(addr); r != "" {
+			t.reason = r
+		}
 	}
 	if pe.Peer.State.AdminState == api.PeerState_PFX_CT && t.reopen == nil {
 		uptime := time.Duration(0)
@@ -62,6 +69,7 @@ func (g *GoBGP) onEvent(ev *api.WatchEventResponse) {
 
 	if g.onChange != nil {
 		ss.Address, _ = netip.ParseAddr(addr)
+		g.fillBFD(&ss, ss.Peer)
 		g.onChange(ss)
 	}
 }
@@ -110,6 +118,11 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]SessionState, error) {
 					ss.Since = ts.Downtime.AsTime()
 				}
 			}
+		}
+		if p.BFD != nil {
+			ss.BFD = bfd.Down.String()
+			ss.BFDDiag = g.bfdErr[p.Name]
+			g.fillBFD(&ss, p.Name)
 		}
 		if ss.State == "Established" {
 			for _, r := range g.routes {
