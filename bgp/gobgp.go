@@ -137,14 +137,14 @@ func New(cfg Config) (*GoBGP, error) {
 	}
 	glog := newGobgpLogger(cfg.Logger, exit)
 	g := &GoBGP{
-		restart:  restart,
-		srv:      server.NewBgpServer(server.LoggerOption(glog)),
-		log:      cfg.Logger,
-		glog:     glog,
-		onChange: cfg.OnSessionChange,
-		peers:    map[string]*Peer{},
-		routes:   map[netip.Prefix]*Route{},
-		states:   map[string]*sessionTrack{},
+		restart:   restart,
+		srv:       server.NewBgpServer(server.LoggerOption(glog)),
+		log:       cfg.Logger,
+		glog:      glog,
+		onChange:  cfg.OnSessionChange,
+		peers:     map[string]*Peer{},
+		routes:    map[netip.Prefix]*Route{},
+		states:    map[string]*sessionTrack{},
 		bfdEvents: eventQueue{wake: make(chan struct{}, 1)},
 		bfdErr:    map[string]string{},
 	}
