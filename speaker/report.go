@@ -31,6 +31,7 @@ type reporter struct {
 
 	mu        sync.Mutex
 	sessionUp map[string]bool // last known Established state per peer
+	bfdUp     map[string]bool // last known BFD Up state per peer
 }
 
 func newReporter(recorder record.EventRecorder, nodeName string) *reporter {
@@ -41,6 +42,7 @@ func newReporter(recorder record.EventRecorder, nodeName string) *reporter {
 		service:   map[string]string{},
 		refused:   map[string]string{},
 		sessionUp: map[string]bool{},
+		bfdUp:     map[string]bool{},
 	}
 }
 
@@ -147,28 +149,45 @@ func (r *reporter) forgetService(key string) {
 }
 
 // sessionChanged logs every session state change and records an Event on
-// the BGPPeer (found by peer, nil when unknown) when the session comes up
-// or goes down, not for each retry in between.
+// the BGPPeer (found by peer, nil when unknown) when the session or its
+// BFD session comes up or goes down, not for each retry in between.
 func (r *reporter) sessionChanged(ctx context.Context, s bgp.SessionState, peer func(string) *vipcastv1alpha1.BGPPeer) {
-	klog.FromContext(ctx).Info("BGP session state changed", "peer", s.Peer, "address", s.Address, "state", s.State, "reason", s.Reason)
+	klog.FromContext(ctx).Info("BGP session state changed", "peer", s.Peer, "address", s.Address, "state", s.State, "reason", s.Reason, "bfd", s.BFD, "bfdDiag", s.BFDDiag)
 	r.mu.Lock()
 	wasUp := r.sessionUp[s.Peer]
 	r.sessionUp[s.Peer] = s.Established()
+	bfdWasUp := r.bfdUp[s.Peer]
+	r.bfdUp[s.Peer] = s.BFD == "Up"
 	r.mu.Unlock()
-	if wasUp == s.Established() {
+	bfdChanged := s.BFD != "" && bfdWasUp != (s.BFD == "Up")
+	if wasUp == s.Established() && !bfdChanged {
 		return
 	}
 	p := peer(s.Peer)
 	if p == nil {
 		return
 	}
+	if bfdChanged {
+		if s.BFD == "Up" {
+			r.recorder.Eventf(p, v1.EventTypeNormal, "BFDUp", "node %s: BFD session with %s up", r.nodeName, s.Address)
+		} else {
+			r.recorder.Eventf(p, v1.EventTypeWarning, "BFDDown", "node %s: BFD session with %s went %s: %s", r.nodeName, s.Address, s.BFD, orNone(s.BFDDiag))
+		}
+		if wasUp == s.Established() {
+			return
+		}
+	}
 	if s.Established() {
 		r.recorder.Eventf(p, v1.EventTypeNormal, "SessionEstablished", "node %s: session with %s established", r.nodeName, s.Address)
 		return
 	}
-	reason := s.Reason
+	r.recorder.Eventf(p, v1.EventTypeWarning, "SessionDown", "node %s: session with %s went down (%s): %s", r.nodeName, s.Address, s.State, orNone(s.Reason))
+}
+
+// orNone is reason, or "no reason given" when empty.
+func orNone(reason string) string {
 	if reason == "" {
-		reason = "no reason given"
+		return "no reason given"
 	}
-	r.recorder.Eventf(p, v1.EventTypeWarning, "SessionDown", "node %s: session with %s went down (%s): %s", r.nodeName, s.Address, s.State, reason)
+	return reason
 }
