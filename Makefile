@@ -106,6 +106,7 @@ test-unit: ## pure-logic tests, no API server, router or VM (ipam, pool admissio
 	$(GO) test -count=1 -skip 'TestControllerKernel' ./speaker/
 	$(GO) test -count=1 -run 'TestDiff|TestValid|FuzzDiff' ./ipvs/
 	$(GO) test -count=1 -run 'TestPlan|TestRoutePlan|TestLogger' ./bgp/
+	$(GO) test -count=1 ./bfd/
 
 test-controlplane: tools ## tests against a real kube-apiserver + etcd
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v ./test/e2e/... 2>&1 | tee _output/controlplane-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
@@ -123,6 +124,7 @@ test: verify tools routers ## everything: unit, control-plane, routing, dataplan
 # Every fuzz target of the repository, as package:target; go test runs
 # their seeds, make fuzz explores each for FUZZTIME.
 FUZZ_TARGETS := \
+	./bfd/:FuzzUnmarshal \
 	./ipam/:FuzzAllocator \
 	./ipam/:FuzzParseAddresses \
 	./poolspec/:FuzzAdmit \
@@ -148,7 +150,7 @@ fuzz: ## run every fuzz target for a while each (FUZZTIME=60s)
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $${FUZZTIME:-60s} $${t%%:*}; \
 	done
 
-bench: tools routers ## print the ipam, CCM, speaker and dataplane benchmarks (figures and ratios)
+bench: tools routers ## print the ipam, CCM, speaker, dataplane and BFD benchmarks (figures and ratios)
 	@mkdir -p _output
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ ./speaker/ | tee _output/bench-ipam.txt
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
@@ -156,6 +158,7 @@ bench: tools routers ## print the ipam, CCM, speaker and dataplane benchmarks (f
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkSpeakerAnnounce -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-speaker.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
 	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkDiff' -benchmem ./ipvs/ | tee _output/bench-ipvs-diff.txt
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkKernelDataplane -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-ipvs.txt | grep -E '^Benchmark|^ok|FAIL'
+	$(GO) test -count=1 -timeout 30m -run '^TestSpeakerFabric(BFD)?$$' -v ./test/e2e/ -args -bfd-trials=50 2>&1 | tee _output/bench-bfd.txt | grep -E 'frozen|SIGSTOP|^--- |^ok|FAIL'
 
 $(K8S_BIN)/kubectl:
 	@mkdir -p $(K8S_BIN)

@@ -2,6 +2,8 @@ package bfd
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -182,9 +184,9 @@ func (m *Manager) add(key string, cfg SessionConfig) error {
 		m.listeners[lk] = l
 	}
 	l.users++
-	discr := rand.Uint32()
+	discr := randomDiscriminator()
 	for discr == 0 || m.byDiscr[discr] != nil {
-		discr = rand.Uint32()
+		discr = randomDiscriminator()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &runner{
@@ -274,6 +276,15 @@ func (m *Manager) Close() {
 	}
 }
 
+// randomDiscriminator returns a random local discriminator: RFC 5880
+// section 6.8.1 asks for one an attacker cannot guess, so that a spoofed
+// packet does not match the session.
+func randomDiscriminator() uint32 {
+	var b [4]byte
+	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails on Linux
+	return binary.BigEndian.Uint32(b[:])
+}
+
 // routeSource returns the address the kernel sends to peer from.
 func routeSource(peer netip.Addr) (netip.Addr, error) {
 	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(peer, SingleHopPort)))
@@ -288,7 +299,6 @@ func routeSource(peer netip.Addr) (netip.Addr, error) {
 // port in 49152-65535 (RFC 5881 section 4), TTL 255, DSCP CS6.
 type sender struct {
 	conn *net.UDPConn
-	to   *net.UDPAddr
 }
 
 // openSender binds a sender from local toward peer; the destination port
@@ -296,7 +306,7 @@ type sender struct {
 func openSender(local, peer netip.Addr) (*sender, error) {
 	var lastErr error
 	for range 32 {
-		port := 49152 + rand.IntN(16384)
+		port := 49152 + rand.IntN(16384)                                                                 //nolint:gosec // a source port, not a secret
 		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local, uint16(port)))) //nolint:gosec // within 49152-65535
 		if err != nil {
 			lastErr = err
@@ -519,7 +529,7 @@ func (r *runner) run(ctx context.Context) {
 	}
 	armTx := func() {
 		txTimer.Stop()
-		if iv := r.s.Jitter(rand.Float64()); iv > 0 {
+		if iv := r.s.Jitter(rand.Float64()); iv > 0 { //nolint:gosec // jitter, not a secret
 			txTimer.Reset(iv)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRunner(t *testing.T) {
@@ -45,4 +46,28 @@ func TestRunner(t *testing.T) {
 		t.Errorf("a run without failures: err %v, Failed %v", err, ok.Failed())
 	}
 	ok.Close()
+}
+
+func TestDistribution(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		var out []time.Duration
+		for _, x := range v {
+			out = append(out, time.Duration(x)*time.Millisecond)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		in     []time.Duration
+		target time.Duration
+		want   string
+	}{
+		{nil, 0, "no trials"},
+		{ms(5), 0, "1 trials: min 5ms, median 5ms, p90 5ms, max 5ms"},
+		{ms(400, 100, 300, 200, 500, 600, 700, 800, 900, 1000), 550 * time.Millisecond,
+			"10 trials: min 100ms, median 600ms, p90 900ms, max 1s; 5 of 10 within 550ms"},
+	} {
+		if got := Distribution(tc.in, tc.target); got != tc.want {
+			t.Errorf("Distribution(%v, %v) = %q, want %q", tc.in, tc.target, got, tc.want)
+		}
+	}
 }
