@@ -1,6 +1,7 @@
 package bfd
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -29,7 +30,7 @@ func (t Timers) Validate() error {
 	case t.MinRx < time.Millisecond || t.MinRx > time.Minute:
 		return fmt.Errorf("bfd minRx %v is outside 1ms to 60s", t.MinRx)
 	case t.Multiplier == 0:
-		return fmt.Errorf("bfd multiplier is 0; use 2 to 255")
+		return errors.New("bfd multiplier is 0; use 1 to 255 (3 is usual)")
 	}
 	return nil
 }
