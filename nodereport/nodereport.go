@@ -179,7 +179,9 @@ func (t *table) flush() error {
 
 // PrintPeers writes the session matrix: a row per node, a column per peer,
 // each cell the session's state (and its last error when not
-// Established); "-" where the node has no session with the peer.
+// Established), then its BFD session's state when the peer has BFD
+// ("BFD Down: <diagnostic>" when not Up); "-" where the node has no session
+// with the peer.
 func PrintPeers(w io.Writer, statuses []vipcastv1alpha1.SpeakerStatus) error {
 	var peers []string
 	for _, s := range statuses {
@@ -205,6 +207,13 @@ func PrintPeers(w io.Writer, statuses []vipcastv1alpha1.SpeakerStatus) error {
 				cell = ss.State
 				if ss.State != "Established" && ss.LastError != "" {
 					cell += " (" + ss.LastError + ")"
+				}
+				switch {
+				case ss.BFD == "":
+				case ss.BFD != "Up" && ss.BFDDiagnostic != "":
+					cell += ", BFD " + ss.BFD + ": " + ss.BFDDiagnostic
+				default:
+					cell += ", BFD " + ss.BFD
 				}
 			}
 			cells = append(cells, cell)

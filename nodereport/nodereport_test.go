@@ -99,15 +99,16 @@ node-b  -                -         ` + localWhy + `
 
 	buf.Reset()
 	if err := PrintPeers(&buf, []vipcastv1alpha1.SpeakerStatus{
-		status("node-b", vipcastv1alpha1.SpeakerStatusStatus{Sessions: []vipcastv1alpha1.SpeakerSession{{Peer: "tor-a", State: "Active", LastError: "connection refused"}}}),
+		status("node-b", vipcastv1alpha1.SpeakerStatusStatus{Sessions: []vipcastv1alpha1.SpeakerSession{{Peer: "tor-a", State: "Active", LastError: "connection refused",
+			BFD: "Down", BFDDiagnostic: "control detection time expired"}}}),
 		status("node-a", vipcastv1alpha1.SpeakerStatusStatus{Sessions: []vipcastv1alpha1.SpeakerSession{
-			{Peer: "tor-b", State: "Established", LastError: "old"}, {Peer: "tor-a", State: "Established"}}}),
+			{Peer: "tor-b", State: "Established", LastError: "old"}, {Peer: "tor-a", State: "Established", BFD: "Up"}}}),
 	}); err != nil {
 		t.Fatal(err)
 	}
-	want = `NODE    tor-a                        tor-b
-node-a  Established                  Established
-node-b  Active (connection refused)  -
+	want = `NODE    tor-a                                                                  tor-b
+node-a  Established, BFD Up                                                    Established
+node-b  Active (connection refused), BFD Down: control detection time expired  -
 `
 	if buf.String() != want {
 		t.Errorf("PrintPeers:\n%q\nwant\n%q", buf.String(), want)

@@ -297,6 +297,7 @@ func TestPeersForNode(t *testing.T) {
 	otherZone.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}
 	myZone := mkPeer("my-zone", "10.0.0.253", nil)
 	myZone.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: metav1.LabelSelectorOpIn, Values: []string{"a", "c"}}}}
+	myZone.Spec.BFD = &v1alpha1.BFDConfig{MinTx: &metav1.Duration{Duration: 100 * time.Millisecond}, Multiplier: ptr.To[int32](5)}
 	badSel := mkPeer("bad-selector", "10.0.0.252", nil)
 	badSel.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: "Equals"}}}
 	noSecret := mkPeer("no-secret", "10.0.0.251", nil)
@@ -325,7 +326,8 @@ func TestPeersForNode(t *testing.T) {
 			{Name: "ibgp", Address: netip.MustParseAddr("10.0.0.250"), Port: 179, ASN: 64512, LocalASN: 64512,
 				HoldTime: 90 * time.Second, KeepaliveTime: 30 * time.Second, Families: []bgp.Family{bgp.IPv4Unicast, bgp.IPv6Unicast}},
 			{Name: "my-zone", Address: netip.MustParseAddr("10.0.0.253"), Port: 179, ASN: 65000, LocalASN: 64512,
-				HoldTime: 90 * time.Second, KeepaliveTime: 30 * time.Second, EBGPMultiHop: 1, Families: []bgp.Family{bgp.IPv4Unicast, bgp.IPv6Unicast}},
+				HoldTime: 90 * time.Second, KeepaliveTime: 30 * time.Second, EBGPMultiHop: 1, Families: []bgp.Family{bgp.IPv4Unicast, bgp.IPv6Unicast},
+				BFD: &bgp.BFD{MinTx: 100 * time.Millisecond, MinRx: 300 * time.Millisecond, Multiplier: 5}},
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("peers:\n got %+v\nwant %+v", got, want)

@@ -170,5 +170,10 @@ func translatePeer(p *v1alpha1.BGPPeer, node Node) (bgp.Peer, bool, *PeerError) 
 	}
 	slices.Sort(out.Families)
 	out.Families = slices.Compact(out.Families)
+	if b := s.BFD; b != nil {
+		out.BFD = &bgp.BFD{MinTx: b.MinTxOrDefault(), MinRx: b.MinRxOrDefault(),
+			Multiplier: uint8(b.MultiplierOrDefault()), //nolint:gosec // Check refused multipliers outside 2-255
+			Multihop:   b.Multihop}
+	}
 	return out, true, nil
 }

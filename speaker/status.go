@@ -54,6 +54,7 @@ func BuildSpeakerStatus(sessions []bgp.SessionState, announced []netip.Prefix, n
 		out := vipcastv1alpha1.SpeakerSession{
 			Peer: s.Peer, Address: s.Address.String(), State: s.State, LastError: s.Reason,
 			PrefixesSent: int32(s.Announced), //nolint:gosec // bounded by the Services
+			BFD:          s.BFD, BFDDiagnostic: s.BFDDiag,
 		}
 		if !s.Since.IsZero() {
 			out.Since = &metav1.Time{Time: s.Since.Truncate(time.Second)}

@@ -18,9 +18,10 @@ import (
 func TestBuildSpeakerStatus(t *testing.T) {
 	since := time.Date(2026, 11, 24, 10, 0, 0, 500, time.UTC)
 	sessions := []bgp.SessionState{
-		{Peer: "tor-b", Address: netip.MustParseAddr("10.0.0.253"), State: "Active", Reason: "connection refused", Since: since},
+		{Peer: "tor-b", Address: netip.MustParseAddr("10.0.0.253"), State: "Active", Reason: "connection refused", Since: since,
+			BFD: "Down", BFDDiag: "control detection time expired"},
 		// A reason left from an earlier failure is not shown once up.
-		{Peer: "tor-a", Address: netip.MustParseAddr("10.0.0.254"), State: "Established", Reason: "hold timer expired", Since: since, Announced: 2},
+		{Peer: "tor-a", Address: netip.MustParseAddr("10.0.0.254"), State: "Established", Reason: "hold timer expired", Since: since, Announced: 2, BFD: "Up"},
 		{Peer: "rr", Address: netip.MustParseAddr("fd00::1"), State: "Idle"},
 	}
 	prefixes := []netip.Prefix{netip.MustParsePrefix("203.0.113.7/32"), netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::1/128")}
@@ -36,8 +37,8 @@ func TestBuildSpeakerStatus(t *testing.T) {
 		SessionsEstablished: 1,
 		Sessions: []vipcastv1alpha1.SpeakerSession{
 			{Peer: "rr", Address: "fd00::1", State: "Idle"},
-			{Peer: "tor-a", Address: "10.0.0.254", State: "Established", Since: at, PrefixesSent: 2},
-			{Peer: "tor-b", Address: "10.0.0.253", State: "Active", Since: at, LastError: "connection refused"},
+			{Peer: "tor-a", Address: "10.0.0.254", State: "Established", Since: at, PrefixesSent: 2, BFD: "Up"},
+			{Peer: "tor-b", Address: "10.0.0.253", State: "Active", Since: at, LastError: "connection refused", BFD: "Down", BFDDiagnostic: "control detection time expired"},
 		},
 		AnnouncedCount:    3,
 		Announced:         []string{"198.51.100.0/24", "203.0.113.7/32", "2001:db8::1/128"},

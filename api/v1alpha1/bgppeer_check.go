@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -64,6 +65,22 @@ func (s *BGPPeerSpec) Check() *PeerProblem {
 	for _, f := range s.FamiliesOrDefault() {
 		if f != AddressFamilyIPv4Unicast && f != AddressFamilyIPv6Unicast {
 			return bad(ReasonInvalidConfig, "spec.families: unknown family %q; use ipv4-unicast and/or ipv6-unicast", f)
+		}
+	}
+	if b := s.BFD; b != nil {
+		for _, iv := range []struct {
+			field string
+			d     time.Duration
+		}{{"minTx", b.MinTxOrDefault()}, {"minRx", b.MinRxOrDefault()}} {
+			if iv.d < 10*time.Millisecond || iv.d > time.Minute {
+				return bad(ReasonInvalidConfig, "spec.bfd.%s %v is out of range: use 10ms to 60s, such as 300ms", iv.field, iv.d)
+			}
+		}
+		if m := b.MultiplierOrDefault(); m < 2 || m > 255 {
+			return bad(ReasonInvalidConfig, "spec.bfd.multiplier %d is out of range: use 2 to 255, such as 3", m)
+		}
+		if s.EBGPMultiHopOrDefault() > 1 && !b.Multihop {
+			return bad(ReasonInvalidConfig, "spec.bfd.multihop must be true when spec.ebgpMultiHop is above 1: single-hop BFD (RFC 5881) uses TTL 255 and does not cross a router; set bfd.multihop: true, or remove bfd")
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package v1alpha1_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -43,6 +44,20 @@ func TestBGPPeerSpecCheck(t *testing.T) {
 		{"TTL 0", func(s *v1alpha1.BGPPeerSpec) { s.EBGPMultiHop = ptr.To[int32](0) }, v1alpha1.ReasonInvalidConfig, "spec.ebgpMultiHop"},
 		{"TTL 256", func(s *v1alpha1.BGPPeerSpec) { s.EBGPMultiHop = ptr.To[int32](256) }, v1alpha1.ReasonInvalidConfig, "spec.ebgpMultiHop"},
 		{"unknown family", func(s *v1alpha1.BGPPeerSpec) { s.Families = []v1alpha1.AddressFamily{"l2vpn-evpn"} }, v1alpha1.ReasonInvalidConfig, "spec.families"},
+		{"BFD with defaults", func(s *v1alpha1.BGPPeerSpec) { s.BFD = &v1alpha1.BFDConfig{} }, "", ""},
+		{"BFD at the bounds", func(s *v1alpha1.BGPPeerSpec) {
+			s.BFD = &v1alpha1.BFDConfig{MinTx: dur(10 * time.Millisecond), MinRx: dur(time.Minute), Multiplier: ptr.To[int32](255)}
+		}, "", ""},
+		{"multihop BFD for a multihop session", func(s *v1alpha1.BGPPeerSpec) {
+			s.EBGPMultiHop, s.BFD = ptr.To[int32](2), &v1alpha1.BFDConfig{Multihop: true}
+		}, "", ""},
+		{"BFD minTx too short", func(s *v1alpha1.BGPPeerSpec) { s.BFD = &v1alpha1.BFDConfig{MinTx: dur(5 * time.Millisecond)} }, v1alpha1.ReasonInvalidConfig, "spec.bfd.minTx"},
+		{"BFD minRx too long", func(s *v1alpha1.BGPPeerSpec) { s.BFD = &v1alpha1.BFDConfig{MinRx: dur(61 * time.Second)} }, v1alpha1.ReasonInvalidConfig, "spec.bfd.minRx"},
+		{"BFD multiplier 1", func(s *v1alpha1.BGPPeerSpec) { s.BFD = &v1alpha1.BFDConfig{Multiplier: ptr.To[int32](1)} }, v1alpha1.ReasonInvalidConfig, "spec.bfd.multiplier"},
+		{"BFD multiplier 256", func(s *v1alpha1.BGPPeerSpec) { s.BFD = &v1alpha1.BFDConfig{Multiplier: ptr.To[int32](256)} }, v1alpha1.ReasonInvalidConfig, "spec.bfd.multiplier"},
+		{"single-hop BFD for a multihop session", func(s *v1alpha1.BGPPeerSpec) {
+			s.EBGPMultiHop, s.BFD = ptr.To[int32](2), &v1alpha1.BFDConfig{}
+		}, v1alpha1.ReasonInvalidConfig, "spec.bfd.multihop"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,3 +77,5 @@ func TestBGPPeerSpecCheck(t *testing.T) {
 		})
 	}
 }
+
+func dur(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }

@@ -22,6 +22,11 @@ const (
 	// DefaultEBGPMultiHop is the TTL of eBGP packets when ebgpMultiHop is
 	// unset: the peer must be directly connected.
 	DefaultEBGPMultiHop int32 = 1
+	// DefaultBFDInterval is bfd.minTx and bfd.minRx when unset, FRR's
+	// default.
+	DefaultBFDInterval = 300 * time.Millisecond
+	// DefaultBFDMultiplier is bfd.multiplier when unset.
+	DefaultBFDMultiplier int32 = 3
 )
 
 // AddressFamily is a BGP address family (AFI/SAFI) negotiated with a peer.
@@ -74,6 +79,7 @@ type BGPPeer struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.sourceAddress) || !isIP(self.sourceAddress) || !isIP(self.peerAddress) || ip(self.sourceAddress).family() == ip(self.peerAddress).family()",fieldPath=".sourceAddress",message="sourceAddress must be in the same IP family as peerAddress (both IPv4 or both IPv6)"
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveTime) || !has(self.holdTime) || !(self.holdTime == '0' || (size(self.holdTime) > 0 && self.holdTime.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))) || !(self.keepaliveTime == '0' || (size(self.keepaliveTime) > 0 && self.keepaliveTime.matches('^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$'))) || duration(self.holdTime) == duration('0s') || duration(self.keepaliveTime) < duration(self.holdTime)",fieldPath=".keepaliveTime",message="keepaliveTime must be shorter than holdTime (holdTime defaults to 90s; a third of holdTime, e.g. 30s, is usual)"
 // +kubebuilder:validation:XValidation:rule="!has(self.ebgpMultiHop) || self.peerASN != self.localASN",fieldPath=".ebgpMultiHop",message="ebgpMultiHop applies only to eBGP sessions (peerASN different from localASN); remove it for iBGP"
+// +kubebuilder:validation:XValidation:rule="!has(self.bfd) || !has(self.ebgpMultiHop) || self.ebgpMultiHop <= 1 || (has(self.bfd.multihop) && self.bfd.multihop)",fieldPath=".bfd.multihop",message="bfd.multihop must be true when ebgpMultiHop is above 1: single-hop BFD (RFC 5881) uses TTL 255 and does not cross a router; set bfd.multihop: true, or remove bfd"
 type BGPPeerSpec struct {
 	// peerAddress is the IPv4 or IPv6 address of the BGP router, such as
 	// 192.0.2.1 or 2001:db8::1, without prefix length, port or zone.
@@ -174,6 +180,82 @@ type BGPPeerSpec struct {
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=2
 	Families []AddressFamily `json:"families,omitempty"`
+
+	// bfd runs Bidirectional Forwarding Detection (RFC 5880) beside the
+	// BGP session, so that a dead node or path is detected in
+	// multiplier x interval instead of the hold time. A BFD session that
+	// goes from Up to Down resets the BGP session at once; the router must
+	// run BFD for the session too (see docs/tor.md). Until the BFD session
+	// has come Up, the BGP session does not wait for it. When unset, no
+	// BFD.
+	// +optional
+	BFD *BFDConfig `json:"bfd,omitempty"`
+}
+
+// BFDConfig configures the BFD session of a BGPPeer.
+type BFDConfig struct {
+	// minTx is the desired minimum interval between the BFD packets a
+	// node sends once the session is Up, between 10ms and 60s, such as
+	// 300ms. The router may ask for a slower rate. Defaults to 300ms.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:default="300ms"
+	// +kubebuilder:validation:XValidation:rule="size(self) > 0 && self.matches('^([0-9]{1,2}m)?([0-9]{1,5}([.][0-9]{1,9})?s)?([0-9]{1,5}ms)?$')",message="bfd.minTx must be a duration such as 300ms, 1s or 1s500ms"
+	// +kubebuilder:validation:XValidation:rule="!(size(self) > 0 && self.matches('^([0-9]{1,2}m)?([0-9]{1,5}([.][0-9]{1,9})?s)?([0-9]{1,5}ms)?$')) || (duration(self) >= duration('10ms') && duration(self) <= duration('60s'))",message="bfd.minTx must be between 10ms and 60s, such as 300ms"
+	MinTx *metav1.Duration `json:"minTx,omitempty"`
+
+	// minRx is the required minimum interval between the BFD packets the
+	// router sends: the fastest rate a node accepts, between 10ms and 60s,
+	// such as 300ms. Defaults to 300ms.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:default="300ms"
+	// +kubebuilder:validation:XValidation:rule="size(self) > 0 && self.matches('^([0-9]{1,2}m)?([0-9]{1,5}([.][0-9]{1,9})?s)?([0-9]{1,5}ms)?$')",message="bfd.minRx must be a duration such as 300ms, 1s or 1s500ms"
+	// +kubebuilder:validation:XValidation:rule="!(size(self) > 0 && self.matches('^([0-9]{1,2}m)?([0-9]{1,5}([.][0-9]{1,9})?s)?([0-9]{1,5}ms)?$')) || (duration(self) >= duration('10ms') && duration(self) <= duration('60s'))",message="bfd.minRx must be between 10ms and 60s, such as 300ms"
+	MinRx *metav1.Duration `json:"minRx,omitempty"`
+
+	// multiplier is the detect multiplier, from 2 to 255: a side declares
+	// the session Down when this many of the other's packets in a row do
+	// not arrive. Defaults to 3.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=2
+	// +kubebuilder:validation:Maximum=255
+	Multiplier *int32 `json:"multiplier,omitempty"`
+
+	// multihop selects multihop BFD (RFC 5883: UDP port 4784, packets with
+	// a TTL of 254 or more accepted) for a router that is not directly
+	// connected; required when ebgpMultiHop is above 1. Defaults to false:
+	// single hop (RFC 5881: UDP port 3784, TTL 255 only).
+	// +optional
+	Multihop bool `json:"multihop,omitempty"`
+}
+
+// MinTxOrDefault returns minTx, or DefaultBFDInterval when unset.
+func (b *BFDConfig) MinTxOrDefault() time.Duration {
+	if b.MinTx == nil {
+		return DefaultBFDInterval
+	}
+	return b.MinTx.Duration
+}
+
+// MinRxOrDefault returns minRx, or DefaultBFDInterval when unset.
+func (b *BFDConfig) MinRxOrDefault() time.Duration {
+	if b.MinRx == nil {
+		return DefaultBFDInterval
+	}
+	return b.MinRx.Duration
+}
+
+// MultiplierOrDefault returns multiplier, or DefaultBFDMultiplier when
+// unset.
+func (b *BFDConfig) MultiplierOrDefault() int32 {
+	if b.Multiplier == nil {
+		return DefaultBFDMultiplier
+	}
+	return *b.Multiplier
 }
 
 // SecretKeyReference points to one key of a Secret.

@@ -99,6 +99,14 @@ type SpeakerSession struct {
 	// PrefixesSent counts the prefixes sent to the router.
 	// +optional
 	PrefixesSent int32 `json:"prefixesSent"`
+	// BFD is the state of the session's BFD session: Up, Init, Down or
+	// AdminDown; empty when the BGPPeer has no bfd.
+	// +optional
+	BFD string `json:"bfd,omitempty"`
+	// BFDDiagnostic says why the BFD session last went Down (RFC 5880's
+	// diagnostic, in words), or why it could not start.
+	// +optional
+	BFDDiagnostic string `json:"bfdDiagnostic,omitempty"`
 }
 
 // NotAnnounced is the Services a node announces no route for, for one
