@@ -28,12 +28,13 @@ const (
 )
 
 // TTLs accepted on received packets: single hop accepts only 255, the
-// generalized TTL security mechanism RFC 5881 section 5 requires; multihop
-// accepts 254 and up, a peer at most one router away, as FRR's bfdd does by
-// default (RFC 5883 leaves the value to the configuration).
+// generalized TTL security mechanism RFC 5881 section 5 requires. Multihop
+// accepts any (RFC 5883 leaves the check to the configuration): BIRD sends
+// multihop packets with the system's default TTL, 64, where FRR sends 255;
+// a session's random discriminators keep a stray packet out.
 const (
 	singleHopMinTTL = 255
-	multihopMinTTL  = 254
+	multihopMinTTL  = 1
 )
 
 // shutdownPackets is how many AdminDown packets a removed session sends,
@@ -66,12 +67,16 @@ type Event struct {
 	// peer took the session down on purpose, which is not a path failure
 	// (RFC 5882 section 3.2).
 	RemoteState State
+	// PeerReset is set when the session went Down because the peer reset
+	// it without a path failure (see Change.PeerReset).
+	PeerReset bool
 }
 
 // Failure reports whether the event is a loss of the path: a session that
-// was Up went Down, and not because the peer took it down on purpose.
+// was Up went Down, and not because the peer took it down on purpose or
+// reset it.
 func (e Event) Failure() bool {
-	return e.From == Up && e.To == Down && e.RemoteState != AdminDown
+	return e.From == Up && e.To == Down && e.RemoteState != AdminDown && !e.PeerReset
 }
 
 // Status is a snapshot of one session.
@@ -527,15 +532,20 @@ func (r *runner) run(ctx context.Context) {
 			detect.Reset(time.Until(d))
 		}
 	}
+	// nextTx is when the armed periodic packet goes out (zero: none).
+	var nextTx time.Time
 	armTx := func() {
 		txTimer.Stop()
+		nextTx = time.Time{}
 		if iv := r.s.Jitter(rand.Float64()); iv > 0 { //nolint:gosec // jitter, not a secret
 			txTimer.Reset(iv)
+			nextTx = time.Now().Add(iv)
 		}
 	}
 	for {
 		var ch Change
 		now := time.Now()
+		txBefore := r.s.TxInterval()
 		select {
 		case <-ctx.Done():
 			r.shutdown()
@@ -549,6 +559,9 @@ func (r *runner) run(ctx context.Context) {
 			armDetect()
 		case p := <-r.rx:
 			ch = r.s.Receive(p.p, p.at)
+			if ch.Changed() {
+				r.log.V(4).Info("BFD packet changed the session's state", "state", p.p.State, "diag", p.p.Diag, "myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)
+			}
 			r.count(func(s *Status) { s.PacketsIn++ })
 			armDetect()
 			if ch.SendFinal {
@@ -559,8 +572,15 @@ func (r *runner) run(ctx context.Context) {
 			r.log.V(2).Info("Changed BFD timers", "minTx", t.MinTx, "minRx", t.MinRx, "multiplier", t.Multiplier, "poll", r.s.Polling())
 		}
 		r.record(ch, now)
-		if ch.SendNow {
+		switch tx := r.s.TxInterval(); {
+		case ch.SendNow:
 			r.send(false)
+			armTx()
+		case tx != txBefore && (nextTx.IsZero() || time.Until(nextTx) > tx):
+			// A faster interval (the peer lowered its Required Min RX,
+			// or a Poll ended) takes effect now, not after the slower
+			// packet already scheduled: the peer's detection time
+			// already counts on it.
 			armTx()
 		}
 	}
@@ -616,8 +636,8 @@ func (r *runner) record(ch Change, now time.Time) {
 	if !ch.Changed() {
 		return
 	}
-	ev := Event{Key: r.key, From: ch.From, To: ch.To, Diag: r.s.Diag(), RemoteState: r.s.RemoteState()}
-	r.log.V(2).Info("BFD session changed state", "from", ch.From, "to", ch.To, "diag", ev.Diag, "remoteState", ev.RemoteState)
+	ev := Event{Key: r.key, From: ch.From, To: ch.To, Diag: r.s.Diag(), RemoteState: r.s.RemoteState(), PeerReset: ch.PeerReset}
+	r.log.V(2).Info("BFD session changed state", "from", ch.From, "to", ch.To, "diag", ev.Diag, "remoteState", ev.RemoteState, "peerReset", ev.PeerReset)
 	if r.notify != nil {
 		r.notify(ev)
 	}

@@ -172,6 +172,13 @@ type Change struct {
 	// SendNow is set when the caller should send a periodic packet at
 	// once: a Poll sequence started or the state changed.
 	SendNow bool
+	// PeerReset is set when an Up session went Down because the peer
+	// reset its session without a path failure: its Down says "no
+	// diagnostic" (a new session, as FRR's bfdd starts when bgpd
+	// re-registers it with its local address once BGP is up) or
+	// "neighbor signaled session down" (which this side never did while
+	// Up: FRR's bfdd says so when it deletes a session).
+	PeerReset bool
 }
 
 // Changed reports whether the state changed.
@@ -220,6 +227,7 @@ func (s *Session) Receive(p Control, now time.Time) Change {
 	case s.state == Up:
 		if p.State == Down {
 			s.goDown(DiagNeighborDown)
+			ch.PeerReset = p.Diag == DiagNone || p.Diag == DiagNeighborDown
 		}
 	}
 	ch.To = s.state

@@ -248,3 +248,42 @@ func TestTimersValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPeerResetIsNotAFailure: an Up session that hears a Down saying "no
+// diagnostic" (the peer started a new session, as FRR's bfdd does when
+// bgpd re-registers it) or "neighbor signaled session down" (FRR's bfdd
+// deleting its old session) goes Down marked PeerReset, and comes back Up;
+// a Down after the peer's detection time expired is a failure.
+func TestPeerResetIsNotAFailure(t *testing.T) {
+	p := upPair(t, fast, fast)
+	p.b = NewSession(99, fast)
+	ch := p.send(t, p.b, p.a, false)
+	if ch.From != Up || ch.To != Down || !ch.PeerReset {
+		t.Fatalf("a after the new session's Down: %+v, want Up to Down with PeerReset", ch)
+	}
+	if (Event{From: ch.From, To: ch.To, RemoteState: Down, PeerReset: true}).Failure() {
+		t.Fatal("a peer's reset counted as a path failure")
+	}
+	for range 4 {
+		p.exchange(t)
+	}
+	if p.a.State() != Up || p.a.RemoteDiscriminator() != 99 {
+		t.Fatalf("a: %v with remote discriminator %d, want Up with the new session 99", p.a.State(), p.a.RemoteDiscriminator())
+	}
+	// The peer deletes its session saying "neighbor signaled down".
+	bye := p.b.Packet(false)
+	bye.State, bye.Diag = Down, DiagNeighborDown
+	if ch := p.a.Receive(bye, p.now); ch.To != Down || !ch.PeerReset {
+		t.Fatalf("a after the peer's deletion: %+v, want Down with PeerReset", ch)
+	}
+	for range 4 {
+		p.exchange(t)
+	}
+
+	// The peer's detection time expires: its Down says so: a failure.
+	p.b.Expire(p.now.Add(time.Hour))
+	ch = p.send(t, p.b, p.a, false)
+	if ch.To != Down || ch.PeerReset {
+		t.Fatalf("a after the peer's detection expired: %+v, want Down, not PeerReset", ch)
+	}
+}

@@ -99,7 +99,8 @@ func (g *GoBGP) bfdLoop(ctx context.Context) {
 }
 
 // handleBFD resets the BGP session of a peer whose BFD session failed
-// (went from Up to Down, not by the router's AdminDown), at once, with a
+// (went from Up to Down, not by the router's AdminDown nor its reset of
+// the BFD session), at once, with a
 // Cease "Administrative Reset" carrying the reason; gobgp reopens it after
 // a second, and it comes back when the path does. Every change is reported
 // through OnSessionChange.
@@ -126,6 +127,8 @@ func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 		if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: addr, Communication: reason}); err != nil {
 			g.log.Error(err, "Cannot reset the BGP session after BFD went down", "peer", p.Name, "address", p.Address)
 		}
+	} else if ev.PeerReset {
+		g.log.Info("The router reset its BFD session without a path failure: the BGP session is kept", "peer", p.Name, "address", p.Address)
 	} else {
 		g.log.V(2).Info("BFD session changed state", "peer", p.Name, "address", p.Address, "from", ev.From.String(), "to", ev.To.String(), "diag", ev.Diag.String(), "remoteState", ev.RemoteState.String())
 	}

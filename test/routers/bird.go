@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/vipcast/vipcast/test/proc"
@@ -42,6 +43,13 @@ type BIRDConfig struct {
 	// static protocol LeakProtocol, which DisableProtocol withdraws. They
 	// reach no kernel (bird.conf has no kernel protocol).
 	Leak int
+	// Netns, when set, runs bird in that network namespace (see NewNetns;
+	// needs root); it then listens on Port (179 when 0) and ListenAddress
+	// only names the address speakers connect to.
+	Netns string
+	// Port is the listening port in a namespace; outside one a free port
+	// is always chosen.
+	Port int
 }
 
 // LeakProtocol is the name of the static protocol holding
@@ -67,6 +75,11 @@ type BIRDNeighbor struct {
 	Password string
 	// HoldTime is the hold time (BIRD's default 240 s when zero).
 	HoldTime time.Duration
+	// BFD, when set, runs BFD with the neighbor with these timers ("bfd
+	// on"): multihop, as the BGP session is; BIRD drops the BGP session
+	// when it goes down. It needs the port BFD uses (4784) free: run BIRD
+	// in a namespace (Netns).
+	BFD *BFD
 }
 
 // BIRD is a running bird daemon.
@@ -106,9 +119,14 @@ func StartBIRD(t harness.T, cfg BIRDConfig) *BIRD {
 		}
 	}
 	dir := t.TempDir()
-	port, err := freePort(cfg.ListenAddress.String())
-	if err != nil {
-		t.Fatalf("bird: %v", err)
+	port := cfg.Port
+	if cfg.Netns == "" {
+		var err error
+		if port, err = freePort(cfg.ListenAddress.String()); err != nil {
+			t.Fatalf("bird: %v", err)
+		}
+	} else if port == 0 {
+		port = 179
 	}
 	b := &BIRD{Dir: dir, Address: cfg.ListenAddress, Port: port, ASN: cfg.ASN, ctl: filepath.Join(dir, "bird.ctl")}
 	conf := filepath.Join(dir, "bird.conf")
@@ -118,9 +136,23 @@ func StartBIRD(t harness.T, cfg BIRDConfig) *BIRD {
 	b.daemon = startDaemon(t, "bird "+cfg.ListenAddress.String(), filepath.Join(dir, "bird.log"), func() bool {
 		_, err := b.Birdc("show status")
 		return err == nil
-	}, BIRDBin, "-f", "-c", conf, "-s", b.ctl, "-P", filepath.Join(dir, "bird.pid"))
+	}, inNetns(cfg.Netns, BIRDBin, "-f", "-c", conf, "-s", b.ctl, "-P", filepath.Join(dir, "bird.pid"))...)
 	return b
 }
+
+// inNetns prefixes argv with "ip netns exec NS" when ns is set.
+func inNetns(ns string, argv ...string) []string {
+	if ns == "" {
+		return argv
+	}
+	return append([]string{"ip", "netns", "exec", ns}, argv...)
+}
+
+// Freeze stops bird (SIGSTOP), as a hung router; Thaw resumes it.
+func (b *BIRD) Freeze() { b.daemon.Signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen bird.
+func (b *BIRD) Thaw() { b.daemon.Signal(syscall.SIGCONT) }
 
 // birdConfig renders bird.conf.
 func birdConfig(cfg BIRDConfig, port int) string {
@@ -162,6 +194,16 @@ func birdConfig(cfg BIRDConfig, port int) string {
 		}
 	}
 	for _, n := range cfg.Neighbors {
+		if n.BFD == nil {
+			continue
+		}
+		// BIRD has one set of timers per session kind; the tests give
+		// every BFD neighbor the same.
+		opts := fmt.Sprintf("min rx interval %d ms; min tx interval %d ms; multiplier %d;", n.BFD.MinRx.Milliseconds(), n.BFD.MinTx.Milliseconds(), n.BFD.Multiplier)
+		fmt.Fprintf(&b, "protocol bfd {\n  multihop { %s };\n  interface \"*\" { %s };\n}\n", opts, opts)
+		break
+	}
+	for _, n := range cfg.Neighbors {
 		fmt.Fprintf(&b, "protocol bgp %s {\n", n.Name)
 		fmt.Fprintf(&b, "  local %s port %d as %d;\n", cfg.ListenAddress, port, cfg.ASN)
 		fmt.Fprintf(&b, "  neighbor %s as %d;\n", n.Address, n.ASN)
@@ -171,6 +213,9 @@ func birdConfig(cfg BIRDConfig, port int) string {
 		}
 		if n.Password != "" {
 			fmt.Fprintf(&b, "  password %q;\n", n.Password)
+		}
+		if n.BFD != nil {
+			b.WriteString("  bfd on;\n")
 		}
 		fmt.Fprintf(&b, "  ipv4 { import all; export %s; gateway recursive; };\n", e4)
 		fmt.Fprintf(&b, "  ipv6 { import all; export %s; gateway recursive; };\n", e6)
@@ -349,4 +394,66 @@ func (b *BIRD) WaitEstablished(name string, timeout time.Duration) error {
 	}
 	// err is nil when the protocol exists but is not Established: %v, not %w.
 	return fmt.Errorf("bird: protocol %s not established after %s (%+v, err %v)", name, timeout, last, err) //nolint:errorlint // see above
+}
+
+// BIRDBFDSession is one BFD session as "show bfd sessions" prints it.
+type BIRDBFDSession struct {
+	Address netip.Addr
+	// Interface is "---" for a multihop session.
+	Interface string
+	// State is Up, Down, Init or AdminDown.
+	State string
+	// Interval is the transmit interval, Timeout the detection time.
+	Interval, Timeout time.Duration
+}
+
+// BFDSessions returns BIRD's BFD sessions.
+func (b *BIRD) BFDSessions() ([]BIRDBFDSession, error) {
+	out, err := b.Birdc("show", "bfd", "sessions")
+	if err != nil {
+		return nil, err
+	}
+	return parseBIRDBFD(out), nil
+}
+
+// parseBIRDBFD parses "show bfd sessions": under each protocol's name, a
+// header and a line per session: address, interface, state, since (a time,
+// maybe after a date), interval and timeout in seconds.
+func parseBIRDBFD(out string) []BIRDBFDSession {
+	var sessions []BIRDBFDSession
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 {
+			continue
+		}
+		addr, err := netip.ParseAddr(f[0])
+		if err != nil {
+			continue
+		}
+		secs := func(v string) time.Duration {
+			x, _ := strconv.ParseFloat(v, 64)
+			return time.Duration(x * float64(time.Second))
+		}
+		sessions = append(sessions, BIRDBFDSession{Address: addr, Interface: f[1], State: f[2],
+			Interval: secs(f[len(f)-2]).Round(time.Millisecond), Timeout: secs(f[len(f)-1]).Round(time.Millisecond)})
+	}
+	return sessions
+}
+
+// WaitBFDUp waits until BIRD's BFD session with addr is Up.
+func (b *BIRD) WaitBFDUp(addr netip.Addr, timeout time.Duration) error {
+	var last []BIRDBFDSession
+	var err error
+	if waitFor(timeout, func() bool {
+		last, err = b.BFDSessions()
+		for _, s := range last {
+			if s.Address == addr && s.State == "Up" {
+				return true
+			}
+		}
+		return false
+	}) {
+		return nil
+	}
+	return fmt.Errorf("bird: BFD session with %s not Up after %s (%+v, err %v)", addr, timeout, last, err) //nolint:errorlint // err may be nil
 }

@@ -75,6 +75,10 @@ type FRRNeighbor struct {
 	Password string
 	// KeepaliveTime and HoldTime set "timers" when HoldTime is not zero.
 	KeepaliveTime, HoldTime time.Duration
+	// BFD, when set, runs a BFD session with the neighbor with these
+	// timers (bfdd; requires FRRConfig.Netns and Zebra). bgpd drops the
+	// BGP session when it goes down.
+	BFD *BFD
 }
 
 // FRR is a running bgpd.
@@ -89,7 +93,8 @@ type FRR struct {
 	// Netns is the namespace the daemons run in ("" for the test's).
 	Netns string
 
-	daemon, zebra *proc.Process
+	daemon, zebra, bfdd *proc.Process
+	neighbors           []FRRNeighbor
 }
 
 // StartFRR starts bgpd on loopback with cfg, waits until it answers vtysh
@@ -109,6 +114,9 @@ func StartFRR(t harness.T, cfg FRRConfig) *FRR {
 	if cfg.Zebra && cfg.Netns == "" {
 		t.Fatal("frr: Zebra requires Netns: zebra would change the test machine's routes")
 	}
+	if cfg.hasBFD() && !cfg.Zebra {
+		t.Fatal("frr: BFD requires Netns and Zebra: bgpd reaches bfdd through zebra")
+	}
 	var dir string
 	var port int
 	var err error
@@ -126,7 +134,7 @@ func StartFRR(t harness.T, cfg FRRConfig) *FRR {
 			port = 179
 		}
 	}
-	f := &FRR{Dir: dir, Address: cfg.ListenAddress, Port: port, ASN: cfg.ASN, Netns: cfg.Netns}
+	f := &FRR{Dir: dir, Address: cfg.ListenAddress, Port: port, ASN: cfg.ASN, Netns: cfg.Netns, neighbors: cfg.Neighbors}
 	conf := filepath.Join(dir, "bgpd.conf")
 	if err := os.WriteFile(conf, []byte(frrConfig(cfg)), 0o644); err != nil {
 		t.Fatalf("frr: %v", err)
@@ -139,6 +147,9 @@ func StartFRR(t harness.T, cfg FRRConfig) *FRR {
 	switch {
 	case cfg.Zebra:
 		f.startZebra(t)
+		if cfg.hasBFD() {
+			f.startBfdd(t, cfg)
+		}
 		args = append(args, "-z", f.zserv())
 	case cfg.Netns != "":
 		args = append(args, "-Z", "-n")
@@ -170,6 +181,11 @@ func frrConfig(cfg FRRConfig) string {
 		}
 		if n.HoldTime > 0 {
 			fmt.Fprintf(&b, " neighbor %s timers %d %d\n", n.Address, int(n.KeepaliveTime.Seconds()), int(n.HoldTime.Seconds()))
+		}
+	}
+	for i, n := range cfg.Neighbors {
+		if n.BFD != nil {
+			fmt.Fprintf(&b, " neighbor %s bfd\n neighbor %s bfd profile %s\n", n.Address, n.Address, bfdProfile(i))
 		}
 	}
 	for _, af := range []Family{IPv4, IPv6} {
