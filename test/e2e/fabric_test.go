@@ -65,34 +65,54 @@ func (e *env) kubeconfigVia(addr string) string {
 	return path
 }
 
-// TestSpeakerFabric is the namespace tier: two nodes, each a network
-// namespace running vipcast-speaker, peer with a ToR namespace running FRR
-// zebra + bgpd. The ToR kernel gets an ECMP route over both nodes; a
-// SIGTERMed speaker's next hop goes at once, a frozen node's within the
-// hold time.
-func TestSpeakerFabric(t *testing.T) {
-	netns.Require(t)
-	e := newEnv(t)
-	apiHost := mustHost(t, e.cp.Config.Host)
+// fabric is the namespace tier's topology: two nodes, each a network
+// namespace running vipcast-speaker, on a bridge in a ToR namespace
+// running FRR zebra + bgpd (+ bfdd with BFD), and one published Service
+// with an endpoint on node1, whose VIP both nodes announce.
+type fabric struct {
+	e        *env
+	tor      *routers.FRR
+	vip      netip.Prefix
+	node1    netip.Addr
+	node2    netip.Addr
+	speakers map[string]*speakerProc
 
-	const holdTime = 3 * time.Second
+	kubeconfigs [3]string
+	nodeNS      [3]*netns.NS
+}
+
+// fabricOptions configure a fabric.
+type fabricOptions struct {
+	// HoldTime and KeepaliveTime of the sessions, on both sides.
+	HoldTime, KeepaliveTime time.Duration
+	// BFD, when set, runs BFD with these timers on the ToR and in the
+	// BGPPeer.
+	BFD *routers.BFD
+}
+
+// newFabric builds the fabric, starts both speakers and waits for the
+// ECMP route over both nodes at the ToR.
+func newFabric(t *testing.T, e *env, o fabricOptions) *fabric {
+	t.Helper()
+	netns.Require(t)
+	apiHost := mustHost(t, e.cp.Config.Host)
 	torNS := netns.New(t, "tor")
 	netns.Bridge(t, torNS, "fabric", "10.0.1.1/24")
-	node1, node2 := netip.MustParseAddr("10.0.1.11"), netip.MustParseAddr("10.0.1.12")
+	f := &fabric{e: e, node1: netip.MustParseAddr("10.0.1.11"), node2: netip.MustParseAddr("10.0.1.12"),
+		vip: netip.MustParsePrefix("10.100.0.10/32"), speakers: map[string]*speakerProc{}}
 	var neighbors []routers.FRRNeighbor
-	for _, a := range []netip.Addr{node1, node2} {
-		neighbors = append(neighbors, routers.FRRNeighbor{Address: a, ASN: 64501, KeepaliveTime: time.Second, HoldTime: holdTime})
+	for _, a := range []netip.Addr{f.node1, f.node2} {
+		neighbors = append(neighbors, routers.FRRNeighbor{Address: a, ASN: 64501, KeepaliveTime: o.KeepaliveTime, HoldTime: o.HoldTime, BFD: o.BFD})
 	}
-	tor := routers.StartFRR(t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("10.0.1.1"),
+	f.tor = routers.StartFRR(t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("10.0.1.1"),
 		Netns: torNS.Name, Zebra: true, Neighbors: neighbors})
-	vip := netip.MustParsePrefix("10.100.0.10/32")
 	e.mustApplyPools(`apiVersion: vipcast.io/v1alpha1
 kind: IPPool
 metadata:
   name: fabric
 spec:
   addresses: ["10.100.0.0/24"]`)
-	e.applyPeer(`apiVersion: vipcast.io/v1alpha1
+	peer := fmt.Sprintf(`apiVersion: vipcast.io/v1alpha1
 kind: BGPPeer
 metadata:
   name: tor
@@ -100,16 +120,18 @@ spec:
   peerAddress: 10.0.1.1
   peerASN: 64500
   localASN: 64501
-  holdTime: 3s
-  keepaliveTime: 1s`)
+  holdTime: %s
+  keepaliveTime: %s
+`, o.HoldTime, o.KeepaliveTime)
+	if b := o.BFD; b != nil {
+		peer += fmt.Sprintf("  bfd:\n    minTx: %s\n    minRx: %s\n    multiplier: %d\n", b.MinTx, b.MinRx, b.Multiplier)
+	}
+	e.applyPeer(peer)
 
-	speakers := map[string]*speakerProc{}
-	var kubeconfigs [3]string
-	var nodeNS [3]*netns.NS
 	for i := 1; i <= 2; i++ {
 		name, addr := fmt.Sprintf("node%d", i), fmt.Sprintf("10.0.1.1%d", i)
 		ns := netns.New(t, name)
-		nodeNS[i] = ns
+		f.nodeNS[i] = ns
 		netns.Veth(t, ns, "eth0", addr+"/24", torNS, name, "")
 		netns.Enslave(t, torNS, name, "fabric")
 		// A point-to-point management link to the test's namespace, where
@@ -118,42 +140,56 @@ spec:
 		netns.Veth(t, nil, fmt.Sprintf("vcm%d-%d", os.Getpid()%10000, i), hostEnd+"/30", ns, "mgmt", fmt.Sprintf("169.254.77.%d/30", 4*i+2))
 		fwd := hostEnd + ":" + apiPort(t, apiHost)
 		netns.Forward(t, nil, fwd, apiHost)
-		kubeconfigs[i] = e.kubeconfigVia(fwd)
+		f.kubeconfigs[i] = e.kubeconfigVia(fwd)
 		e.node(name, nil, addr)
 	}
-	run := func(i int) *speakerProc {
-		name := fmt.Sprintf("node%d", i)
-		args := nodeNS[i].Command(speakerBinary, "--kubeconfig", kubeconfigs[i], "--node-name", name,
-			"--metrics-bind-address", "0", "--convergence-delay", "2s", "-v", "2",
-			"--ipvs=false") // the host kernel may lack IPVS; the dataplane has its own tier
-		log := filepath.Join(e.cp.Dir, fmt.Sprintf("speaker-%s-%d.log", name, time.Now().UnixNano()))
-		p, err := proc.Start(log, args[0], args[1:]...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := &speakerProc{Process: p, log: log}
-		t.Cleanup(func() {
-			s.Signal(syscall.SIGCONT)
-			s.Stop(5 * time.Second)
-			if t.Failed() {
-				dumpTail(t, log, 40)
-			}
-		})
-		speakers[name] = s
-		return s
-	}
-	run(1)
-	run(2)
+	f.run(t, 1)
+	f.run(t, 2)
 
 	e.namespace("fabric", nil)
 	e.publish(lbService("fabric", "web"), "10.100.0.10")
 	e.endpoints("fabric", "web", endpoint{node: "node1", ip: "10.244.1.5", ready: true})
-	took := waitNexthops(t, tor, vip, 30*time.Second, node1, node2)
+	took := waitNexthops(t, f.tor, f.vip, 30*time.Second, f.node1, f.node2)
 	t.Logf("ECMP route with both nodes at the ToR %v after the Service was published", took.Round(time.Millisecond))
+	return f
+}
+
+// run starts node i's speaker in its namespace.
+func (f *fabric) run(t *testing.T, i int) *speakerProc {
+	t.Helper()
+	name := fmt.Sprintf("node%d", i)
+	args := f.nodeNS[i].Command(speakerBinary, "--kubeconfig", f.kubeconfigs[i], "--node-name", name,
+		"--metrics-bind-address", "0", "--convergence-delay", "2s", "-v", "2",
+		"--ipvs=false") // the host kernel may lack IPVS; the dataplane has its own tier
+	log := filepath.Join(f.e.cp.Dir, fmt.Sprintf("speaker-%s-%d.log", name, time.Now().UnixNano()))
+	p, err := proc.Start(log, args[0], args[1:]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &speakerProc{Process: p, log: log}
+	t.Cleanup(func() {
+		s.Signal(syscall.SIGCONT)
+		s.Stop(5 * time.Second)
+		if t.Failed() {
+			dumpTail(t, log, 40)
+		}
+	})
+	f.speakers[name] = s
+	return s
+}
+
+// TestSpeakerFabric is the namespace tier: the ToR kernel gets an ECMP
+// route over both nodes; a SIGTERMed speaker's next hop goes at once, a
+// frozen node's within the hold time.
+func TestSpeakerFabric(t *testing.T) {
+	e := newEnv(t)
+	const holdTime = 3 * time.Second
+	f := newFabric(t, e, fabricOptions{HoldTime: holdTime, KeepaliveTime: time.Second})
+	tor, vip, node1, node2, speakers := f.tor, f.vip, f.node1, f.node2, f.speakers
 
 	// SIGTERM: the speaker withdraws before anything else.
 	speakers["node1"].Signal(syscall.SIGTERM)
-	took = waitNexthops(t, tor, vip, 5*time.Second, node2)
+	took := waitNexthops(t, tor, vip, 5*time.Second, node2)
 	t.Logf("SIGTERM on node1's speaker: its next hop left the ToR kernel in %v", took.Round(time.Millisecond))
 	if took >= time.Second {
 		t.Errorf("next hop removed %v after SIGTERM, want under 1s", took)
@@ -165,7 +201,7 @@ spec:
 	}
 
 	// Back: both next hops again.
-	run(1)
+	f.run(t, 1)
 	waitNexthops(t, tor, vip, 30*time.Second, node1, node2)
 
 	// A frozen node: no withdraw, no FIN; the ToR drops it on hold timer.
