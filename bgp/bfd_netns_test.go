@@ -55,6 +55,17 @@ func TestBFDWithFRR(t *testing.T) {
 		t.Fatalf("FRR sees the speaker's session as %+v, want single hop, 100ms/100ms x3", p)
 	}
 
+	// FRR 8.4 replaces its BFD session once BGP is up, and bgpd resets
+	// the BGP session for it (Cease "BFD Down"); the speaker's side must
+	// not reset it as well.
+	time.Sleep(3 * time.Second)
+	eventually(t, 20*time.Second, "BGP and BFD are up", func() bool { ss := session(); return ss.BFD == "Up" && ss.Established() })
+	for _, e := range ev.all() {
+		if strings.Contains(e.Reason, "BFD session down") {
+			t.Fatalf("the speaker reset the BGP session for BFD while nothing failed: %+v", e)
+		}
+	}
+
 	// bfdd falls silent: the speaker's BFD detects it and resets BGP.
 	downs := session().BFDDowns
 	f.FreezeBfdd()
