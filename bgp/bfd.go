@@ -113,7 +113,8 @@ func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 		return
 	}
 	addr := p.Address.String()
-	if ev.Failure() {
+	switch {
+	case ev.Failure():
 		reason := "BFD session down: " + ev.Diag.String()
 		g.smu.Lock()
 		if t := g.states[addr]; t != nil {
@@ -127,9 +128,9 @@ func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 		if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: addr, Communication: reason}); err != nil {
 			g.log.Error(err, "Cannot reset the BGP session after BFD went down", "peer", p.Name, "address", p.Address)
 		}
-	} else if ev.PeerReset {
+	case ev.PeerReset:
 		g.log.Info("The router reset its BFD session without a path failure: the BGP session is kept", "peer", p.Name, "address", p.Address)
-	} else {
+	default:
 		g.log.V(2).Info("BFD session changed state", "peer", p.Name, "address", p.Address, "from", ev.From.String(), "to", ev.To.String(), "diag", ev.Diag.String(), "remoteState", ev.RemoteState.String())
 	}
 	if g.onChange == nil {

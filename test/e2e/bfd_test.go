@@ -42,7 +42,7 @@ func TestSpeakerFabricBFD(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.RemoteTransmitInterval != b.MinTx || p.RemoteReceiveInterval != b.MinRx || p.RemoteDetectMultiplier != int(b.Multiplier) {
+		if p.RemoteTransmitInterval != b.MinTx || p.RemoteReceiveInterval != b.MinRx || p.RemoteDetectMultiplier != b.Multiplier {
 			t.Errorf("ToR's BFD session with %s: remote timers tx %v rx %v x%d, want %v %v x%d", a,
 				p.RemoteTransmitInterval, p.RemoteReceiveInterval, p.RemoteDetectMultiplier, b.MinTx, b.MinRx, b.Multiplier)
 		}

@@ -193,16 +193,7 @@ func birdConfig(cfg BIRDConfig, port int) string {
 			e4 += fmt.Sprintf(" || proto = %q", LeakProtocol)
 		}
 	}
-	for _, n := range cfg.Neighbors {
-		if n.BFD == nil {
-			continue
-		}
-		// BIRD has one set of timers per session kind; the tests give
-		// every BFD neighbor the same.
-		opts := fmt.Sprintf("min rx interval %d ms; min tx interval %d ms; multiplier %d;", n.BFD.MinRx.Milliseconds(), n.BFD.MinTx.Milliseconds(), n.BFD.Multiplier)
-		fmt.Fprintf(&b, "protocol bfd {\n  multihop { %s };\n  interface \"*\" { %s };\n}\n", opts, opts)
-		break
-	}
+	b.WriteString(birdBFDProtocol(cfg.Neighbors))
 	for _, n := range cfg.Neighbors {
 		fmt.Fprintf(&b, "protocol bgp %s {\n", n.Name)
 		fmt.Fprintf(&b, "  local %s port %d as %d;\n", cfg.ListenAddress, port, cfg.ASN)
@@ -222,6 +213,19 @@ func birdConfig(cfg BIRDConfig, port int) string {
 		b.WriteString("}\n")
 	}
 	return b.String()
+}
+
+// birdBFDProtocol renders the bfd protocol with the timers of the first
+// neighbor with BFD ("" when none): BIRD has one set of timers per kind of
+// session, and the tests give every BFD neighbor the same.
+func birdBFDProtocol(neighbors []BIRDNeighbor) string {
+	for _, n := range neighbors {
+		if n.BFD != nil {
+			opts := fmt.Sprintf("min rx interval %d ms; min tx interval %d ms; multiplier %d;", n.BFD.MinRx.Milliseconds(), n.BFD.MinTx.Milliseconds(), n.BFD.Multiplier)
+			return fmt.Sprintf("protocol bfd {\n  multihop { %s };\n  interface \"*\" { %s };\n}\n", opts, opts)
+		}
+	}
+	return ""
 }
 
 // DisableProtocol stops protocol name (its routes are withdrawn).
