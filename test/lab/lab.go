@@ -105,7 +105,14 @@ type Options struct {
 	// Resync, when set, is the speakers' --resync-period and
 	// --dataplane-resync-period (default 5m and 30s).
 	Resync time.Duration
+	// BFD, when set, runs BFD with these timers on the ToR's sessions and
+	// in the demo BGPPeer.
+	BFD *routers.BFD
 }
+
+// DefaultBFD is the lab's BFD: FRR's default timers, 300 ms x 3. Emulated
+// VMs on two shared cores keep them; they would not keep 100 ms x 3.
+var DefaultBFD = routers.BFD{MinTx: 300 * time.Millisecond, MinRx: 300 * time.Millisecond, Multiplier: 3}
 
 // PasswordNamespace is the namespace of the demo's BGP password Secret, the
 // speakers' --bgp-password-namespaces.
@@ -125,6 +132,21 @@ type Lab struct {
 	t      harness.T
 	ccm    *proc.Process
 	ccmBin string
+	// binDir holds the binaries the lab built, kubectl-vipcast among them.
+	binDir string
+}
+
+// Kubectl runs kubectl (from the tools cache) against the lab's API
+// server, with the lab's kubectl-vipcast plugin on its PATH, and returns
+// what it printed.
+func (l *Lab) Kubectl(ctx context.Context, args ...string) (string, error) {
+	c := exec.CommandContext(ctx, filepath.Join(controlplane.BinDir(), "kubectl"), args...)
+	c.Env = append(os.Environ(), "KUBECONFIG="+l.CP.Kubeconfig, "PATH="+l.binDir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	out, err := c.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
 }
 
 // Node is one VM.
@@ -165,6 +187,7 @@ func Up(t harness.T, opts Options) *Lab {
 	t.Cleanup(cancel)
 
 	bins, venv := l.prepare(ctx)
+	l.binDir = filepath.Dir(bins["kubectl-vipcast"])
 	l.startControlPlane(ctx)
 	opts.Logf("==> starting vipcast-ccm (leader election on)")
 	l.startCCM(bins["vipcast-ccm"])
@@ -294,9 +317,13 @@ func (l *Lab) startToR() {
 	l.t.Helper()
 	var neighbors []routers.FRRNeighbor
 	for _, n := range l.Nodes {
-		neighbors = append(neighbors, routers.FRRNeighbor{Address: n.Addr, ASN: NodeASN, KeepaliveTime: l.Opts.KeepaliveTime, HoldTime: l.Opts.HoldTime, Password: l.Opts.Password})
+		neighbors = append(neighbors, routers.FRRNeighbor{Address: n.Addr, ASN: NodeASN, KeepaliveTime: l.Opts.KeepaliveTime, HoldTime: l.Opts.HoldTime, Password: l.Opts.Password, BFD: l.Opts.BFD})
 	}
-	l.Opts.Logf("==> starting FRR (zebra + bgpd, AS %d) in the ToR namespace", ToRASN)
+	daemons := "zebra + bgpd"
+	if l.Opts.BFD != nil {
+		daemons += " + bfdd"
+	}
+	l.Opts.Logf("==> starting FRR (%s, AS %d) in the ToR namespace", daemons, ToRASN)
 	l.ToR = routers.StartFRR(l.t, routers.FRRConfig{ASN: ToRASN, ListenAddress: torAddr, Netns: l.TorNS.Name, Zebra: true, Neighbors: neighbors})
 }
 
@@ -349,6 +376,7 @@ func (l *Lab) build(ctx context.Context) (map[string]string, error) {
 		"vipcast-ccm":     "github.com/vipcast/vipcast/cmd/vipcast-ccm",
 		"vipcast-speaker": "github.com/vipcast/vipcast/cmd/vipcast-speaker",
 		"lab-node":        "github.com/vipcast/vipcast/test/lab/node",
+		"kubectl-vipcast": "github.com/vipcast/vipcast/cmd/kubectl-vipcast",
 	} {
 		out[name] = filepath.Join(dir, name)
 		if err := vm.BuildStatic(ctx, "", pkg, out[name]); err != nil {
@@ -720,6 +748,9 @@ spec:
 			return err
 		}
 		peer += fmt.Sprintf("  passwordSecretRef: {namespace: %s, name: tor-md5}\n", PasswordNamespace)
+	}
+	if b := l.Opts.BFD; b != nil {
+		peer += fmt.Sprintf("  bfd: {minTx: %s, minRx: %s, multiplier: %d}\n", b.MinTx, b.MinRx, b.Multiplier)
 	}
 	for _, doc := range []string{pool, peer} {
 		if err := l.apply(ctx, doc); err != nil {

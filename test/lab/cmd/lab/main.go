@@ -91,7 +91,8 @@ func up(dir string) error {
 	ready := make(chan error, 1)
 	go func() {
 		ready <- r.Run(func(t harness.T) {
-			l = lab.Up(t, lab.Options{Dir: dir, Logf: func(format string, args ...any) { say(format, args...) }})
+			bfd := lab.DefaultBFD
+			l = lab.Up(t, lab.Options{Dir: dir, BFD: &bfd, Logf: func(format string, args ...any) { say(format, args...) }})
 			show(ctx, t, l, dir)
 		})
 	}()
@@ -185,6 +186,7 @@ func showCluster(ctx context.Context, l *lab.Lab, kubeconfig, kubectl string, vi
 	run("kubectl vipcast peers", kubectl, "vipcast", "peers")
 	run("(ToR) ip route show "+vip.String(), "ip", "-n", l.TorNS.Name, "route", "show", vip.String())
 	run("(ToR) vtysh -c 'show bgp ipv4 unicast "+vip.String()+"'", "vtysh", "--vty_socket", l.ToR.Dir, "-c", "show bgp ipv4 unicast "+vip.String())
+	run("(ToR) vtysh -c 'show bfd peers brief'   (a frozen node leaves the ECMP route within 300ms x 3)", "vtysh", "--vty_socket", l.ToR.Dir, "-c", "show bfd peers brief")
 }
 
 // showNodes prints every node's IPVS table and the VIPs on its dummy link.
