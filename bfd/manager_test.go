@@ -27,19 +27,26 @@ func (r *recorder) all() []Event {
 	return append([]Event(nil), r.events...)
 }
 
-func waitState(t *testing.T, m *Manager, key string, want State, timeout time.Duration) Status {
+// waitStatus polls the status of session key until ok holds, and returns
+// it; it fails the test after timeout, saying want.
+func waitStatus(t *testing.T, m *Manager, key, want string, timeout time.Duration, ok func(Status) bool) Status {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		st, ok := m.Status(key)
-		if ok && st.State == want {
+		st, found := m.Status(key)
+		if found && ok(st) {
 			return st
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("session %s: %+v after %v, want %v", key, st, timeout, want)
+			t.Fatalf("session %s: %+v after %v, want %s", key, st, timeout, want)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+func waitState(t *testing.T, m *Manager, key string, want State, timeout time.Duration) Status {
+	t.Helper()
+	return waitStatus(t, m, key, want.String(), timeout, func(st Status) bool { return st.State == want })
 }
 
 // TestManagersOverLoopback runs two Managers against each other on
@@ -65,33 +72,17 @@ func TestManagersOverLoopback(t *testing.T) {
 	waitState(t, mb, "a", Up, 5*time.Second)
 	t.Logf("both Up %v after start", time.Since(start).Round(time.Millisecond))
 	// The Poll that follows Up moves both to the fast timers.
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		st, _ := ma.Status("b")
-		if st.Tx == 100*time.Millisecond && st.Detect == 300*time.Millisecond {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timers after Up: %+v, want tx 100ms detect 300ms", st)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitStatus(t, ma, "b", "tx 100ms detect 300ms", 3*time.Second, func(st Status) bool {
+		return st.Tx == 100*time.Millisecond && st.Detect == 300*time.Millisecond
+	})
 
 	slower := Timers{MinTx: 200 * time.Millisecond, MinRx: 200 * time.Millisecond, Multiplier: 4}
 	if err := ma.Set("b", SessionConfig{Peer: a2, Local: a1, Timers: slower}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(3 * time.Second)
-	for {
-		st, _ := mb.Status("a")
-		if st.Tx == 200*time.Millisecond && st.Detect == 800*time.Millisecond {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("b's view after a's change: %+v, want tx 200ms detect 800ms", st)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitStatus(t, mb, "a", "tx 200ms detect 800ms after the other side's change", 3*time.Second, func(st Status) bool {
+		return st.Tx == 200*time.Millisecond && st.Detect == 800*time.Millisecond
+	})
 	// Three detection times of the slowest side with nothing but Up.
 	time.Sleep(2400 * time.Millisecond)
 	for _, r := range [][]Event{ra.all(), rb.all()} {

@@ -37,14 +37,7 @@ func TestBFDWithFRR(t *testing.T) {
 	if err := f.WaitEstablished(host.Addr(), 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	session := func() bgp.SessionState {
-		t.Helper()
-		ss, err := s.Sessions(ctxT())
-		if err != nil || len(ss) != 1 {
-			t.Fatalf("Sessions: %v, %v", ss, err)
-		}
-		return ss[0]
-	}
+	session := func() bgp.SessionState { return onlySession(t, s) }
 	eventually(t, 5*time.Second, "the speaker's BFD session is Up", func() bool { return session().BFD == "Up" })
 	p, err := f.BFDPeer(host.Addr())
 	if err != nil {
@@ -152,14 +145,7 @@ func TestBFDWithBIRD(t *testing.T) {
 	if err := b.WaitBFDUp(host.Addr(), 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	session := func() bgp.SessionState {
-		t.Helper()
-		ss, err := s.Sessions(ctxT())
-		if err != nil || len(ss) != 1 {
-			t.Fatalf("Sessions: %v, %v", ss, err)
-		}
-		return ss[0]
-	}
+	session := func() bgp.SessionState { return onlySession(t, s) }
 	eventually(t, 5*time.Second, "the speaker's BFD session is Up", func() bool { return session().BFD == "Up" })
 	sessions, err := b.BFDSessions()
 	if err != nil {

@@ -25,14 +25,7 @@ func TestBFDWithoutRouterBFD(t *testing.T) {
 	if err := f.WaitEstablished(self, 15*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	session := func() bgp.SessionState {
-		t.Helper()
-		ss, err := s.Sessions(ctxT())
-		if err != nil || len(ss) != 1 {
-			t.Fatalf("Sessions: %v, %v", ss, err)
-		}
-		return ss[0]
-	}
+	session := func() bgp.SessionState { return onlySession(t, s) }
 	// Three slow (1 s) detection times with no answer: still Down, no
 	// effect on BGP.
 	time.Sleep(3 * time.Second)

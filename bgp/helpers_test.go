@@ -78,3 +78,14 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 }
 
 func u32(v uint32) *uint32 { return &v }
+
+// onlySession returns the state of s's one session, failing the test when
+// there is not exactly one.
+func onlySession(t testing.TB, s *bgp.GoBGP) bgp.SessionState {
+	t.Helper()
+	ss, err := s.Sessions(ctxT())
+	if err != nil || len(ss) != 1 {
+		t.Fatalf("Sessions: %v, %v", ss, err)
+	}
+	return ss[0]
+}

@@ -35,13 +35,7 @@ func TestSpeakerFabricBFD(t *testing.T) {
 	f := newFabric(t, e, fabricOptions{HoldTime: holdTime, KeepaliveTime: 3 * time.Second, BFD: b})
 	nodes := []netip.Addr{f.node1, f.node2}
 	for _, a := range nodes {
-		if err := f.tor.WaitBFDUp(a, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		p, err := f.tor.BFDPeer(a)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := torBFDUp(t, f, a)
 		if p.RemoteTransmitInterval != b.MinTx || p.RemoteReceiveInterval != b.MinRx || p.RemoteDetectMultiplier != b.Multiplier {
 			t.Errorf("ToR's BFD session with %s: remote timers tx %v rx %v x%d, want %v %v x%d", a,
 				p.RemoteTransmitInterval, p.RemoteReceiveInterval, p.RemoteDetectMultiplier, b.MinTx, b.MinRx, b.Multiplier)
@@ -80,14 +74,8 @@ func TestSpeakerFabricBFD(t *testing.T) {
 	before := map[netip.Addr]routers.BFDPeer{}
 	bgpBefore := map[netip.Addr]routers.NeighborState{}
 	for _, a := range nodes {
-		if err := f.tor.WaitBFDUp(a, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		p, err := f.tor.BFDPeer(a)
-		if err != nil {
-			t.Fatal(err)
-		}
-		before[a] = p
+		before[a] = torBFDUp(t, f, a)
+		var err error
 		if bgpBefore[a], err = f.tor.Neighbor(a); err != nil {
 			t.Fatal(err)
 		}
@@ -165,6 +153,19 @@ func TestSpeakerFabricBFD(t *testing.T) {
 		})
 	}
 	waitNexthops(t, f.tor, f.vip, 20*time.Second, f.node1, f.node2)
+}
+
+// torBFDUp waits until the ToR's BFD session with a is up and returns it.
+func torBFDUp(t *testing.T, f *fabric, a netip.Addr) routers.BFDPeer {
+	t.Helper()
+	if err := f.tor.WaitBFDUp(a, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.tor.BFDPeer(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // patchPeer merge-patches the fabric's BGPPeer "tor".
