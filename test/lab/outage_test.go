@@ -90,6 +90,9 @@ func TestAPIServerOutage(t *testing.T) {
 // hops for the VIP, its sessions with the nodes, and each node's IPVS table.
 type fabricState struct {
 	nextHops []netip.Addr
+	// kernelOrder is the next hops in the order of the ToR's kernel
+	// route: the same set in another order hashes flows differently.
+	kernelOrder []netip.Addr
 	sessions map[string]routers.NeighborState
 	ipvs     map[string]nodeapi.State
 }
@@ -101,6 +104,11 @@ func readFabric(t *testing.T, l *lab.Lab, vip netip.Addr) fabricState {
 	if s.nextHops, err = l.Routes(netip.PrefixFrom(vip, 32)); err != nil {
 		t.Fatal(err)
 	}
+	routes, err := l.ToR.KernelRoutes(routers.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.kernelOrder = routes[netip.PrefixFrom(vip, 32)]
 	for _, n := range l.Nodes {
 		if s.sessions[n.Name], err = l.ToR.Neighbor(n.Addr); err != nil {
 			t.Fatal(err)
@@ -118,6 +126,8 @@ func sameFabric(t *testing.T, when string, before, now fabricState) {
 	t.Helper()
 	if !slices.Equal(before.nextHops, now.nextHops) {
 		t.Errorf("%s: the ToR's next hops changed from %v to %v", when, before.nextHops, now.nextHops)
+	} else if !slices.Equal(before.kernelOrder, now.kernelOrder) {
+		t.Errorf("%s: the ToR's kernel route lists the same next hops in another order, %v then %v: the ECMP hash moved flows between nodes", when, before.kernelOrder, now.kernelOrder)
 	}
 	for name, b := range before.sessions {
 		n := now.sessions[name]
