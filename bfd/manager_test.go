@@ -1,8 +1,10 @@
 package bfd
 
 import (
+	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,5 +122,38 @@ func TestSetRefusesBadTimers(t *testing.T) {
 	}
 	if len(m.Keys()) != 0 {
 		t.Fatalf("sessions %v after refusals", m.Keys())
+	}
+}
+
+// TestSenderSocket checks what every sent packet carries from its socket:
+// TTL 255 (RFC 5881's GTSM), DSCP CS6 and a source port in 49152-65535.
+func TestSenderSocket(t *testing.T) {
+	s, err := openSender(netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close() }()
+	if port := s.conn.LocalAddr().(*net.UDPAddr).Port; port < 49152 || port > 65535 {
+		t.Errorf("source port %d outside 49152-65535", port)
+	}
+	rc, err := s.conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ttl, tos int
+	var gerr error
+	if err := rc.Control(func(fd uintptr) {
+		if ttl, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_TTL); gerr != nil {
+			return
+		}
+		tos, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_TOS)
+	}); err != nil || gerr != nil {
+		t.Fatal(err, gerr)
+	}
+	if ttl != 255 || tos != 0xc0 {
+		t.Errorf("TTL %d, TOS %#x; want 255 and 0xc0 (CS6)", ttl, tos)
+	}
+	if a, b := randomDiscriminator(), randomDiscriminator(); a == b {
+		t.Errorf("two discriminators in a row are both %d", a)
 	}
 }
