@@ -93,8 +93,8 @@ type fabricState struct {
 	// kernelOrder is the next hops in the order of the ToR's kernel
 	// route: the same set in another order hashes flows differently.
 	kernelOrder []netip.Addr
-	sessions map[string]routers.NeighborState
-	ipvs     map[string]nodeapi.State
+	sessions    map[string]routers.NeighborState
+	ipvs        map[string]nodeapi.State
 }
 
 func readFabric(t *testing.T, l *lab.Lab, vip netip.Addr) fabricState {
