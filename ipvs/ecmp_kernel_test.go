@@ -1,0 +1,545 @@
+package ipvs
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	libipvs "github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipcast/vipcast/test/vm"
+)
+
+// TestECMPMove holds TCP connections and UDP flows through a VIP while the
+// fabric moves every one of them from node A to node B and back (what ECMP
+// does to the flows of a node that leaves and rejoins its group), and counts
+// the flows that survive: each keeps talking to the same pod, with no reset
+// and no answer from another pod.
+//
+// OneTier is today's dataplane (Dataplane with externalTrafficPolicy
+// Cluster: IPVS NAT to every endpoint, source NAT to the node): the README
+// says no established connection survives such a move, and this subtest
+// fails when that stops being true.
+//
+// TwoTier is the dataplane issue 14 proposes, programmed by hand here to
+// prove the kernel mechanics before Dataplane learns it (see
+// docs/architecture.md, "ECMP-proof dataplane"):
+//   - tier 1, on every node, for packets from the fabric: an IPVS virtual
+//     server with mh over the nodes that host endpoints (weighted by their
+//     endpoint counts), sloppy_tcp so that a mid-flow packet is scheduled
+//     like a SYN, forwarding by IPIP to the chosen node's tunnel address;
+//     packets from the fabric to a VIP are not tracked by conntrack;
+//   - tier 2, on the chosen node, for packets decapsulated by tunl0: an
+//     nftables DNAT to one of its own pods, conntrack holding the flow on
+//     that pod; replies leave that node with the VIP as source;
+//   - a node that picks itself: IPVS would deliver a tunnel-mode real server
+//     on a local address without encapsulating it, so a node's tunnel
+//     address is local only for packets that come in from an interface
+//     (policy rule "not iif lo"); its own packets to it leave through a
+//     veth pair and come back in, to be decapsulated like any other.
+func TestECMPMove(t *testing.T) {
+	if !vm.InVM() {
+		vm.RunTest(t, vm.Options{
+			Timeout:         4 * time.Minute,
+			Modules:         append(slices.Clone(vm.DefaultModules), "ipip"),
+			OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen"),
+		})
+		return
+	}
+	t.Run("OneTier", testMoveOneTier)
+	t.Run("TwoTier", testMoveTwoTier)
+}
+
+const (
+	moveTCPFlows = 60
+	moveUDPFlows = 20
+	movePort     = backendPort // tier 1 tunnels without rewriting the port
+)
+
+var moveVIP = ip("192.0.2.80")
+
+// moveFabric: the client (10.50.0.2, also the ToR: it forwards between the
+// nodes) reaches node n over 10.51.n.0/24; node n's tunnel address is
+// 10.52.0.(n+1); node A holds pods pa1 and pa2, node B holds pod pb1 (pod k
+// of node n on 10.6(n+1).k.0/24, the pod at .2); the nodes reach each
+// other's pods over 10.53.0.0/24.
+type moveFabric struct {
+	client  netns.NsHandle
+	hClient *netlink.Handle
+	src     netip.Addr
+	nodes   [2]netns.NsHandle
+	hNode   [2]*netlink.Handle
+	pods    [2][]*backend
+}
+
+func tunnelAddr(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 52, 0, byte(n + 1)}) }
+
+func newMoveFabric(t *testing.T) *moveFabric {
+	t.Helper()
+	f := &moveFabric{client: newNS(t), src: ip("10.50.0.2")}
+	f.hClient = nsHandle(t, f.client)
+	loAddr(t, f.hClient, f.src)
+	nsSysctls(t, f.client, map[string]string{
+		"net/ipv4/ip_forward": "1",
+		// Replies come from whichever node holds the pod, not the one the
+		// route to the VIP points at: the ToR must not drop them (uRPF).
+		"net/ipv4/conf/all/rp_filter": "0", "net/ipv4/conf/default/rp_filter": "0",
+	})
+	for n := range f.nodes {
+		ns := newNS(t)
+		f.nodes[n] = ns
+		h := nsHandle(t, ns)
+		f.hNode[n] = h
+		nodeSide, torSide := fmt.Sprintf("10.51.%d.1", n), fmt.Sprintf("10.51.%d.2", n)
+		vethBetween(t, ns, f.client, "fabric", fmt.Sprintf("node%d", n), nodeSide+"/24", torSide+"/24")
+		nsSysctls(t, ns, map[string]string{
+			"net/ipv4/ip_forward":         "1",
+			"net/ipv4/conf/all/rp_filter": "0", "net/ipv4/conf/default/rp_filter": "0",
+		})
+		// Every node reaches the client and the other nodes' tunnel
+		// addresses through the ToR.
+		must(t, h.RouteAdd(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix("0.0.0.0/0")), Gw: net.ParseIP(torSide)}))
+		route(t, f.hClient, tunnelAddr(n), nodeSide)
+		for k := 1; k <= 2-n; k++ {
+			name := fmt.Sprintf("p%c%d", 'a'+n, k)
+			pns := newNS(t)
+			nodeSide, podSide := fmt.Sprintf("10.6%d.%d.1", n+1, k), fmt.Sprintf("10.6%d.%d.2", n+1, k)
+			vethBetween(t, ns, pns, name, "eth0", nodeSide+"/24", podSide+"/24")
+			hp := nsHandle(t, pns)
+			must(t, hp.RouteAdd(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix("0.0.0.0/0")), Gw: net.ParseIP(nodeSide)}))
+			b := &backend{name: name, ns: pns, addrs: []netip.Addr{ip(podSide)}}
+			b.serveTCP(t, b.v4())
+			b.serveUDP(t, b.v4())
+			f.pods[n] = append(f.pods[n], b)
+		}
+	}
+	// The pod network between the nodes (one-tier sends to the other
+	// node's pods over it).
+	vethBetween(t, f.nodes[0], f.nodes[1], "peer", "peer", "10.53.0.1/24", "10.53.0.2/24")
+	for n := range f.nodes {
+		for _, p := range f.pods[1-n] {
+			route(t, f.hNode[n], p.v4(), fmt.Sprintf("10.53.0.%d", 2-n))
+		}
+	}
+	return f
+}
+
+// steer points the client's route to the VIP at node n, from the client's
+// one address.
+func (f *moveFabric) steer(t *testing.T, n int) {
+	t.Helper()
+	r := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(moveVIP, 32)), Gw: net.ParseIP(fmt.Sprintf("10.51.%d.1", n)), Src: f.src.AsSlice()}
+	if err := f.hClient.RouteReplace(r); err != nil {
+		t.Fatalf("client route via node %d: %v", n, err)
+	}
+}
+
+// allPods lists every pod, node A's first.
+func (f *moveFabric) allPods() []*backend { return append(slices.Clone(f.pods[0]), f.pods[1]...) }
+
+func nsSysctls(t *testing.T, ns netns.NsHandle, kv map[string]string) {
+	t.Helper()
+	err := inNS(t, ns, func() error {
+		for k, v := range kv {
+			if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0o644); err != nil {
+				return fmt.Errorf("sysctl %s=%s: %w", k, v, err)
+			}
+		}
+		return nil
+	})
+	must(t, err)
+}
+
+// testMoveOneTier: vipcast's Dataplane with source NAT (Cluster) on both
+// nodes; the moved TCP connections are reset.
+func testMoveOneTier(t *testing.T) {
+	f := newMoveFabric(t)
+	var backends []Backend
+	for _, p := range f.allPods() {
+		backends = append(backends, Backend{Addr: p.v4(), Port: backendPort, Weight: 1})
+	}
+	tcp := Service{VIP: moveVIP, Port: movePort, Protocol: TCP, SNAT: true, Backends: backends}
+	udp := tcp
+	udp.Protocol = UDP
+	for n, ns := range f.nodes {
+		var d *Dataplane
+		err := inNS(t, ns, func() (err error) {
+			d, err = New(Options{LinkName: "vip0"})
+			return err
+		})
+		if err != nil {
+			t.Fatalf("node %d: %v", n, err)
+		}
+		t.Cleanup(func() { d.Close() })
+		if _, err := d.Sync(state(tcp, udp)); err != nil {
+			t.Fatalf("node %d: Sync: %v", n, err)
+		}
+	}
+	r := runMove(t, f)
+	r.log(t, "one tier (today)")
+	// Every flow moved: the README says none survives (TCP is reset, a
+	// UDP flow reaches its pod from node B's address).
+	if r.tcpSurvived != 0 || r.udpSurvived != 0 {
+		t.Errorf("%d of %d TCP and %d of %d UDP flows survived the move: the README's \"does not yet survive\" is out of date",
+			r.tcpSurvived, moveTCPFlows, r.udpSurvived, moveUDPFlows)
+	}
+}
+
+// testMoveTwoTier: the two-tier dataplane; every flow survives and every
+// pod sees the client's own address.
+func testMoveTwoTier(t *testing.T) {
+	f := newMoveFabric(t)
+	for n := range f.nodes {
+		twoTierNode(t, f, n)
+	}
+	r := runMove(t, f)
+	r.log(t, "two tiers")
+	if mtu := largeExchange(t, f); mtu != 1500-tunnelOverhead {
+		t.Errorf("the client's path MTU to the VIP after a large message: %d, want %d (1500 less IPIP's %d bytes)", mtu, 1500-tunnelOverhead, tunnelOverhead)
+	} else {
+		t.Logf("two tiers: a 20000-byte message arrived; the client learnt a path MTU of %d to the VIP from IPVS's \"fragmentation needed\"", mtu)
+	}
+	if r.tcpSurvived != moveTCPFlows || r.udpSurvived != moveUDPFlows {
+		t.Errorf("%d of %d TCP and %d of %d UDP flows survived, want all; first failures: %v",
+			r.tcpSurvived, moveTCPFlows, r.udpSurvived, moveUDPFlows, r.failures)
+	}
+	if len(r.sources) != 1 || r.sources[0] != f.src.String() {
+		t.Errorf("pods saw clients %v, want only the client's own address %s", r.sources, f.src)
+	}
+	// Both tier-1 paths were taken: node A to its own pods (through its
+	// loop) and to node B's pod (through the tunnel).
+	for _, p := range f.allPods() {
+		if r.perPod[p.name] == 0 {
+			t.Errorf("no flow reached pod %s (per pod: %v)", p.name, r.perPod)
+		}
+	}
+}
+
+// tunnelOverhead is what IPIP adds to every packet from the fabric: one
+// outer IPv4 header.
+const tunnelOverhead = 20
+
+// largeExchange sends a message of full-size segments through the VIP and
+// returns the path MTU the client learnt for the VIP on the way. The
+// fabric's links carry 1500-byte packets, so a full-size segment does not
+// fit in the tunnel: IPVS refuses it with "fragmentation needed" (its MTU
+// less the outer header), the client's kernel lowers its path MTU to the
+// VIP, sends smaller segments, and the message arrives. Where ICMP does not
+// reach the client, that is a black hole; the docs say to clamp the MSS.
+func largeExchange(t *testing.T, f *moveFabric) int {
+	t.Helper()
+	f.steer(t, 0)
+	line := strings.Repeat("x", 20000)
+	err := inNS(t, f.client, func() error {
+		c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(moveVIP, movePort).String(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		r := bufio.NewReader(c)
+		if _, err := r.ReadString('\n'); err != nil {
+			return fmt.Errorf("greeting: %w", err)
+		}
+		if _, err := fmt.Fprintf(c, "%s\n", line); err != nil {
+			return fmt.Errorf("send %d bytes: %w", len(line), err)
+		}
+		answer, err := r.ReadString('\n')
+		if err != nil {
+			return fmt.Errorf("answer to %d bytes: %w", len(line), err)
+		}
+		if _, rest, _ := strings.Cut(strings.TrimSpace(answer), " "); rest != line {
+			return fmt.Errorf("answer of %d bytes does not echo the %d sent", len(answer), len(line))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("a %d-byte message through the tunnel: %v", len(line), err)
+	}
+	routes, err := f.hClient.RouteGet(moveVIP.AsSlice())
+	if err != nil || len(routes) == 0 {
+		t.Fatalf("client's route to the VIP: %v", err)
+	}
+	return routes[0].MTU
+}
+
+// twoTierNode programs node n of f by hand: tier 1 (IPVS, mh over the
+// nodes' tunnel addresses weighted by their pod counts, sloppy_tcp, IPIP),
+// tier 2 (nftables DNAT of decapsulated packets to the node's own pods),
+// and the loop that lets a node tunnel to itself.
+func twoTierNode(t *testing.T, f *moveFabric, n int) {
+	t.Helper()
+	h := f.hNode[n]
+	// The VIP is a local address of every node.
+	vip := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "vip0"}}
+	must(t, h.LinkAdd(vip))
+	must(t, h.LinkSetUp(vip))
+	must(t, h.AddrAdd(vip, addr(t, moveVIP.String()+"/32")))
+	// tunl0 exists once ipip is loaded; it decapsulates every IPIP packet
+	// addressed to a local address.
+	tunl, err := h.LinkByName("tunl0")
+	if err != nil {
+		t.Fatalf("node %d: tunl0: %v (is ipip loaded?)", n, err)
+	}
+	must(t, h.LinkSetUp(tunl))
+	// The loop: this node's tunnel address is routed out of vcloop0 (so
+	// IPVS encapsulates), comes in on vcloop1, and is local there.
+	must(t, h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vcloop0"}, PeerName: "vcloop1"}))
+	out, err := h.LinkByName("vcloop0")
+	must(t, err)
+	in, err := h.LinkByName("vcloop1")
+	must(t, err)
+	must(t, h.LinkSetUp(out))
+	must(t, h.LinkSetUp(in))
+	self := tunnelAddr(n)
+	must(t, h.RouteReplace(&netlink.Route{LinkIndex: out.Attrs().Index, Dst: prefixNet(netip.PrefixFrom(self, 32)), Scope: netlink.SCOPE_LINK}))
+	must(t, h.NeighSet(&netlink.Neigh{LinkIndex: out.Attrs().Index, IP: self.AsSlice(), HardwareAddr: in.Attrs().HardwareAddr, State: netlink.NUD_PERMANENT, Family: unix.AF_INET}))
+	const tunnelTable = 200
+	must(t, h.RouteAdd(&netlink.Route{Table: tunnelTable, Type: unix.RTN_LOCAL, Dst: prefixNet(netip.PrefixFrom(self, 32)), LinkIndex: in.Attrs().Index, Scope: netlink.SCOPE_HOST}))
+	rule := netlink.NewRule()
+	rule.IifName, rule.Invert, rule.Table, rule.Priority = "lo", true, tunnelTable, 1000
+	must(t, h.RuleAdd(rule))
+	nsSysctls(t, f.nodes[n], map[string]string{
+		"net/ipv4/vs/sloppy_tcp":             "1",
+		"net/ipv4/vs/conntrack":              "1", // as kube-proxy's IPVS mode sets it
+		"net/ipv4/conf/vcloop1/accept_local": "1",
+		"net/ipv4/conf/tunl0/rp_filter":      "0",
+		"net/ipv4/conf/vcloop1/rp_filter":    "0",
+	})
+	// Tier 1.
+	var ih *libipvs.Handle
+	must(t, inNS(t, f.nodes[n], func() (err error) {
+		ih, err = libipvs.New("")
+		return err
+	}))
+	t.Cleanup(ih.Close)
+	for _, proto := range []Protocol{TCP, UDP} {
+		ks := kernelService(Service{VIP: moveVIP, Port: movePort, Protocol: proto, Scheduler: DefaultScheduler, Flags: DefaultSchedulerFlags})
+		if err := ih.NewService(ks); err != nil {
+			t.Fatalf("node %d: tier 1 %s: %v", n, proto, err)
+		}
+		for m := range f.nodes {
+			d := &libipvs.Destination{Address: tunnelAddr(m).AsSlice(), Port: movePort, Weight: len(f.pods[m]),
+				ConnectionFlags: libipvs.ConnectionFlagTunnel, AddressFamily: unix.AF_INET}
+			if err := ih.NewDestination(ks, d); err != nil {
+				t.Fatalf("node %d: tier 1 %s real server %s: %v", n, proto, tunnelAddr(m), err)
+			}
+		}
+	}
+	// Tier 2 and the untracked fabric side.
+	must(t, inNS(t, f.nodes[n], func() error { return twoTierNFT(f.pods[n]) }))
+}
+
+// ifname is an interface name as nftables compares it.
+func ifname(s string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, s)
+	return b
+}
+
+// twoTierNFT installs, in the current namespace, table ip vipcast2t:
+//
+//	chain raw { type filter hook prerouting priority raw;
+//	  iifname != "tunl0" ip daddr VIP notrack }
+//	chain tier2 { type nat hook prerouting priority dstnat;
+//	  iifname "tunl0" ip daddr VIP dnat to numgen random mod N map @pods }
+func twoTierNFT(pods []*backend) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	tbl := c.AddTable(&nftables.Table{Name: "vipcast2t", Family: nftables.TableFamilyIPv4})
+	raw := c.AddChain(&nftables.Chain{Name: "raw", Table: tbl, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw})
+	daddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: raw, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname("tunl0")},
+		daddr,
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: moveVIP.AsSlice()},
+		&expr.Notrack{},
+	}})
+	podMap := &nftables.Set{Table: tbl, Name: "pods", IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeIPAddr}
+	var elems []nftables.SetElement
+	for i, p := range pods {
+		elems = append(elems, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.v4().AsSlice()})
+	}
+	if err := c.AddSet(podMap, elems); err != nil {
+		return err
+	}
+	tier2 := c.AddChain(&nftables.Chain{Name: "tier2", Table: tbl, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: tier2, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("tunl0")},
+		daddr,
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: moveVIP.AsSlice()},
+		&expr.Numgen{Register: 1, Modulus: uint32(len(pods)), Type: unix.NFT_NG_RANDOM},
+		&expr.Lookup{SourceRegister: 1, SetName: podMap.Name, SetID: podMap.ID, DestRegister: 1, IsDestRegSet: true},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1},
+	}})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables vipcast2t: %w", err)
+	}
+	return nil
+}
+
+// moveResult is what runMove measured.
+type moveResult struct {
+	tcpSurvived, udpSurvived int
+	exchanges                int
+	perPod                   map[string]int
+	sources                  []string // client addresses the pods saw
+	failures                 []string // the first few
+}
+
+func (r moveResult) log(t *testing.T, what string) {
+	t.Logf("%s: %d of %d TCP connections and %d of %d UDP flows survived the move to node B and back (%d exchanges; flows per pod %v; pods saw %v)",
+		what, r.tcpSurvived, moveTCPFlows, r.udpSurvived, moveUDPFlows, r.exchanges, r.perPod, r.sources)
+}
+
+// runMove opens the flows through node A, lets each exchange a message
+// every 100 ms, moves them all to node B for 2 s, back to node A for 2 s,
+// and stops. A flow survives when every exchange got its answer from the
+// flow's first pod: for TCP with no error at all, for UDP with at most two
+// datagrams in a row unanswered and the pod seeing the same client address
+// throughout.
+func runMove(t *testing.T, f *moveFabric) moveResult {
+	t.Helper()
+	f.steer(t, 0)
+	to := netip.AddrPortFrom(moveVIP, movePort)
+	type flow struct {
+		pod, source string
+		err         error
+		n           int
+	}
+	flows := make([]*flow, moveTCPFlows+moveUDPFlows)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range flows {
+		fl := &flow{}
+		flows[i] = fl
+		var nc net.Conn
+		network := "tcp4"
+		if i >= moveTCPFlows {
+			network = "udp4"
+		}
+		must(t, inNS(t, f.client, func() (err error) {
+			nc, err = net.DialTimeout(network, to.String(), 5*time.Second)
+			return err
+		}))
+		t.Cleanup(func() { nc.Close() })
+		r := bufio.NewReader(nc)
+		exchange := func(msg string) (pod, rest string, err error) {
+			if network == "udp4" {
+				_ = nc.SetDeadline(time.Now().Add(time.Second))
+				buf := make([]byte, 1500)
+				if _, err := nc.Write([]byte(msg + "\n")); err != nil {
+					return "", "", err
+				}
+				k, err := nc.Read(buf)
+				if err != nil {
+					return "", "", err
+				}
+				pod, rest, _ = strings.Cut(strings.TrimSpace(string(buf[:k])), " ")
+				return pod, rest, nil
+			}
+			_ = nc.SetDeadline(time.Now().Add(3 * time.Second))
+			if msg != "" {
+				if _, err := fmt.Fprintf(nc, "%s\n", msg); err != nil {
+					return "", "", err
+				}
+			}
+			line, err := r.ReadString('\n')
+			pod, rest, _ = strings.Cut(strings.TrimSpace(line), " ")
+			return pod, rest, err
+		}
+		// TCP: the greeting names the pod and the client address it saw;
+		// UDP: so does every answer.
+		var err error
+		for try := 0; try < 3; try++ {
+			if fl.pod, fl.source, err = exchange(""); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("flow %d (%s): first exchange: %v", i, network, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			lost := 0
+			for seq := 0; ; seq++ {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				msg := fmt.Sprintf("m%d", seq)
+				pod, rest, err := exchange(msg)
+				switch {
+				case err != nil && network == "udp4" && errors.Is(err, os.ErrDeadlineExceeded) && lost < 2:
+					lost++
+					continue
+				case err != nil:
+					fl.err = err
+					return
+				case pod != fl.pod:
+					fl.err = fmt.Errorf("answer from pod %s, not %s", pod, fl.pod)
+					return
+				case network == "tcp4" && rest != msg:
+					fl.err = fmt.Errorf("answer %q to %q", rest, msg)
+					return
+				case network == "udp4" && rest != fl.source:
+					// A UDP flow is one peer to the pod: an answer to
+					// another address (a node's source NAT) breaks it.
+					fl.err = fmt.Errorf("pod %s saw the flow from %s, first from %s", pod, rest, fl.source)
+					return
+				}
+				lost = 0
+				fl.n++
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	f.steer(t, 1)
+	time.Sleep(2 * time.Second)
+	f.steer(t, 0)
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	res := moveResult{perPod: map[string]int{}}
+	for i, fl := range flows {
+		res.perPod[fl.pod]++
+		res.exchanges += fl.n
+		if !slices.Contains(res.sources, fl.source) {
+			res.sources = append(res.sources, fl.source)
+		}
+		switch {
+		case fl.err == nil && i < moveTCPFlows:
+			res.tcpSurvived++
+		case fl.err == nil:
+			res.udpSurvived++
+		case len(res.failures) < 5:
+			res.failures = append(res.failures, fmt.Sprintf("flow %d (pod %s): %v", i, fl.pod, fl.err))
+		}
+	}
+	slices.Sort(res.sources)
+	return res
+}
