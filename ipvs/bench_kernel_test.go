@@ -2,7 +2,6 @@ package ipvs
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -122,36 +121,13 @@ func BenchmarkKernelDataplane(b *testing.B) {
 	if _, err := d.SyncService(s.Key(), &s); err != nil {
 		b.Fatal(err)
 	}
-	rate := func(to netip.AddrPort) float64 {
-		const window = 2 * time.Second
-		n := 0
-		start := time.Now()
-		for time.Since(start) < window {
-			var c net.Conn
-			err := inNS(b, cl.ns, func() (err error) {
-				c, err = net.DialTimeout("tcp", to.String(), 5*time.Second)
-				return err
-			})
-			if err != nil {
-				b.Fatalf("dial %s: %v", to, err)
-			}
-			buf := make([]byte, 64)
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			if _, err := c.Read(buf); err != nil {
-				b.Fatalf("read %s: %v", to, err)
-			}
-			c.Close()
-			n++
-		}
-		return float64(n) / time.Since(start).Seconds()
-	}
 	direct := netip.AddrPortFrom(be2.v4(), backendPort)
-	rate(vip) // warm up
+	connRate(b, cl.ns, vip) // warm up
 	// Alternate, to spread the noise of a shared TCG host over both.
 	var vipRate, directRate float64
 	for range 3 {
-		vipRate += rate(vip) / 3
-		directRate += rate(direct) / 3
+		vipRate += connRate(b, cl.ns, vip) / 3
+		directRate += connRate(b, cl.ns, direct) / 3
 	}
 	logf("connections/s: through the VIP %.0f, direct %.0f", vipRate, directRate)
 
@@ -232,15 +208,16 @@ func benchEnv() []string {
 	return nil
 }
 
-// benchInVM runs the benchmark in a VM and reports the guest's metrics.
-func benchInVM(b *testing.B) {
+// benchInVM runs the benchmark in a VM and reports the guest's metrics;
+// opts change the VM's options (modules).
+func benchInVM(b *testing.B, opts ...func(vm.Options) vm.Options) {
 	ctx := b.Context()
 	bin, err := vm.TestBinary(ctx)
 	if err != nil {
 		b.Fatalf("vm: build test binary: %v", err)
 	}
 	name := b.Name()
-	res := vm.Run(b, vm.Options{
+	o := vm.Options{
 		TestBinary: bin,
 		Args: []string{"-test.run", "^$", "-test.bench", "^" + name + "$", "-test.benchtime", "1x",
 			"-test.v", "-test.timeout", "12m"},
@@ -249,7 +226,11 @@ func benchInVM(b *testing.B) {
 		MemoryMB: 2048,
 		// Live progress: the benchmark's own log comes only at its end.
 		Logf: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "vm| "+format+"\n", args...) },
-	})
+	}
+	for _, f := range opts {
+		o = f(o)
+	}
+	res := vm.Run(b, o)
 	if res.ExitCode != 0 {
 		b.Fatalf("vm: guest benchmark exited %d", res.ExitCode)
 	}

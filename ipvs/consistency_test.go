@@ -269,7 +269,7 @@ func newFabric(t *testing.T, nBackend int) *fabric {
 }
 
 // nsHandle is a NETLINK_ROUTE handle in ns, closed with the test.
-func nsHandle(t *testing.T, ns netns.NsHandle) *netlink.Handle {
+func nsHandle(t testing.TB, ns netns.NsHandle) *netlink.Handle {
 	t.Helper()
 	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
@@ -284,7 +284,7 @@ func nsHandle(t *testing.T, ns netns.NsHandle) *netlink.Handle {
 	return h
 }
 
-func loAddr(t *testing.T, h *netlink.Handle, a netip.Addr) {
+func loAddr(t testing.TB, h *netlink.Handle, a netip.Addr) {
 	t.Helper()
 	lo, err := h.LinkByName("lo")
 	if err != nil {
@@ -295,7 +295,7 @@ func loAddr(t *testing.T, h *netlink.Handle, a netip.Addr) {
 
 // vethBetween links namespaces x and y with a veth pair: nameX (in x,
 // address cidrX) and nameY (in y, cidrY), both up.
-func vethBetween(t *testing.T, x, y netns.NsHandle, nameX, nameY, cidrX, cidrY string) {
+func vethBetween(t testing.TB, x, y netns.NsHandle, nameX, nameY, cidrX, cidrY string) {
 	t.Helper()
 	hx, err := netlink.NewHandleAt(x, unix.NETLINK_ROUTE)
 	if err != nil {
@@ -324,7 +324,7 @@ func vethBetween(t *testing.T, x, y netns.NsHandle, nameX, nameY, cidrX, cidrY s
 }
 
 // route sets the route to the host dst via gw, replacing the previous one.
-func route(t *testing.T, h *netlink.Handle, dst netip.Addr, gw string) {
+func route(t testing.TB, h *netlink.Handle, dst netip.Addr, gw string) {
 	t.Helper()
 	pfx := netip.PrefixFrom(dst, 32)
 	if err := h.RouteReplace(&netlink.Route{Dst: prefixNet(pfx), Gw: net.ParseIP(gw)}); err != nil {

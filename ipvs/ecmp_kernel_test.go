@@ -53,15 +53,19 @@ import (
 //     veth pair and come back in, to be decapsulated like any other.
 func TestECMPMove(t *testing.T) {
 	if !vm.InVM() {
-		vm.RunTest(t, vm.Options{
-			Timeout:         4 * time.Minute,
-			Modules:         append(slices.Clone(vm.DefaultModules), "ipip"),
-			OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen"),
-		})
+		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 4 * time.Minute}))
 		return
 	}
 	t.Run("OneTier", testMoveOneTier)
 	t.Run("TwoTier", testMoveTwoTier)
+}
+
+// twoTierVMOptions adds to o the modules the two-tier prototype needs on
+// top of the defaults: IPIP, and nftables' numgen where it is a module.
+func twoTierVMOptions(o vm.Options) vm.Options {
+	o.Modules = append(slices.Clone(vm.DefaultModules), "ipip")
+	o.OptionalModules = append(slices.Clone(vm.OptionalModules), "nft_numgen")
+	return o
 }
 
 const (
@@ -88,7 +92,7 @@ type moveFabric struct {
 
 func tunnelAddr(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 52, 0, byte(n + 1)}) }
 
-func newMoveFabric(t *testing.T) *moveFabric {
+func newMoveFabric(t testing.TB) *moveFabric {
 	t.Helper()
 	f := &moveFabric{client: newNS(t), src: ip("10.50.0.2")}
 	f.hClient = nsHandle(t, f.client)
@@ -140,7 +144,7 @@ func newMoveFabric(t *testing.T) *moveFabric {
 
 // steer points the client's route to the VIP at node n, from the client's
 // one address.
-func (f *moveFabric) steer(t *testing.T, n int) {
+func (f *moveFabric) steer(t testing.TB, n int) {
 	t.Helper()
 	r := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(moveVIP, 32)), Gw: net.ParseIP(fmt.Sprintf("10.51.%d.1", n)), Src: f.src.AsSlice()}
 	if err := f.hClient.RouteReplace(r); err != nil {
@@ -151,7 +155,7 @@ func (f *moveFabric) steer(t *testing.T, n int) {
 // allPods lists every pod, node A's first.
 func (f *moveFabric) allPods() []*backend { return append(slices.Clone(f.pods[0]), f.pods[1]...) }
 
-func nsSysctls(t *testing.T, ns netns.NsHandle, kv map[string]string) {
+func nsSysctls(t testing.TB, ns netns.NsHandle, kv map[string]string) {
 	t.Helper()
 	err := inNS(t, ns, func() error {
 		for k, v := range kv {
@@ -168,6 +172,21 @@ func nsSysctls(t *testing.T, ns netns.NsHandle, kv map[string]string) {
 // nodes; the moved TCP connections are reset.
 func testMoveOneTier(t *testing.T) {
 	f := newMoveFabric(t)
+	oneTierNodes(t, f)
+	r := runMove(t, f)
+	r.log(t, "one tier (today)")
+	// Every flow moved: the README says none survives (TCP is reset, a
+	// UDP flow reaches its pod from node B's address).
+	if r.tcpSurvived != 0 || r.udpSurvived != 0 {
+		t.Errorf("%d of %d TCP and %d of %d UDP flows survived the move: the README's \"does not yet survive\" is out of date",
+			r.tcpSurvived, moveTCPFlows, r.udpSurvived, moveUDPFlows)
+	}
+}
+
+// oneTierNodes programs both nodes of f with today's Dataplane: IPVS NAT to
+// every pod and source NAT (externalTrafficPolicy Cluster).
+func oneTierNodes(t testing.TB, f *moveFabric) {
+	t.Helper()
 	var backends []Backend
 	for _, p := range f.allPods() {
 		backends = append(backends, Backend{Addr: p.v4(), Port: backendPort, Weight: 1})
@@ -188,14 +207,6 @@ func testMoveOneTier(t *testing.T) {
 		if _, err := d.Sync(state(tcp, udp)); err != nil {
 			t.Fatalf("node %d: Sync: %v", n, err)
 		}
-	}
-	r := runMove(t, f)
-	r.log(t, "one tier (today)")
-	// Every flow moved: the README says none survives (TCP is reset, a
-	// UDP flow reaches its pod from node B's address).
-	if r.tcpSurvived != 0 || r.udpSurvived != 0 {
-		t.Errorf("%d of %d TCP and %d of %d UDP flows survived the move: the README's \"does not yet survive\" is out of date",
-			r.tcpSurvived, moveTCPFlows, r.udpSurvived, moveUDPFlows)
 	}
 }
 
@@ -281,7 +292,7 @@ func largeExchange(t *testing.T, f *moveFabric) int {
 // nodes' tunnel addresses weighted by their pod counts, sloppy_tcp, IPIP),
 // tier 2 (nftables DNAT of decapsulated packets to the node's own pods),
 // and the loop that lets a node tunnel to itself.
-func twoTierNode(t *testing.T, f *moveFabric, n int) {
+func twoTierNode(t testing.TB, f *moveFabric, n int) {
 	t.Helper()
 	h := f.hNode[n]
 	// The VIP is a local address of every node.

@@ -1,0 +1,143 @@
+package ipvs
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/vipcast/vipcast/test/vm"
+)
+
+// BenchmarkTwoTier measures, in one VM run, what the two-tier prototype of
+// TestECMPMove costs against today's one tier and against the pod's own
+// address, from the client behind the ToR (b.N is ignored: the figures are
+// metrics). Each path has its own fabric of TestECMPMove's shape in the
+// same kernel; the client always enters through node A, and two of the
+// three pods are on node A, so a third of the two-tier flows cross to node
+// B through the tunnel and the rest loop through node A's own.
+//
+//   - direct-conn/s, onetier-conn/s, twotier-conn/s: new TCP connections
+//     per second (connect, read the greeting, close), and each tier's ratio
+//     to direct;
+//   - direct-rtt-us, onetier-rtt-us, twotier-rtt-us: the median round trip
+//     of one line on held connections (6 connections × 200 lines), and
+//     twotier-added-us, two tiers less direct.
+//
+// TCG figures say nothing about real speed; the ratios do.
+//
+// Run: go test -run '^$' -bench BenchmarkTwoTier -benchtime 1x ./ipvs/
+func BenchmarkTwoTier(b *testing.B) {
+	if !vm.InVM() {
+		benchInVM(b, twoTierVMOptions)
+		return
+	}
+	one := newMoveFabric(b)
+	oneTierNodes(b, one)
+	one.steer(b, 0)
+	two := newMoveFabric(b)
+	for n := range two.nodes {
+		twoTierNode(b, two, n)
+	}
+	two.steer(b, 0)
+	// Direct: the client reaches pod pa1 through node A by its own
+	// address (in the two-tier fabric, where IPVS rewrites nothing the
+	// pod sends back).
+	pa1 := two.pods[0][0]
+	route(b, two.hClient, pa1.v4(), "10.51.0.1")
+	vip := netip.AddrPortFrom(moveVIP, movePort)
+	direct := netip.AddrPortFrom(pa1.v4(), backendPort)
+
+	paths := []struct {
+		name string
+		f    *moveFabric
+		to   netip.AddrPort
+	}{{"direct", two, direct}, {"onetier", one, vip}, {"twotier", two, vip}}
+	conns := map[string]float64{}
+	rtts := map[string]time.Duration{}
+	for _, p := range paths {
+		connRate(b, p.f.client, p.to) // warm up
+	}
+	// Alternate, to spread the noise of a shared TCG host over all three.
+	for range 3 {
+		for _, p := range paths {
+			conns[p.name] += connRate(b, p.f.client, p.to) / 3
+		}
+	}
+	for _, p := range paths {
+		rtts[p.name] = medianRTT(b, p.f, p.to)
+	}
+	fmt.Fprintf(os.Stderr, "bench: connections/s direct %.0f, one tier %.0f, two tiers %.0f; median round trip direct %s, one tier %s, two tiers %s\n",
+		conns["direct"], conns["onetier"], conns["twotier"], rtts["direct"], rtts["onetier"], rtts["twotier"])
+	for _, p := range paths {
+		b.ReportMetric(conns[p.name], p.name+"-conn/s")
+		b.ReportMetric(float64(rtts[p.name].Microseconds()), p.name+"-rtt-us")
+	}
+	b.ReportMetric(conns["onetier"]/conns["direct"], "onetier/direct")
+	b.ReportMetric(conns["twotier"]/conns["direct"], "twotier/direct")
+	b.ReportMetric(float64((rtts["twotier"] - rtts["direct"]).Microseconds()), "twotier-added-us")
+}
+
+// connRate opens connections from namespace ns to `to` for 2 s (connect,
+// read the greeting, close) and returns how many it opened per second.
+func connRate(b *testing.B, ns netns.NsHandle, to netip.AddrPort) float64 {
+	b.Helper()
+	const window = 2 * time.Second
+	n := 0
+	start := time.Now()
+	for time.Since(start) < window {
+		err := inNS(b, ns, func() error {
+			c, err := net.DialTimeout("tcp", to.String(), 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, err = bufio.NewReader(c).ReadString('\n')
+			return err
+		})
+		if err != nil {
+			b.Fatalf("connection to %s: %v", to, err)
+		}
+		n++
+	}
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// medianRTT holds 6 connections from f's client to `to`, exchanges 200
+// lines on each, one at a time, and returns the median round trip.
+func medianRTT(b *testing.B, f *moveFabric, to netip.AddrPort) time.Duration {
+	b.Helper()
+	var all []time.Duration
+	for range 6 {
+		var c net.Conn
+		must(b, inNS(b, f.client, func() (err error) {
+			c, err = net.DialTimeout("tcp4", to.String(), 5*time.Second)
+			return err
+		}))
+		r := bufio.NewReader(c)
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err := r.ReadString('\n'); err != nil {
+			b.Fatalf("greeting from %s: %v", to, err)
+		}
+		for i := range 200 {
+			start := time.Now()
+			if _, err := fmt.Fprintf(c, "m%d\n", i); err != nil {
+				b.Fatalf("send to %s: %v", to, err)
+			}
+			if _, err := r.ReadString('\n'); err != nil {
+				b.Fatalf("answer from %s: %v", to, err)
+			}
+			all = append(all, time.Since(start))
+		}
+		c.Close()
+	}
+	slices.Sort(all)
+	return all[len(all)/2]
+}
