@@ -46,6 +46,9 @@ import (
 //   - tier 2, on the chosen node, for packets decapsulated by tunl0: an
 //     nftables DNAT to one of its own pods, conntrack holding the flow on
 //     that pod; replies leave that node with the VIP as source;
+//   - the tunnel's 20 bytes: the pod's SYN-ACK to a VIP client offers an
+//     MSS that fits inside IPIP (clampMSS), so the path works where ICMP
+//     "fragmentation needed" does not reach the client;
 //   - a node that picks itself: IPVS would deliver a tunnel-mode real server
 //     on a local address without encapsulating it, so a node's tunnel
 //     address is local only for packets that come in from an interface
@@ -219,11 +222,7 @@ func testMoveTwoTier(t *testing.T) {
 	}
 	r := runMove(t, f)
 	r.log(t, "two tiers")
-	if mtu := largeExchange(t, f); mtu != 1500-tunnelOverhead {
-		t.Errorf("the client's path MTU to the VIP after a large message: %d, want %d (1500 less IPIP's %d bytes)", mtu, 1500-tunnelOverhead, tunnelOverhead)
-	} else {
-		t.Logf("two tiers: a 20000-byte message arrived; the client learnt a path MTU of %d to the VIP from IPVS's \"fragmentation needed\"", mtu)
-	}
+	testTunnelMTU(t, f)
 	if r.tcpSurvived != moveTCPFlows || r.udpSurvived != moveUDPFlows {
 		t.Errorf("%d of %d TCP and %d of %d UDP flows survived, want all; first failures: %v",
 			r.tcpSurvived, moveTCPFlows, r.udpSurvived, moveUDPFlows, r.failures)
@@ -244,24 +243,113 @@ func testMoveTwoTier(t *testing.T) {
 // outer IPv4 header.
 const tunnelOverhead = 20
 
-// largeExchange sends a message of full-size segments through the VIP and
-// returns the path MTU the client learnt for the VIP on the way. The
-// fabric's links carry 1500-byte packets, so a full-size segment does not
-// fit in the tunnel: IPVS refuses it with "fragmentation needed" (its MTU
-// less the outer header), the client's kernel lowers its path MTU to the
-// VIP, sends smaller segments, and the message arrives. Where ICMP does not
-// reach the client, that is a black hole; the docs say to clamp the MSS.
-func largeExchange(t *testing.T, f *moveFabric) int {
+// testTunnelMTU sends 20,000-byte messages through the two tiers: the
+// fabric's links carry 1500-byte packets, so a full-size segment from the
+// client does not fit in the tunnel.
+//
+//  1. With the MSS clamp and the client dropping ICMP "fragmentation
+//     needed" (a site that filters ICMP), the message arrives: the pod's
+//     SYN-ACK offered clampedMSS, so no segment was too big.
+//  2. Without the clamp, the same client loses the message (a black hole):
+//     this is what the clamp is for.
+//  3. Without the clamp, with the client taking ICMP, the message arrives:
+//     IPVS refuses the big segment with "fragmentation needed" (1500 less
+//     the outer header) and the client lowers its path MTU to the VIP.
+func testTunnelMTU(t *testing.T, f *moveFabric) {
 	t.Helper()
 	f.steer(t, 0)
+	dropICMP := blockFragNeeded(t, f.client)
+	if err := sendLarge(t, f, 10*time.Second); err != nil {
+		t.Errorf("with the MSS clamp, ICMP dropped at the client: %v", err)
+	}
+	if mtu := pathMTU(t, f); mtu != 0 {
+		t.Errorf("with the MSS clamp the client learnt a path MTU of %d to the VIP, want none (no segment too big)", mtu)
+	}
+	for _, ns := range f.nodes {
+		must(t, inNS(t, ns, removeClamp))
+	}
+	if err := sendLarge(t, f, 3*time.Second); err == nil {
+		t.Errorf("without the MSS clamp, ICMP dropped at the client: the message arrived, want a black hole (is the tunnel's MTU not smaller?)")
+	}
+	dropICMP()
+	if err := sendLarge(t, f, 10*time.Second); err != nil {
+		t.Errorf("without the MSS clamp, ICMP taken: %v", err)
+	}
+	if mtu := pathMTU(t, f); mtu != 1500-tunnelOverhead {
+		t.Errorf("without the MSS clamp the client's path MTU to the VIP is %d, want %d (1500 less IPIP's %d bytes)", mtu, 1500-tunnelOverhead, tunnelOverhead)
+	}
+	t.Logf("two tiers, 20000-byte messages: with the MSS clamp (%d) they arrive although the client drops ICMP; without it they are lost unless ICMP \"fragmentation needed\" reaches the client, which then uses a path MTU of %d",
+		clampedMSS, 1500-tunnelOverhead)
+}
+
+// pathMTU is the path MTU f's client holds for the VIP (0: none learnt).
+func pathMTU(t *testing.T, f *moveFabric) int {
+	t.Helper()
+	routes, err := f.hClient.RouteGet(moveVIP.AsSlice())
+	if err != nil || len(routes) == 0 {
+		t.Fatalf("client's route to the VIP: %v", err)
+	}
+	return routes[0].MTU
+}
+
+// removeClamp deletes the MSS clamp of twoTierNFT in the current namespace.
+func removeClamp() error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	ch := &nftables.Chain{Name: "mss", Table: &nftables.Table{Name: "vipcast2t", Family: nftables.TableFamilyIPv4}}
+	c.FlushChain(ch)
+	c.DelChain(ch)
+	return c.Flush()
+}
+
+// blockFragNeeded makes namespace ns drop ICMP "fragmentation needed" as
+// it comes in, and returns the function that stops it.
+func blockFragNeeded(t *testing.T, ns netns.NsHandle) func() {
+	t.Helper()
+	tbl := &nftables.Table{Name: "blackhole", Family: nftables.TableFamilyIPv4}
+	must(t, inNS(t, ns, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		c.AddTable(tbl)
+		in := c.AddChain(&nftables.Chain{Name: "in", Table: tbl, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
+		c.AddRule(&nftables.Rule{Table: tbl, Chain: in, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{3, 4}}, // type 3 code 4
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}})
+		return c.Flush()
+	}))
+	return func() {
+		must(t, inNS(t, ns, func() error {
+			c, err := nftables.New()
+			if err != nil {
+				return err
+			}
+			c.DelTable(tbl)
+			return c.Flush()
+		}))
+	}
+}
+
+// sendLarge sends a 20,000-byte line from f's client to the VIP on a new
+// connection and checks the pod's echo, within d.
+func sendLarge(t *testing.T, f *moveFabric, d time.Duration) error {
+	t.Helper()
 	line := strings.Repeat("x", 20000)
-	err := inNS(t, f.client, func() error {
+	return inNS(t, f.client, func() error {
 		c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(moveVIP, movePort).String(), 5*time.Second)
 		if err != nil {
 			return err
 		}
 		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_ = c.SetDeadline(time.Now().Add(d))
 		r := bufio.NewReader(c)
 		if _, err := r.ReadString('\n'); err != nil {
 			return fmt.Errorf("greeting: %w", err)
@@ -278,14 +366,6 @@ func largeExchange(t *testing.T, f *moveFabric) int {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatalf("a %d-byte message through the tunnel: %v", len(line), err)
-	}
-	routes, err := f.hClient.RouteGet(moveVIP.AsSlice())
-	if err != nil || len(routes) == 0 {
-		t.Fatalf("client's route to the VIP: %v", err)
-	}
-	return routes[0].MTU
 }
 
 // twoTierNode programs node n of f by hand: tier 1 (IPVS, mh over the
@@ -368,6 +448,7 @@ func ifname(s string) []byte {
 //	  iifname != "tunl0" ip daddr VIP notrack }
 //	chain tier2 { type nat hook prerouting priority dstnat;
 //	  iifname "tunl0" ip daddr VIP dnat to numgen random mod N map @pods }
+//	chain mss { type filter hook forward priority mangle; clampMSS }
 func twoTierNFT(pods []*backend) error {
 	c, err := nftables.New()
 	if err != nil {
@@ -403,10 +484,44 @@ func twoTierNFT(pods []*backend) error {
 		&expr.Lookup{SourceRegister: 1, SetName: podMap.Name, SetID: podMap.ID, DestRegister: 1, IsDestRegSet: true},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1},
 	}})
+	mss := c.AddChain(&nftables.Chain{Name: "mss", Table: tbl, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityMangle})
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: mss, Exprs: clampMSS()})
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables vipcast2t: %w", err)
 	}
 	return nil
+}
+
+// clampedMSS is the largest segment a client may send so that its packet
+// still fits a 1500-byte fabric link inside IPIP: 1500 less the outer and
+// inner IPv4 headers and the TCP header.
+const clampedMSS = 1500 - tunnelOverhead - 20 - 20
+
+// clampMSS is the rule that lowers the MSS a pod offers in its SYN-ACK to
+// a client of the VIP (the client's segments come through the tunnel, the
+// pod's do not):
+//
+//	ct direction reply ct original ip daddr VIP
+//	tcp flags & (syn|ack) == syn|ack
+//	tcp option maxseg size > clampedMSS tcp option maxseg size set clampedMSS
+func clampMSS() []expr.Any {
+	mss := binaryutil.BigEndian.PutUint16(clampedMSS)
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeyDIRECTION, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}}, // IP_CT_DIR_REPLY
+		&expr.Ct{Key: expr.CtKeyDST, Direction: 0, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: moveVIP.AsSlice()},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x12}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x12}},
+		&expr.Exthdr{Op: expr.ExthdrOpTcpopt, Type: 2, Offset: 2, Len: 2, DestRegister: 1},
+		&expr.Cmp{Op: expr.CmpOpGt, Register: 1, Data: mss},
+		&expr.Immediate{Register: 1, Data: mss},
+		&expr.Exthdr{Op: expr.ExthdrOpTcpopt, Type: 2, Offset: 2, Len: 2, SourceRegister: 1},
+	}
 }
 
 // moveResult is what runMove measured.
