@@ -72,6 +72,9 @@ type nftTables struct {
 	snat   [2]*nftables.Set
 	vips   [2]*nftables.Set
 	allow  [2]*nftables.Set
+	// slowPaths counts the batches that failed and were redone one element
+	// at a time (for tests: a batch should fail only on drift).
+	slowPaths int
 }
 
 // newNFTables ensures the tables; with conntrack it first sets
@@ -292,6 +295,7 @@ func (n *nftTables) update(sets [2]*nftables.Set, add, del []setElem) error {
 	if err == nil {
 		return nil
 	}
+	n.slowPaths++
 	var errs2 []error
 	for _, e := range add {
 		if err := n.one(sets, e, true); err != nil {
