@@ -69,7 +69,7 @@ func testLargeSync(t *testing.T) {
 	if want := FilterOf(desired); !reflect.DeepEqual(f, want) {
 		t.Errorf("VIP filter reads back %d VIPs and %d ports, want %d and %d", len(f.VIPs), len(f.Allow), len(want.VIPs), len(want.Allow))
 	}
-	if p := syncOK(t, d, NewState()); p.Len() != 4*5000 {
+	if p := syncOK(t, d, NewState()); p.Len() != 5*5000 {
 		t.Errorf("Sync to empty: %v", p)
 	}
 }

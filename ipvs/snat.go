@@ -261,11 +261,53 @@ func keyElems(keys []Key) []setElem {
 	return out
 }
 
-// update adds and deletes elements of sets (ip, ip6) in one batch. One bad
-// element (say, a delete of one already gone) fails the whole batch: it then
-// redoes them one by one, ignoring deletes of absent elements, and returns
-// the failures.
+// Limits of one nftables transaction. A transaction goes to the kernel in
+// one netlink message, which must fit the socket's send buffer
+// (net.core.wmem_default, 208 KiB by default), and a set's element list is
+// one netlink attribute, whose length is 16 bits: past 64 KiB it wraps,
+// and the kernel silently takes only the first part of the list (measured:
+// 5,000 VIPs in one call left 904 in the set). So the elements go at most
+// maxElemsPerCall to a list (an element takes at most 44 bytes) and
+// maxElemsPerBatch to a transaction.
+const (
+	maxElemsPerCall  = 512
+	maxElemsPerBatch = 2048
+)
+
+// queueElements queues fn (SetAddElements or SetDeleteElements) of els on
+// set, maxElemsPerCall at a time.
+func queueElements(fn func(*nftables.Set, []nftables.SetElement) error, set *nftables.Set, els []nftables.SetElement) error {
+	for len(els) > 0 {
+		k := min(len(els), maxElemsPerCall)
+		if err := fn(set, els[:k]); err != nil {
+			return err
+		}
+		els = els[k:]
+	}
+	return nil
+}
+
+// update adds and deletes elements of sets (ip, ip6), in transactions of
+// at most maxElemsPerBatch elements. One bad element (say, a delete of one
+// already gone) fails its whole transaction: update then redoes that
+// transaction's elements one by one, ignoring deletes of absent elements,
+// and returns the failures.
 func (n *nftTables) update(sets [2]*nftables.Set, add, del []setElem) error {
+	var errs []error
+	for len(add) > 0 || len(del) > 0 {
+		a := min(len(add), maxElemsPerBatch)
+		d := min(len(del), maxElemsPerBatch-a)
+		if err := n.updateBatch(sets, add[:a], del[:d]); err != nil {
+			errs = append(errs, err)
+		}
+		add, del = add[a:], del[d:]
+	}
+	return errors.Join(errs...)
+}
+
+// updateBatch is update for at most maxElemsPerBatch elements: one
+// transaction.
+func (n *nftTables) updateBatch(sets [2]*nftables.Set, add, del []setElem) error {
 	if len(add) == 0 && len(del) == 0 {
 		return nil
 	}
@@ -284,7 +326,7 @@ func (n *nftTables) update(sets [2]*nftables.Set, add, del []setElem) error {
 		}
 		for i, els := range byFam {
 			if len(els) > 0 {
-				errs = append(errs, op.fn(sets[i], els))
+				errs = append(errs, queueElements(op.fn, sets[i], els))
 			}
 		}
 	}
