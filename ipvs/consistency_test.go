@@ -332,10 +332,6 @@ func route(t testing.TB, h *netlink.Handle, dst netip.Addr, gw string) {
 	}
 }
 
-func prefixNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
 // syncBoth programs the same desired state on both nodes.
 func (f *fabric) syncBoth(t *testing.T, s Service) {
 	t.Helper()

@@ -32,6 +32,11 @@ type Options struct {
 	// then answer on every port of the node. With NoSNAT too, New does not
 	// touch nftables at all (a read-only Dataplane, for inspection).
 	NoFilter bool
+	// Tunnel turns on the two-tier dataplane (tunnel.go): virtual servers
+	// with Backend.Tunnel real servers and Service.Local endpoints. It needs
+	// the VIP filter, and refuses Services with SNAT. Without it, New takes
+	// away the two-tier chains a previous run left.
+	Tunnel *Tunnel
 }
 
 // Dataplane programs the kernel of this node: IPVS virtual and real servers
@@ -49,7 +54,11 @@ type Dataplane struct {
 	nft   *nftTables // nil with Options.NoSNAT and NoFilter
 	snat  bool       // source NAT is on
 	guard bool       // the VIP filter is on
-	cache State      // the kernel as last read, plus what was applied since
+	// tunnel is on with Options.Tunnel; tier2 is the tier-2 map as last
+	// read, plus what was applied since (valid with cache).
+	tunnel bool
+	tier2  Tier2
+	cache  State // the kernel as last read, plus what was applied since
 	// filter is the VIP filter as last read, plus what was applied since
 	// (valid with cache).
 	filter Filter
@@ -62,6 +71,14 @@ type Dataplane struct {
 func New(opts Options) (*Dataplane, error) {
 	if opts.LinkName == "" {
 		opts.LinkName = DefaultLinkName
+	}
+	if opts.Tunnel != nil {
+		if err := opts.Tunnel.check(); err != nil {
+			return nil, fmt.Errorf("two-tier dataplane: %w", err)
+		}
+		if opts.NoFilter {
+			return nil, errors.New("two-tier dataplane: it needs the VIP filter (NoFilter is set)")
+		}
 	}
 	// NETLINK_ROUTE only: the default handle also opens XFRM and netfilter
 	// sockets, which kernels without those fail to open.
@@ -80,14 +97,37 @@ func New(opts Options) (*Dataplane, error) {
 		return nil, fmt.Errorf("ipvs netlink: %w (is the ip_vs module loaded?)", err)
 	}
 	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true,
-		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter()}
+		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, tier2: Tier2{}}
 	if d.snat || d.guard {
 		if d.nft, err = newNFTables(d.snat); err != nil {
 			_ = d.Close() // releases the netlink handles; never fails
 			return nil, fmt.Errorf("nftables (source NAT for externalTrafficPolicy Cluster, VIP filter): %w", err)
 		}
+		if err := d.setupTunnel(opts.Tunnel); err != nil {
+			_ = d.Close()
+			return nil, err
+		}
 	}
 	return d, nil
+}
+
+// setupTunnel readies the node and the nftables chains for the two-tier
+// dataplane (t nil: takes the chains away).
+func (d *Dataplane) setupTunnel(t *Tunnel) error {
+	if t == nil {
+		return d.nft.removeTunnel()
+	}
+	if err := ensureTunnel(d.nl, *t); err != nil {
+		return fmt.Errorf("two-tier dataplane: %w", err)
+	}
+	mss, err := clampFor(tunnelMTU(d.nl, *t))
+	if err != nil {
+		return fmt.Errorf("two-tier dataplane: fabric %w", err)
+	}
+	if err := d.nft.setupTunnel(mss); err != nil {
+		return fmt.Errorf("two-tier dataplane: %w", err)
+	}
+	return nil
 }
 
 func ensureDummy(nh *netlink.Handle, name string) (netlink.Link, error) {
@@ -135,6 +175,15 @@ func (d *Dataplane) Read() (State, error) {
 	return k.st, err
 }
 
+// ReadTier2 returns the tier-2 map as the kernel has it (empty without
+// Options.Tunnel).
+func (d *Dataplane) ReadTier2() (Tier2, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k, err := d.read(nil)
+	return k.tier2, err
+}
+
 // ReadFilter returns the VIP filter's content as the kernel has it (empty
 // with Options.NoFilter).
 func (d *Dataplane) ReadFilter() (Filter, error) {
@@ -150,13 +199,14 @@ type kernel struct {
 	// orphans are source NAT entries without a virtual server.
 	orphans []Key
 	filter  Filter
+	tier2   Tier2
 }
 
 // read reads the kernel; the real servers of virtual servers that
 // withBackends rejects are not read (Sync skips foreign ones). withBackends
 // is given the key and the VIPs bound to the link.
 func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (k kernel, err error) {
-	k.st, k.filter = NewState(), NewFilter()
+	k.st, k.filter, k.tier2 = NewState(), NewFilter(), Tier2{}
 	if err := d.readVIPs(k.st.VIPs); err != nil {
 		return k, err
 	}
@@ -171,6 +221,11 @@ func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (
 	if d.guard {
 		if k.filter, err = d.nft.readFilter(); err != nil {
 			return k, fmt.Errorf("VIP filter: %w", err)
+		}
+	}
+	if d.tunnel {
+		if k.tier2, err = d.nft.readTier2(); err != nil {
+			return k, fmt.Errorf("tier 2: %w", err)
 		}
 	}
 	return k, nil
@@ -257,7 +312,8 @@ func (d *Dataplane) readBackends(ks *libipvs.Service, k Key) ([]Backend, error) 
 		if !ok {
 			continue
 		}
-		bs = append(bs, Backend{Addr: a.Unmap(), Port: kd.Port, Weight: kd.Weight})
+		bs = append(bs, Backend{Addr: a.Unmap(), Port: kd.Port, Weight: kd.Weight,
+			Tunnel: kd.ConnectionFlags&libipvs.ConnectionFlagFwdMask == libipvs.ConnectionFlagTunnel})
 	}
 	return bs, nil
 }
@@ -328,7 +384,10 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 		// source NAT set.
 		p.Filter = DiffFilter(FilterOf(desired), kern.filter)
 	}
-	d.cache, d.filter, d.stale = actual, kern.filter, false
+	if d.tunnel {
+		p.Tier2 = DiffTier2(Tier2Of(desired), kern.tier2)
+	}
+	d.cache, d.filter, d.tier2, d.stale = actual, kern.filter, kern.tier2, false
 	f := d.applyPlan(p)
 	return p, f.syncErrors(desired)
 }
@@ -337,12 +396,27 @@ func (d *Dataplane) validate(desired State) error {
 	if err := desired.Validate(); err != nil {
 		return err
 	}
-	if !d.snat {
-		for _, k := range desired.keys() {
-			if desired.Services[k].SNAT {
-				return fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", k)
-			}
+	for _, k := range desired.keys() {
+		if err := d.check(desired.Services[k]); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// check refuses what svc needs and the dataplane's options turn off.
+func (d *Dataplane) check(svc Service) error {
+	switch {
+	case svc.SNAT && !d.snat:
+		return fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", svc.Key())
+	case svc.SNAT && d.tunnel && svc.VIP.Unmap().Is4():
+		return fmt.Errorf("virtual server %s: source NAT wanted, but the two-tier dataplane keeps the client's address and does not use it for IPv4", svc.Key())
+	case d.tunnel:
+		return nil
+	case len(svc.Local) > 0:
+		return fmt.Errorf("virtual server %s: local endpoints are for the two-tier dataplane, which is off (Options.Tunnel)", svc.Key())
+	case slices.ContainsFunc(svc.Backends, func(b Backend) bool { return b.Tunnel }):
+		return fmt.Errorf("virtual server %s: tunnel real servers are for the two-tier dataplane, which is off (Options.Tunnel)", svc.Key())
 	}
 	return nil
 }
@@ -358,8 +432,8 @@ func (d *Dataplane) SyncService(key Key, desired *Service) (Plan, error) {
 		if err := desired.Validate(); err != nil {
 			return Plan{}, err
 		}
-		if desired.SNAT && !d.snat {
-			return Plan{}, fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", desired.Key())
+		if err := d.check(*desired); err != nil {
+			return Plan{}, err
 		}
 	}
 	d.mu.Lock()
@@ -388,6 +462,9 @@ func (d *Dataplane) diffService(key Key, desired *Service) Plan {
 	if d.guard {
 		p.Filter = filterStep(key, desired, p, d.filter)
 	}
+	if d.tunnel {
+		p.Tier2 = tier2Step(key, desired, d.tier2)
+	}
 	return p
 }
 
@@ -410,7 +487,7 @@ func (d *Dataplane) refresh() error {
 	if err != nil {
 		return err
 	}
-	d.cache, d.filter, d.stale = k.st, k.filter, false
+	d.cache, d.filter, d.tier2, d.stale = k.st, k.filter, k.tier2, false
 	return nil
 }
 
@@ -441,6 +518,7 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	d.startSNAT(p.AddSNAT, f)
 	d.applyServices(p, f)
 	d.allow(p.Filter.AddAllow, f)
+	d.applyTier2(p.Tier2, f)
 	d.applyBackends(p, f)
 	d.disallow(p.Filter.DelAllow, f)
 	d.deleteServices(p.DelServices, f)
@@ -453,6 +531,7 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	}
 	p.ApplyTo(&d.cache)
 	p.Filter.ApplyTo(&d.filter)
+	p.Tier2.ApplyTo(d.tier2)
 	return f
 }
 
@@ -655,6 +734,28 @@ func (d *Dataplane) stopSNAT(keys []Key, f *failures) {
 	}
 }
 
+// applyTier2 performs the tier-2 map's changes, before tier 1 gets its
+// real servers: a node's endpoints are in its tier 2 before its own tier 1
+// sends to it.
+func (d *Dataplane) applyTier2(p Tier2Plan, f *failures) {
+	if p.Len() == 0 {
+		return
+	}
+	if !d.tunnel {
+		f.add("tier 2", errors.New("the two-tier dataplane is off (Options.Tunnel)"))
+		return
+	}
+	if err := d.nft.updateTier2(p); err != nil {
+		keys := map[Key]bool{}
+		for _, s := range append(slices.Clone(p.Del), p.Add...) {
+			if !keys[s.Key] {
+				keys[s.Key] = true
+				f.addKey(s.Key, "tier 2 of "+s.Key.String(), err)
+			}
+		}
+	}
+}
+
 // unbindVIPs removes the VIPs from the dummy link; one already gone is
 // fine.
 func (d *Dataplane) unbindVIPs(vips []netip.Addr, f *failures) {
@@ -717,11 +818,15 @@ func kernelService(s Service) *libipvs.Service {
 }
 
 func kernelDest(b Backend) *libipvs.Destination {
+	fwd := uint32(libipvs.ConnectionFlagMasq)
+	if b.Tunnel {
+		fwd = libipvs.ConnectionFlagTunnel
+	}
 	return &libipvs.Destination{
 		Address:         b.Addr.AsSlice(),
 		Port:            b.Port,
 		Weight:          b.Weight,
-		ConnectionFlags: libipvs.ConnectionFlagMasq,
+		ConnectionFlags: fwd,
 		AddressFamily:   family(b.Addr),
 	}
 }

@@ -30,7 +30,7 @@ type Plan struct {
 	AddServices    []Service // without backends: AddBackends holds them
 	UpdateServices []Service // scheduler, flags or persistence changed
 	DelBackends    []BackendChange
-	UpdateBackends []BackendChange // weight changed
+	UpdateBackends []BackendChange // weight or forwarding changed
 	AddBackends    []BackendChange
 	DelServices    []Key
 	DelSNAT        []Key
@@ -40,12 +40,16 @@ type Plan struct {
 	// filter holds (Sync: DiffFilter of the desired state's FilterOf;
 	// SyncService: the changes of that one virtual server).
 	Filter FilterPlan
+	// Tier2 are the two-tier dataplane's tier-2 map changes (tier2.go),
+	// filled in by the Dataplane like Filter; applied before the real
+	// servers change.
+	Tier2 Tier2Plan
 }
 
 // Len is the number of kernel operations in p.
 func (p Plan) Len() int {
 	return len(p.AddVIPs) + len(p.AddSNAT) + len(p.DelSNAT) + len(p.AddServices) + len(p.UpdateServices) + len(p.DelBackends) +
-		len(p.UpdateBackends) + len(p.AddBackends) + len(p.DelServices) + len(p.DelVIPs) + p.Filter.Len()
+		len(p.UpdateBackends) + len(p.AddBackends) + len(p.DelServices) + len(p.DelVIPs) + p.Filter.Len() + p.Tier2.Len()
 }
 
 // Empty reports whether p changes nothing.
@@ -73,6 +77,8 @@ func (p Plan) String() string {
 	add("+allow", len(p.Filter.AddAllow))
 	add("-allow", len(p.Filter.DelAllow))
 	add("-filter", len(p.Filter.DelVIPs))
+	add("-tier2", len(p.Tier2.Del))
+	add("+tier2", len(p.Tier2.Add))
 	if len(parts) == 0 {
 		return "no changes"
 	}
@@ -92,6 +98,7 @@ func (p *Plan) Merge(q Plan) {
 	p.DelServices = append(p.DelServices, q.DelServices...)
 	p.DelVIPs = append(p.DelVIPs, q.DelVIPs...)
 	p.Filter.merge(q.Filter)
+	p.Tier2.merge(q.Tier2)
 }
 
 func (p *Plan) sort() {
@@ -113,6 +120,7 @@ func (p *Plan) sort() {
 	slices.SortFunc(p.UpdateBackends, byChange)
 	slices.SortFunc(p.AddBackends, byChange)
 	p.Filter.sort()
+	p.Tier2.sort()
 }
 
 // Diff returns the minimal changes that turn actual into desired.
@@ -255,7 +263,7 @@ func diffService(p *Plan, want, have *Service) {
 			p.DelBackends = append(p.DelBackends, BackendChange{Key: k, Backend: h[j]})
 			j++
 		default:
-			if w[i].Weight != h[j].Weight {
+			if w[i].Weight != h[j].Weight || w[i].Tunnel != h[j].Tunnel {
 				p.UpdateBackends = append(p.UpdateBackends, BackendChange{Key: k, Backend: w[i]})
 			}
 			i++
@@ -349,11 +357,11 @@ func withoutBackend(bs []Backend, b Backend) []Backend {
 }
 
 // withWeight gives the real server at b's address and port in bs b's
-// weight.
+// weight and forwarding.
 func withWeight(bs []Backend, b Backend) []Backend {
 	for i := range bs {
 		if bs[i].AddrPort() == b.AddrPort() {
-			bs[i].Weight = b.Weight
+			bs[i].Weight, bs[i].Tunnel = b.Weight, b.Tunnel
 		}
 	}
 	return bs

@@ -16,6 +16,9 @@
 //     own (ownership: the VIP is one of vipcast's, that is desired or
 //     bound to vipcast's dummy link); Plan.ApplyTo performs a plan in
 //     memory;
+//   - Tier2Of(desired) and DiffTier2(want, have): the two-tier dataplane's
+//     tier-2 map and its element changes (tier2.go; the node side is
+//     tunnel.go, on with Options.Tunnel);
 //   - Dataplane: New (dummy link, IPVS and nftables handles), Read, Apply,
 //     Sync (full read + diff + apply: start-up and periodic drift repair)
 //     and SyncService (one Service, from the in-memory state: the

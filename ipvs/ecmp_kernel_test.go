@@ -14,9 +14,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -35,9 +33,9 @@ import (
 // says no established connection survives such a move, and this subtest
 // fails when that stops being true.
 //
-// TwoTier is the dataplane issue 14 proposes, programmed by hand here to
-// prove the kernel mechanics before Dataplane learns it (see
-// docs/architecture.md, "ECMP-proof dataplane"):
+// TwoTier is the two-tier dataplane (Dataplane with Options.Tunnel; see
+// tunnel.go and docs/architecture.md, "ECMP-proof dataplane"), on nodes
+// whose net.ipv4.conf.all.rp_filter is strict:
 //   - tier 1, on every node, for packets from the fabric: an IPVS virtual
 //     server with mh over the nodes that host endpoints (weighted by their
 //     endpoint counts), sloppy_tcp so that a mid-flow packet is scheduled
@@ -47,7 +45,7 @@ import (
 //     nftables DNAT to one of its own pods, conntrack holding the flow on
 //     that pod; replies leave that node with the VIP as source;
 //   - the tunnel's 20 bytes: the pod's SYN-ACK to a VIP client offers an
-//     MSS that fits inside IPIP (clampMSS), so the path works where ICMP
+//     MSS that fits inside IPIP (chain tunnel-mss), so the path works where ICMP
 //     "fragmentation needed" does not reach the client;
 //   - a node that picks itself: IPVS would deliver a tunnel-mode real server
 //     on a local address without encapsulating it, so a node's tunnel
@@ -74,7 +72,9 @@ func twoTierVMOptions(o vm.Options) vm.Options {
 const (
 	moveTCPFlows = 60
 	moveUDPFlows = 20
-	movePort     = backendPort // tier 1 tunnels without rewriting the port
+	// movePort is the VIP's port: tier 1 tunnels without rewriting it,
+	// tier 2 rewrites it to the pods' backendPort.
+	movePort = 80
 )
 
 var moveVIP = ip("192.0.2.80")
@@ -217,7 +217,10 @@ func oneTierNodes(t testing.TB, f *moveFabric) {
 // pod sees the client's own address.
 func testMoveTwoTier(t *testing.T) {
 	f := newMoveFabric(t)
-	for n := range f.nodes {
+	for n, ns := range f.nodes {
+		// The two tiers set loose reverse-path filtering where they need
+		// it: a strict default does not break them.
+		nsSysctls(t, ns, map[string]string{"net/ipv4/conf/all/rp_filter": "1"})
 		twoTierNode(t, f, n)
 	}
 	r := runMove(t, f)
@@ -240,17 +243,13 @@ func testMoveTwoTier(t *testing.T) {
 	testTunnelMTU(t, f)
 }
 
-// tunnelOverhead is what IPIP adds to every packet from the fabric: one
-// outer IPv4 header.
-const tunnelOverhead = 20
-
 // testTunnelMTU sends 20,000-byte messages through the two tiers: the
 // fabric's links carry 1500-byte packets, so a full-size segment from the
 // client does not fit in the tunnel.
 //
 //  1. With the MSS clamp and the client dropping ICMP "fragmentation
 //     needed" (a site that filters ICMP), the message arrives: the pod's
-//     SYN-ACK offered clampedMSS, so no segment was too big.
+//     SYN-ACK offered 1440, so no segment was too big.
 //  2. Without the clamp, the same client loses the message (a black hole):
 //     this is what the clamp is for.
 //  3. Without the clamp, with the client taking ICMP, the message arrives:
@@ -280,7 +279,7 @@ func testTunnelMTU(t *testing.T, f *moveFabric) {
 		t.Errorf("without the MSS clamp the client's path MTU to the VIP is %d, want %d (1500 less IPIP's %d bytes)", mtu, 1500-tunnelOverhead, tunnelOverhead)
 	}
 	t.Logf("two tiers, 20000-byte messages: with the MSS clamp (%d) they arrive although the client drops ICMP; without it they are lost unless ICMP \"fragmentation needed\" reaches the client, which then uses a path MTU of %d",
-		clampedMSS, 1500-tunnelOverhead)
+		1500-60, 1500-tunnelOverhead)
 }
 
 // pathMTU is the path MTU f's client holds for the VIP (0: none learnt).
@@ -291,18 +290,6 @@ func pathMTU(t *testing.T, f *moveFabric) int {
 		t.Fatalf("client's route to the VIP: %v", err)
 	}
 	return routes[0].MTU
-}
-
-// removeClamp deletes the MSS clamp of twoTierNFT in the current namespace.
-func removeClamp() error {
-	c, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	ch := &nftables.Chain{Name: "mss", Table: &nftables.Table{Name: "vipcast2t", Family: nftables.TableFamilyIPv4}}
-	c.FlushChain(ch)
-	c.DelChain(ch)
-	return c.Flush()
 }
 
 // blockFragNeeded makes namespace ns drop ICMP "fragmentation needed" as
@@ -373,160 +360,55 @@ func sendLarge(t *testing.T, f *moveFabric, d time.Duration) error {
 	})
 }
 
-// twoTierNode programs node n of f by hand: tier 1 (IPVS, mh over the
-// nodes' tunnel addresses weighted by their pod counts, sloppy_tcp, IPIP),
-// tier 2 (nftables DNAT of decapsulated packets to the node's own pods),
-// and the loop that lets a node tunnel to itself.
-func twoTierNode(t testing.TB, f *moveFabric, n int) {
+// twoTierNode programs node n of f with the two-tier Dataplane: tier 1
+// over both nodes' tunnel addresses, weighted by their pod counts, and
+// tier 2 to node n's own pods. It returns the Dataplane and the desired
+// state it synced.
+func twoTierNode(t testing.TB, f *moveFabric, n int) (*Dataplane, State) {
 	t.Helper()
-	h := f.hNode[n]
-	// The VIP is a local address of every node.
-	vip := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "vip0"}}
-	must(t, h.LinkAdd(vip))
-	must(t, h.LinkSetUp(vip))
-	must(t, h.AddrAdd(vip, addr(t, moveVIP.String()+"/32")))
-	// tunl0 exists once ipip is loaded; it decapsulates every IPIP packet
-	// addressed to a local address.
-	tunl, err := h.LinkByName("tunl0")
-	if err != nil {
-		t.Fatalf("node %d: tunl0: %v (is ipip loaded?)", n, err)
-	}
-	must(t, h.LinkSetUp(tunl))
-	// The loop: this node's tunnel address is routed out of vcloop0 (so
-	// IPVS encapsulates), comes in on vcloop1, and is local there.
-	must(t, h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vcloop0"}, PeerName: "vcloop1"}))
-	out, err := h.LinkByName("vcloop0")
-	must(t, err)
-	in, err := h.LinkByName("vcloop1")
-	must(t, err)
-	must(t, h.LinkSetUp(out))
-	must(t, h.LinkSetUp(in))
-	self := tunnelAddr(n)
-	must(t, h.RouteReplace(&netlink.Route{LinkIndex: out.Attrs().Index, Dst: prefixNet(netip.PrefixFrom(self, 32)), Scope: netlink.SCOPE_LINK}))
-	must(t, h.NeighSet(&netlink.Neigh{LinkIndex: out.Attrs().Index, IP: self.AsSlice(), HardwareAddr: in.Attrs().HardwareAddr, State: netlink.NUD_PERMANENT, Family: unix.AF_INET}))
-	const tunnelTable = 200
-	must(t, h.RouteAdd(&netlink.Route{Table: tunnelTable, Type: unix.RTN_LOCAL, Dst: prefixNet(netip.PrefixFrom(self, 32)), LinkIndex: in.Attrs().Index, Scope: netlink.SCOPE_HOST}))
-	rule := netlink.NewRule()
-	rule.IifName, rule.Invert, rule.Table, rule.Priority = "lo", true, tunnelTable, 1000
-	must(t, h.RuleAdd(rule))
-	nsSysctls(t, f.nodes[n], map[string]string{
-		"net/ipv4/vs/sloppy_tcp":             "1",
-		"net/ipv4/vs/conntrack":              "1", // as kube-proxy's IPVS mode sets it
-		"net/ipv4/conf/vcloop1/accept_local": "1",
-		"net/ipv4/conf/tunl0/rp_filter":      "0",
-		"net/ipv4/conf/vcloop1/rp_filter":    "0",
-	})
-	// Tier 1.
-	var ih *libipvs.Handle
-	must(t, inNS(t, f.nodes[n], func() (err error) {
-		ih, err = libipvs.New("")
+	var d *Dataplane
+	err := inNS(t, f.nodes[n], func() (err error) {
+		d, err = New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(n)}})
 		return err
-	}))
-	t.Cleanup(ih.Close)
-	for _, proto := range []Protocol{TCP, UDP} {
-		ks := kernelService(Service{VIP: moveVIP, Port: movePort, Protocol: proto, Scheduler: DefaultScheduler, Flags: DefaultSchedulerFlags})
-		if err := ih.NewService(ks); err != nil {
-			t.Fatalf("node %d: tier 1 %s: %v", n, proto, err)
-		}
-		for m := range f.nodes {
-			d := &libipvs.Destination{Address: tunnelAddr(m).AsSlice(), Port: movePort, Weight: len(f.pods[m]),
-				ConnectionFlags: libipvs.ConnectionFlagTunnel, AddressFamily: unix.AF_INET}
-			if err := ih.NewDestination(ks, d); err != nil {
-				t.Fatalf("node %d: tier 1 %s real server %s: %v", n, proto, tunnelAddr(m), err)
-			}
-		}
+	})
+	if err != nil {
+		t.Fatalf("node %d: New with Tunnel: %v", n, err)
 	}
-	// Tier 2 and the untracked fabric side.
-	must(t, inNS(t, f.nodes[n], func() error { return twoTierNFT(f.pods[n]) }))
+	t.Cleanup(func() { d.Close() })
+	desired := f.twoTierState(n)
+	if _, err := d.Sync(desired); err != nil {
+		t.Fatalf("node %d: Sync: %v", n, err)
+	}
+	return d, desired
 }
 
-// ifname is an interface name as nftables compares it.
-func ifname(s string) []byte {
-	b := make([]byte, unix.IFNAMSIZ)
-	copy(b, s)
-	return b
+// twoTierState is node n's desired state: TCP and UDP virtual servers on
+// the VIP, tier 1 over both nodes, tier 2 to node n's pods.
+func (f *moveFabric) twoTierState(n int) State {
+	var nodes []Backend
+	for m := range f.nodes {
+		nodes = append(nodes, Backend{Addr: tunnelAddr(m), Port: movePort, Weight: len(f.pods[m]), Tunnel: true})
+	}
+	var local []Backend
+	for _, p := range f.pods[n] {
+		local = append(local, Backend{Addr: p.v4(), Port: backendPort, Weight: 1})
+	}
+	tcp := Service{VIP: moveVIP, Port: movePort, Protocol: TCP, Backends: nodes, Local: local}
+	udp := tcp
+	udp.Protocol = UDP
+	return state(tcp, udp)
 }
 
-// twoTierNFT installs, in the current namespace, table ip vipcast2t:
-//
-//	chain raw { type filter hook prerouting priority raw;
-//	  iifname != "tunl0" ip daddr VIP notrack }
-//	chain tier2 { type nat hook prerouting priority dstnat;
-//	  iifname "tunl0" ip daddr VIP dnat to numgen random mod N map @pods }
-//	chain mss { type filter hook forward priority mangle; clampMSS }
-func twoTierNFT(pods []*backend) error {
+// removeClamp deletes the two-tier dataplane's MSS clamp in the current
+// namespace.
+func removeClamp() error {
 	c, err := nftables.New()
 	if err != nil {
 		return err
 	}
-	tbl := c.AddTable(&nftables.Table{Name: "vipcast2t", Family: nftables.TableFamilyIPv4})
-	raw := c.AddChain(&nftables.Chain{Name: "raw", Table: tbl, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw})
-	daddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}
-	c.AddRule(&nftables.Rule{Table: tbl, Chain: raw, Exprs: []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname("tunl0")},
-		daddr,
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: moveVIP.AsSlice()},
-		&expr.Notrack{},
-	}})
-	podMap := &nftables.Set{Table: tbl, Name: "pods", IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeIPAddr}
-	var elems []nftables.SetElement
-	for i, p := range pods {
-		elems = append(elems, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.v4().AsSlice()})
-	}
-	if err := c.AddSet(podMap, elems); err != nil {
-		return err
-	}
-	tier2 := c.AddChain(&nftables.Chain{Name: "tier2", Table: tbl, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
-	c.AddRule(&nftables.Rule{Table: tbl, Chain: tier2, Exprs: []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("tunl0")},
-		daddr,
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: moveVIP.AsSlice()},
-		&expr.Numgen{Register: 1, Modulus: uint32(len(pods)), Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: 1, SetName: podMap.Name, SetID: podMap.ID, DestRegister: 1, IsDestRegSet: true},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1},
-	}})
-	mss := c.AddChain(&nftables.Chain{Name: "mss", Table: tbl, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityMangle})
-	c.AddRule(&nftables.Rule{Table: tbl, Chain: mss, Exprs: clampMSS()})
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables vipcast2t: %w", err)
-	}
-	return nil
-}
-
-// clampedMSS is the largest segment a client may send so that its packet
-// still fits a 1500-byte fabric link inside IPIP: 1500 less the outer and
-// inner IPv4 headers and the TCP header.
-const clampedMSS = 1500 - tunnelOverhead - 20 - 20
-
-// clampMSS is the rule that lowers the MSS a pod offers in its SYN-ACK to
-// a client of the VIP (the client's segments come through the tunnel, the
-// pod's do not):
-//
-//	ct direction reply ct original ip daddr VIP
-//	tcp flags & (syn|ack) == syn|ack
-//	tcp option maxseg size > clampedMSS tcp option maxseg size set clampedMSS
-func clampMSS() []expr.Any {
-	mss := binaryutil.BigEndian.PutUint16(clampedMSS)
-	return []expr.Any{
-		&expr.Ct{Key: expr.CtKeyDIRECTION, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}}, // IP_CT_DIR_REPLY
-		&expr.Ct{Key: expr.CtKeyDST, Direction: 0, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: moveVIP.AsSlice()},
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x12}, Xor: []byte{0}},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x12}},
-		&expr.Exthdr{Op: expr.ExthdrOpTcpopt, Type: 2, Offset: 2, Len: 2, DestRegister: 1},
-		&expr.Cmp{Op: expr.CmpOpGt, Register: 1, Data: mss},
-		&expr.Immediate{Register: 1, Data: mss},
-		&expr.Exthdr{Op: expr.ExthdrOpTcpopt, Type: 2, Offset: 2, Len: 2, SourceRegister: 1},
-	}
+	ch := &nftables.Chain{Name: tunnelMSS, Table: &nftables.Table{Name: snatTable, Family: nftables.TableFamilyIPv4}}
+	c.FlushChain(ch)
+	return c.Flush()
 }
 
 // moveResult is what runMove measured.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -53,16 +54,40 @@ func loadIPVS() error {
 // no write access to /proc/sys, which the kubelet mounts read-only in
 // unprivileged containers. The callers add what to do when it fails.
 func enableIPVSConntrack() error {
-	v, err := os.ReadFile(ipvsConntrack)
+	return setSysctl(strings.TrimPrefix(ipvsConntrack, "/proc/sys/"), "1")
+}
+
+// setSysctl sets the sysctl name (its path under /proc/sys, e.g.
+// net/ipv4/vs/conntrack) to value unless it already has it, so that a
+// prepared node needs no write access to /proc/sys.
+func setSysctl(name, value string) error {
+	path := "/proc/sys/" + name
+	dotted := strings.ReplaceAll(name, "/", ".")
+	v, err := os.ReadFile(path) //nolint:gosec // G304: a sysctl this package names
 	switch {
-	case err == nil && strings.TrimSpace(string(v)) == "1":
+	case err == nil && strings.TrimSpace(string(v)) == value:
 		return nil
+	case errors.Is(err, fs.ErrNotExist) && strings.HasPrefix(name, "net/ipv4/vs/"):
+		return fmt.Errorf("sysctl %s does not exist: the ip_vs module is not loaded: %w", dotted, err)
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("sysctl net.ipv4.vs.conntrack does not exist: the ip_vs module is not loaded: %w", err)
+		return fmt.Errorf("sysctl %s does not exist: %w", dotted, err)
 	}
 	// The mode only applies to a file WriteFile creates; sysctls exist.
-	if err := os.WriteFile(ipvsConntrack, []byte("1"), 0o644); err != nil { //nolint:gosec // G306: see above
-		return fmt.Errorf("setting sysctl net.ipv4.vs.conntrack=1: %w", err)
+	if err := os.WriteFile(path, []byte(value), 0o644); err != nil { //nolint:gosec // G306: see above
+		return fmt.Errorf("setting sysctl %s=%s: %w", dotted, value, err)
 	}
 	return nil
+}
+
+// readSysctlInt reads the integer sysctl name (its path under /proc/sys).
+func readSysctlInt(name string) (int, error) {
+	v, err := os.ReadFile("/proc/sys/" + name) //nolint:gosec // G304: a sysctl this package names
+	if err != nil {
+		return 0, fmt.Errorf("sysctl %s: %w", strings.ReplaceAll(name, "/", "."), err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(v)))
+	if err != nil {
+		return 0, fmt.Errorf("sysctl %s: %w", strings.ReplaceAll(name, "/", "."), err)
+	}
+	return n, nil
 }

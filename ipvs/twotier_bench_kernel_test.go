@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 	"github.com/vipcast/vipcast/test/vm"
 )
 
-// BenchmarkTwoTier measures, in one VM run, what the two-tier prototype of
+// BenchmarkTwoTier measures, in one VM run, what the two-tier dataplane of
 // TestECMPMove costs against today's one tier and against the pod's own
 // address, from the client behind the ToR (b.N is ignored: the figures are
 // metrics). Each path has its own fabric of TestECMPMove's shape in the
@@ -82,6 +83,106 @@ func BenchmarkTwoTier(b *testing.B) {
 	b.ReportMetric(conns["onetier"]/conns["direct"], "onetier/direct")
 	b.ReportMetric(conns["twotier"]/conns["direct"], "twotier/direct")
 	b.ReportMetric(float64((rtts["twotier"] - rtts["direct"]).Microseconds()), "twotier-added-us")
+}
+
+// BenchmarkTwoTierEndpoints measures the two-tier Dataplane's work for
+// endpoint changes with 10,000 Services present (b.N is ignored: the
+// figures are metrics), each with tier 1 over 3 nodes (one of them this
+// node) and tier 2 to 3 pods on this node:
+//
+//   - sync-s: Sync of the 10,000 from an empty kernel (10,000 VIPs,
+//     virtual servers, 30,000 IPIP real servers and 320,000 tier-2
+//     elements);
+//   - incr-local-us: SyncService of one pod of this node replaced (tier-2
+//     elements only);
+//   - incr-node-us: SyncService of another node's endpoint count changing
+//     (one tier-1 weight);
+//   - resync-s: a full Sync that changes nothing.
+//
+// Run: go test -run '^$' -bench BenchmarkTwoTierEndpoints -benchtime 1x ./ipvs/
+func BenchmarkTwoTierEndpoints(b *testing.B) {
+	if !vm.InVM() {
+		benchInVM(b, twoTierVMOptions)
+		return
+	}
+	nSvc := 10000
+	if v, err := strconv.Atoi(os.Getenv("VIPCAST_BENCH_SERVICES")); err == nil && v > 0 && v <= 65536 {
+		nSvc = v
+	}
+	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...) }
+	self := ip("10.52.0.1")
+	vipOf := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}) }
+	podOf := func(i, j int) netip.Addr {
+		k := (i*7 + j*131) % 5000
+		return netip.AddrFrom4([4]byte{10, 244, byte(k / 250), byte(k%250 + 1)})
+	}
+	desired := NewState()
+	for i := range nSvc {
+		s := Service{VIP: vipOf(i), Port: 80, Protocol: TCP}
+		for n := range 3 {
+			s.Backends = append(s.Backends, Backend{Addr: netip.AddrFrom4([4]byte{10, 52, 0, byte(n + 1)}), Port: 80, Weight: 3, Tunnel: true})
+			s.Local = append(s.Local, Backend{Addr: podOf(i, n), Port: 8080, Weight: 1})
+		}
+		desired.Add(s)
+	}
+	d, err := New(Options{Tunnel: &Tunnel{Self: self}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	start := time.Now()
+	p, err := d.Sync(desired)
+	if err != nil {
+		b.Fatal(err)
+	}
+	syncDur := time.Since(start)
+	logf("two tiers, Sync from empty: %v in %s", p, syncDur.Round(time.Millisecond))
+	if p.Tier2.Len() != nSvc*Tier2Slots {
+		b.Fatalf("Sync from empty: %d tier-2 changes, want %d", p.Tier2.Len(), nSvc*Tier2Slots)
+	}
+
+	const changes = 200
+	key := func(c int) Key { return Key{VIP: vipOf(c * 37 % nSvc), Port: 80, Protocol: TCP} }
+	start = time.Now()
+	for c := range changes {
+		s := desired.Services[key(c)]
+		s.Local = append([]Backend{{Addr: netip.AddrFrom4([4]byte{10, 245, byte(c >> 8), byte(c)}), Port: 8080, Weight: 1}}, s.Local[1:]...)
+		p, err := d.SyncService(s.Key(), &s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if p.Tier2.Len() == 0 || p.Len() != p.Tier2.Len() {
+			b.Fatalf("local endpoint change: %v", p)
+		}
+		desired.Add(s)
+	}
+	incrLocal := time.Since(start) / changes
+	start = time.Now()
+	for c := range changes {
+		s := desired.Services[key(c)]
+		s.Backends = slices.Clone(s.Backends)
+		s.Backends[2].Weight = 2 + c%2*2 // 3 -> 2 or 4: always a change
+		p, err := d.SyncService(s.Key(), &s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(p.UpdateBackends) != 1 || p.Len() != 1 {
+			b.Fatalf("other node's endpoint change: %v", p)
+		}
+		desired.Add(s)
+	}
+	incrNode := time.Since(start) / changes
+	logf("SyncService: a local pod replaced %s, another node's count changed %s (each, %d changes)", incrLocal, incrNode, changes)
+	start = time.Now()
+	if p, err := d.Sync(desired); err != nil || !p.Empty() {
+		b.Fatalf("Sync after the incremental changes: %v, %v", p, err)
+	}
+	resync := time.Since(start)
+	logf("Sync, no change: %s", resync.Round(time.Millisecond))
+	b.ReportMetric(syncDur.Seconds(), "sync-s")
+	b.ReportMetric(float64(incrLocal.Microseconds()), "incr-local-us")
+	b.ReportMetric(float64(incrNode.Microseconds()), "incr-node-us")
+	b.ReportMetric(resync.Seconds(), "resync-s")
 }
 
 // connRate opens connections from namespace ns to `to` for 2 s (connect,

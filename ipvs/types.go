@@ -96,15 +96,25 @@ type Backend struct {
 	Addr   netip.Addr
 	Port   uint16
 	Weight int
+	// Tunnel forwards to this real server by IPIP instead of NAT: Addr is
+	// a node's tunnel address and the packet keeps the VIP and port (tier 1
+	// of the two-tier dataplane, see tunnel.go).
+	Tunnel bool
 }
 
 // AddrPort is the backend's address and port: its identity in the service.
 func (b Backend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b.Port) }
 
-func (b Backend) String() string { return fmt.Sprintf("%s w%d", b.AddrPort(), b.Weight) }
+func (b Backend) String() string {
+	if b.Tunnel {
+		return fmt.Sprintf("%s w%d ipip", b.AddrPort(), b.Weight)
+	}
+	return fmt.Sprintf("%s w%d", b.AddrPort(), b.Weight)
+}
 
-// Service is one virtual server, VIP:Port/Protocol, with its real servers.
-// All of them are forwarded with masquerading (IPVS NAT).
+// Service is one virtual server, VIP:Port/Protocol, with its real servers,
+// forwarded with masquerading (IPVS NAT) or, those with Backend.Tunnel, by
+// IPIP to another node's tier 2 (see tunnel.go).
 type Service struct {
 	VIP      netip.Addr
 	Port     uint16
@@ -123,6 +133,11 @@ type Service struct {
 	// keeps the client's address (Local).
 	SNAT     bool
 	Backends []Backend
+	// Local are this node's own endpoints, to which tier 2 of the two-tier
+	// dataplane sends the flows the tunnel delivers (see tier2.go); only
+	// with Options.Tunnel. They are not IPVS real servers: Read does not
+	// report them (ReadTier2 does).
+	Local []Backend
 }
 
 // Key of the virtual server.
@@ -141,8 +156,18 @@ func (s Service) Normalize() Service {
 		}
 	}
 	s.Flags &= userFlags
-	bs := make([]Backend, 0, len(s.Backends))
-	for _, b := range s.Backends {
+	s.Backends = normalizeBackends(s.Backends)
+	if s.Local != nil {
+		s.Local = normalizeBackends(s.Local)
+	}
+	return s
+}
+
+// normalizeBackends returns bs unmapped, sorted by address and port, with
+// duplicates removed (the last one wins).
+func normalizeBackends(in []Backend) []Backend {
+	bs := make([]Backend, 0, len(in))
+	for _, b := range in {
 		b.Addr = b.Addr.Unmap()
 		bs = append(bs, b)
 	}
@@ -155,8 +180,7 @@ func (s Service) Normalize() Service {
 		}
 		out = append(out, b)
 	}
-	s.Backends = out
-	return s
+	return out
 }
 
 // Validate reports what the kernel would refuse: an invalid VIP, port 0,
@@ -180,17 +204,20 @@ func (s Service) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, s.validateBackends("backend", s.Backends)...)
+	errs = append(errs, s.validateBackends("local endpoint", s.Local)...)
 	for _, b := range s.Backends {
-		switch {
-		case !b.Addr.IsValid():
-			errs = append(errs, errors.New("backend without address"))
-		case b.Addr.Unmap().Is4() != s.VIP.Unmap().Is4():
-			errs = append(errs, fmt.Errorf("backend %s: address family differs from the VIP's", b.AddrPort()))
-		case b.Port == 0:
-			errs = append(errs, fmt.Errorf("backend %s: port 0", b.AddrPort()))
-		case b.Weight < 0 || b.Weight > 65535:
-			errs = append(errs, fmt.Errorf("backend %s: weight %d out of 0..65535", b.AddrPort(), b.Weight))
+		if b.Tunnel && !s.VIP.Unmap().Is4() {
+			errs = append(errs, fmt.Errorf("backend %s: tunnel forwarding (two-tier dataplane): IPv6 is not supported yet", b.AddrPort()))
 		}
+	}
+	for _, b := range s.Local {
+		if b.Tunnel {
+			errs = append(errs, fmt.Errorf("local endpoint %s: tunnel forwarding is for tier-1 backends only", b.AddrPort()))
+		}
+	}
+	if len(s.Local) > 0 && !s.VIP.Unmap().Is4() {
+		errs = append(errs, errors.New("local endpoints (two-tier dataplane): IPv6 is not supported yet"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("virtual server %s: %w", s.Key(), err)
@@ -198,12 +225,30 @@ func (s Service) Validate() error {
 	return nil
 }
 
+// validateBackends checks the real servers bs, called what in errors.
+func (s Service) validateBackends(what string, bs []Backend) []error {
+	var errs []error
+	for _, b := range bs {
+		switch {
+		case !b.Addr.IsValid():
+			errs = append(errs, fmt.Errorf("%s without address", what))
+		case b.Addr.Unmap().Is4() != s.VIP.Unmap().Is4():
+			errs = append(errs, fmt.Errorf("%s %s: address family differs from the VIP's", what, b.AddrPort()))
+		case b.Port == 0:
+			errs = append(errs, fmt.Errorf("%s %s: port 0", what, b.AddrPort()))
+		case b.Weight < 0 || b.Weight > 65535:
+			errs = append(errs, fmt.Errorf("%s %s: weight %d out of 0..65535", what, b.AddrPort(), b.Weight))
+		}
+	}
+	return errs
+}
+
 func (s Service) sameAttrs(o Service) bool {
 	return s.Scheduler == o.Scheduler && s.Flags == o.Flags && s.Persistent == o.Persistent
 }
 
 func (s Service) withoutBackends() Service {
-	s.Backends = nil
+	s.Backends, s.Local = nil, nil
 	return s
 }
 
@@ -254,6 +299,7 @@ func (s State) Clone() State {
 	c := State{Services: make(map[Key]Service, len(s.Services)), VIPs: make(map[netip.Addr]struct{}, len(s.VIPs))}
 	for k, v := range s.Services {
 		v.Backends = slices.Clone(v.Backends)
+		v.Local = slices.Clone(v.Local)
 		c.Services[k] = v
 	}
 	for a := range s.VIPs {

@@ -1,0 +1,309 @@
+package ipvs
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// The two-tier dataplane's map and chains in table ip vipcast (see
+// tunnel.go and tier2.go). They exist only while a Dataplane runs with
+// Options.Tunnel: the raw chain stops connection tracking of VIP traffic
+// from the fabric, which the source NAT of the one-tier path needs.
+const (
+	tier2Map   = "tier2"
+	tunnelRaw  = "tunnel-raw"
+	tunnelDNAT = "tunnel-dnat"
+	tunnelIn   = "tunnel-input"
+	tunnelMSS  = "tunnel-mss"
+)
+
+// tunnelChains are the chains of the two-tier dataplane, with their hooks.
+var tunnelChains = []nftables.Chain{
+	{Name: tunnelRaw, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw},
+	{Name: tunnelDNAT, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest},
+	{Name: tunnelIn, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter},
+	{Name: tunnelMSS, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityMangle},
+}
+
+// tier2KeyType is VIP . protocol . port . slot; tier2DataType is endpoint
+// address . port.
+var (
+	tier2KeyType  = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInteger)
+	tier2DataType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
+)
+
+// setupTunnel ensures the tier-2 map (kept with its elements when it has
+// the expected types) and writes the chains' rules afresh, in one
+// transaction: a restart with another MSS, or a newer release's rules,
+// takes effect at once without touching the map. mss is the clamp for
+// TCP segments from clients (tunnel.go).
+func (n *nftTables) setupTunnel(mss uint16) error {
+	t := n.tables[0]
+	set, err := n.conn.GetSetByName(t, tier2Map)
+	if err != nil || set == nil || !set.IsMap || set.KeyType.Bytes != tier2KeyType.Bytes || set.DataType.Bytes != tier2DataType.Bytes {
+		if set != nil {
+			n.conn.DelSet(set)
+		}
+		set = &nftables.Set{Table: t, Name: tier2Map, IsMap: true, Concatenation: true,
+			KeyType: tier2KeyType, DataType: tier2DataType}
+		if err := n.conn.AddSet(set, nil); err != nil {
+			return fmt.Errorf("map %s: %w", tier2Map, err)
+		}
+	}
+	vips := n.vips[0]
+	for _, c := range tunnelChains {
+		c.Table = t
+		ch := n.conn.AddChain(&c)
+		n.conn.FlushChain(ch)
+		for _, r := range tunnelRules(c.Name, vips, set, mss) {
+			n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
+		}
+	}
+	if err := n.conn.Flush(); err != nil {
+		return fmt.Errorf("nftables table ip %s, two-tier chains: %w", snatTable, err)
+	}
+	n.tier2 = set
+	return nil
+}
+
+// removeTunnel deletes the two-tier map and chains when a table has them
+// (a node going back to the one-tier dataplane).
+func (n *nftTables) removeTunnel() error {
+	t := n.tables[0]
+	found := false
+	for _, c := range tunnelChains {
+		if ch, err := n.conn.ListChain(t, c.Name); err == nil && ch != nil {
+			n.conn.DelChain(ch)
+			found = true
+		}
+	}
+	if set, err := n.conn.GetSetByName(t, tier2Map); err == nil && set != nil {
+		n.conn.DelSet(set)
+		found = true
+	}
+	if !found {
+		return nil
+	}
+	if err := n.conn.Flush(); err != nil {
+		return fmt.Errorf("nftables table ip %s: delete the two-tier chains: %w", snatTable, err)
+	}
+	return nil
+}
+
+// tunnelRules returns the rules of chain name:
+//
+//	tunnel-raw:   iifname != "tunl0" ip daddr @vips notrack
+//	tunnel-dnat:  iifname "tunl0" dnat ip to ip daddr . meta l4proto . th dport . numgen random mod Tier2Slots map @tier2
+//	tunnel-input: iifname "tunl0" ip daddr @vips counter drop
+//	tunnel-mss:   ct direction reply ct original ip daddr @vips tcp flags & (syn|ack) == syn|ack
+//	              tcp option maxseg size > mss tcp option maxseg size set mss
+//
+// tunnel-input drops what the tunnel delivers to a VIP without a tier-2
+// entry (a virtual server with no endpoint on this node): left alone, IPVS
+// would take it at LOCAL_IN and tunnel it again.
+func tunnelRules(name string, vips, tier2 *nftables.Set, mss uint16) [][]expr.Any {
+	iif := func(op expr.CmpOp) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: op, Register: 1, Data: ifname(TunnelLink)},
+		}
+	}
+	daddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}
+	inVIPs := &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID}
+	switch name {
+	case tunnelRaw:
+		return [][]expr.Any{append(iif(expr.CmpOpNeq), daddr, inVIPs, &expr.Notrack{})}
+	case tunnelDNAT:
+		return [][]expr.Any{append(iif(expr.CmpOpEq),
+			daddr,
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + 1},
+			&expr.Payload{DestRegister: reg32 + 2, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Numgen{Register: reg32 + 3, Modulus: Tier2Slots, Type: unix.NFT_NG_RANDOM},
+			&expr.Lookup{SourceRegister: 1, SetName: tier2.Name, SetID: tier2.ID, DestRegister: 1, IsDestRegSet: true},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: reg32 + 1, Specified: true},
+		)}
+	case tunnelIn:
+		return [][]expr.Any{append(iif(expr.CmpOpEq), daddr, inVIPs, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop})}
+	case tunnelMSS:
+		m := binaryutil.BigEndian.PutUint16(mss)
+		return [][]expr.Any{{
+			&expr.Ct{Key: expr.CtKeyDIRECTION, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}}, // IP_CT_DIR_REPLY
+			&expr.Ct{Key: expr.CtKeyDST, Direction: 0, Register: 1},
+			&expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x12}, Xor: []byte{0}},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x12}},
+			&expr.Exthdr{Op: expr.ExthdrOpTcpopt, Type: 2, Offset: 2, Len: 2, DestRegister: 1},
+			&expr.Cmp{Op: expr.CmpOpGt, Register: 1, Data: m},
+			&expr.Immediate{Register: 1, Data: m},
+			&expr.Exthdr{Op: expr.ExthdrOpTcpopt, Type: 2, Offset: 2, Len: 2, SourceRegister: 1},
+		}}
+	}
+	return nil
+}
+
+// ifname is an interface name as nftables compares it.
+func ifname(s string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, s)
+	return b
+}
+
+// tier2Elem encodes s as a tier-2 map element: the key as snatElement's
+// with the slot (host byte order, as numgen writes it) after it, the value
+// the endpoint's address and port.
+func tier2Elem(s Tier2Slot) nftables.SetElement {
+	key := snatElement(s.Key).key
+	key = append(key, binaryutil.NativeEndian.PutUint32(uint32(s.Slot))...) //nolint:gosec // below Tier2Slots
+	val := s.To.Addr().AsSlice()
+	val = binary.BigEndian.AppendUint16(val, s.To.Port())
+	val = append(val, 0, 0)
+	return nftables.SetElement{Key: key, Val: val}
+}
+
+// parseTier2Elem decodes a tier-2 map element.
+func parseTier2Elem(e nftables.SetElement) (Tier2Slot, bool) {
+	if len(e.Key) != 16 || len(e.Val) != 8 {
+		return Tier2Slot{}, false
+	}
+	k, ok := parseSNATElement(e.Key[:12])
+	if !ok {
+		return Tier2Slot{}, false
+	}
+	slot := int(binaryutil.NativeEndian.Uint32(e.Key[12:]))
+	a, _ := netip.AddrFromSlice(e.Val[:4])
+	to := netip.AddrPortFrom(a, binary.BigEndian.Uint16(e.Val[4:6]))
+	if slot >= Tier2Slots {
+		return Tier2Slot{}, false
+	}
+	return Tier2Slot{Key: k, Slot: slot, To: to}, true
+}
+
+// readTier2 reads the tier-2 map.
+func (n *nftTables) readTier2() (Tier2, error) {
+	els, err := n.conn.GetSetElements(n.tier2)
+	if err != nil {
+		return nil, fmt.Errorf("nftables map %s %s: %w", snatTable, tier2Map, err)
+	}
+	var p Tier2Plan
+	for _, e := range els {
+		if s, ok := parseTier2Elem(e); ok {
+			p.Add = append(p.Add, s)
+		}
+	}
+	t := Tier2{}
+	p.ApplyTo(t)
+	return t, nil
+}
+
+// updateTier2 performs p on the tier-2 map: a virtual server's deletes and
+// adds in one transaction, so that no slot is ever missing while it
+// changes endpoint, and as many virtual servers per transaction as fit in
+// maxElemsPerBatch elements (see update).
+func (n *nftTables) updateTier2(p Tier2Plan) error {
+	var errs []error
+	for _, chunk := range tier2Chunks(p, maxElemsPerBatch) {
+		if err := n.updateTier2Batch(chunk); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// tier2Chunks splits p, whose slices are sorted by key, into plans of at
+// most limit elements each, never splitting one virtual server's changes
+// (a virtual server has at most 2*Tier2Slots of them).
+func tier2Chunks(p Tier2Plan, limit int) []Tier2Plan {
+	if p.Len() <= limit {
+		return []Tier2Plan{p}
+	}
+	var out []Tier2Plan
+	var cur Tier2Plan
+	i, j := 0, 0
+	for i < len(p.Del) || j < len(p.Add) {
+		// The next key in order, and all of its changes.
+		var k Key
+		switch {
+		case i == len(p.Del):
+			k = p.Add[j].Key
+		case j == len(p.Add) || p.Del[i].Key.compare(p.Add[j].Key) <= 0:
+			k = p.Del[i].Key
+		default:
+			k = p.Add[j].Key
+		}
+		i2, j2 := i, j
+		for i2 < len(p.Del) && p.Del[i2].Key == k {
+			i2++
+		}
+		for j2 < len(p.Add) && p.Add[j2].Key == k {
+			j2++
+		}
+		if cur.Len() > 0 && cur.Len()+(i2-i)+(j2-j) > limit {
+			out = append(out, cur)
+			cur = Tier2Plan{}
+		}
+		cur.Del = append(cur.Del, p.Del[i:i2]...)
+		cur.Add = append(cur.Add, p.Add[j:j2]...)
+		i, j = i2, j2
+	}
+	if cur.Len() > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// updateTier2Batch performs p in one transaction. When that fails (an
+// element deleted by hand, say), it redoes each element alone: a delete of
+// an absent element is skipped, an add replaces what the slot holds.
+func (n *nftTables) updateTier2Batch(p Tier2Plan) error {
+	if p.Len() == 0 {
+		return nil
+	}
+	del := make([]nftables.SetElement, len(p.Del))
+	for i, s := range p.Del {
+		del[i] = nftables.SetElement{Key: tier2Elem(s).Key}
+	}
+	add := make([]nftables.SetElement, len(p.Add))
+	for i, s := range p.Add {
+		add[i] = tier2Elem(s)
+	}
+	err := errors.Join(queueElements(n.conn.SetDeleteElements, n.tier2, del), queueElements(n.conn.SetAddElements, n.tier2, add))
+	if err == nil {
+		if err = n.conn.Flush(); err == nil {
+			return nil
+		}
+	}
+	n.slowPaths++
+	var errs []error
+	for i, e := range del {
+		if err := n.conn.SetDeleteElements(n.tier2, []nftables.SetElement{e}); err == nil {
+			if err := n.conn.Flush(); err != nil && !isNotFound(err) {
+				errs = append(errs, fmt.Errorf("delete tier-2 slot %s #%d: %w", p.Del[i].Key, p.Del[i].Slot, err))
+			}
+		}
+	}
+	for i, e := range add {
+		// Whatever the slot holds goes first (an absent slot: nothing to
+		// delete, and the error says so).
+		_ = n.conn.SetDeleteElements(n.tier2, []nftables.SetElement{{Key: e.Key}})
+		_ = n.conn.Flush()
+		if err := n.conn.SetAddElements(n.tier2, []nftables.SetElement{e}); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := n.conn.Flush(); err != nil {
+			errs = append(errs, fmt.Errorf("set tier-2 slot %s #%d to %s: %w", p.Add[i].Key, p.Add[i].Slot, p.Add[i].To, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,202 @@
+package ipvs
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+)
+
+// Tier 2 of the two-tier dataplane (see tunnel.go): on the node tier 1
+// chose, the packets the tunnel delivers to a VIP are NATed to one of the
+// node's own endpoints, and conntrack keeps the flow on that endpoint.
+//
+// The choice is a map in vipcast's nftables table ip vipcast, "tier2",
+// from VIP . protocol . port . slot to endpoint address . port, where the
+// slot is a random number below Tier2Slots drawn for the first packet of a
+// flow:
+//
+//	iifname "tunl0" dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 32 map @tier2
+//
+// A virtual server's Tier2Slots slots are shared among its endpoints by
+// weight (Tier2SlotsOf), so one endpoint change rewrites only that virtual
+// server's elements, in one nftables transaction, whatever the number of
+// Services. A slot only chooses the endpoint of a new flow: an established
+// flow keeps its conntrack entry when its slot moves, and so an endpoint
+// that terminates (weight 0: no slot) keeps its flows.
+
+// Tier2Slots is the number of slots of a virtual server in the tier-2
+// map: its endpoints on one node share them by weight. With more than
+// Tier2Slots endpoints of one Service on one node, the endpoints past it
+// get no new flows through tier 2.
+const Tier2Slots = 32
+
+// Tier2 is the content of the tier-2 map: for each virtual server, the
+// endpoint each slot sends new flows to (Tier2Slots entries; an invalid
+// AddrPort is an empty slot).
+type Tier2 map[Key][]netip.AddrPort
+
+// Tier2Of returns the tier-2 map a desired State needs: the slots of each
+// virtual server with Local endpoints.
+func Tier2Of(desired State) Tier2 {
+	t := Tier2{}
+	for k, svc := range desired.Services {
+		if slots := Tier2SlotsOf(svc.Local); slots != nil {
+			k.VIP = k.VIP.Unmap()
+			t[k] = slots
+		}
+	}
+	return t
+}
+
+// Tier2SlotsOf shares Tier2Slots slots among the endpoints with a weight
+// above 0, in proportion to their weights (smooth weighted round robin
+// over the endpoints in address order, so the result depends only on the
+// set of endpoints and their weights). It returns nil when no endpoint has
+// a weight.
+func Tier2SlotsOf(local []Backend) []netip.AddrPort {
+	var bs []Backend
+	total := 0
+	for _, b := range local {
+		if b.Weight > 0 {
+			b.Addr = b.Addr.Unmap()
+			bs = append(bs, b)
+			total += b.Weight
+		}
+	}
+	if len(bs) == 0 {
+		return nil
+	}
+	slices.SortFunc(bs, func(a, b Backend) int { return a.AddrPort().Compare(b.AddrPort()) })
+	bs = slices.CompactFunc(bs, func(a, b Backend) bool { return a.AddrPort() == b.AddrPort() })
+	current := make([]int, len(bs))
+	slots := make([]netip.AddrPort, Tier2Slots)
+	for s := range slots {
+		best := 0
+		for i, b := range bs {
+			current[i] += b.Weight
+			if current[i] > current[best] {
+				best = i
+			}
+		}
+		current[best] -= total
+		slots[s] = bs[best].AddrPort()
+	}
+	return slots
+}
+
+// Tier2Slot is one element of the tier-2 map.
+type Tier2Slot struct {
+	Key  Key
+	Slot int
+	To   netip.AddrPort
+}
+
+func (s Tier2Slot) compare(o Tier2Slot) int {
+	if c := s.Key.compare(o.Key); c != 0 {
+		return c
+	}
+	return cmp.Compare(s.Slot, o.Slot)
+}
+
+// Tier2Plan is a set of changes to the tier-2 map, applied in one
+// nftables transaction: Del first, then Add (a slot that changes endpoint
+// is in both). Both are sorted.
+type Tier2Plan struct {
+	Del []Tier2Slot
+	Add []Tier2Slot
+}
+
+// Len is the number of map elements p deletes or adds.
+func (p Tier2Plan) Len() int { return len(p.Del) + len(p.Add) }
+
+func (p *Tier2Plan) merge(q Tier2Plan) {
+	p.Del = append(p.Del, q.Del...)
+	p.Add = append(p.Add, q.Add...)
+}
+
+func (p *Tier2Plan) sort() {
+	slices.SortFunc(p.Del, Tier2Slot.compare)
+	slices.SortFunc(p.Add, Tier2Slot.compare)
+}
+
+// ApplyTo performs p on t in memory.
+func (p Tier2Plan) ApplyTo(t Tier2) {
+	for _, s := range p.Del {
+		if slots, ok := t[s.Key]; ok && s.Slot < len(slots) {
+			slots = slices.Clone(slots)
+			slots[s.Slot] = netip.AddrPort{}
+			if slices.IndexFunc(slots, netip.AddrPort.IsValid) < 0 {
+				delete(t, s.Key)
+			} else {
+				t[s.Key] = slots
+			}
+		}
+	}
+	for _, s := range p.Add {
+		slots, ok := t[s.Key]
+		if !ok {
+			slots = make([]netip.AddrPort, Tier2Slots)
+		} else {
+			slots = slices.Clone(slots)
+		}
+		if s.Slot < len(slots) {
+			slots[s.Slot] = s.To
+			t[s.Key] = slots
+		}
+	}
+}
+
+// DiffTier2 returns the element changes that turn have into want. The map
+// is vipcast's alone: whatever want lacks is deleted.
+func DiffTier2(want, have Tier2) Tier2Plan {
+	var p Tier2Plan
+	for k, w := range want {
+		diffSlots(&p, k, w, have[k])
+	}
+	for k, h := range have {
+		if _, ok := want[k]; !ok {
+			diffSlots(&p, k, nil, h)
+		}
+	}
+	p.sort()
+	return p
+}
+
+// tier2Step returns the tier-2 changes of the one virtual server key
+// (desired nil: deleted), given the map have: work for that virtual
+// server only.
+func tier2Step(key Key, desired *Service, have Tier2) Tier2Plan {
+	var p Tier2Plan
+	var want []netip.AddrPort
+	if desired != nil {
+		key = desired.Normalize().Key()
+		want = Tier2SlotsOf(desired.Local)
+	}
+	key.VIP = key.VIP.Unmap()
+	diffSlots(&p, key, want, have[key])
+	p.sort()
+	return p
+}
+
+// diffSlots adds to p the changes from the slots have to want (either may
+// be nil: no slots).
+func diffSlots(p *Tier2Plan, k Key, want, have []netip.AddrPort) {
+	at := func(slots []netip.AddrPort, i int) netip.AddrPort {
+		if i < len(slots) {
+			return slots[i]
+		}
+		return netip.AddrPort{}
+	}
+	for i := range Tier2Slots {
+		w, h := at(want, i), at(have, i)
+		if w == h {
+			continue
+		}
+		if h.IsValid() {
+			p.Del = append(p.Del, Tier2Slot{Key: k, Slot: i, To: h})
+		}
+		if w.IsValid() {
+			p.Add = append(p.Add, Tier2Slot{Key: k, Slot: i, To: w})
+		}
+	}
+}

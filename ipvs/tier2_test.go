@@ -1,0 +1,208 @@
+package ipvs
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestTier2SlotsOf(t *testing.T) {
+	a, b, c := ip("10.1.0.1"), ip("10.1.0.2"), ip("10.1.0.3")
+	count := func(slots []netip.AddrPort) map[netip.AddrPort]int {
+		m := map[netip.AddrPort]int{}
+		for _, s := range slots {
+			m[s]++
+		}
+		return m
+	}
+	ap := func(a netip.Addr) netip.AddrPort { return netip.AddrPortFrom(a, 8080) }
+	for _, tc := range []struct {
+		name  string
+		local []Backend
+		want  map[netip.AddrPort]int // slots per endpoint; nil: no slots
+	}{
+		{"none", nil, nil},
+		{"only terminating", []Backend{{Addr: a, Port: 8080}}, nil},
+		{"one", []Backend{{Addr: a, Port: 8080, Weight: 1}}, map[netip.AddrPort]int{ap(a): Tier2Slots}},
+		{"two equal", []Backend{{Addr: b, Port: 8080, Weight: 1}, {Addr: a, Port: 8080, Weight: 1}},
+			map[netip.AddrPort]int{ap(a): 16, ap(b): 16}},
+		{"three equal", []Backend{{Addr: a, Port: 8080, Weight: 1}, {Addr: b, Port: 8080, Weight: 1}, {Addr: c, Port: 8080, Weight: 1}},
+			map[netip.AddrPort]int{ap(a): 11, ap(b): 11, ap(c): 10}},
+		{"terminating gets none", []Backend{{Addr: a, Port: 8080, Weight: 1}, {Addr: b, Port: 8080, Weight: 0}},
+			map[netip.AddrPort]int{ap(a): Tier2Slots}},
+		{"weighted 3:1", []Backend{{Addr: a, Port: 8080, Weight: 3}, {Addr: b, Port: 8080, Weight: 1}},
+			map[netip.AddrPort]int{ap(a): 24, ap(b): 8}},
+		{"duplicate counted once", []Backend{{Addr: a, Port: 8080, Weight: 1}, {Addr: a, Port: 8080, Weight: 1}, {Addr: b, Port: 8080, Weight: 1}},
+			map[netip.AddrPort]int{ap(a): 16, ap(b): 16}},
+		{"mapped address", []Backend{{Addr: netip.AddrFrom16(a.As16()), Port: 8080, Weight: 1}},
+			map[netip.AddrPort]int{ap(a): Tier2Slots}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			slots := Tier2SlotsOf(tc.local)
+			if tc.want == nil {
+				if slots != nil {
+					t.Fatalf("got %v, want no slots", slots)
+				}
+				return
+			}
+			if len(slots) != Tier2Slots {
+				t.Fatalf("%d slots, want %d", len(slots), Tier2Slots)
+			}
+			if got := count(slots); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("slots per endpoint %v, want %v", got, tc.want)
+			}
+			// The same endpoints in another order give the same slots.
+			rev := make([]Backend, len(tc.local))
+			for i, b := range tc.local {
+				rev[len(rev)-1-i] = b
+			}
+			if again := Tier2SlotsOf(rev); !reflect.DeepEqual(again, slots) && !hasDuplicate(tc.local) {
+				t.Errorf("reversed input gives %v, want %v", again, slots)
+			}
+		})
+	}
+}
+
+func hasDuplicate(bs []Backend) bool {
+	seen := map[netip.AddrPort]bool{}
+	for _, b := range bs {
+		if seen[b.AddrPort()] {
+			return true
+		}
+		seen[b.AddrPort()] = true
+	}
+	return false
+}
+
+// TestDiffTier2 checks that the plans turn have into want, that an
+// unchanged virtual server costs nothing, and that tier2Step gives the
+// same changes for one virtual server as the whole diff.
+func TestDiffTier2(t *testing.T) {
+	vip := ip("192.0.2.1")
+	web := Service{VIP: vip, Port: 80, Protocol: TCP}
+	dns := Service{VIP: vip, Port: 53, Protocol: UDP}
+	pods := func(addrs ...string) []Backend {
+		var bs []Backend
+		for _, a := range addrs {
+			bs = append(bs, Backend{Addr: ip(a), Port: 8080, Weight: 1})
+		}
+		return bs
+	}
+	with := func(s Service, local []Backend) Service { s.Local = local; return s }
+	for _, tc := range []struct {
+		name       string
+		have, want State
+		changes    int // elements deleted plus added
+	}{
+		{"empty", state(), state(), 0},
+		{"new service", state(), state(with(web, pods("10.1.0.1"))), Tier2Slots},
+		{"unchanged", state(with(web, pods("10.1.0.1")), with(dns, pods("10.1.0.2"))),
+			state(with(web, pods("10.1.0.1")), with(dns, pods("10.1.0.2"))), 0},
+		// Half the slots move to the new pod: each is a delete and an add.
+		{"pod added", state(with(web, pods("10.1.0.1"))), state(with(web, pods("10.1.0.1", "10.1.0.2"))), Tier2Slots},
+		{"pod replaced", state(with(web, pods("10.1.0.1"))), state(with(web, pods("10.1.0.2"))), 2 * Tier2Slots},
+		{"last pod terminating", state(with(web, pods("10.1.0.1"))),
+			state(with(web, []Backend{{Addr: ip("10.1.0.1"), Port: 8080}})), Tier2Slots},
+		{"service gone", state(with(web, pods("10.1.0.1")), with(dns, pods("10.1.0.2"))), state(with(dns, pods("10.1.0.2"))), Tier2Slots},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			have, want := Tier2Of(tc.have), Tier2Of(tc.want)
+			p := DiffTier2(want, have)
+			if p.Len() != tc.changes {
+				t.Errorf("%d changes (%d deleted, %d added), want %d", p.Len(), len(p.Del), len(p.Add), tc.changes)
+			}
+			got := Tier2Of(tc.have)
+			p.ApplyTo(got)
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("after the plan: %v, want %v", got, want)
+			}
+			// One virtual server at a time, as SyncService does.
+			step := Tier2Of(tc.have)
+			for _, k := range []Key{web.Key(), dns.Key()} {
+				var desired *Service
+				if s, ok := tc.want.Services[k]; ok {
+					desired = &s
+				}
+				tier2Step(k, desired, step).ApplyTo(step)
+			}
+			if !reflect.DeepEqual(step, want) {
+				t.Errorf("after tier2Step of each service: %v, want %v", step, want)
+			}
+		})
+	}
+}
+
+// TestTier2Chunks: the chunks hold every change once, in order, none
+// larger than the limit unless one virtual server alone is, and a virtual
+// server's changes are never split.
+func TestTier2Chunks(t *testing.T) {
+	want := State{}
+	for i := range 100 {
+		s := Service{VIP: netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), Port: 80, Protocol: TCP,
+			Local: []Backend{{Addr: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Port: 8080, Weight: 1}}}
+		want.Add(s)
+	}
+	have := State{}
+	for i := range 100 {
+		if i%3 == 0 {
+			continue // new
+		}
+		s := Service{VIP: netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), Port: 80, Protocol: TCP,
+			Local: []Backend{{Addr: netip.AddrFrom4([4]byte{10, 2, 0, byte(i)}), Port: 8080, Weight: 1}}}
+		have.Add(s) // replaced
+	}
+	p := DiffTier2(Tier2Of(want), Tier2Of(have))
+	for _, max := range []int{1, 50, 64, 100, 1000, p.Len()} {
+		chunks := tier2Chunks(p, max)
+		var joined Tier2Plan
+		seen := map[Key]int{}
+		for ci, c := range chunks {
+			if c.Len() > max && c.Len() > 2*Tier2Slots {
+				t.Errorf("max %d: chunk %d has %d changes", max, ci, c.Len())
+			}
+			keys := map[Key]bool{}
+			for _, s := range append(append([]Tier2Slot(nil), c.Del...), c.Add...) {
+				keys[s.Key] = true
+			}
+			for k := range keys {
+				if prev, ok := seen[k]; ok {
+					t.Errorf("max %d: %s in chunks %d and %d", max, k, prev, ci)
+				}
+				seen[k] = ci
+			}
+			joined.merge(c)
+		}
+		joined.sort()
+		if !reflect.DeepEqual(joined, p) {
+			t.Errorf("max %d: the chunks joined differ from the plan", max)
+		}
+	}
+}
+
+// TestValidateTwoTier: what Validate refuses in the two-tier fields.
+func TestValidateTwoTier(t *testing.T) {
+	pod := Backend{Addr: ip("10.1.0.1"), Port: 8080, Weight: 1}
+	node := Backend{Addr: ip("10.52.0.1"), Port: 80, Weight: 1, Tunnel: true}
+	for _, tc := range []struct {
+		name string
+		svc  Service
+		want string // "" valid
+	}{
+		{"two tiers", Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Backends: []Backend{node}, Local: []Backend{pod}}, ""},
+		{"local endpoint tunnelled", Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Local: []Backend{node}}, "tier-1 backends only"},
+		{"local endpoint without port", Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Local: []Backend{{Addr: ip("10.1.0.1"), Weight: 1}}}, "local endpoint 10.1.0.1:0: port 0"},
+		{"IPv6 local endpoints", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Local: []Backend{{Addr: ip("2001:db8:1::1"), Port: 8080, Weight: 1}}}, "IPv6 is not supported yet"},
+		{"IPv6 tunnel backend", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Backends: []Backend{{Addr: ip("2001:db8:52::1"), Port: 80, Weight: 1, Tunnel: true}}}, "IPv6 is not supported yet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.svc.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Validate: %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("Validate: %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}

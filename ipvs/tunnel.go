@@ -1,0 +1,307 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The two-tier dataplane (Options.Tunnel): established flows survive a
+// change of the node the fabric's ECMP sends them to, and the endpoint
+// sees the client's own address. docs/architecture.md ("ECMP-proof
+// dataplane") gives the design and its measurements; in short:
+//
+//   - Tier 1, on every node, for packets from the fabric: each virtual
+//     server's real servers are the tunnel addresses of the nodes that
+//     host its endpoints (Backend.Tunnel), weighted by their endpoint
+//     counts, scheduled by mh, so every node picks the same node for a
+//     flow; net.ipv4.vs.sloppy_tcp and sloppy_sctp make IPVS schedule the
+//     middle of a flow like its first packet, so the node ECMP moves a
+//     flow to sends it on to the same node. The fabric's packets to a VIP
+//     are not tracked by conntrack (chain tunnel-raw).
+//   - Tier 2, on the chosen node, for what the tunnel (tunl0) delivers: an
+//     nftables DNAT to one of the node's own endpoints (Service.Local,
+//     tier2.go). Replies leave that node with the VIP as source.
+//   - A node that picks itself: IPVS delivers a tunnel-mode real server
+//     that is a local address without encapsulating it, and the packet
+//     would reach no socket. So a node's tunnel address is local only in a
+//     routing table of its own (TunnelTable), which a rule consults for
+//     packets that come in on an interface ("not iif lo"); the node's own
+//     packets to it are routed out of the veth LoopLink and come back in on
+//     its peer, to be decapsulated like any other node's.
+//   - The tunnel adds 20 bytes to every packet from the fabric: the pod's
+//     SYN-ACK to a client of a VIP offers at most MTU-60 (chain
+//     tunnel-mss), so that the client's segments fit.
+//
+// Reaching the other nodes' tunnel addresses is the network's job (routes
+// through the fabric, or the speaker's); this package programs the node's
+// own side only. IPv4 only for now.
+
+// Tunnel configures the two-tier dataplane.
+type Tunnel struct {
+	// Self is this node's tunnel address: an IPv4 address of no interface,
+	// distinct per node, that the other nodes' tier 1 sends to by IPIP.
+	Self netip.Addr
+	// MTU is the fabric's MTU, for the MSS clamp; 0 is the MTU of the link
+	// that holds the node's default route (1500 when there is none).
+	MTU int
+}
+
+// Names and numbers the two-tier dataplane uses on the node.
+const (
+	// TunnelLink is the kernel's IPIP fallback device, which exists in
+	// every network namespace once the ipip module is loaded and
+	// decapsulates IPIP packets addressed to a local address.
+	TunnelLink = "tunl0"
+	// LoopLink and its peer LoopPeer are the veth pair a node's packets
+	// to its own tunnel address go round.
+	LoopLink = "vcloop0"
+	LoopPeer = "vcloop1"
+	// TunnelTable is the routing table where the node's tunnel address is
+	// local; TunnelRulePriority the priority of the rule that looks it up
+	// for packets from an interface.
+	TunnelTable        = 5200
+	TunnelRulePriority = 5200
+	// tunnelOverhead is what IPIP adds to a packet: an IPv4 header.
+	tunnelOverhead = 20
+)
+
+// clampFor is the largest TCP segment that fits a link of MTU mtu inside
+// IPIP: mtu less the outer and inner IPv4 headers and the TCP header.
+func clampFor(mtu int) (uint16, error) {
+	if mtu < 576 || mtu > 65535 {
+		return 0, fmt.Errorf("MTU %d out of 576..65535", mtu)
+	}
+	return uint16(mtu - tunnelOverhead - 20 - 20), nil //nolint:gosec // checked above
+}
+
+// check validates t.
+func (t Tunnel) check() error {
+	if !t.Self.IsValid() || !t.Self.Unmap().Is4() || t.Self.IsUnspecified() || t.Self.IsLoopback() || t.Self.IsMulticast() {
+		return fmt.Errorf("tunnel address %v: want a unicast IPv4 address", t.Self)
+	}
+	if t.MTU != 0 {
+		if _, err := clampFor(t.MTU); err != nil {
+			return fmt.Errorf("fabric %w", err)
+		}
+	}
+	return nil
+}
+
+// tunnelMTU is t.MTU, or the MTU of the default route's link.
+func tunnelMTU(nh *netlink.Handle, t Tunnel) int {
+	if t.MTU != 0 {
+		return t.MTU
+	}
+	routes, err := nh.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err == nil {
+		for _, r := range routes {
+			if r.Dst != nil && !isDefault(r.Dst) {
+				continue
+			}
+			if l, err := nh.LinkByIndex(r.LinkIndex); err == nil && l.Attrs().MTU > 0 {
+				return l.Attrs().MTU
+			}
+		}
+	}
+	return 1500
+}
+
+func isDefault(n *net.IPNet) bool {
+	ones, _ := n.Mask.Size()
+	return ones == 0
+}
+
+// ensureTunnel readies this node for the two-tier dataplane: tunl0 up, the
+// loop, the routes and the rule for the node's tunnel address, and the
+// sysctls. Each step is skipped when it is already so, and a tunnel
+// address of an earlier run is replaced.
+func ensureTunnel(nh *netlink.Handle, t Tunnel) error {
+	tunl, err := nh.LinkByName(TunnelLink)
+	if err != nil {
+		return fmt.Errorf("link %s: %w (it appears when the ipip module is loaded: modprobe ipip, or ipip in /etc/modules-load.d)", TunnelLink, err)
+	}
+	if err := nh.LinkSetUp(tunl); err != nil {
+		return fmt.Errorf("set %s up: %w", TunnelLink, err)
+	}
+	out, in, err := ensureLoop(nh)
+	if err != nil {
+		return err
+	}
+	self := t.Self.Unmap()
+	host := prefixNet(netip.PrefixFrom(self, 32))
+	// The node's own packets to its tunnel address leave by the loop, to
+	// its peer's address (a permanent neighbour entry: nothing answers
+	// ARP for it).
+	if err := nh.RouteReplace(&netlink.Route{LinkIndex: out.Attrs().Index, Dst: host, Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("route %s dev %s: %w", self, LoopLink, err)
+	}
+	if err := nh.NeighSet(&netlink.Neigh{LinkIndex: out.Attrs().Index, IP: self.AsSlice(), HardwareAddr: in.Attrs().HardwareAddr,
+		State: netlink.NUD_PERMANENT, Family: unix.AF_INET}); err != nil {
+		return fmt.Errorf("neighbour %s dev %s: %w", self, LoopLink, err)
+	}
+	// Packets from an interface (the loop's peer, the fabric) find it
+	// local.
+	if err := nh.RouteReplace(&netlink.Route{Table: TunnelTable, Type: unix.RTN_LOCAL, Dst: host,
+		LinkIndex: in.Attrs().Index, Scope: netlink.SCOPE_HOST}); err != nil {
+		return fmt.Errorf("local route %s in table %d: %w", self, TunnelTable, err)
+	}
+	if err := dropStaleTunnelRoutes(nh, out, self); err != nil {
+		return err
+	}
+	if err := ensureTunnelRule(nh); err != nil {
+		return err
+	}
+	for _, s := range []struct{ name, value string }{
+		{"net/ipv4/vs/sloppy_tcp", "1"},
+		{"net/ipv4/vs/sloppy_sctp", "1"},
+		// The loop's packets come from one of the node's own addresses.
+		{"net/ipv4/conf/" + LoopPeer + "/accept_local", "1"},
+	} {
+		if err := setSysctl(s.name, s.value); err != nil {
+			return err
+		}
+	}
+	return exemptFromRPFilter(LoopPeer, TunnelLink)
+}
+
+// exemptFromRPFilter turns reverse-path filtering off on links and leaves
+// every other interface's effective setting as it was.
+//
+// The loop's packets come from a local address and tunl0's from clients
+// the node reaches through the fabric, and neither link has an address:
+// the kernel's reverse-path check rejects them in strict mode and, on a
+// link without address, in loose mode too. A link's effective setting is
+// the larger of its own and net.ipv4.conf.all's, so links can only be
+// exempt with "all" at 0 (Cilium sets it to 0 as well). When "all" is
+// not 0, every interface (and "default", for those to come) whose own
+// setting is lower is first raised to it, so that none is filtered less
+// than before.
+func exemptFromRPFilter(links ...string) error {
+	const conf = "net/ipv4/conf/"
+	all, err := readSysctlInt(conf + "all/rp_filter")
+	if err != nil {
+		return err
+	}
+	if all != 0 {
+		dirs, err := os.ReadDir("/proc/sys/" + conf)
+		if err != nil {
+			return fmt.Errorf("list %s: %w", conf, err)
+		}
+		for _, d := range dirs {
+			name := d.Name()
+			if name == "all" || slices.Contains(links, name) {
+				continue
+			}
+			v, err := readSysctlInt(conf + name + "/rp_filter")
+			if err != nil {
+				continue // an interface gone meanwhile
+			}
+			if v < all {
+				if err := setSysctl(conf+name+"/rp_filter", strconv.Itoa(all)); err != nil {
+					return err
+				}
+			}
+		}
+		if err := setSysctl(conf+"all/rp_filter", "0"); err != nil {
+			return err
+		}
+	}
+	for _, l := range links {
+		if err := setSysctl(conf+l+"/rp_filter", "0"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureLoop creates the veth pair LoopLink/LoopPeer when missing and sets
+// both ends up.
+func ensureLoop(nh *netlink.Handle) (out, in netlink.Link, err error) {
+	out, err = nh.LinkByName(LoopLink)
+	var notFound netlink.LinkNotFoundError
+	if errors.As(err, &notFound) {
+		err = nh.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: LoopLink}, PeerName: LoopPeer})
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, nil, fmt.Errorf("create veth %s/%s: %w", LoopLink, LoopPeer, err)
+		}
+		out, err = nh.LinkByName(LoopLink)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("link %s: %w", LoopLink, err)
+	}
+	if out.Type() != "veth" {
+		return nil, nil, fmt.Errorf("link %s is a %s link, not veth: refusing to use it", LoopLink, out.Type())
+	}
+	if in, err = nh.LinkByName(LoopPeer); err != nil {
+		return nil, nil, fmt.Errorf("link %s: %w", LoopPeer, err)
+	}
+	for _, l := range []netlink.Link{out, in} {
+		if err := nh.LinkSetUp(l); err != nil {
+			return nil, nil, fmt.Errorf("set %s up: %w", l.Attrs().Name, err)
+		}
+	}
+	return out, in, nil
+}
+
+// dropStaleTunnelRoutes deletes the routes to another tunnel address than
+// self out of the loop and in TunnelTable: those of an earlier run with
+// another address.
+func dropStaleTunnelRoutes(nh *netlink.Handle, out netlink.Link, self netip.Addr) error {
+	var stale []netlink.Route
+	viaLoop, err := nh.RouteList(out, unix.AF_INET)
+	if err != nil {
+		return fmt.Errorf("routes of %s: %w", LoopLink, err)
+	}
+	inTable, err := nh.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: TunnelTable}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("routes of table %d: %w", TunnelTable, err)
+	}
+	for _, r := range append(viaLoop, inTable...) {
+		if r.Dst == nil {
+			continue
+		}
+		if a, ok := netip.AddrFromSlice(r.Dst.IP); ok && a.Unmap() != self {
+			stale = append(stale, r)
+		}
+	}
+	for _, r := range stale {
+		if err := nh.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("delete stale tunnel route %s: %w", r.Dst, err)
+		}
+	}
+	return nil
+}
+
+// ensureTunnelRule adds the rule "not iif lo lookup TunnelTable" unless it
+// is there.
+func ensureTunnelRule(nh *netlink.Handle) error {
+	rules, err := nh.RuleList(unix.AF_INET)
+	if err != nil {
+		return fmt.Errorf("list routing rules: %w", err)
+	}
+	if slices.ContainsFunc(rules, func(r netlink.Rule) bool {
+		return r.Table == TunnelTable && r.Priority == TunnelRulePriority && r.IifName == "lo" && r.Invert
+	}) {
+		return nil
+	}
+	rule := netlink.NewRule()
+	rule.IifName, rule.Invert, rule.Table, rule.Priority = "lo", true, TunnelTable, TunnelRulePriority
+	rule.Family = unix.AF_INET
+	if err := nh.RuleAdd(rule); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("rule \"not iif lo lookup %d\": %w", TunnelTable, err)
+	}
+	return nil
+}
+
+// prefixNet converts p for netlink.
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}

@@ -1,0 +1,264 @@
+package ipvs
+
+import (
+	"net/netip"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipcast/vipcast/test/vm"
+)
+
+// TestKernelTwoTier checks what Dataplane does with Options.Tunnel on a
+// node, in a network namespace of a real kernel (the traffic through the
+// two tiers is TestECMPMove's):
+//
+//   - New readies the node: tunl0 up, the loop, the routes and the one rule
+//     for the tunnel address, sloppy_tcp, and reverse-path filtering off on
+//     tunl0 and the loop's peer with every other interface filtered as
+//     before (a strict "all" to start with);
+//   - Sync programs tier 1 (IPIP real servers) and tier 2 (the map reads
+//     back as Tier2Of the desired state);
+//   - SyncService of one endpoint change touches the tier-2 map only;
+//   - a full Sync repairs a tier-2 element deleted by hand;
+//   - a restarted Dataplane finds everything in place and changes nothing;
+//   - a new tunnel address replaces the old one's routes;
+//   - New without Tunnel takes the two-tier chains and map away, and
+//     refuses two-tier Services; with Tunnel, a Service with SNAT is
+//     refused.
+func TestKernelTwoTier(t *testing.T) {
+	if !vm.InVM() {
+		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 3 * time.Minute}))
+		return
+	}
+	ns := newNS(t)
+	h := nsHandle(t, ns)
+	nsSysctls(t, ns, map[string]string{
+		"net/ipv4/conf/all/rp_filter": "1", "net/ipv4/conf/default/rp_filter": "0", "net/ipv4/conf/lo/rp_filter": "2",
+	})
+	self := ip("10.52.0.9")
+	open := func(opts Options) (*Dataplane, error) {
+		var d *Dataplane
+		err := inNS(t, ns, func() (err error) {
+			d, err = New(opts)
+			return err
+		})
+		if err == nil {
+			t.Cleanup(func() { d.Close() })
+		}
+		return d, err
+	}
+	tunnelOpts := Options{LinkName: "vip0", Tunnel: &Tunnel{Self: self, MTU: 9000}}
+	d, err := open(tunnelOpts)
+	if err != nil {
+		t.Fatalf("New with Tunnel: %v", err)
+	}
+
+	// The node.
+	tunl, err := h.LinkByName(TunnelLink)
+	must(t, err)
+	if tunl.Attrs().Flags&(1<<0) == 0 { // net.FlagUp
+		t.Errorf("%s is not up", TunnelLink)
+	}
+	loopOut, err := h.LinkByName(LoopLink)
+	must(t, err)
+	if _, err := h.LinkByName(LoopPeer); err != nil {
+		t.Errorf("loop peer %s: %v", LoopPeer, err)
+	}
+	wantTunnelRoutes(t, h, loopOut, self)
+	for name, want := range map[string]string{
+		"net/ipv4/vs/sloppy_tcp":                      "1",
+		"net/ipv4/conf/" + LoopPeer + "/accept_local": "1",
+		"net/ipv4/conf/" + LoopPeer + "/rp_filter":    "0",
+		"net/ipv4/conf/" + TunnelLink + "/rp_filter":  "0",
+		"net/ipv4/conf/all/rp_filter":                 "0",
+		"net/ipv4/conf/default/rp_filter":             "1", // raised to the old "all"
+		"net/ipv4/conf/lo/rp_filter":                  "2", // already above it
+		"net/ipv4/conf/" + LoopLink + "/rp_filter":    "1",
+	} {
+		if got := nsSysctl(t, ns, name); got != want {
+			t.Errorf("sysctl %s = %s, want %s", name, got, want)
+		}
+	}
+
+	pods := []Backend{{Addr: ip("10.61.1.2"), Port: 8080, Weight: 1}, {Addr: ip("10.61.2.2"), Port: 8080, Weight: 1}}
+	nodes := []Backend{{Addr: self, Port: 80, Weight: 2, Tunnel: true}, {Addr: ip("10.52.0.2"), Port: 80, Weight: 1, Tunnel: true}}
+	web := Service{VIP: ip("192.0.2.80"), Port: 80, Protocol: TCP, Backends: nodes, Local: pods}
+	dns := Service{VIP: ip("192.0.2.80"), Port: 53, Protocol: UDP, Backends: nodes, Local: pods[:1]}
+	// Enough other Services that the tier-2 map takes several
+	// transactions (maxElemsPerBatch).
+	const others = 200
+	withOthers := func(svcs ...Service) State {
+		st := state(svcs...)
+		for i := range others {
+			st.Add(Service{VIP: netip.AddrFrom4([4]byte{198, 18, 0, byte(i)}), Port: 80, Protocol: TCP, Backends: nodes, Local: pods})
+		}
+		return st
+	}
+	desired := withOthers(web, dns)
+	p, err := d.Sync(desired)
+	if err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	if want := (2 + others) * Tier2Slots; p.Tier2.Len() != want {
+		t.Errorf("Sync from empty: %d tier-2 changes, want %d (plan %v)", p.Tier2.Len(), want, p)
+	}
+	if d.nft.slowPaths != 0 {
+		t.Errorf("%d nftables transactions failed and were redone element by element, want none", d.nft.slowPaths)
+	}
+	wantTier2(t, d, desired)
+	st, err := d.Read()
+	must(t, err)
+	if got := st.Services[web.Key()].Backends; !reflect.DeepEqual(got, web.Normalize().Backends) {
+		t.Errorf("tier 1 of %s reads back %v, want %v", web.Key(), got, web.Normalize().Backends)
+	}
+
+	// One endpoint replaced: tier 2 only.
+	web.Local = []Backend{pods[0], {Addr: ip("10.61.3.2"), Port: 8080, Weight: 1}}
+	desired = withOthers(web, dns)
+	p, err = d.SyncService(web.Key(), &web)
+	if err != nil {
+		t.Fatalf("SyncService: %v", err)
+	}
+	if p.Tier2.Len() == 0 || p.Len() != p.Tier2.Len() {
+		t.Errorf("SyncService of an endpoint change: plan %v, want tier-2 changes only", p)
+	}
+	wantTier2(t, d, desired)
+
+	// Drift: an element deleted by hand comes back with a full Sync.
+	must(t, inNS(t, ns, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		set, err := c.GetSetByName(&nftables.Table{Name: snatTable, Family: nftables.TableFamilyIPv4}, tier2Map)
+		if err != nil {
+			return err
+		}
+		gone := Tier2Slot{Key: dns.Key(), Slot: 5, To: pods[0].AddrPort()}
+		if err := c.SetDeleteElements(set, []nftables.SetElement{{Key: tier2Elem(gone).Key}}); err != nil {
+			return err
+		}
+		return c.Flush()
+	}))
+	if p, err = d.Sync(desired); err != nil || len(p.Tier2.Add) != 1 || p.Len() != 1 {
+		t.Errorf("Sync after a tier-2 element was deleted by hand: plan %v, err %v; want the one element added back", p, err)
+	}
+	wantTier2(t, d, desired)
+
+	// Restart: nothing to do.
+	must(t, d.Close())
+	if d, err = open(tunnelOpts); err != nil {
+		t.Fatalf("New again: %v", err)
+	}
+	if p, err = d.Sync(desired); err != nil || !p.Empty() {
+		t.Errorf("Sync after a restart: plan %v, err %v; want no changes", p, err)
+	}
+	wantTunnelRoutes(t, h, loopOut, self)
+
+	// Another tunnel address.
+	must(t, d.Close())
+	other := ip("10.52.0.10")
+	if d, err = open(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: other}}); err != nil {
+		t.Fatalf("New with another tunnel address: %v", err)
+	}
+	wantTunnelRoutes(t, h, loopOut, other)
+	if _, err := d.Sync(state(func() Service { s := web; s.SNAT = true; return s }())); err == nil || !strings.Contains(err.Error(), "two-tier") {
+		t.Errorf("Sync of a Service with SNAT in two-tier mode: %v, want a refusal naming the two-tier dataplane", err)
+	}
+
+	// Back to one tier.
+	must(t, d.Close())
+	if d, err = open(Options{LinkName: "vip0"}); err != nil {
+		t.Fatalf("New without Tunnel: %v", err)
+	}
+	must(t, inNS(t, ns, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		tbl := &nftables.Table{Name: snatTable, Family: nftables.TableFamilyIPv4}
+		for _, ch := range tunnelChains {
+			if got, err := c.ListChain(tbl, ch.Name); err == nil && got != nil {
+				t.Errorf("chain %s still there without Tunnel", ch.Name)
+			}
+		}
+		if set, err := c.GetSetByName(tbl, tier2Map); err == nil && set != nil {
+			t.Errorf("map %s still there without Tunnel", tier2Map)
+		}
+		return nil
+	}))
+	if _, err := d.Sync(desired); err == nil || !strings.Contains(err.Error(), "Options.Tunnel") {
+		t.Errorf("Sync of two-tier Services without Tunnel: %v, want a refusal naming Options.Tunnel", err)
+	}
+}
+
+// wantTier2 checks that d's tier-2 map reads back as desired's.
+func wantTier2(t *testing.T, d *Dataplane, desired State) {
+	t.Helper()
+	got, err := d.ReadTier2()
+	if err != nil {
+		t.Fatalf("ReadTier2: %v", err)
+	}
+	if want := Tier2Of(desired); !reflect.DeepEqual(got, want) {
+		t.Errorf("tier-2 map reads back %v, want %v", got, want)
+	}
+}
+
+// wantTunnelRoutes checks the routes and the rule for the tunnel address
+// self, and that no other tunnel address has any.
+func wantTunnelRoutes(t *testing.T, h *netlink.Handle, loopOut netlink.Link, self netip.Addr) {
+	t.Helper()
+	dsts := func(rs []netlink.Route) []string {
+		var out []string
+		for _, r := range rs {
+			if r.Dst != nil {
+				out = append(out, r.Dst.String())
+			}
+		}
+		return out
+	}
+	viaLoop, err := h.RouteList(loopOut, unix.AF_INET)
+	must(t, err)
+	inTable, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: TunnelTable}, netlink.RT_FILTER_TABLE)
+	must(t, err)
+	want := []string{self.String() + "/32"}
+	if got := dsts(viaLoop); !reflect.DeepEqual(got, want) {
+		t.Errorf("routes via %s: %v, want %v", LoopLink, got, want)
+	}
+	if got := dsts(inTable); !reflect.DeepEqual(got, want) {
+		t.Errorf("routes in table %d: %v, want %v", TunnelTable, got, want)
+	}
+	rules, err := h.RuleList(unix.AF_INET)
+	must(t, err)
+	n := 0
+	for _, r := range rules {
+		if r.Table == TunnelTable {
+			n++
+			if r.IifName != "lo" || !r.Invert || r.Priority != TunnelRulePriority {
+				t.Errorf("rule to table %d: iif %q invert %v priority %d, want not iif lo, priority %d", TunnelTable, r.IifName, r.Invert, r.Priority, TunnelRulePriority)
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d rules to table %d, want 1", n, TunnelTable)
+	}
+}
+
+// nsSysctl reads a sysctl in namespace ns.
+func nsSysctl(t *testing.T, ns netns.NsHandle, name string) string {
+	t.Helper()
+	var v []byte
+	must(t, inNS(t, ns, func() (err error) {
+		v, err = os.ReadFile("/proc/sys/" + name)
+		return err
+	}))
+	return strings.TrimSpace(string(v))
+}
