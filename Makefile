@@ -150,7 +150,7 @@ fuzz: ## run every fuzz target for a while each (FUZZTIME=60s)
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $${FUZZTIME:-60s} $${t%%:*}; \
 	done
 
-bench: tools routers ## print the ipam, CCM, speaker, dataplane (and the two-tier prototype's cost) and BFD benchmarks (figures and ratios)
+bench: tools routers ## print the ipam, CCM, speaker, dataplane (one tier and two) and BFD benchmarks (figures and ratios)
 	@mkdir -p _output
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ ./speaker/ | tee _output/bench-ipam.txt
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'

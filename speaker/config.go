@@ -30,6 +30,9 @@ type View struct {
 	// held are every pool (admitted or refused) by name, as they announce
 	// the VIPs they hold outside their spec (poolspec.Admission.HeldBGP).
 	held map[string]*Pool
+	// Tunnels turns on the two-tier dataplane for IPv4 VIPs (ipvs.Tunnel):
+	// each node's tunnel address by node name. Nil keeps one tier.
+	Tunnels map[string]netip.Addr
 }
 
 // Pool is one admitted IPPool as the routing decisions need it.

@@ -3,6 +3,7 @@ package speaker
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -70,6 +71,11 @@ const AnnotationScheduler = ipvs.SchedulerAnnotation
 //     client's address is kept. Cluster (or unset): every endpoint, and
 //     SNAT true, so replies from another node's endpoint come back through
 //     this node.
+//   - With view.Tunnels set (the two-tier dataplane), an IPv4 VIP's
+//     virtual servers take their real servers from twoTierBackends
+//     instead, for both policies: tier 1 over the nodes that host
+//     endpoints, tier 2 (Local) this node's endpoints, and SNAT false. IPv6
+//     VIPs keep the rules above.
 //   - A virtual server without backend is kept, with no real server, as
 //     kube-proxy's IPVS mode does. IPVS then refuses new connections to
 //     VIP:port cleanly (ICMP port unreachable) instead of letting them reach
@@ -117,6 +123,15 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 	}
 	persistent := sessionPersistence(svc)
 	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	var twoTier [][2]tiers
+	if view.Tunnels != nil && fams[0] {
+		// IPv4 VIPs go through two tiers, whatever the policy; IPv6 ones
+		// keep one.
+		var p []string
+		twoTier, p = twoTierBackends(svc, endpointSlices, ports, view)
+		problems = append(problems, p...)
+		fams[0] = false
+	}
 	backends := dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, local)
 
 	services = make([]ipvs.Service, 0, len(vips)*len(ports))
@@ -124,24 +139,119 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 	for _, vip := range vips {
 		slot := famSlot(vip)
 		for i, p := range ports {
-			bs := backends[i][slot]
-			if used[slot] {
-				bs = slices.Clone(bs)
-			}
-			services = append(services, ipvs.Service{
-				VIP:        vip,
-				Port:       p.port,
-				Protocol:   p.proto,
-				Scheduler:  sched,
-				Flags:      flags,
-				Persistent: persistent,
-				SNAT:       !local,
-				Backends:   bs,
-			})
+			s := ipvs.Service{VIP: vip, Port: p.port, Protocol: p.proto, Scheduler: sched, Flags: flags, Persistent: persistent}
+			setRealServers(&s, backends[i][slot], twoTier, i, local, used[slot])
+			services = append(services, s)
 		}
 		used[slot] = true
 	}
 	return services, problems
+}
+
+// setRealServers gives s, the virtual server of port i, its real servers:
+// the two tiers for an IPv4 VIP with twoTier, else the backends, with SNAT
+// unless the policy is local. Once a family's backends were handed out
+// (used), s gets copies.
+func setRealServers(s *ipvs.Service, backends []ipvs.Backend, twoTier [][2]tiers, i int, local, used bool) {
+	if s.VIP.Is4() && twoTier != nil {
+		s.Backends, s.Local = twoTier[i][0].nodes, twoTier[i][0].local
+		if used {
+			s.Backends, s.Local = slices.Clone(s.Backends), slices.Clone(s.Local)
+		}
+		return
+	}
+	s.Backends, s.SNAT = backends, !local
+	if used {
+		s.Backends = slices.Clone(s.Backends)
+	}
+}
+
+// tiers are one IPv4 virtual server's real servers in the two-tier
+// dataplane: the nodes (tier 1) and this node's endpoints (tier 2).
+type tiers struct {
+	nodes, local []ipvs.Backend
+}
+
+// twoTierBackends returns, per port, the two tiers of the IPv4 virtual
+// servers (index 0 of each pair; the pair keeps dataplaneBackends' shape):
+//
+//   - tier 1: one IPIP real server per node that hosts an endpoint, at the
+//     node's tunnel address (view.Tunnels) and the Service's port, weighted
+//     by its count of ready endpoints (0 when all of them terminate: the
+//     node drains). The same for every node and for both traffic policies,
+//     so every node sends a flow to the same node, and that node keeps the
+//     client's address.
+//   - tier 2: this node's endpoints, as dataplaneBackends gives them.
+//
+// An endpoint without nodeName, or on a node without tunnel address, has
+// no way in: it is left out and reported.
+func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, view *View) ([][2]tiers, []string) {
+	all := dataplaneBackendsByNode(svc, endpointSlices, ports)
+	out := make([][2]tiers, len(ports))
+	var problems []string
+	unreachable := map[string]bool{}
+	for i, p := range ports {
+		for node, bs := range all[i] {
+			if node == view.Node.Name {
+				out[i][0].local = sortBackends(bs)
+			}
+			tunnel, ok := view.Tunnels[node]
+			if !ok || node == "" {
+				unreachable[node] = true
+				continue
+			}
+			ready := 0
+			for _, b := range sortBackends(bs) {
+				if b.Weight > 0 {
+					ready++
+				}
+			}
+			out[i][0].nodes = append(out[i][0].nodes, ipvs.Backend{Addr: tunnel, Port: p.port, Weight: ready, Tunnel: true})
+		}
+		out[i][0].nodes = sortBackends(out[i][0].nodes)
+	}
+	for _, node := range slices.Sorted(maps.Keys(unreachable)) {
+		if node == "" {
+			problems = append(problems, "endpoints without nodeName get no traffic: the two-tier dataplane sends a flow to the node of its endpoint")
+			continue
+		}
+		problems = append(problems, fmt.Sprintf("endpoints on node %s get no traffic: that node has no tunnel address (is its speaker running with the two-tier dataplane?)", node))
+	}
+	return out, problems
+}
+
+// dataplaneBackendsByNode returns, per port, the IPv4 backends of every
+// node by node name ("" for endpoints without one), with the rules of
+// dataplaneBackends.
+func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort) []map[string][]ipvs.Backend {
+	out := make([]map[string][]ipvs.Backend, len(ports))
+	for i := range out {
+		out[i] = map[string][]ipvs.Backend{}
+	}
+	targets := make([]uint16, len(ports))
+	for _, s := range endpointSlices {
+		slot, ok := sliceSlot(s)
+		if !ok || slot != 0 || len(s.Endpoints) == 0 || !ownSlice(svc, s) || !sliceTargets(s, ports, targets) {
+			continue
+		}
+		for i := range s.Endpoints {
+			e := &s.Endpoints[i]
+			addr, weight, ok := endpointBackend(e)
+			if !ok || famSlot(addr) != 0 {
+				continue
+			}
+			node := ""
+			if e.NodeName != nil {
+				node = *e.NodeName
+			}
+			for j, tp := range targets {
+				if tp != 0 {
+					out[j][node] = append(out[j][node], ipvs.Backend{Addr: addr, Port: tp, Weight: weight})
+				}
+			}
+		}
+	}
+	return out
 }
 
 // serviceScheduler returns the scheduler and flags of the Service's virtual

@@ -360,22 +360,7 @@ func TestServiceDataplane(t *testing.T) {
 				tc.node(&node)
 			}
 			got, problems := ServiceDataplane(tc.svc, tc.slices, dpView(t, node))
-			if !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("services:\n got %v\nwant %v", got, tc.want)
-			}
-			if len(problems) != len(tc.problems) {
-				t.Fatalf("problems = %q, want %d matching %q", problems, len(tc.problems), tc.problems)
-			}
-			for i, want := range tc.problems {
-				if !strings.Contains(problems[i], want) {
-					t.Errorf("problem %d = %q, want it to contain %q", i, problems[i], want)
-				}
-			}
-			for _, s := range got {
-				if err := s.Validate(); err != nil {
-					t.Errorf("invalid virtual server: %v", err)
-				}
-			}
+			checkDataplane(t, got, problems, tc.want, tc.problems)
 		})
 	}
 }
@@ -702,4 +687,105 @@ func dpBenchFixture(localPolicy, dual bool) (svcs []*v1.Service, eps [][]*discov
 		eps = append(eps, sl)
 	}
 	return svcs, eps
+}
+
+// TestServiceDataplaneTwoTier: with view.Tunnels, an IPv4 VIP's virtual
+// servers get tier 1 over the nodes that host endpoints (their tunnel
+// addresses, weighted by ready endpoints) and tier 2 from this node's
+// endpoints, the same for Cluster and Local, without SNAT; an IPv6 VIP
+// keeps one tier.
+func TestServiceDataplaneTwoTier(t *testing.T) {
+	tun := func(a string, w int) ipvs.Backend {
+		return ipvs.Backend{Addr: netip.MustParseAddr(a), Port: 80, Weight: w, Tunnel: true}
+	}
+	twoTier := func(vip string, nodes, local []ipvs.Backend) ipvs.Service {
+		return ipvs.Service{VIP: netip.MustParseAddr(vip), Port: 80, Protocol: ipvs.TCP, Backends: nodes, Local: local}
+	}
+	local := func(s *v1.Service) *v1.Service {
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		return s
+	}
+	tunnels := map[string]netip.Addr{"n1": netip.MustParseAddr("10.52.0.1"), "n2": netip.MustParseAddr("10.52.0.2")}
+	eps := dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
+		readyEP("10.1.0.1", "n1"), readyEP("10.1.0.2", "n1"), termEP("10.1.0.3", "n1"),
+		readyEP("10.2.0.1", "n2"), termEP("10.3.0.1", "n3"), readyEP("10.4.0.1", ""))
+	tests := []struct {
+		name     string
+		svc      *v1.Service
+		slices   []*discoveryv1.EndpointSlice
+		want     []ipvs.Service
+		problems []string
+	}{
+		{
+			name:   "cluster",
+			svc:    dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{eps},
+			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 2), tun("10.52.0.2", 1)},
+				[]ipvs.Backend{be("10.1.0.1", 8080, 1), be("10.1.0.2", 8080, 1), be("10.1.0.3", 8080, 0)})},
+			problems: []string{"without nodeName", "node n3 get no traffic: that node has no tunnel address"},
+		},
+		{
+			name:   "local policy: the same tiers",
+			svc:    local(dpSvc("192.0.2.10")),
+			slices: []*discoveryv1.EndpointSlice{eps},
+			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 2), tun("10.52.0.2", 1)},
+				[]ipvs.Backend{be("10.1.0.1", 8080, 1), be("10.1.0.2", 8080, 1), be("10.1.0.3", 8080, 0)})},
+			problems: []string{"without nodeName", "node n3 get no traffic: that node has no tunnel address"},
+		},
+		{
+			name: "a node whose endpoints all terminate drains",
+			svc:  dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
+				termEP("10.1.0.3", "n1"), readyEP("10.2.0.1", "n2"))},
+			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 0), tun("10.52.0.2", 1)},
+				[]ipvs.Backend{be("10.1.0.3", 8080, 0)})},
+		},
+		{
+			name: "no endpoint on this node: tier 1 only",
+			svc:  dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
+				readyEP("10.2.0.1", "n2"))},
+			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.2", 1)}, nil)},
+		},
+		{
+			name: "IPv6 keeps one tier",
+			svc:  dpSvc("2001:db8::10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv6, httpPorts,
+				readyEP("2001:db8:1::1", "n1"), readyEP("2001:db8:2::1", "n2"))},
+			want: []ipvs.Service{vs("2001:db8::10", 80, ipvs.TCP, be("2001:db8:1::1", 8080, 1), be("2001:db8:2::1", 8080, 1))},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			node := testNode()
+			node.Name = "n1"
+			view := dpView(t, node)
+			view.Tunnels = tunnels
+			got, problems := ServiceDataplane(tc.svc, tc.slices, view)
+			checkDataplane(t, got, problems, tc.want, tc.problems)
+		})
+	}
+}
+
+// checkDataplane compares ServiceDataplane's answer with the wanted
+// virtual servers and problems (each wanted problem a substring), and
+// checks that every virtual server validates.
+func checkDataplane(t *testing.T, got []ipvs.Service, problems []string, want []ipvs.Service, wantProblems []string) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("services:\n got %v\nwant %v", got, want)
+	}
+	if len(problems) != len(wantProblems) {
+		t.Fatalf("problems = %q, want %d matching %q", problems, len(wantProblems), wantProblems)
+	}
+	for i, w := range wantProblems {
+		if !strings.Contains(problems[i], w) {
+			t.Errorf("problem %d = %q, want it to contain %q", i, problems[i], w)
+		}
+	}
+	for _, s := range got {
+		if err := s.Validate(); err != nil {
+			t.Errorf("invalid virtual server: %v", err)
+		}
+	}
 }
