@@ -67,6 +67,9 @@ func (n *nftTables) setupTunnel(mss uint16) error {
 		}
 	}
 	if err := n.conn.Flush(); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			err = fmt.Errorf("%w (the kernel lacks an nftables expression they use: numgen is module nft_numgen, which the kernel loads on first use unless module autoloading is off; then load it at boot, /etc/modules-load.d)", err)
+		}
 		return fmt.Errorf("nftables table ip %s, two-tier chains: %w", snatTable, err)
 	}
 	n.tier2 = set

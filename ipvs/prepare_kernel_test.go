@@ -3,7 +3,9 @@ package ipvs
 import (
 	"errors"
 	"io/fs"
+	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +30,8 @@ func TestKernelPrepareNode(t *testing.T) {
 				boot = append(boot, m)
 			}
 		}
-		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute, Modules: boot, OnDemandModules: []string{"ip_vs"}})
+		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute, Modules: boot, OnDemandModules: []string{"ip_vs", "ipip"},
+			OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen")})
 		return
 	}
 	if _, err := os.Stat("/sys/module/ip_vs"); !errors.Is(err, fs.ErrNotExist) {
@@ -76,6 +79,23 @@ func TestKernelPrepareNode(t *testing.T) {
 			}
 		}
 		wantConntrack(t, "0")
+	})
+	t.Run("prepare-node --tunnel, then read-only /proc/sys", func(t *testing.T) {
+		if _, err := os.Stat("/sys/module/ipip"); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("ipip is loaded before PrepareTunnel (stat: %v)", err)
+		}
+		if err := PrepareTunnel(); err != nil {
+			t.Fatalf("PrepareTunnel: %v", err)
+		}
+		if _, err := os.Stat("/sys/class/net/" + TunnelLink); err != nil {
+			t.Errorf("no %s after PrepareTunnel (ipip loaded by the kernel on request): %v", TunnelLink, err)
+		}
+		readOnlyProcSys(t)
+		d, err := New(Options{LinkName: "vipcast-p", Tunnel: &Tunnel{Self: netip.MustParseAddr("10.52.0.1")}})
+		if err != nil {
+			t.Fatalf("New with Tunnel on a node prepared with --tunnel, /proc/sys read-only: %v", err)
+		}
+		d.Close()
 	})
 	t.Run("unprivileged prepare-node", func(t *testing.T) {
 		sysctl(t, "net/ipv4/vs/conntrack", "0")

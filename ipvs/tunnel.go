@@ -3,6 +3,7 @@ package ipvs
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -119,19 +120,81 @@ func isDefault(n *net.IPNet) bool {
 	return ones == 0
 }
 
-// ensureTunnel readies this node for the two-tier dataplane: tunl0 up, the
-// loop, the routes and the rule for the node's tunnel address, and the
-// sysctls. Each step is skipped when it is already so, and a tunnel
-// address of an earlier run is replaced.
-func ensureTunnel(nh *netlink.Handle, t Tunnel) error {
-	tunl, err := nh.LinkByName(TunnelLink)
+// PrepareTunnel does the part of readying a node for the two-tier
+// dataplane that needs privilege: it loads the ipip module (tunl0
+// appears), creates the loop, and sets the sysctls (sloppy_tcp and
+// sloppy_sctp, accept_local on the loop, reverse-path filtering off on
+// tunl0 and the loop). It is the work of the chart's privileged init
+// container (vipcast-speaker prepare-node --tunnel); a speaker without
+// write access to /proc/sys then finds the sysctls set. New with
+// Options.Tunnel does the same, skipping what is already so, and adds
+// what depends on the node's tunnel address.
+func PrepareTunnel() error {
+	nh, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
-		return fmt.Errorf("link %s: %w (it appears when the ipip module is loaded: modprobe ipip, or ipip in /etc/modules-load.d)", TunnelLink, err)
+		return fmt.Errorf("rtnetlink: %w", err)
+	}
+	defer nh.Close()
+	_, _, _, err = prepareTunnel(nh)
+	return err
+}
+
+// prepareTunnel is PrepareTunnel with a handle; it returns tunl0 and the
+// loop's two ends.
+func prepareTunnel(nh *netlink.Handle) (tunl, out, in netlink.Link, err error) {
+	if tunl, err = tunnelLink(nh); err != nil {
+		return nil, nil, nil, err
 	}
 	if err := nh.LinkSetUp(tunl); err != nil {
-		return fmt.Errorf("set %s up: %w", TunnelLink, err)
+		return nil, nil, nil, fmt.Errorf("set %s up: %w", TunnelLink, err)
 	}
-	out, in, err := ensureLoop(nh)
+	if out, in, err = ensureLoop(nh); err != nil {
+		return nil, nil, nil, err
+	}
+	for _, s := range []struct{ name, value string }{
+		{"net/ipv4/vs/sloppy_tcp", "1"},
+		{"net/ipv4/vs/sloppy_sctp", "1"},
+		// The loop's packets come from one of the node's own addresses.
+		{"net/ipv4/conf/" + LoopPeer + "/accept_local", "1"},
+	} {
+		if err := setSysctl(s.name, s.value); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	if err := exemptFromRPFilter(LoopPeer, TunnelLink); err != nil {
+		return nil, nil, nil, err
+	}
+	return tunl, out, in, nil
+}
+
+// tunnelLink returns tunl0, loading the ipip module when it is missing: the
+// kernel loads it itself (request_module of rtnl-link-ipip, run by the
+// host's modprobe) when asked for a link of that kind, so neither modprobe
+// nor /lib/modules is needed in the container. The probe link is deleted
+// at once.
+func tunnelLink(nh *netlink.Handle) (netlink.Link, error) {
+	if l, err := nh.LinkByName(TunnelLink); err == nil {
+		return l, nil
+	}
+	const probe = "vcipip-probe"
+	if err := nh.LinkAdd(&netlink.Iptun{LinkAttrs: netlink.LinkAttrs{Name: probe}}); err == nil {
+		if l, err := nh.LinkByName(probe); err == nil {
+			_ = nh.LinkDel(l)
+		}
+	}
+	l, err := nh.LinkByName(TunnelLink)
+	if err != nil {
+		return nil, fmt.Errorf("link %s: %w (it appears when the ipip module is loaded: run vipcast-speaker %s --tunnel privileged, or put ipip in /etc/modules-load.d)", TunnelLink, err, PrepareNodeCommand)
+	}
+	return l, nil
+}
+
+// ensureTunnel readies this node for the two-tier dataplane:
+// prepareTunnel, then the routes and the rule for the node's tunnel
+// address. Each step is skipped when it is already so, and a tunnel
+// address of an earlier run is replaced.
+func ensureTunnel(nh *netlink.Handle, t Tunnel) error {
+	_, out, in, err := prepareTunnel(nh)
 	if err != nil {
 		return err
 	}
@@ -156,20 +219,7 @@ func ensureTunnel(nh *netlink.Handle, t Tunnel) error {
 	if err := dropStaleTunnelRoutes(nh, out, self); err != nil {
 		return err
 	}
-	if err := ensureTunnelRule(nh); err != nil {
-		return err
-	}
-	for _, s := range []struct{ name, value string }{
-		{"net/ipv4/vs/sloppy_tcp", "1"},
-		{"net/ipv4/vs/sloppy_sctp", "1"},
-		// The loop's packets come from one of the node's own addresses.
-		{"net/ipv4/conf/" + LoopPeer + "/accept_local", "1"},
-	} {
-		if err := setSysctl(s.name, s.value); err != nil {
-			return err
-		}
-	}
-	return exemptFromRPFilter(LoopPeer, TunnelLink)
+	return ensureTunnelRule(nh)
 }
 
 // exemptFromRPFilter turns reverse-path filtering off on links and leaves
@@ -304,4 +354,58 @@ func ensureTunnelRule(nh *netlink.Handle) error {
 // prefixNet converts p for netlink.
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// TunnelRouteProtocol marks the routes SetTunnelRoutes programs (the
+// rtnetlink protocol field, "proto 96" in ip route), so that it finds and
+// removes its own and no other.
+const TunnelRouteProtocol = 96
+
+// SetTunnelRoutes makes the main table's routes to the other nodes'
+// tunnel addresses exactly routes: tunnel address to the node address it
+// is reached through (an on-link gateway, such as the node's InternalIP on
+// a shared subnet). Routes it programmed before to addresses no longer in
+// routes are deleted; any other route is left alone. One route the kernel
+// refuses (a gateway not on a connected subnet) does not stop the others:
+// the errors name each.
+func (d *Dataplane) SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.tunnel {
+		if len(routes) == 0 {
+			return nil
+		}
+		return errors.New("tunnel routes: the two-tier dataplane is off (Options.Tunnel)")
+	}
+	have, err := d.nl.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: TunnelRouteProtocol},
+		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return fmt.Errorf("list tunnel routes: %w", err)
+	}
+	var errs []error
+	for _, r := range have {
+		if r.Dst == nil {
+			continue
+		}
+		dst, ok := netip.AddrFromSlice(r.Dst.IP)
+		gw, gwOK := netip.AddrFromSlice(r.Gw)
+		if want, keep := routes[dst.Unmap()]; ok && keep && gwOK && gw.Unmap() == want.Unmap() {
+			continue
+		}
+		if err := d.nl.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("delete tunnel route %s: %w", r.Dst, err))
+		}
+	}
+	for _, dst := range slices.SortedFunc(maps.Keys(routes), netip.Addr.Compare) {
+		gw := routes[dst]
+		if !dst.Unmap().Is4() || !gw.Unmap().Is4() {
+			errs = append(errs, fmt.Errorf("tunnel route %s via %s: IPv4 only", dst, gw))
+			continue
+		}
+		r := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(dst.Unmap(), 32)), Gw: gw.Unmap().AsSlice(), Protocol: TunnelRouteProtocol}
+		if err := d.nl.RouteReplace(r); err != nil {
+			errs = append(errs, fmt.Errorf("tunnel route %s via %s: %w", dst, gw, err))
+		}
+	}
+	return errors.Join(errs...)
 }

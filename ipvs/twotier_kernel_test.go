@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"reflect"
@@ -174,6 +175,8 @@ func TestKernelTwoTier(t *testing.T) {
 		t.Errorf("Sync of a Service with SNAT in two-tier mode: %v, want a refusal naming the two-tier dataplane", err)
 	}
 
+	testTunnelRoutes(t, d, h)
+
 	// Back to one tier.
 	must(t, d.Close())
 	if d, err = open(Options{LinkName: "vip0"}); err != nil {
@@ -261,4 +264,51 @@ func nsSysctl(t *testing.T, ns netns.NsHandle, name string) string {
 		return err
 	}))
 	return strings.TrimSpace(string(v))
+}
+
+// testTunnelRoutes: SetTunnelRoutes programs the routes to the other
+// nodes' tunnel addresses, replaces a changed gateway, removes a route no
+// longer wanted, leaves a route of someone else alone, and reports a
+// gateway it cannot reach while setting the others.
+func testTunnelRoutes(t *testing.T, d *Dataplane, h *netlink.Handle) {
+	t.Helper()
+	fabric := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "fabric0"}}
+	must(t, h.LinkAdd(fabric))
+	must(t, h.LinkSetUp(fabric))
+	must(t, h.AddrAdd(fabric, addr(t, "10.60.0.1/24")))
+	foreign := &netlink.Route{Dst: prefixNet(netip.MustParsePrefix("10.52.0.7/32")), Gw: ip("10.60.0.9").AsSlice(), Protocol: unix.RTPROT_STATIC}
+	must(t, h.RouteAdd(foreign))
+	ours := func() map[string]string {
+		rs, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		must(t, err)
+		m := map[string]string{}
+		for _, r := range rs {
+			// (The node's own tunnel address is routed out of the loop,
+			// without gateway.)
+			if r.Dst != nil && r.Gw != nil && strings.HasPrefix(r.Dst.String(), "10.52.") {
+				m[r.Dst.String()] = fmt.Sprintf("via %s proto %d", r.Gw, r.Protocol)
+			}
+		}
+		return m
+	}
+	if err := d.SetTunnelRoutes(map[netip.Addr]netip.Addr{ip("10.52.0.2"): ip("10.60.0.2"), ip("10.52.0.3"): ip("10.60.0.3")}); err != nil {
+		t.Fatalf("SetTunnelRoutes: %v", err)
+	}
+	want := map[string]string{"10.52.0.2/32": "via 10.60.0.2 proto 96", "10.52.0.3/32": "via 10.60.0.3 proto 96", "10.52.0.7/32": "via 10.60.0.9 proto 4"}
+	if got := ours(); !reflect.DeepEqual(got, want) {
+		t.Errorf("routes after SetTunnelRoutes: %v, want %v", got, want)
+	}
+	err := d.SetTunnelRoutes(map[netip.Addr]netip.Addr{ip("10.52.0.3"): ip("10.60.0.4"), ip("10.52.0.5"): ip("10.99.0.1")})
+	if err == nil || !strings.Contains(err.Error(), "10.52.0.5 via 10.99.0.1") {
+		t.Errorf("SetTunnelRoutes with an unreachable gateway: %v, want an error naming that route", err)
+	}
+	want = map[string]string{"10.52.0.3/32": "via 10.60.0.4 proto 96", "10.52.0.7/32": "via 10.60.0.9 proto 4"}
+	if got := ours(); !reflect.DeepEqual(got, want) {
+		t.Errorf("routes after a change: %v, want %v", got, want)
+	}
+	must(t, d.SetTunnelRoutes(nil))
+	want = map[string]string{"10.52.0.7/32": "via 10.60.0.9 proto 4"}
+	if got := ours(); !reflect.DeepEqual(got, want) {
+		t.Errorf("routes after SetTunnelRoutes(nil): %v, want %v", got, want)
+	}
 }
