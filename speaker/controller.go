@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -72,6 +73,12 @@ type Options struct {
 	// DataplaneResync is how often the whole kernel table is compared
 	// with the desired state, repairing drift.
 	DataplaneResync time.Duration
+	// TunnelPrefix turns on the two-tier dataplane for IPv4 VIPs: every
+	// node's tunnel address is derived from it (TunnelAddress), the
+	// speaker watches every Node for their addresses, and Dataplane must
+	// be an *ipvs.Dataplane opened with the matching ipvs.Tunnel. The zero
+	// prefix keeps one tier.
+	TunnelPrefix netip.Prefix
 }
 
 // Controller is the speaker's reconciler: it watches Services,

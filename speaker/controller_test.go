@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -455,5 +457,91 @@ func TestControllerRetriesRefusedService(t *testing.T) {
 	dp.mu.Unlock()
 	waitFor("the refused Service retried, programmed and announced", func() bool {
 		return dp.has("10.100.0.2") && engine.prefixes()[netip.MustParsePrefix("10.100.0.2/32")]
+	})
+}
+
+// tunnelDataplane is a recordingDataplane that also records the tunnel
+// routes it is given.
+type tunnelDataplane struct {
+	recordingDataplane
+	routes []map[netip.Addr]netip.Addr
+}
+
+func (d *tunnelDataplane) SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.routes = append(d.routes, maps.Clone(routes))
+	return nil
+}
+
+func (d *tunnelDataplane) last() (ipvs.State, map[netip.Addr]netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var st ipvs.State
+	if len(d.syncs) > 0 {
+		st = d.syncs[len(d.syncs)-1]
+	}
+	var r map[netip.Addr]netip.Addr
+	if len(d.routes) > 0 {
+		r = d.routes[len(d.routes)-1]
+	}
+	return st, r
+}
+
+// TestControllerTwoTier checks the two-tier wiring with TunnelPrefix: the
+// speaker watches every Node, routes the other nodes' tunnel addresses
+// through their InternalIPs, and programs tier 1 over the nodes hosting
+// endpoints (tier 2: this node's); a node joining adds its route, and a
+// Service's endpoint there adds it to tier 1.
+func TestControllerTwoTier(t *testing.T) {
+	client := fakeServices(1) // Service a, VIP 10.100.0.1, one endpoint on n2
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n2 := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.3"}}}}
+	if _, err := client.CoreV1().Nodes().Create(ctx, n2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dp := &tunnelDataplane{}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: 300 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	a := netip.MustParseAddr
+	key := ipvs.Key{VIP: a("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}
+	tier1 := func(st ipvs.State) string { return fmt.Sprint(st.Services[key].Backends) }
+	eventually(t, "the routes and tier 1 over n2", func() bool {
+		st, r := dp.last()
+		return reflect.DeepEqual(r, map[netip.Addr]netip.Addr{a("100.127.0.3"): a("10.0.0.3")}) &&
+			tier1(st) == "[100.127.0.3:80 w1 ipip]" && !st.Services[key].SNAT && len(st.Services[key].Local) == 0
+	}, func() string {
+		st, r := dp.last()
+		return fmt.Sprintf("routes %v, virtual server %+v", r, st.Services[key])
+	})
+
+	// Node n3 joins, and Service a gets an endpoint there and one here.
+	n3 := n2.DeepCopy()
+	n3.Name, n3.Status.Addresses[0].Address = "n3", "10.0.0.4"
+	if _, err := client.CoreV1().Nodes().Create(ctx, n3, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	slice := testSlice("a")
+	for _, ep := range []struct{ addr, node string }{{"10.244.1.1", "n3"}, {"10.244.2.1", "n1"}} {
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{ep.addr}, NodeName: ptr.To(ep.node),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n3's route and tier 1 over three nodes", func() bool {
+		st, r := dp.last()
+		return len(r) == 2 && r[a("100.127.0.4")] == a("10.0.0.4") &&
+			tier1(st) == "[100.127.0.2:80 w1 ipip 100.127.0.3:80 w1 ipip 100.127.0.4:80 w1 ipip]" &&
+			fmt.Sprint(st.Services[key].Local) == "[10.244.2.1:8080 w1]"
+	}, func() string {
+		st, r := dp.last()
+		return fmt.Sprintf("routes %v, virtual server %+v", r, st.Services[key])
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/netip"
 	"reflect"
 	"slices"
 	"sort"
@@ -42,8 +43,12 @@ type watched struct {
 	services cache.SharedIndexInformer
 	slices   cache.SharedIndexInformer
 	node     cache.SharedIndexInformer
-	pools    cache.SharedIndexInformer
-	peers    cache.SharedIndexInformer
+	// allNodes watches every Node for its address (the two-tier
+	// dataplane's tunnel addresses); nil with one tier.
+	allNodes     cache.SharedIndexInformer
+	allNodesFrom informers.SharedInformerFactory
+	pools        cache.SharedIndexInformer
+	peers        cache.SharedIndexInformer
 	// secrets has one Secret informer per password namespace, by namespace.
 	secrets map[string]cache.SharedIndexInformer
 	// secretFactories start them.
@@ -65,6 +70,13 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	w.services = w.factory.Core().V1().Services().Informer()
 	w.slices = w.factory.Discovery().V1().EndpointSlices().Informer()
 	w.node = w.nodes.Core().V1().Nodes().Informer()
+	if opts.TunnelPrefix.IsValid() {
+		w.allNodesFrom = informers.NewSharedInformerFactory(opts.Client, 0)
+		w.allNodes = w.allNodesFrom.Core().V1().Nodes().Informer()
+		if _, err := w.allNodes.AddEventHandler(configHandler(q, sameNodeAddress)); err != nil {
+			return nil, fmt.Errorf("event handler: %w", err)
+		}
+	}
 	w.pools = w.dynamic.ForResource(vipcastv1alpha1.IPPoolsResource).Informer()
 	w.peers = w.dynamic.ForResource(vipcastv1alpha1.BGPPeersResource).Informer()
 
@@ -98,6 +110,10 @@ func (w *watched) start(ctx context.Context) error {
 	w.nodes.Start(ctx.Done())
 	w.dynamic.Start(ctx.Done())
 	synced := []cache.InformerSynced{w.services.HasSynced, w.slices.HasSynced, w.node.HasSynced, w.pools.HasSynced, w.peers.HasSynced}
+	if w.allNodes != nil {
+		w.allNodesFrom.Start(ctx.Done())
+		synced = append(synced, w.allNodes.HasSynced)
+	}
 	for _, f := range w.secretFactories {
 		f.Start(ctx.Done())
 	}
@@ -236,6 +252,35 @@ func (w *watched) slicesOf(svc *v1.Service) []*discoveryv1.EndpointSlice {
 		}
 	}
 	return slices
+}
+
+// sameNodeAddress reports whether a Node update leaves its IPv4 address,
+// the one its tunnel address derives from, as it was.
+func sameNodeAddress(old, cur any) bool {
+	o, ok1 := old.(*v1.Node)
+	n, ok2 := cur.(*v1.Node)
+	if !ok1 || !ok2 {
+		return false
+	}
+	a, _ := NodeFrom(o)
+	b, _ := NodeFrom(n)
+	return a.IPv4 == b.IPv4
+}
+
+// nodeAddresses returns every Node's IPv4 address by name (the zero Addr
+// for a node without one), from the all-nodes cache (nil with one tier).
+func (w *watched) nodeAddresses() map[string]netip.Addr {
+	if w.allNodes == nil {
+		return nil
+	}
+	out := map[string]netip.Addr{}
+	for _, obj := range w.allNodes.GetStore().List() {
+		if node, ok := obj.(*v1.Node); ok {
+			n, _ := NodeFrom(node)
+			out[node.Name] = n.IPv4
+		}
+	}
+	return out
 }
 
 // currentNode returns this node from the cache; a Node with only its name

@@ -64,13 +64,54 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 		return Node{}, nil, err
 	}
 	n, nodeErrs := NodeFrom(node)
+	var tunnels map[string]netip.Addr
+	if c.opts.TunnelPrefix.IsValid() {
+		var problems []string
+		tunnels, problems = c.syncTunnels(ctx, n.Name)
+		for _, p := range problems {
+			nodeErrs = append(nodeErrs, errors.New(p))
+		}
+	}
 	c.report.nodeProblems(ctx, node, nodeErrs)
 	peers := c.watch.listPeers(ctx)
 	view, poolErrs := Compile(c.watch.listPools(ctx), peers, n)
 	view.Classes = c.opts.Classes
+	view.Tunnels = tunnels
 	c.report.poolProblems(ctx, poolErrs)
 	c.view = view
 	return n, peers, nil
+}
+
+// tunnelRouter is what the two-tier dataplane needs of the kernel beyond
+// Dataplane; *ipvs.Dataplane implements it.
+type tunnelRouter interface {
+	// SetTunnelRoutes makes the routes to the other nodes' tunnel
+	// addresses exactly routes (tunnel address to node address).
+	SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error
+}
+
+// syncTunnels derives every node's tunnel address and routes this node's
+// kernel to the others' through their node addresses; it returns the
+// tunnel addresses by node name and the problems to report (nodes without
+// one, routes the kernel refused).
+func (c *Controller) syncTunnels(ctx context.Context, self string) (map[string]netip.Addr, []string) {
+	addrs := c.watch.nodeAddresses()
+	tunnels, problems := Tunnels(c.opts.TunnelPrefix, addrs)
+	tr, ok := c.opts.Dataplane.(tunnelRouter)
+	if !ok {
+		return tunnels, problems
+	}
+	routes := make(map[netip.Addr]netip.Addr, len(tunnels))
+	for name, t := range tunnels {
+		if name != self {
+			routes[t] = addrs[name]
+		}
+	}
+	if err := tr.SetTunnelRoutes(routes); err != nil {
+		problems = append(problems, fmt.Sprintf("routes to the other nodes' tunnel addresses: %v", err))
+	}
+	klog.FromContext(ctx).V(4).Info("Tunnel addresses", "nodes", len(tunnels), "routes", len(routes))
+	return tunnels, problems
 }
 
 // syncDataplane programs every Service's virtual servers: with full, by a

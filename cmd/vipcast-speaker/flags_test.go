@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -23,16 +24,73 @@ func TestParseFlagsPasswordNamespaces(t *testing.T) {
 		{args: []string{"--bgp-password-namespaces", "Fabric"}, wantErr: `bgp-password-namespaces: "Fabric" is not a namespace name`},
 		{args: []string{"--bgp-password-namespaces", "a/b"}, wantErr: "use lowercase letters, digits and '-'"},
 	} {
-		f, err := parseFlags(append(slices.Clone(base), tc.args...))
+		f, ok := parseChecked(t, append(slices.Clone(base), tc.args...), tc.wantErr)
 		switch {
-		case tc.wantErr != "":
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("%q: err = %v, want one containing %q", tc.args, err, tc.wantErr)
-			}
-		case err != nil:
-			t.Errorf("%q: %v", tc.args, err)
+		case !ok:
 		case !slices.Equal(f.passwordNS, tc.want):
 			t.Errorf("%q: namespaces %q, want %q", tc.args, f.passwordNS, tc.want)
 		}
 	}
+}
+
+// TestParseFlagsTunnel checks --tunnel-prefix and --tunnel-mtu: off by
+// default, an IPv4 prefix of /8 to /30 (masked), and each bad value
+// refused naming the flag and the fix; and the dataplane options they give
+// a node.
+func TestParseFlagsTunnel(t *testing.T) {
+	base := []string{"--node-name", "n1"}
+	for _, tc := range []struct {
+		args    []string
+		want    string // the prefix; "" off
+		wantErr string
+	}{
+		{args: nil, want: ""},
+		{args: []string{"--tunnel-prefix", "100.127.0.0/16"}, want: "100.127.0.0/16"},
+		{args: []string{"--tunnel-prefix", "100.127.9.9/16"}, want: "100.127.0.0/16"},
+		{args: []string{"--tunnel-prefix", "100.127.0.0"}, wantErr: `--tunnel-prefix="100.127.0.0" is not an IPv4 prefix`},
+		{args: []string{"--tunnel-prefix", "fd00::/64"}, wantErr: "is not an IPv4 prefix"},
+		{args: []string{"--tunnel-prefix", "100.127.0.0/31"}, wantErr: "use a length of 8 to 30"},
+		{args: []string{"--tunnel-prefix", "100.127.0.0/16", "--ipvs=false"}, wantErr: "--tunnel-prefix needs the IPVS dataplane"},
+		{args: []string{"--tunnel-mtu", "100"}, wantErr: "--tunnel-mtu=100 is out of 576..65535"},
+	} {
+		f, ok := parseChecked(t, append(slices.Clone(base), tc.args...), tc.wantErr)
+		switch {
+		case !ok:
+		case tc.want == "" && f.tunnelPrefix.IsValid():
+			t.Errorf("%q: prefix %v, want none", tc.args, f.tunnelPrefix)
+		case tc.want != "" && f.tunnelPrefix != netip.MustParsePrefix(tc.want):
+			t.Errorf("%q: prefix %v, want %s", tc.args, f.tunnelPrefix, tc.want)
+		}
+	}
+
+	f, err := parseFlags(append(slices.Clone(base), "--tunnel-prefix", "100.127.0.0/16", "--tunnel-mtu", "9000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := dataplaneOptions(f, netip.MustParseAddr("10.0.0.11"))
+	if err != nil || opts.Tunnel == nil || opts.Tunnel.Self != netip.MustParseAddr("100.127.0.11") || opts.Tunnel.MTU != 9000 {
+		t.Errorf("dataplane options for node 10.0.0.11: %+v, %v; want tunnel address 100.127.0.11, MTU 9000", opts.Tunnel, err)
+	}
+	if _, err := dataplaneOptions(f, netip.Addr{}); err == nil || !strings.Contains(err.Error(), "IPv4 InternalIP") {
+		t.Errorf("dataplane options for a node without IPv4 address: %v, want an error naming its InternalIP", err)
+	}
+}
+
+// parseChecked parses args and checks the error against wantErr (""
+// none; else a substring of the error); it returns the flags and whether
+// parsing succeeded as wanted with no error.
+func parseChecked(t *testing.T, args []string, wantErr string) (*flags, bool) {
+	t.Helper()
+	f, err := parseFlags(args)
+	switch {
+	case wantErr != "":
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("%q: err = %v, want one containing %q", args, err, wantErr)
+		}
+		return nil, false
+	case err != nil:
+		t.Errorf("%q: %v", args, err)
+		return nil, false
+	}
+	return f, true
 }

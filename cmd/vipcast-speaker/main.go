@@ -66,6 +66,9 @@ type flags struct {
 	class            string
 	classless        bool
 	classes          lbclass.Selector
+	tunnelPrefixFlag string
+	tunnelPrefix     netip.Prefix
+	tunnelMTU        int
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -87,6 +90,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.ipvsLink, "ipvs-link", ipvs.DefaultLinkName, "Dummy link that carries the VIPs (created if missing).")
 	fs.DurationVar(&f.prefixRestart, "bgp-prefix-limit-restart", bgp.DefaultPrefixLimitRestart, "How long a BGP session stays down after the router sent more prefixes than its limit; doubled for each consecutive time, up to 30m.")
 	fs.DurationVar(&f.dataplaneResync, "dataplane-resync-period", time.Minute, "How often the whole IPVS table is compared with the desired state, repairing drift.")
+	fs.StringVar(&f.tunnelPrefixFlag, "tunnel-prefix", "", "Turns on the two-tier dataplane for IPv4 VIPs (established flows survive ECMP changes, the pods see the client): each node's tunnel address is this IPv4 prefix with the host bits of the node's InternalIP, such as 100.127.0.0/16. Every speaker of the cluster must have the same value. Empty keeps one tier.")
+	fs.IntVar(&f.tunnelMTU, "tunnel-mtu", 0, "The fabric's MTU, for the two-tier dataplane's MSS clamp (MTU less 60); 0 uses the MTU of the link of the node's default route.")
 	fs.StringVar(&f.class, lbclass.FlagClass, "", "The spec.loadBalancerClass of the Services vipcast serves, such as vipcast.io/bgp; empty serves no class. Must be the CCM's value.")
 	fs.BoolVar(&f.classless, lbclass.FlagClassless, true, "Also serve Services without a spec.loadBalancerClass. Default: true without --"+lbclass.FlagClass+", false with it. Must be the CCM's value.")
 	klog.InitFlags(fs)
@@ -126,6 +131,9 @@ func (f *flags) check() error {
 		return fmt.Errorf("--kube-api-qps=%v and --kube-api-burst=%d must be positive", f.qps, f.burst)
 	}
 	if err := checkMetricsAddr(f.metricsAddr); err != nil {
+		return err
+	}
+	if err := f.checkTunnel(); err != nil {
 		return err
 	}
 	if f.routerID != "" {
@@ -216,8 +224,10 @@ func main() {
 // 0 once the node is prepared, 1 when it cannot be, 2 for a bad command line.
 func prepareNode(args []string) int {
 	fs := flag.NewFlagSet("vipcast-speaker "+ipvs.PrepareNodeCommand, flag.ContinueOnError)
+	tunnel := fs.Bool("tunnel", false, "Also prepare the two-tier dataplane (--tunnel-prefix): load ipip, create the vcloop0/vcloop1 loop, set sloppy_tcp/sloppy_sctp and the loop's and tunl0's reverse-path filtering.")
 	fs.Usage = func() {
-		_, _ = fmt.Fprintf(fs.Output(), "Usage: vipcast-speaker %s\n\nLoads the ip_vs module (kernel autoloading) and sets net.ipv4.vs.conntrack=1,\nthen exits. Needs write access to /proc/sys: run it in a privileged init container.\n", ipvs.PrepareNodeCommand)
+		_, _ = fmt.Fprintf(fs.Output(), "Usage: vipcast-speaker %s [--tunnel]\n\nLoads the ip_vs module (kernel autoloading) and sets net.ipv4.vs.conntrack=1,\nthen exits. Needs write access to /proc/sys: run it in a privileged init container.\n", ipvs.PrepareNodeCommand)
+		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -234,6 +244,13 @@ func prepareNode(args []string) int {
 		return 1
 	}
 	fmt.Printf("vipcast-speaker %s: ip_vs is loaded and net.ipv4.vs.conntrack=1\n", ipvs.PrepareNodeCommand)
+	if *tunnel {
+		if err := ipvs.PrepareTunnel(); err != nil {
+			fmt.Fprintf(os.Stderr, "vipcast-speaker %s --tunnel: %v\n", ipvs.PrepareNodeCommand, err)
+			return 1
+		}
+		fmt.Printf("vipcast-speaker %s: the two-tier dataplane's links and sysctls are ready\n", ipvs.PrepareNodeCommand)
+	}
 	return 0
 }
 
@@ -247,10 +264,13 @@ func run(f *flags) error {
 	if err != nil {
 		return err
 	}
-	routerID, err := pickRouterID(ctx, f, calls)
-	if err != nil {
-		return err
+	var nodeIP netip.Addr
+	if f.routerID == "" || f.tunnelPrefix.IsValid() {
+		if nodeIP, err = readNodeIPv4(ctx, f, calls); err != nil {
+			return err
+		}
 	}
+	routerID := pickRouterID(f, nodeIP)
 	reg, metrics, err := newRegistry()
 	if err != nil {
 		return err
@@ -273,13 +293,12 @@ func run(f *flags) error {
 		Resync:             f.resync,
 		Metrics:            metrics,
 		DataplaneResync:    f.dataplaneResync,
+		TunnelPrefix:       f.tunnelPrefix,
 	}
 	if f.ipvs {
-		// The kernel state outlives the process on purpose: a restarted
-		// speaker takes it over without dropping a connection.
-		dp, err := ipvs.New(ipvs.Options{LinkName: f.ipvsLink})
+		dp, err := openDataplane(f, nodeIP)
 		if err != nil {
-			return fmt.Errorf("opening IPVS (load the ip_vs modules and grant NET_ADMIN, or pass --ipvs=false to announce routes only): %w", err)
+			return err
 		}
 		defer closeDataplane(logger, dp)
 		opts.Dataplane = dp
@@ -309,6 +328,58 @@ func newRegistry() (*prometheus.Registry, *speaker.Metrics, error) {
 		return nil, nil, fmt.Errorf("metrics: %w", err)
 	}
 	return reg, metrics, nil
+}
+
+// checkTunnel parses --tunnel-prefix and checks it and --tunnel-mtu.
+func (f *flags) checkTunnel() error {
+	if f.tunnelMTU != 0 && (f.tunnelMTU < 576 || f.tunnelMTU > 65535) {
+		return fmt.Errorf("--tunnel-mtu=%d is out of 576..65535: use the fabric's MTU, such as 1500, or 0 for the default route's link", f.tunnelMTU)
+	}
+	if f.tunnelPrefixFlag == "" {
+		return nil
+	}
+	p, err := netip.ParsePrefix(f.tunnelPrefixFlag)
+	switch {
+	case err != nil || !p.Addr().Is4():
+		return fmt.Errorf("--tunnel-prefix=%q is not an IPv4 prefix: use one such as 100.127.0.0/16", f.tunnelPrefixFlag)
+	case p.Bits() < 8 || p.Bits() > 30:
+		return fmt.Errorf("--tunnel-prefix=%s: use a length of 8 to 30, at least as long as the nodes' subnet, such as /16", p)
+	case !f.ipvs:
+		return errors.New("--tunnel-prefix needs the IPVS dataplane: drop --ipvs=false, or --tunnel-prefix")
+	}
+	f.tunnelPrefix = p.Masked()
+	return nil
+}
+
+// dataplaneOptions returns the options of the IPVS dataplane: with
+// --tunnel-prefix, the two-tier dataplane with this node's tunnel
+// address, derived from its IPv4 address nodeIP.
+func dataplaneOptions(f *flags, nodeIP netip.Addr) (ipvs.Options, error) {
+	opts := ipvs.Options{LinkName: f.ipvsLink}
+	if !f.tunnelPrefix.IsValid() {
+		return opts, nil
+	}
+	self, err := speaker.TunnelAddress(f.tunnelPrefix, nodeIP)
+	if err != nil {
+		return opts, fmt.Errorf("--tunnel-prefix: this node's tunnel address (from its IPv4 InternalIP): %w", err)
+	}
+	opts.Tunnel = &ipvs.Tunnel{Self: self, MTU: f.tunnelMTU}
+	return opts, nil
+}
+
+// openDataplane opens the IPVS dataplane. The kernel state outlives the
+// process on purpose: a restarted speaker takes it over without dropping a
+// connection.
+func openDataplane(f *flags, nodeIP netip.Addr) (*ipvs.Dataplane, error) {
+	opts, err := dataplaneOptions(f, nodeIP)
+	if err != nil {
+		return nil, err
+	}
+	dp, err := ipvs.New(opts)
+	if err != nil {
+		return nil, fmt.Errorf("opening IPVS (load the ip_vs modules and grant NET_ADMIN, or pass --ipvs=false to announce routes only): %w", err)
+	}
+	return dp, nil
 }
 
 // closeDataplane releases the IPVS and netlink handles, logging a failure;
@@ -414,16 +485,29 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// pickRouterID returns --router-id, else the Node's first IPv4 address,
-// else an address derived from the node name (router IDs only need to be
-// unique among a router's peers). Without --router-id it waits for the
-// Node to be read — nothing is announced meanwhile — so that a speaker
-// started during an API server outage does not come up with another
-// router ID than the one it would have had.
-func pickRouterID(ctx context.Context, f *flags, calls kubernetes.Interface) (netip.Addr, error) {
+// pickRouterID returns --router-id, else nodeIP (the Node's first IPv4
+// address), else an address derived from the node name (router IDs only
+// need to be unique among a router's peers). Without --router-id, run
+// waits for readNodeIPv4 — nothing is announced meanwhile — so that a
+// speaker started during an API server outage does not come up with
+// another router ID than the one it would have had.
+func pickRouterID(f *flags, nodeIP netip.Addr) netip.Addr {
 	if f.routerID != "" {
-		return netip.MustParseAddr(f.routerID), nil // validated by parseFlags
+		return netip.MustParseAddr(f.routerID) // validated by parseFlags
 	}
+	if nodeIP.IsValid() {
+		return nodeIP
+	}
+	h := fnv.New32a()
+	h.Write([]byte(f.nodeName))
+	// Sum gives the four bytes of Sum32, most significant first.
+	return netip.AddrFrom4([4]byte(h.Sum(nil)))
+}
+
+// readNodeIPv4 reads this Node once, retrying while the API server does
+// not answer, and returns its IPv4 address (the first InternalIP; the zero
+// Addr when it has none or does not exist).
+func readNodeIPv4(ctx context.Context, f *flags, calls kubernetes.Interface) (netip.Addr, error) {
 	logger := klog.FromContext(ctx)
 	var node *v1.Node
 	logged := false
@@ -432,11 +516,11 @@ func pickRouterID(ctx context.Context, f *flags, calls kubernetes.Interface) (ne
 		node, err = calls.CoreV1().Nodes().Get(ctx, f.nodeName, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
-			logger.Error(err, "Node not found; deriving the router ID from the node name")
+			logger.Error(err, "Node not found; the router ID comes from the node name, and the two-tier dataplane cannot start")
 			return true, nil
 		case err != nil:
 			if !logged { // once per outage, not every retry
-				logger.Error(err, "Waiting for the API server to read this Node (for the router ID): nothing is announced until then")
+				logger.Error(err, "Waiting for the API server to read this Node (for the router ID and the tunnel address): nothing is announced until then")
 				logged = true
 			}
 			return false, nil
@@ -444,17 +528,13 @@ func pickRouterID(ctx context.Context, f *flags, calls kubernetes.Interface) (ne
 		return true, nil
 	})
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("reading Node %s for the router ID: %w", f.nodeName, err)
+		return netip.Addr{}, fmt.Errorf("reading Node %s for its address: %w", f.nodeName, err)
 	}
-	if node != nil {
-		if n, _ := speaker.NodeFrom(node); n.IPv4.IsValid() {
-			return n.IPv4, nil
-		}
+	if node == nil {
+		return netip.Addr{}, nil
 	}
-	h := fnv.New32a()
-	h.Write([]byte(f.nodeName))
-	// Sum gives the four bytes of Sum32, most significant first.
-	return netip.AddrFrom4([4]byte(h.Sum(nil))), nil
+	n, _ := speaker.NodeFrom(node)
+	return n.IPv4, nil
 }
 
 // serve starts the metrics and health endpoints.

@@ -336,7 +336,11 @@ func checkSpeaker(t *testing.T, r *Rendered, delay string, delaySeconds int64) *
 // /proc/sys), and nothing else: no probes, ports, env or mounts.
 func checkPrepareNode(t *testing.T, c corev1.Container, image string) {
 	t.Helper()
-	if c.Name != "prepare-node" || c.Image != image || !slices.Equal(c.Args, []string{"prepare-node"}) || len(c.Command) != 0 {
+	args := c.Args
+	if len(args) == 2 && args[1] == "--tunnel" { // the two-tier dataplane
+		args = args[:1]
+	}
+	if c.Name != "prepare-node" || c.Image != image || !slices.Equal(args, []string{"prepare-node"}) || len(c.Command) != 0 {
 		t.Errorf("init container %s image %q command %q args %q, want prepare-node running %q prepare-node", c.Name, c.Image, c.Command, c.Args, image)
 	}
 	if !privileged(c) || c.SecurityContext.ReadOnlyRootFilesystem == nil || !*c.SecurityContext.ReadOnlyRootFilesystem {
@@ -551,6 +555,24 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		c := spec.Containers[0]
 		if len(spec.InitContainers) != 0 || !slices.Equal(c.SecurityContext.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) {
 			t.Errorf("init containers %d, securityContext %+v: want none and NET_ADMIN", len(spec.InitContainers), c.SecurityContext)
+		}
+	})
+	t.Run("two tiers: flags and prepare-node --tunnel", func(t *testing.T) {
+		r := render(t, "speaker: {ipvs: {enabled: true, tunnelPrefix: 100.127.0.0/16, tunnelMTU: 9000}}")
+		spec := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec
+		wantArg(t, "speaker", spec.Containers[0].Args, "--tunnel-prefix", "100.127.0.0/16")
+		wantArg(t, "speaker", spec.Containers[0].Args, "--tunnel-mtu", "9000")
+		if len(spec.InitContainers) != 1 || !slices.Equal(spec.InitContainers[0].Args, []string{"prepare-node", "--tunnel"}) {
+			t.Errorf("init containers %+v: want one running prepare-node --tunnel", spec.InitContainers)
+		}
+		def := checkSpeaker(t, render(t, ""), "3s", 3).Spec.Template.Spec
+		if _, ok := arg(def.Containers[0].Args, "--tunnel-prefix"); ok || !slices.Equal(def.InitContainers[0].Args, []string{"prepare-node"}) {
+			t.Errorf("default: args %q, init args %q: want one tier", def.Containers[0].Args, def.InitContainers[0].Args)
+		}
+		for _, bad := range []string{"tunnelPrefix: 100.127.0.0", "tunnelPrefix: 100.127.0.0/31", "tunnelMTU: 100"} {
+			if _, err := Render(release, namespace, []byte("speaker: {ipvs: {enabled: true, "+bad+"}}")); err == nil || !strings.Contains(err.Error(), "tunnel") {
+				t.Errorf("%s: err = %v, want one naming the key", bad, err)
+			}
 		}
 	})
 	t.Run("delay in ms and minutes", func(t *testing.T) {

@@ -108,6 +108,9 @@ type Options struct {
 	// BFD, when set, runs BFD with these timers on the ToR's sessions and
 	// in the demo BGPPeer.
 	BFD *routers.BFD
+	// TunnelPrefix, when set, is the speakers' --tunnel-prefix: the
+	// two-tier dataplane.
+	TunnelPrefix string
 }
 
 // DefaultBFD is the lab's BFD: FRR's default timers, 300 ms x 3. Emulated
@@ -553,10 +556,13 @@ func (l *Lab) vmOptions(n *Node, i int, tap string, bins map[string]string, kube
 			"vm/bin/vipcast-speaker": bins["vipcast-speaker"],
 			"vm/kubeconfig":          kubeconfig,
 		},
-		Modules:  append(slices.Clone(vm.DefaultModules), "virtio_pci", "virtio_net", "bridge"),
-		MemoryMB: l.Opts.NodeMemoryMB,
-		Timeout:  1000 * time.Hour, // until the lab is torn down
-		Netns:    l.TorNS.Name,
+		Modules: append(slices.Clone(vm.DefaultModules), "virtio_pci", "virtio_net", "bridge", "ipip"),
+		// The two-tier dataplane's numgen; the guest has no modprobe for
+		// the kernel to load it on first use, as a node's kernel does.
+		OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen"),
+		MemoryMB:        l.Opts.NodeMemoryMB,
+		Timeout:         1000 * time.Hour, // until the lab is torn down
+		Netns:           l.TorNS.Name,
 		QEMUArgs: []string{
 			"-netdev", "tap,id=rack,ifname=" + tap + ",script=no,downscript=no",
 			"-device", fmt.Sprintf("virtio-net-pci,netdev=rack,mac=52:54:00:00:00:%02x", 0x11+i),
@@ -575,7 +581,7 @@ func (n *Node) speakerArgs() []string {
 	if r := n.lab.Opts.Resync; r > 0 {
 		resync, dataplane = r.String(), r.String()
 	}
-	return []string{
+	args := []string{
 		"--kubeconfig", "/vm/kubeconfig",
 		"--node-name", n.Name,
 		"--metrics-bind-address", net.JoinHostPort(n.Addr.String(), MetricsPort),
@@ -585,6 +591,10 @@ func (n *Node) speakerArgs() []string {
 		"--bgp-password-namespaces", PasswordNamespace,
 		"-v", "2",
 	}
+	if p := n.lab.Opts.TunnelPrefix; p != "" {
+		args = append(args, "--tunnel-prefix", p)
+	}
+	return args
 }
 
 // dumpConsoles shows the end of each VM's console.

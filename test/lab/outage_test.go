@@ -46,15 +46,8 @@ func TestAPIServerOutage(t *testing.T) {
 	const outage = 2*resync + 15*time.Second
 	l := lab.Up(t, lab.Options{Password: "lab-md5-password", Resync: resync})
 	ctx := t.Context()
-	if err := l.ApplyDemo(ctx); err != nil {
-		t.Fatal(err)
-	}
-	vip, err := l.WaitVIP(ctx, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	vip := demoVIP(t, l)
 	node1, node2 := l.Nodes[0], l.Nodes[1]
-	waitRoute(t, l, vip, 2*time.Minute, node1, node2)
 	ready := []lab.Pod{node1.Pods[0], node1.Pods[1], node2.Pods[0], node2.Pods[1]}
 	for _, n := range l.Nodes {
 		waitIPVS(t, n, vip, backendsOf(ready...))

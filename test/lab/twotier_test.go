@@ -1,0 +1,146 @@
+package lab_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vipcast/vipcast/test/lab"
+	"github.com/vipcast/vipcast/test/netns"
+)
+
+// heldFlows is the number of connections TestHeldAcrossECMP holds, each
+// exchanging a request every heldInterval.
+const (
+	heldFlows    = 200
+	heldInterval = 100 * time.Millisecond
+)
+
+// TestHeldAcrossECMP holds heldFlows connections from the client through
+// the VIP, each exchanging a request every heldInterval, while the ToR's
+// ECMP group changes, and counts those that keep reaching their first pod:
+//
+//   - a speaker SIGTERMed (its node leaves the ECMP group: the ToR moves
+//     that node's flows to the other) and started again (they move back);
+//   - a node cordoned (it withdraws) and uncordoned;
+//   - a node joining the ECMP group (uncordoned: it starts announcing).
+//
+// Each event gets its own connections. Every pod stays alive throughout. TwoTier runs the speakers' two-tier
+// dataplane (--tunnel-prefix): every connection must survive each event,
+// and the pods see the client's own address under Cluster policy. OneTier
+// is the control, today's default path: each event must break some
+// connections, or the events did not move any flow and TwoTier's result
+// would prove nothing.
+func TestHeldAcrossECMP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end lab: skipped with -short")
+	}
+	netns.Require(t)
+	t.Run("OneTier", func(t *testing.T) { heldAcrossECMP(t, "") })
+	t.Run("TwoTier", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16") })
+}
+
+func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
+	l := lab.Up(t, lab.Options{TunnelPrefix: tunnelPrefix})
+	twoTier := tunnelPrefix != ""
+	ctx := t.Context()
+	vip := demoVIP(t, l)
+	node1, node2 := l.Nodes[0], l.Nodes[1]
+	addr := netip.AddrPortFrom(vip, 80)
+	ready := []lab.Pod{node1.Pods[0], node1.Pods[1], node2.Pods[0], node2.Pods[1]}
+	reach(t, l, addr, ready, nil)
+	if twoTier {
+		for i := range 20 {
+			body, err := l.Get(ctx, addr)
+			if err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			if !strings.HasSuffix(body, "client 192.168.50.2") {
+				t.Fatalf("with two tiers under Cluster policy the backend saw %q, want the client's own address 192.168.50.2", body)
+			}
+		}
+		// Tier 1 on both nodes: both nodes' tunnel addresses, weighted
+		// by their two ready endpoints each.
+		for _, n := range l.Nodes {
+			waitIPVS(t, n, vip, []string{"100.127.0.11:80 w2 ipip", "100.127.0.12:80 w2 ipip"})
+		}
+	} else {
+		throughBoth(t, l, addr)
+	}
+
+	cordon := func(n *lab.Node, verb string) func() error {
+		return func() error { _, err := l.Kubectl(ctx, verb, n.Name); return err }
+	}
+	none := func() error { return nil }
+	// Each event: prepare (the ECMP group before the flows open), change
+	// it (the ToR moves flows), then change it back; the route over each
+	// step.
+	events := []struct {
+		name                   string
+		prepare, change, back  func() error
+		start, changed, backTo []*lab.Node
+	}{
+		{"speaker SIGTERM and restart", none,
+			func() error { return node1.Speaker(ctx, "TERM", true) },
+			func() error { return node1.Speaker(ctx, "start", false) },
+			[]*lab.Node{node1, node2}, []*lab.Node{node2}, []*lab.Node{node1, node2}},
+		{"node cordoned and uncordoned", none, cordon(node1, "cordon"), cordon(node1, "uncordon"),
+			[]*lab.Node{node1, node2}, []*lab.Node{node2}, []*lab.Node{node1, node2}},
+		// A node joining the ECMP group: node1 (with its pods, so tier 1
+		// is the same before and after) starts outside it.
+		{"node added to the ECMP group", cordon(node1, "cordon"), cordon(node1, "uncordon"), none,
+			[]*lab.Node{node2}, []*lab.Node{node1, node2}, []*lab.Node{node1, node2}},
+	}
+	tiers := map[bool]string{false: "one tier", true: "two tiers"}[twoTier]
+	for _, ev := range events {
+		if err := ev.prepare(); err != nil {
+			t.Fatalf("%s: %v", ev.name, err)
+		}
+		waitRoute(t, l, vip, time.Minute, ev.start...)
+		// A fresh set of connections for each event: those an event
+		// broke are gone, and the survivors are the ones the ToR hashes to
+		// the node that stays.
+		held, err := l.Hold(ctx, addr, heldFlows, heldInterval)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+		before, _, _ := held.Status()
+		if err := ev.change(); err != nil {
+			t.Fatalf("%s: %v", ev.name, err)
+		}
+		took := waitRoute(t, l, vip, 30*time.Second, ev.changed...)
+		time.Sleep(3 * time.Second) // the flows run through the changed group
+		if err := ev.back(); err != nil {
+			t.Fatalf("%s: %v", ev.name, err)
+		}
+		back := waitRoute(t, l, vip, time.Minute, ev.backTo...)
+		time.Sleep(3 * time.Second)
+		alive, exchanges, broken := held.Status()
+		held.Stop()
+		t.Logf("%s, %s: %d of %d held connections survived (%d exchanges; the ToR's route changed in %v and back in %v)",
+			tiers, ev.name, alive, before, exchanges, took.Round(time.Millisecond), back.Round(time.Millisecond))
+		switch {
+		case twoTier && alive != before:
+			t.Errorf("%s: %d of %d held connections survived, want all; first failures: %v", ev.name, alive, before, broken[:min(3, len(broken))])
+		case !twoTier && alive == before:
+			t.Errorf("%s with one tier: all %d held connections survived, want some broken: the event moved no flow, so it proves nothing", ev.name, before)
+		}
+	}
+}
+
+// demoVIP applies the lab's demo and waits for its VIP and for the ToR's
+// route over both nodes.
+func demoVIP(t *testing.T, l *lab.Lab) netip.Addr {
+	t.Helper()
+	if err := l.ApplyDemo(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	vip, err := l.WaitVIP(t.Context(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRoute(t, l, vip, 2*time.Minute, l.Nodes...)
+	return vip
+}
