@@ -3,6 +3,7 @@ package lab
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,10 +16,12 @@ import (
 	"time"
 )
 
-// Held is a set of TCP connections from the client to a VIP, each kept
-// open and exchanging one HTTP request every interval, so a test can tell
-// whether established connections survive an event. Every connection must
-// keep reaching the pod that answered it first.
+// Held is a set of TCP connections (or UDP flows) from the client to a VIP,
+// each kept open and exchanging one HTTP request (one datagram) every
+// interval, so a test can tell whether established flows survive an event.
+// Every flow must keep reaching the pod that answered it first; a UDP flow
+// may lose two datagrams in a row, not three, and its pod must keep seeing
+// the same client address.
 type Held struct {
 	mu     sync.Mutex
 	failed map[int]string // connection → what broke it
@@ -31,11 +34,21 @@ type Held struct {
 // answered once before Hold returns) and keeps each exchanging a request
 // every interval until Stop.
 func (l *Lab) Hold(ctx context.Context, addr netip.AddrPort, n int, interval time.Duration) (*Held, error) {
+	return l.hold(ctx, "tcp", addr, n, interval)
+}
+
+// HoldUDP is Hold with UDP flows: each a socket of its own, answered by the
+// pods' UDP echo.
+func (l *Lab) HoldUDP(ctx context.Context, addr netip.AddrPort, n int, interval time.Duration) (*Held, error) {
+	return l.hold(ctx, "udp", addr, n, interval)
+}
+
+func (l *Lab) hold(ctx context.Context, network string, addr netip.AddrPort, n int, interval time.Duration) (*Held, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	h := &Held{failed: map[int]string{}, rounds: make([]int, n), cancel: cancel}
 	conns := make([]*heldConn, 0, n)
 	for i := range n {
-		c, err := dialHeld(ctx, l, addr)
+		c, err := dialHeld(ctx, l, network, addr)
 		if err != nil {
 			cancel()
 			for _, c := range conns {
@@ -52,33 +65,78 @@ func (l *Lab) Hold(ctx context.Context, addr netip.AddrPort, n int, interval tim
 	return h, nil
 }
 
-// heldConn is one held connection and the pod that answers on it.
+// heldConn is one held connection (or UDP flow) and the pod that answers
+// on it, with the client address it saw first.
 type heldConn struct {
-	conn net.Conn
-	r    *bufio.Reader
-	host string
-	pod  string
+	conn   net.Conn
+	r      *bufio.Reader
+	host   string
+	udp    bool
+	pod    string
+	client string
 }
 
-// dialHeld opens one connection and makes its first exchange.
-func dialHeld(ctx context.Context, l *Lab, addr netip.AddrPort) (*heldConn, error) {
+// dialHeld opens one connection and makes its first exchange (a UDP flow
+// gets three tries).
+func dialHeld(ctx context.Context, l *Lab, network string, addr netip.AddrPort) (*heldConn, error) {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	conn, err := l.ClientNS.DialContext(dctx, "tcp", addr.String())
+	conn, err := l.ClientNS.DialContext(dctx, network, addr.String())
 	if err != nil {
 		return nil, err
 	}
-	c := &heldConn{conn: conn, r: bufio.NewReader(conn), host: addr.String()}
-	if c.pod, err = c.exchange(); err != nil {
+	c := &heldConn{conn: conn, r: bufio.NewReader(conn), host: addr.String(), udp: network == "udp"}
+	for try := 0; try < 3; try++ {
+		if c.pod, c.client, err = c.exchange(); err == nil || !c.udp {
+			break
+		}
+	}
+	if err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
 	return c, nil
 }
 
-// exchange sends one request on the connection and returns the name of
-// the pod that answered.
-func (c *heldConn) exchange() (string, error) {
+// exchange sends one request (datagram) on the flow and returns the name
+// of the pod that answered and the client address it saw.
+func (c *heldConn) exchange() (pod, client string, err error) {
+	if c.udp {
+		return c.exchangeUDP()
+	}
+	line, err := c.exchangeHTTP()
+	pod, client = parseAnswer(line)
+	return pod, client, err
+}
+
+// parseAnswer splits a pod's answer "POD on NODE, client ADDR".
+func parseAnswer(line string) (pod, client string) {
+	line = strings.TrimSpace(line)
+	pod, _, _ = strings.Cut(line, " ")
+	_, client, _ = strings.Cut(line, ", client ")
+	return pod, client
+}
+
+// exchangeUDP sends one datagram and reads the answer, within a second.
+func (c *heldConn) exchangeUDP() (pod, client string, err error) {
+	if err := c.conn.SetDeadline(time.Now().Add(time.Second)); err != nil {
+		return "", "", err
+	}
+	if _, err := c.conn.Write([]byte("ping\n")); err != nil {
+		return "", "", fmt.Errorf("write: %w", err)
+	}
+	buf := make([]byte, 1500)
+	n, err := c.conn.Read(buf)
+	if err != nil {
+		return "", "", fmt.Errorf("read: %w", err)
+	}
+	pod, client = parseAnswer(string(buf[:n]))
+	return pod, client, nil
+}
+
+// exchangeHTTP sends one request on the connection and returns the
+// answer's body.
+func (c *heldConn) exchangeHTTP() (string, error) {
 	if err := c.conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
 		return "", err
 	}
@@ -94,8 +152,7 @@ func (c *heldConn) exchange() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read body: %w", err)
 	}
-	pod, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
-	return pod, nil
+	return string(b), nil
 }
 
 // run exchanges on connection i every interval until ctx ends or the
@@ -105,22 +162,32 @@ func (h *Held) run(ctx context.Context, i int, c *heldConn, interval time.Durati
 	defer func() { _ = c.conn.Close() }()
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	lost := 0 // UDP datagrams unanswered in a row
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		pod, err := c.exchange()
+		pod, client, err := c.exchange()
 		if ctx.Err() != nil {
 			return
 		}
+		if c.udp && errors.Is(err, os.ErrDeadlineExceeded) && lost < 2 {
+			lost++
+			continue
+		}
+		lost = 0
 		h.mu.Lock()
 		switch {
 		case err != nil:
 			h.failed[i] = fmt.Sprintf("after %d exchanges with %s: %v", h.rounds[i], c.pod, err)
 		case pod != c.pod:
 			h.failed[i] = fmt.Sprintf("answered by %s after %d exchanges with %s", pod, h.rounds[i], c.pod)
+		case c.udp && client != c.client:
+			// A UDP flow is one peer to the pod: a new source address is
+			// another flow.
+			h.failed[i] = fmt.Sprintf("%s saw the flow from %s after %d exchanges, first from %s", pod, client, h.rounds[i], c.client)
 		default:
 			h.rounds[i]++
 		}

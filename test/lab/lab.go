@@ -111,6 +111,9 @@ type Options struct {
 	// TunnelPrefix, when set, is the speakers' --tunnel-prefix: the
 	// two-tier dataplane.
 	TunnelPrefix string
+	// UDP adds port 53/UDP (to the pods' UDP echo on
+	// nodeapi.BackendPort) to the demo Service and its endpoints.
+	UDP bool
 }
 
 // DefaultBFD is the lab's BFD: FRR's default timers, 300 ms x 3. Emulated
@@ -778,6 +781,9 @@ spec:
 			Ports:    []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(nodeapi.BackendPort)}},
 		},
 	}
+	if l.Opts.UDP {
+		svc.Spec.Ports = append(svc.Spec.Ports, v1.ServicePort{Name: "udp", Port: 53, Protocol: v1.ProtocolUDP, TargetPort: intstr.FromInt32(nodeapi.BackendPort)})
+	}
 	if _, err := l.CP.Client.CoreV1().Services(DemoNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return err
 	}
@@ -830,6 +836,9 @@ func (l *Lab) SetEndpoints(ctx context.Context, ready, terminating []Pod) error 
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(nodeapi.BackendPort)), Protocol: ptr.To(v1.ProtocolTCP)}},
+	}
+	if l.Opts.UDP {
+		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: ptr.To("udp"), Port: ptr.To(int32(nodeapi.BackendPort)), Protocol: ptr.To(v1.ProtocolUDP)})
 	}
 	add := func(p Pod, isReady bool) {
 		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{

@@ -10,10 +10,12 @@ import (
 	"github.com/vipcast/vipcast/test/netns"
 )
 
-// heldFlows is the number of connections TestHeldAcrossECMP holds, each
-// exchanging a request every heldInterval.
+// heldFlows and heldUDP are the TCP connections and UDP flows
+// TestHeldAcrossECMP holds, each exchanging a request (a datagram) every
+// heldInterval.
 const (
 	heldFlows    = 200
+	heldUDP      = 50
 	heldInterval = 100 * time.Millisecond
 )
 
@@ -24,7 +26,10 @@ const (
 //   - a speaker SIGTERMed (its node leaves the ECMP group: the ToR moves
 //     that node's flows to the other) and started again (they move back);
 //   - a node cordoned (it withdraws) and uncordoned;
-//   - a node joining the ECMP group (uncordoned: it starts announcing).
+//   - a node joining the ECMP group (uncordoned: it starts announcing);
+//   - the first event again with externalTrafficPolicy Local.
+//
+// Each event holds heldFlows TCP connections and heldUDP UDP flows.
 //
 // Each event gets its own connections. Every pod stays alive throughout. TwoTier runs the speakers' two-tier
 // dataplane (--tunnel-prefix): every connection must survive each event,
@@ -42,7 +47,7 @@ func TestHeldAcrossECMP(t *testing.T) {
 }
 
 func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
-	l := lab.Up(t, lab.Options{TunnelPrefix: tunnelPrefix})
+	l := lab.Up(t, lab.Options{TunnelPrefix: tunnelPrefix, UDP: true})
 	twoTier := tunnelPrefix != ""
 	ctx := t.Context()
 	vip := demoVIP(t, l)
@@ -91,6 +96,12 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
 		// is the same before and after) starts outside it.
 		{"node added to the ECMP group", cordon(node1, "cordon"), cordon(node1, "uncordon"), none,
 			[]*lab.Node{node2}, []*lab.Node{node1, node2}, []*lab.Node{node1, node2}},
+		// Local policy: both nodes have endpoints, so both announce.
+		{"Local policy, speaker SIGTERM and restart",
+			func() error { patchService(t, l, `{"spec":{"externalTrafficPolicy":"Local"}}`); return nil },
+			func() error { return node1.Speaker(ctx, "TERM", true) },
+			func() error { return node1.Speaker(ctx, "start", false) },
+			[]*lab.Node{node1, node2}, []*lab.Node{node2}, []*lab.Node{node1, node2}},
 	}
 	tiers := map[bool]string{false: "one tier", true: "two tiers"}[twoTier]
 	for _, ev := range events {
@@ -105,8 +116,13 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		heldU, err := l.HoldUDP(ctx, netip.AddrPortFrom(vip, 53), heldUDP, heldInterval)
+		if err != nil {
+			t.Fatal(err)
+		}
 		time.Sleep(2 * time.Second)
 		before, _, _ := held.Status()
+		beforeU, _, _ := heldU.Status()
 		if err := ev.change(); err != nil {
 			t.Fatalf("%s: %v", ev.name, err)
 		}
@@ -118,12 +134,15 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
 		back := waitRoute(t, l, vip, time.Minute, ev.backTo...)
 		time.Sleep(3 * time.Second)
 		alive, exchanges, broken := held.Status()
+		aliveU, exchangesU, brokenU := heldU.Status()
 		held.Stop()
-		t.Logf("%s, %s: %d of %d held connections survived (%d exchanges; the ToR's route changed in %v and back in %v)",
-			tiers, ev.name, alive, before, exchanges, took.Round(time.Millisecond), back.Round(time.Millisecond))
+		heldU.Stop()
+		t.Logf("%s, %s: %d of %d TCP connections and %d of %d UDP flows survived (%d and %d exchanges; the ToR's route changed in %v and back in %v)",
+			tiers, ev.name, alive, before, aliveU, beforeU, exchanges, exchangesU, took.Round(time.Millisecond), back.Round(time.Millisecond))
 		switch {
-		case twoTier && alive != before:
-			t.Errorf("%s: %d of %d held connections survived, want all; first failures: %v", ev.name, alive, before, broken[:min(3, len(broken))])
+		case twoTier && (alive != before || aliveU != beforeU):
+			t.Errorf("%s: %d of %d TCP connections and %d of %d UDP flows survived, want all; first failures: %v %v",
+				ev.name, alive, before, aliveU, beforeU, broken[:min(3, len(broken))], brokenU[:min(3, len(brokenU))])
 		case !twoTier && alive == before:
 			t.Errorf("%s with one tier: all %d held connections survived, want some broken: the event moved no flow, so it proves nothing", ev.name, before)
 		}

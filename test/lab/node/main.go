@@ -299,6 +299,32 @@ func servePod(ns netns.NsHandle, node string, p Pod) error {
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 	go func() { _ = srv.Serve(ln) }()
+	return serveUDP(ns, node, p)
+}
+
+// serveUDP answers every datagram to the backend port inside the pod's
+// namespace ns with the same line as HTTP: pod, node and the client's
+// address.
+func serveUDP(ns netns.NsHandle, node string, p Pod) error {
+	var pc net.PacketConn
+	err := tnetns.Do(int(ns), func() (err error) {
+		pc, err = net.ListenPacket("udp", fmt.Sprintf(":%d", nodeapi.BackendPort))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			client, _, _ := net.SplitHostPort(from.String())
+			_, _ = pc.WriteTo([]byte(fmt.Sprintf("%s on %s, client %s\n", p.Name, node, client)), from)
+		}
+	}()
 	return nil
 }
 
