@@ -119,29 +119,38 @@ func (p *Tier2Plan) sort() {
 	slices.SortFunc(p.Add, Tier2Slot.compare)
 }
 
-// ApplyTo performs p on t in memory.
+// ApplyTo performs p on t in memory. A virtual server's slots are copied
+// once, on its first change (t may share them with another Tier2), and a
+// virtual server left with no endpoint is removed: the cost is one copy per
+// virtual server changed, not per element (readTier2 builds the whole map
+// this way).
 func (p Tier2Plan) ApplyTo(t Tier2) {
-	for _, s := range p.Del {
-		if slots, ok := t[s.Key]; ok && s.Slot < len(slots) {
+	touched := map[Key]bool{}
+	slotsOf := func(k Key) []netip.AddrPort {
+		slots, ok := t[k]
+		switch {
+		case !ok:
+			slots = make([]netip.AddrPort, Tier2Slots)
+		case !touched[k]:
 			slots = slices.Clone(slots)
-			slots[s.Slot] = netip.AddrPort{}
-			if slices.IndexFunc(slots, netip.AddrPort.IsValid) < 0 {
-				delete(t, s.Key)
-			} else {
-				t[s.Key] = slots
-			}
+		}
+		touched[k] = true
+		t[k] = slots
+		return slots
+	}
+	for _, s := range p.Del {
+		if _, ok := t[s.Key]; ok && s.Slot < Tier2Slots {
+			slotsOf(s.Key)[s.Slot] = netip.AddrPort{}
 		}
 	}
 	for _, s := range p.Add {
-		slots, ok := t[s.Key]
-		if !ok {
-			slots = make([]netip.AddrPort, Tier2Slots)
-		} else {
-			slots = slices.Clone(slots)
+		if s.Slot < Tier2Slots {
+			slotsOf(s.Key)[s.Slot] = s.To
 		}
-		if s.Slot < len(slots) {
-			slots[s.Slot] = s.To
-			t[s.Key] = slots
+	}
+	for k := range touched {
+		if !slices.ContainsFunc(t[k], netip.AddrPort.IsValid) {
+			delete(t, k)
 		}
 	}
 }
