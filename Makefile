@@ -5,13 +5,19 @@
 SHELL := /bin/bash
 GO ?= go
 K8S_VERSION := v1.37.1
+CONTAINERD_VERSION := v2.4.2
+HELM_VERSION := v3.22.0
 VIPCAST_CACHE ?= $(HOME)/.cache/vipcast
 export VIPCAST_CACHE
 K8S_BIN := $(VIPCAST_CACHE)/k8s-$(K8S_VERSION)
+CONTAINERD_BIN := $(VIPCAST_CACHE)/containerd-$(CONTAINERD_VERSION)
+HELM_BIN := $(VIPCAST_CACHE)/helm-$(HELM_VERSION)
+K8S_MAJOR := $(patsubst v%,%,$(word 1,$(subst ., ,$(K8S_VERSION))))
+K8S_MINOR := $(word 2,$(subst ., ,$(K8S_VERSION)))
 K8S_LDFLAGS := -s -w \
 	-X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
-	-X k8s.io/component-base/version.gitMajor=1 \
-	-X k8s.io/component-base/version.gitMinor=37
+	-X k8s.io/component-base/version.gitMajor=$(K8S_MAJOR) \
+	-X k8s.io/component-base/version.gitMinor=$(K8S_MINOR)
 BIN := bin
 # Image tag and reproducible timestamps come from git.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -25,7 +31,7 @@ GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT_DIR := $(abspath $(VIPCAST_CACHE))/golangci-lint-$(GOLANGCI_LINT_VERSION)
 GOLANGCI_LINT := $(GOLANGCI_LINT_DIR)/golangci-lint
 
-.PHONY: all build images test test-unit test-controlplane test-routing bench generate verify tools routers lab lab-root lab-down lint fuzz model clean help
+.PHONY: all build images test test-unit test-controlplane test-routing bench generate verify tools cluster-tools routers lab lab-root lab-down lint fuzz model clean help
 
 all: build
 
@@ -67,12 +73,59 @@ $(K8S_BIN)/etcd:
 	@echo ">> building etcd into $(K8S_BIN) (first time only)"
 	cd test/tools && ../../hack/progress.sh "building etcd" $(GO) build -trimpath -ldflags '-s -w' -o $@.tmp go.etcd.io/etcd/server/v3 && mv $@.tmp $@
 
+# What a real cluster needs on top of `make tools`: kubelet, kube-proxy,
+# kube-controller-manager and kube-scheduler (test/tools), containerd
+# (test/tools/containerd) and helm (test/tools/helm), each built from its Go
+# module into a cache keyed by its version. Static (CGO_ENABLED=0): the node
+# binaries run inside Debian VMs.
+# The times are first builds on 2 cores, in this order, after `make tools`
+# (kube-proxy and kube-scheduler reuse what kubelet and kube-controller-manager
+# compiled).
+cluster-tools: $(addprefix $(K8S_BIN)/,kubelet kube-controller-manager kube-proxy kube-scheduler) $(addprefix $(CONTAINERD_BIN)/,containerd ctr containerd-shim-runc-v2) $(HELM_BIN)/helm ## build kubelet, kube-proxy, kube-controller-manager, kube-scheduler, containerd and helm into the cache
+
+$(K8S_BIN)/kubelet: BUILD_TIME := ~4 min
+$(K8S_BIN)/kube-controller-manager: BUILD_TIME := ~2.5 min
+$(K8S_BIN)/kube-proxy: BUILD_TIME := ~10 s
+$(K8S_BIN)/kube-scheduler: BUILD_TIME := ~10 s
+$(K8S_BIN)/kubelet $(K8S_BIN)/kube-controller-manager $(K8S_BIN)/kube-proxy $(K8S_BIN)/kube-scheduler: $(K8S_BIN)/%:
+	@mkdir -p $(K8S_BIN)
+	@echo ">> building $* $(K8S_VERSION) into $(K8S_BIN) (first time only, $(BUILD_TIME))"
+	cd test/tools && CGO_ENABLED=0 ../../hack/progress.sh "building $*" $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/$* && mv $@.tmp $@
+
+# containerd's own Makefile sets version.Version the same way; the tags leave
+# out the snapshotters a test node does not use (btrfs needs cgo anyway; aufs
+# is gone from containerd 2, its tag is kept for older versions).
+CONTAINERD_TAGS := no_btrfs no_devmapper no_zfs no_aufs
+CONTAINERD_LDFLAGS := -s -w \
+	-X github.com/containerd/containerd/v2/version.Version=$(CONTAINERD_VERSION)
+$(CONTAINERD_BIN)/containerd: BUILD_TIME := ~1 min
+$(CONTAINERD_BIN)/ctr: BUILD_TIME := ~5 s
+$(CONTAINERD_BIN)/containerd-shim-runc-v2: BUILD_TIME := ~5 s
+$(CONTAINERD_BIN)/containerd $(CONTAINERD_BIN)/ctr $(CONTAINERD_BIN)/containerd-shim-runc-v2: $(CONTAINERD_BIN)/%:
+	@mkdir -p $(CONTAINERD_BIN)
+	@echo ">> building $* $(CONTAINERD_VERSION) into $(CONTAINERD_BIN) (first time only, $(BUILD_TIME))"
+	cd test/tools/containerd && CGO_ENABLED=0 ../../../hack/progress.sh "building $*" $(GO) build -trimpath -tags '$(CONTAINERD_TAGS)' -ldflags '$(CONTAINERD_LDFLAGS)' -o $@.tmp github.com/containerd/containerd/v2/cmd/$* && mv $@.tmp $@
+
+# helm's own Makefile sets the version and the Kubernetes version that
+# `helm template` and `helm lint` assume without a cluster (Capabilities,
+# the chart's kubeVersion constraint): here the cluster's, K8S_VERSION.
+HELM_LDFLAGS := -s -w \
+	-X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$(K8S_MAJOR) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(K8S_MINOR) \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=$(K8S_MAJOR) \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(K8S_MINOR)
+$(HELM_BIN)/helm:
+	@mkdir -p $(HELM_BIN)
+	@echo ">> building helm $(HELM_VERSION) into $(HELM_BIN) (first time only, ~2 min)"
+	cd test/tools/helm && CGO_ENABLED=0 ../../../hack/progress.sh "building helm" $(GO) build -trimpath -ldflags '$(HELM_LDFLAGS)' -o $@.tmp helm.sh/helm/v3/cmd/helm && mv $@.tmp $@
+
 generate: ## regenerate deepcopy code and CRD manifests
 	hack/generate.sh
 
 # Every module of the repository; make verify fails when go mod tidy would
 # change the go.mod or go.sum of any of them.
-GO_MODULES := . hack/image test/tools
+GO_MODULES := . hack/image test/tools test/tools/containerd test/tools/helm
 
 verify: $(GOLANGCI_LINT) ## gofmt, go vet, go mod tidy, golangci-lint, generated files up to date
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -92,7 +145,7 @@ verify: $(GOLANGCI_LINT) ## gofmt, go vet, go mod tidy, golangci-lint, generated
 	@$(MAKE) --no-print-directory lint
 	hack/verify-generate.sh
 
-lint: $(GOLANGCI_LINT) ## golangci-lint over the root module and hack/image (test/tools has no Go code)
+lint: $(GOLANGCI_LINT) ## golangci-lint over the root module and hack/image (test/tools and its submodules have no Go code)
 	$(GOLANGCI_LINT) run ./...
 	cd hack/image && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
@@ -116,7 +169,7 @@ test-routing: routers tools ## the speaker against real FRR and BIRD (loopback a
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./bgp/... ./speaker/...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run 'Speaker' ./test/e2e/ 2>&1 | tee _output/routing-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
 
-test: verify tools routers ## everything: unit, control-plane, routing, dataplane (VM) and end-to-end tiers, and the image builder
+test: verify tools cluster-tools routers ## everything: unit, control-plane, routing, dataplane (VM), end-to-end and real-cluster tiers, and the image builder
 	@mkdir -p _output
 	$(GO) -C hack/image test -count=1 ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./... 2>&1 | tee _output/test.log; exit $${PIPESTATUS[0]}
