@@ -20,6 +20,12 @@
 // qemu-system-x86 is installed with apt-get when missing. `go run
 // ./test/vm/cmd/fetch` does the same ahead of time. `go test -short` skips
 // VM tests, and so does VIPCAST_SKIP_VM=1.
+//
+// For VMs that need a Debian userland (Kubernetes nodes), FetchRootfs builds
+// a cached ext4 image, Options.Disk attaches it, and the guest program
+// mounts it with MountRootfs and runs programs chrooted into it
+// (ChrootCommand); the initramfs stays the root of PID 1, so its module
+// loading keeps working.
 package vm
 
 import (
@@ -109,6 +115,13 @@ type Options struct {
 	// Started, when set, receives qemu's process id once it runs (to
 	// freeze the whole guest with SIGSTOP, say).
 	Started func(pid int)
+	// Disk, when set, is a raw disk image (such as FetchRootfs's ext4
+	// image) the guest sees as DiskDevice, /dev/vda. qemu opens it with
+	// snapshot=on: the file is only read, so any number of VMs can share
+	// it, and the guest's writes go to a temporary overlay that is gone
+	// when qemu exits. DiskModules are added to Modules. MountRootfs
+	// mounts it in the guest.
+	Disk string
 }
 
 // Result of a VM run.
@@ -381,6 +394,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.OptionalModules == nil {
 		o.OptionalModules = OptionalModules
 	}
+	if o.Disk != "" {
+		if _, err := os.Stat(o.Disk); err != nil {
+			return o, fmt.Errorf("vm: Options.Disk: %w", err)
+		}
+		o.Modules = slices.Concat(o.Modules, DiskModules)
+	}
 	if o.MemoryMB == 0 {
 		o.MemoryMB = 512
 	}
@@ -466,6 +485,11 @@ func qemuArgv(env *Env, opts Options, initrd string) []string {
 		"-nographic", "-no-reboot", "-nic", "none",
 		"-kernel", env.Kernel.Vmlinux, "-initrd", initrd,
 		"-append", "console=ttyS0 quiet panic=-1 mitigations=off",
+	}
+	if opts.Disk != "" {
+		// cache=unsafe: the writes are thrown away anyway.
+		args = append(args, "-drive", "file="+strings.ReplaceAll(opts.Disk, ",", ",,")+
+			",if=virtio,format=raw,snapshot=on,cache=unsafe")
 	}
 	args = append(args, opts.QEMUArgs...)
 	argv := append([]string{env.QEMU}, args...)

@@ -158,3 +158,108 @@ func TestVMExitCode(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeRootfs boots a VM with the node root filesystem as its disk,
+// mounts it and runs the node's networking tools chrooted into it.
+func TestNodeRootfs(t *testing.T) {
+	if !InVM() {
+		// ip_set on demand: `ipset --version` asks the kernel, which fails
+		// without ip_set; the kernel loads it through the initramfs's
+		// modprobe, also for a program chrooted into the disk.
+		RunTest(t, Options{Disk: RootfsImage(t), OnDemandModules: []string{"ip_set"}, Timeout: 4 * time.Minute})
+		return
+	}
+	const root = "/node"
+	start := time.Now()
+	if err := MountRootfs(root); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rootfs mounted in %s", time.Since(start).Round(time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, c := range []struct {
+		argv []string
+		want string // in the combined output
+	}{
+		{[]string{"iptables", "--version"}, "(nf_tables)"},
+		{[]string{"ip6tables", "--version"}, "(nf_tables)"},
+		{[]string{"nft", "list", "ruleset"}, ""},
+		{[]string{"runc", "--version"}, "runc version"},
+		{[]string{"conntrack", "--version"}, "conntrack v"},
+		{[]string{"ipset", "--version"}, "ipset v"},
+		{[]string{"ipvsadm", "--version"}, "ipvsadm v"},
+		{[]string{"test", "-x", "/usr/lib/cni/bridge"}, ""},
+		{[]string{"test", "-x", "/usr/lib/cni/host-local"}, ""},
+		{[]string{"test", "-x", "/usr/lib/cni/loopback"}, ""},
+		{[]string{"ip", "-br", "link", "show", "lo"}, "lo"},
+		{[]string{"mount"}, "cgroup2 on /sys/fs/cgroup"},
+		{[]string{"cat", "/sys/fs/cgroup/cgroup.controllers"}, "memory"},
+		{[]string{"curl", "--version"}, "curl "},
+	} {
+		cmd := ChrootCommand(ctx, root, c.argv[0], c.argv[1:]...)
+		out, err := cmd.CombinedOutput()
+		line := strings.Join(c.argv, " ")
+		if err != nil {
+			t.Errorf("%s (chrooted into %s): %v\n%s", line, root, err, out)
+			continue
+		}
+		if !strings.Contains(string(out), c.want) {
+			t.Errorf("%s: output lacks %q:\n%s", line, c.want, out)
+			continue
+		}
+		t.Logf("%s: %s", line, strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]))
+	}
+	if _, err := os.Stat("/sys/module/ip_set"); err != nil {
+		t.Errorf("ip_set was not autoloaded for ipset: %v", err)
+	}
+}
+
+func TestAptSources(t *testing.T) {
+	deb822 := parseDeb822Sources(`Types: deb deb-src
+# a comment
+URIs: http://mirror.example/debian
+Suites: bookworm bookworm-updates
+Components: main contrib
+Signed-By: /usr/share/keyrings/k.gpg
+
+Types: deb
+URIs: http://off.example/debian
+Suites: bookworm
+Components: main
+Enabled: no
+
+Types: deb
+URIs: http://inline.example/debian
+Suites: trixie
+Components: main
+Signed-By:
+ -----BEGIN PGP PUBLIC KEY BLOCK-----
+ .
+ -----END PGP PUBLIC KEY BLOCK-----
+`)
+	if len(deb822) != 2 {
+		t.Fatalf("deb822: got %d sources, want 2 (the disabled one left out): %+v", len(deb822), deb822)
+	}
+	if s := deb822[0]; s.uris[0] != "http://mirror.example/debian" || s.suites[0] != "bookworm" ||
+		s.components[1] != "contrib" || s.types[0] != "deb" || s.keyring != "/usr/share/keyrings/k.gpg" {
+		t.Errorf("deb822[0] = %+v", s)
+	}
+	if s := deb822[1]; s.uris[0] != "http://inline.example/debian" || s.keyring != "" {
+		t.Errorf("deb822[1] = %+v (an inline key is no keyring file)", s)
+	}
+	one := parseOneLineSources(`# deb http://commented.example/debian bookworm main
+deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian bookworm main # trailing
+deb-src http://one.example/debian bookworm main
+deb http://two.example/debian bookworm-security main
+`)
+	if len(one) != 3 {
+		t.Fatalf("one-line: got %d sources, want 3: %+v", len(one), one)
+	}
+	if s := one[0]; s.types[0] != "deb" || s.uris[0] != "http://one.example/debian" || s.suites[0] != "bookworm" ||
+		len(s.components) != 1 || s.components[0] != "main" || s.keyring != "/k.gpg" {
+		t.Errorf("one-line[0] = %+v", s)
+	}
+	if s := one[2]; s.suites[0] != "bookworm-security" || s.keyring != "" {
+		t.Errorf("one-line[2] = %+v", s)
+	}
+}
