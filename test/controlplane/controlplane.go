@@ -85,7 +85,26 @@ type ControlPlane struct {
 // test if the binaries are missing (run `make tools`) or do not start.
 func Start(t harness.T) *ControlPlane {
 	t.Helper()
-	cp, err := start(t.TempDir(), t.Logf)
+	return StartWith(t, Options{})
+}
+
+// Options change the control plane for a cluster with real nodes.
+type Options struct {
+	// AdvertiseAddress, when set, is the address (reachable from the
+	// nodes, such as a relay to the loopback port) that the API server
+	// publishes in the kubernetes Service's endpoints, which it then
+	// maintains (lease reconciler): pods reach it through the Service.
+	AdvertiseAddress string
+	// ServiceAccounts turns the ServiceAccount admission plugin on, so
+	// pods get their service account's token (the default leaves it off:
+	// tests without kubelets create pods no one runs).
+	ServiceAccounts bool
+}
+
+// StartWith is Start with options.
+func StartWith(t harness.T, opts Options) *ControlPlane {
+	t.Helper()
+	cp, err := start(t.TempDir(), t.Logf, opts)
 	if cp != nil {
 		t.Cleanup(cp.Stop)
 	}
@@ -98,7 +117,7 @@ func Start(t harness.T) *ControlPlane {
 // start launches etcd and kube-apiserver with their files in dir and waits
 // until the API server is ready. It returns the ControlPlane also with an
 // error once there is something to stop.
-func start(dir string, logf func(string, ...any)) (*ControlPlane, error) {
+func start(dir string, logf func(string, ...any), opts Options) (*ControlPlane, error) {
 	bin := BinDir()
 	for _, name := range []string{"etcd", "kube-apiserver"} {
 		if _, err := os.Stat(filepath.Join(bin, name)); err != nil {
@@ -122,7 +141,7 @@ func start(dir string, logf func(string, ...any)) (*ControlPlane, error) {
 	if err := cp.launch(filepath.Join(bin, "etcd"), "etcd", etcdArgs(dir, etcdURL, peerURL)...); err != nil {
 		return cp, err
 	}
-	cp.apiArgs = apiServerArgs(dir, etcdURL, apiPort)
+	cp.apiArgs = apiServerArgs(dir, etcdURL, apiPort, opts)
 	if err := cp.launch(filepath.Join(bin, "kube-apiserver"), "kube-apiserver", cp.apiArgs...); err != nil {
 		return cp, err
 	}
@@ -156,10 +175,17 @@ func etcdArgs(dir, clientURL, peerURL string) []string {
 // apiPort, storing in the etcd at etcdURL, with the tokens and service
 // account keys writeCredentials put in dir and its serving certificate in
 // dir/certs.
-func apiServerArgs(dir, etcdURL string, apiPort int) []string {
+func apiServerArgs(dir, etcdURL string, apiPort int, opts Options) []string {
+	advertise, reconciler, admissionOff := "127.0.0.1", "none", "ServiceAccount"
+	if opts.AdvertiseAddress != "" {
+		advertise, reconciler = opts.AdvertiseAddress, "lease"
+	}
+	if opts.ServiceAccounts {
+		admissionOff = ""
+	}
 	return []string{
 		"--etcd-servers", etcdURL,
-		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+		"--bind-address", "127.0.0.1", "--advertise-address", advertise,
 		"--secure-port", strconv.Itoa(apiPort),
 		"--cert-dir", filepath.Join(dir, "certs"),
 		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
@@ -169,8 +195,11 @@ func apiServerArgs(dir, etcdURL string, apiPort int) []string {
 		"--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
 		// Dual-stack, so Services may ask for IPv6 and dual-stack VIPs.
 		"--service-cluster-ip-range", "10.96.0.0/16,fd00:10:96::/112",
-		"--endpoint-reconciler-type", "none",
-		"--disable-admission-plugins", "ServiceAccount",
+		"--endpoint-reconciler-type", reconciler,
+		"--disable-admission-plugins", admissionOff,
+		// Logs and exec reach kubelets by their InternalIP: a node's
+		// name would be resolved through the host's DNS resolver.
+		"--kubelet-preferred-address-types", "InternalIP",
 		// The chart's speaker DaemonSet has a privileged init container (IPVS sysctl).
 		"--allow-privileged=true",
 		// A test run creates thousands of objects quickly; the defaults

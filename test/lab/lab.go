@@ -114,6 +114,10 @@ type Options struct {
 	// UDP adds port 53/UDP (to the pods' UDP echo on
 	// nodeapi.BackendPort) to the demo Service and its endpoints.
 	UDP bool
+	// Cluster, when set, makes the lab a real cluster (kubelets,
+	// containerd, kube-proxy, vipcast by helm install): see
+	// ClusterOptions.
+	Cluster *ClusterOptions
 }
 
 // DefaultBFD is the lab's BFD: FRR's default timers, 300 ms x 3. Emulated
@@ -192,6 +196,15 @@ func Up(t harness.T, opts Options) *Lab {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
+	t.Cleanup(func() {
+		if t.Failed() {
+			l.dumpConsoles()
+		}
+	})
+	if opts.Cluster != nil {
+		l.upCluster(ctx, cancel)
+		return l
+	}
 	bins, venv := l.prepare(ctx)
 	l.binDir = filepath.Dir(bins["kubectl-vipcast"])
 	l.startControlPlane(ctx)
@@ -202,11 +215,6 @@ func Up(t harness.T, opts Options) *Lab {
 	l.startToR()
 	l.bootNodes(ctx, cancel, venv, bins)
 	l.waitNodes(ctx)
-	t.Cleanup(func() {
-		if t.Failed() {
-			l.dumpConsoles()
-		}
-	})
 	return l
 }
 
@@ -383,6 +391,10 @@ func (l *Lab) build(ctx context.Context) (map[string]string, error) {
 		"vipcast-speaker": "github.com/vipcast/vipcast/cmd/vipcast-speaker",
 		"lab-node":        "github.com/vipcast/vipcast/test/lab/node",
 		"kubectl-vipcast": "github.com/vipcast/vipcast/cmd/kubectl-vipcast",
+		// The real cluster's node agent and images.
+		"kubenode":    "github.com/vipcast/vipcast/test/lab/kubenode",
+		"lab-backend": "github.com/vipcast/vipcast/test/lab/images/backend",
+		"pause":       "github.com/vipcast/vipcast/test/lab/images/pause",
 	} {
 		out[name] = filepath.Join(dir, name)
 		if err := vm.BuildStatic(ctx, "", pkg, out[name]); err != nil {
@@ -786,6 +798,9 @@ spec:
 	}
 	if _, err := l.CP.Client.CoreV1().Services(DemoNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return err
+	}
+	if l.Opts.Cluster != nil {
+		return l.applyBackends(ctx)
 	}
 	var eps []Pod
 	for _, n := range l.Nodes {

@@ -19,7 +19,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -30,7 +29,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,7 +38,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/vipcast/vipcast/ipvs"
 	"github.com/vipcast/vipcast/test/lab/nodeapi"
 	tnetns "github.com/vipcast/vipcast/test/netns"
 )
@@ -141,7 +138,7 @@ func run(cfg *config) error {
 	if err != nil {
 		return fmt.Errorf("rtnetlink: %w", err)
 	}
-	if err := uplink(nl, cfg); err != nil {
+	if err := nodeapi.Uplink(nl, cfg.addr, cfg.gateway, cfg.routes); err != nil {
 		return err
 	}
 	br, err := bridge(nl, cfg)
@@ -160,34 +157,11 @@ func run(cfg *config) error {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /state", stateHandler)
+	mux.HandleFunc("GET /state", nodeapi.StateHandler)
 	mux.HandleFunc("POST /speaker", sp.handle)
 	srv := &http.Server{Addr: net.JoinHostPort(cfg.addr.Addr().String(), cfg.control), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	fmt.Printf("lab-node: control server on %s\n", srv.Addr)
 	return srv.ListenAndServe()
-}
-
-// uplink configures eth0, the default route and the routes to other pods.
-func uplink(nl *netlink.Handle, cfg *config) error {
-	eth0, err := nl.LinkByName("eth0")
-	if err != nil {
-		return fmt.Errorf("eth0 (is the VM's NIC there?): %w", err)
-	}
-	if err := nl.AddrAdd(eth0, &netlink.Addr{IPNet: ipNet(cfg.addr)}); err != nil {
-		return fmt.Errorf("eth0 address: %w", err)
-	}
-	if err := nl.LinkSetUp(eth0); err != nil {
-		return fmt.Errorf("eth0 up: %w", err)
-	}
-	if err := nl.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: cfg.gateway.AsSlice()}); err != nil {
-		return fmt.Errorf("default route: %w", err)
-	}
-	for p, via := range cfg.routes {
-		if err := nl.RouteAdd(&netlink.Route{Dst: ipNet(p), Gw: via.AsSlice()}); err != nil {
-			return fmt.Errorf("route %s via %s: %w", p, via, err)
-		}
-	}
-	return nil
 }
 
 // bridge creates cbr0 with the pod range's first address.
@@ -197,7 +171,7 @@ func bridge(nl *netlink.Handle, cfg *config) (netlink.Link, error) {
 		return nil, fmt.Errorf("bridge cbr0: %w", err)
 	}
 	gw := netip.PrefixFrom(cfg.podCIDR.Addr().Next(), cfg.podCIDR.Bits())
-	if err := nl.AddrAdd(br, &netlink.Addr{IPNet: ipNet(gw)}); err != nil {
+	if err := nl.AddrAdd(br, &netlink.Addr{IPNet: nodeapi.IPNet(gw)}); err != nil {
 		return nil, fmt.Errorf("cbr0 address: %w", err)
 	}
 	return br, nl.LinkSetUp(br)
@@ -261,7 +235,7 @@ func podNetwork(ns netns.NsHandle, peer string, addr netip.Prefix, gw netip.Addr
 	if err := pn.LinkSetName(pl, "eth0"); err != nil {
 		return err
 	}
-	if err := pn.AddrAdd(pl, &netlink.Addr{IPNet: ipNet(addr)}); err != nil {
+	if err := pn.AddrAdd(pl, &netlink.Addr{IPNet: nodeapi.IPNet(addr)}); err != nil {
 		return err
 	}
 	for _, name := range []string{"lo", "eth0"} {
@@ -346,40 +320,6 @@ func newNS() (netns.NsHandle, error) {
 		return 0, fmt.Errorf("back to the node's namespace: %w", err)
 	}
 	return ns, nil
-}
-
-func ipNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-func stateHandler(w http.ResponseWriter, _ *http.Request) {
-	d, err := ipvs.New(ipvs.Options{NoSNAT: true, NoFilter: true})
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	defer func() { _ = d.Close() }()
-	st, err := d.Read()
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	var out nodeapi.State
-	for _, s := range st.Services {
-		svc := nodeapi.Service{Key: s.Key().String(), Scheduler: s.Scheduler}
-		for _, b := range s.Backends {
-			svc.Backends = append(svc.Backends, b.String())
-		}
-		slices.Sort(svc.Backends)
-		out.Services = append(out.Services, svc)
-	}
-	slices.SortFunc(out.Services, func(a, b nodeapi.Service) int { return strings.Compare(a.Key, b.Key) })
-	for v := range st.VIPs {
-		out.VIPs = append(out.VIPs, v.String())
-	}
-	slices.Sort(out.VIPs)
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(out)
 }
 
 // speaker runs vipcast-speaker as a child, its output on the console.

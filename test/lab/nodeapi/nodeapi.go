@@ -1,5 +1,6 @@
 // Package nodeapi is the small HTTP interface between the lab (on the
-// host) and a lab node (test/lab/node, inside its VM).
+// host) and a lab node (test/lab/node or test/lab/kubenode, inside its VM),
+// and the node side's shared parts.
 package nodeapi
 
 // Port is the control server's port on the node's address.
@@ -10,10 +11,13 @@ const BackendPort = 8080
 
 // State is what GET /state returns: the node's IPVS table and the VIPs on
 // vipcast's dummy link, read with vipcast's own ipvs package (the
-// `ipvsadm -Ln` of the lab).
+// `ipvsadm -Ln` of the lab), its nftables tables ("family name") and its
+// network links.
 type State struct {
 	Services []Service `json:"services"`
 	VIPs     []string  `json:"vips"`
+	Tables   []string  `json:"tables"`
+	Links    []string  `json:"links"`
 }
 
 // Service is one IPVS virtual server.

@@ -1,0 +1,476 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/vipcast/vipcast/test/controlplane"
+	"github.com/vipcast/vipcast/test/lab/nodeapi"
+	"github.com/vipcast/vipcast/test/netns"
+	"github.com/vipcast/vipcast/test/vm"
+)
+
+// ClusterOptions make the lab a real cluster (Options.Cluster): each node
+// VM boots a Debian userland (vm.Rootfs) with containerd, runc, the bridge
+// CNI plugin, a kubelet started with --cloud-provider=external and
+// kube-proxy; kube-controller-manager and kube-scheduler run beside the API
+// server; vipcast arrives by `helm install` of charts/vipcast with the
+// images the lab builds (no registry: they are imported into each node's
+// containerd at boot).
+type ClusterOptions struct {
+	// ProxyMode is kube-proxy's mode on every node: iptables (default),
+	// nftables, ipvs, or none.
+	ProxyMode string
+	// ImageTag is the tag of vipcast's images (default "lab").
+	ImageTag string
+	// HelmValues are added to the lab's values file (YAML, top level).
+	HelmValues string
+}
+
+// The real cluster's names and versions.
+const (
+	// VipcastNamespace is where the chart is installed.
+	VipcastNamespace = "vipcast-system"
+	// Release is the Helm release name.
+	Release = "vipcast"
+	// BackendImage and PauseImage are the lab's own images, imported at
+	// boot; PauseImage must match test/lab/kubenode's.
+	BackendImage = "vipcast/lab-backend:lab"
+	PauseImage   = "vipcast/pause:lab"
+	// HelmVersion is the helm the Makefile builds (HELM_VERSION).
+	HelmVersion = "v3.22.0"
+	// ContainerdVersion is the containerd the Makefile builds.
+	ContainerdVersion = "v2.4.2"
+	// clusterCIDR covers every node's pod range.
+	clusterCIDR = "10.244.0.0/16"
+)
+
+func (o *ClusterOptions) withDefaults() {
+	if o.ProxyMode == "" {
+		o.ProxyMode = "iptables"
+	}
+	if o.ImageTag == "" {
+		o.ImageTag = "lab"
+	}
+}
+
+// HelmBin is the helm binary built by `make cluster-tools`.
+func HelmBin() string {
+	return filepath.Join(vm.CacheDir(), "helm-"+HelmVersion, "helm")
+}
+
+// containerdDir holds containerd, ctr and the runc shim.
+func containerdDir() string {
+	return filepath.Join(vm.CacheDir(), "containerd-"+ContainerdVersion)
+}
+
+// upCluster is Up for Options.Cluster.
+func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
+	t, logf := l.t, l.Opts.Logf
+	t.Helper()
+	co := l.Opts.Cluster
+	co.withDefaults()
+	bins, venv := l.prepare(ctx)
+	l.binDir = filepath.Dir(bins["kubectl-vipcast"])
+	logf("==> building the images (vipcast-ccm and vipcast-speaker %s, the backend, pause) without a daemon", co.ImageTag)
+	images, err := l.buildImages(ctx, bins, co.ImageTag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootfs, err := vm.FetchRootfs(ctx, vm.Logf(logf))
+	if err != nil {
+		t.Fatalf("node root filesystem: %v", err)
+	}
+	logf("==> starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler %s", controlplane.KubernetesVersion)
+	l.CP = controlplane.StartWith(t, controlplane.Options{AdvertiseAddress: torAddr.String(), ServiceAccounts: true})
+	if err := l.CP.StartKubeControllers(); err != nil {
+		t.Fatal(err)
+	}
+	l.startNetwork()
+	// Pods reach the API server through the kubernetes Service, whose
+	// endpoint is the ToR's address on the API server's own port.
+	port, err := l.CP.APIPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiHost := strings.TrimPrefix(l.CP.Config.Host, "https://")
+	netns.Forward(t, l.TorNS, net.JoinHostPort(torAddr.String(), strconv.Itoa(port)), apiHost)
+	l.Nodes = l.planNodes()
+	for _, n := range l.Nodes {
+		n.Pods = nil // the Deployment's pods, wherever the scheduler puts them
+		// The ToR routes the pod ranges to their nodes (as a fabric that
+		// learns them does): pods reach the API server through it.
+		l.TorNS.IP(t, "route", "add", n.PodCIDR.String(), "via", n.Addr.String())
+	}
+	l.startToR()
+	payload, err := l.payload(ctx, images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.bootKubeNodes(ctx, cancel, venv, rootfs, payload, bins["kubenode"], co)
+	l.waitKubelets(ctx)
+	l.helmInstall(ctx, co)
+}
+
+// buildImages builds the four images as docker-save tarballs in Dir/images.
+func (l *Lab) buildImages(ctx context.Context, bins map[string]string, tag string) ([]string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(l.Opts.Dir, "images")
+	gorun := func(args ...string) error {
+		cmd := exec.CommandContext(ctx, "go", append([]string{"-C", filepath.Join(root, "hack/image"), "run", "."}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("hack/image %s: %w: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	if err := gorun("-tag", tag, "-outdir", dir, bins["vipcast-ccm"], bins["vipcast-speaker"]); err != nil {
+		return nil, err
+	}
+	out := []string{filepath.Join(dir, "vipcast-ccm.tar"), filepath.Join(dir, "vipcast-speaker.tar")}
+	for _, img := range []struct{ bin, ref string }{{"lab-backend", BackendImage}, {"pause", PauseImage}} {
+		name, itag, _ := strings.Cut(img.ref, ":")
+		file := filepath.Join(dir, img.bin+".tar")
+		if err := gorun("-binary", bins[img.bin], "-name", name, "-tag", itag, "-user", "65532:65532",
+			"-description", "vipcast lab: "+img.bin, "-out", file); err != nil {
+			return nil, err
+		}
+		out = append(out, file)
+	}
+	return out, nil
+}
+
+// payload writes the nodes' second disk: an ext4 image holding the node
+// binaries, the images and the nodes' kubeconfig.
+func (l *Lab) payload(ctx context.Context, images []string) (string, error) {
+	dir := filepath.Join(l.Opts.Dir, "payload")
+	files := map[string]string{
+		"bin/kubelet":                 filepath.Join(controlplane.BinDir(), "kubelet"),
+		"bin/kube-proxy":              filepath.Join(controlplane.BinDir(), "kube-proxy"),
+		"bin/containerd":              filepath.Join(containerdDir(), "containerd"),
+		"bin/ctr":                     filepath.Join(containerdDir(), "ctr"),
+		"bin/containerd-shim-runc-v2": filepath.Join(containerdDir(), "containerd-shim-runc-v2"),
+		"kubeconfig":                  l.clusterKubeconfig(),
+	}
+	for _, img := range images {
+		files["images/"+filepath.Base(img)] = img
+	}
+	for dst, src := range files {
+		if err := copyFile(src, filepath.Join(dir, dst)); err != nil {
+			return "", fmt.Errorf("payload: %w (run `make cluster-tools`)", err)
+		}
+	}
+	img := filepath.Join(l.Opts.Dir, "payload.ext4")
+	if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-d", dir, img, "1G").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("mkfs.ext4 payload: %w: %s", err, out)
+	}
+	return img, os.RemoveAll(dir)
+}
+
+// copyFile copies src to dst (creating its directory), executable.
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o755) //nolint:gosec // binaries for the VM
+}
+
+// clusterKubeconfig writes the admin kubeconfig with the API server reached
+// through the ToR at its own port, as the kubelets and kube-proxy use it.
+func (l *Lab) clusterKubeconfig() string {
+	t := l.t
+	data, err := os.ReadFile(l.CP.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := l.CP.APIPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.ReplaceAll(string(data), "127.0.0.1:"+strconv.Itoa(port), net.JoinHostPort(torAddr.String(), strconv.Itoa(port)))
+	path := filepath.Join(l.Opts.Dir, "kubeconfig-nodes")
+	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// netfilterModules are every module of the kernel's netfilter, bridge and
+// IPVS directories: the guest's modprobe loads them when iptables, nft,
+// ipset or kube-proxy first use them, as a node's kernel does.
+func netfilterModules(k *vm.Kernel) []string {
+	var out []string
+	for _, d := range []string{"net/netfilter", "net/ipv4/netfilter", "net/ipv6/netfilter", "net/bridge", "net/sched"} {
+		_ = filepath.WalkDir(filepath.Join(k.Modules, "kernel", d), func(path string, _ fs.DirEntry, err error) error {
+			if err == nil && strings.HasSuffix(path, ".ko") {
+				out = append(out, strings.ReplaceAll(strings.TrimSuffix(filepath.Base(path), ".ko"), "-", "_"))
+			}
+			return nil
+		})
+	}
+	return out
+}
+
+// bootKubeNodes boots the node VMs of the real cluster.
+func (l *Lab) bootKubeNodes(ctx context.Context, cancel context.CancelFunc, venv *vm.Env, rootfs *vm.Rootfs, payload, agent string, co *ClusterOptions) {
+	t := l.t
+	t.Helper()
+	l.Opts.Logf("==> booting %d node VMs (Debian %s userland, kubelet and kube-proxy %s in %s mode, containerd %s)",
+		len(l.Nodes), rootfs.Suite, controlplane.KubernetesVersion, co.ProxyMode, ContainerdVersion)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	onDemand := netfilterModules(venv.Kernel)
+	for i, n := range l.Nodes {
+		tap := fmt.Sprintf("tap%d", i+1)
+		l.TorNS.IP(t, "tuntap", "add", "dev", tap, "mode", "tap")
+		l.TorNS.IP(t, "link", "set", tap, "master", "rack", "up")
+		opts := l.vmOptions(n, i, tap, nil, "")
+		var routes []string
+		for _, o := range l.Nodes {
+			if o != n {
+				routes = append(routes, o.PodCIDR.String()+"="+o.Addr.String())
+			}
+		}
+		opts.TestBinary = agent
+		opts.Files = nil
+		opts.Args = []string{
+			"-name", n.Name,
+			"-addr", fmt.Sprintf("%s/%d", n.Addr, rackBits),
+			"-gateway", torAddr.String(),
+			"-pod-cidr", n.PodCIDR.String(),
+			"-routes", strings.Join(routes, ","),
+			"-proxy-mode", co.ProxyMode,
+			"-cluster-cidr", clusterCIDR,
+			"-node-port-addresses", netip.PrefixFrom(n.Addr, rackBits).Masked().String(),
+			"-ipvs-exclude-cidrs", PoolPrefix.String(),
+		}
+		opts.Disk = rootfs.Image
+		opts.Modules = append(opts.Modules, "overlay", "br_netfilter", "veth", "nf_conntrack_netlink")
+		opts.OnDemandModules = onDemand
+		opts.MemoryMB = max(l.Opts.NodeMemoryMB, 2048)
+		opts.QEMUArgs = append(opts.QEMUArgs, "-drive", "file="+payload+",if=virtio,format=raw,readonly=on")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(n.done)
+			_, n.err = vm.RunContext(ctx, venv, opts)
+		}()
+	}
+}
+
+// waitKubelets waits until every node has registered and is Ready.
+func (l *Lab) waitKubelets(ctx context.Context) {
+	t := l.t
+	t.Helper()
+	start := time.Now()
+	for _, n := range l.Nodes {
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+			select {
+			case <-n.done:
+				return false, fmt.Errorf("the VM ended: %v", n.err) //nolint:errorlint // n.err may be nil
+			default:
+			}
+			node, err := l.CP.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil //nolint:nilerr // not registered yet
+			}
+			for _, c := range node.Status.Conditions {
+				if c.Type == v1.NodeReady && c.Status == v1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			l.dumpConsoles()
+			t.Fatalf("%s: the kubelet did not register a Ready node: %v (console %s)", n.Name, err, n.Console)
+		}
+		l.Opts.Logf("    %s is Ready (%s after boot started)", n.Name, time.Since(start).Round(time.Second))
+	}
+}
+
+// Helm runs the helm binary against the lab's API server and returns what
+// it printed.
+func (l *Lab) Helm(ctx context.Context, args ...string) (string, error) {
+	c := exec.CommandContext(ctx, HelmBin(), args...)
+	c.Env = append(os.Environ(), "KUBECONFIG="+l.CP.Kubeconfig,
+		"HELM_CACHE_HOME="+filepath.Join(l.Opts.Dir, "helm/cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(l.Opts.Dir, "helm/config"),
+		"HELM_DATA_HOME="+filepath.Join(l.Opts.Dir, "helm/data"))
+	out, err := c.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// HelmValuesFile writes the lab's values for charts/vipcast: its images
+// with tag, the lab's convergence delay, and extra.
+func (l *Lab) HelmValuesFile(tag, extra string) (string, error) {
+	values := fmt.Sprintf(`ccm:
+  image: {repository: vipcast/vipcast-ccm, tag: %q}
+speaker:
+  image: {repository: vipcast/vipcast-speaker, tag: %q}
+  convergenceDelay: 2s
+%s`, tag, tag, extra)
+	path := filepath.Join(l.Opts.Dir, "values-"+tag+".yaml")
+	return path, os.WriteFile(path, []byte(values), 0o600)
+}
+
+// helmInstall installs charts/vipcast with the command docs/install.md
+// gives, then waits until vipcast-ccm has initialized every node and the
+// speakers run.
+func (l *Lab) helmInstall(ctx context.Context, co *ClusterOptions) {
+	t := l.t
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	values, err := l.HelmValuesFile(co.ImageTag, co.HelmValues)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Opts.Logf("==> helm install %s charts/vipcast -n %s --create-namespace -f %s", Release, VipcastNamespace, filepath.Base(values))
+	if _, err := l.Helm(ctx, "install", Release, filepath.Join(root, "charts/vipcast"), "-n", VipcastNamespace, "--create-namespace", "-f", values); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := l.WaitInitialized(ctx, 5*time.Minute); err != nil {
+		l.dumpConsoles()
+		t.Fatal(err)
+	}
+	l.Opts.Logf("    vipcast-ccm initialized every node (%s)", time.Since(start).Round(time.Second))
+	if err := l.WaitRollout(ctx, 5*time.Minute, "daemonset/"+Release+"-speaker", "deployment/"+Release+"-ccm"); err != nil {
+		l.dumpConsoles()
+		t.Fatal(err)
+	}
+	l.Opts.Logf("    the speakers and the CCM run (%s)", time.Since(start).Round(time.Second))
+}
+
+// WaitInitialized waits until every Node has a provider ID and no
+// uninitialized taint: vipcast-ccm's node controller has run.
+func (l *Lab) WaitInitialized(ctx context.Context, timeout time.Duration) error {
+	var pending []string
+	err := wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
+		nodes, err := l.CP.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // retry until the timeout
+		}
+		pending = nil
+		for _, n := range nodes.Items {
+			if n.Spec.ProviderID == "" || slices.ContainsFunc(n.Spec.Taints, func(t v1.Taint) bool {
+				return t.Key == "node.cloudprovider.kubernetes.io/uninitialized"
+			}) {
+				pending = append(pending, n.Name)
+			}
+		}
+		return len(nodes.Items) > 0 && len(pending) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("nodes not initialized by vipcast-ccm after %v: %v: %w", timeout, pending, err)
+	}
+	return nil
+}
+
+// WaitRollout runs `kubectl rollout status` for each workload in the
+// vipcast namespace.
+func (l *Lab) WaitRollout(ctx context.Context, timeout time.Duration, workloads ...string) error {
+	for _, w := range workloads {
+		if _, err := l.Kubectl(ctx, "-n", VipcastNamespace, "rollout", "status", w, "--timeout", timeout.String()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// BackendsPerNode is how many replicas of the demo Deployment each node
+// runs (spread by a topology constraint).
+const BackendsPerNode = 2
+
+// applyBackends creates the demo Deployment: BackendsPerNode backends per
+// node, spread evenly, and waits until they are ready.
+func (l *Lab) applyBackends(ctx context.Context) error {
+	replicas := int32(BackendsPerNode * len(l.Nodes)) //nolint:gosec // a handful of nodes
+	labels := map[string]string{"app": DemoService}
+	fieldEnv := func(name, path string) v1.EnvVar {
+		return v1.EnvVar{Name: name, ValueFrom: &v1.EnvVarSource{FieldRef: &v1.ObjectFieldSelector{FieldPath: path}}}
+	}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: DemoService, Namespace: DemoNamespace},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: v1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: v1.PodSpec{
+					Containers: []v1.Container{{
+						Name:            "backend",
+						Image:           BackendImage,
+						ImagePullPolicy: v1.PullNever,
+						Env:             []v1.EnvVar{fieldEnv("POD_NAME", "metadata.name"), fieldEnv("NODE_NAME", "spec.nodeName"), {Name: "PORT", Value: strconv.Itoa(nodeapi.BackendPort)}},
+						Ports:           []v1.ContainerPort{{ContainerPort: nodeapi.BackendPort}},
+						ReadinessProbe: &v1.Probe{
+							ProbeHandler:  v1.ProbeHandler{TCPSocket: &v1.TCPSocketAction{Port: intstr.FromInt32(nodeapi.BackendPort)}},
+							PeriodSeconds: 2,
+						},
+					}},
+					TopologySpreadConstraints: []v1.TopologySpreadConstraint{{
+						MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: v1.DoNotSchedule,
+						LabelSelector: &metav1.LabelSelector{MatchLabels: labels},
+					}},
+				},
+			},
+		},
+	}
+	if _, err := l.CP.Client.AppsV1().Deployments(DemoNamespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("deployment %s/%s: %w", DemoNamespace, DemoService, err)
+	}
+	if _, err := l.Kubectl(ctx, "-n", DemoNamespace, "rollout", "status", "deployment/"+DemoService, "--timeout", "5m"); err != nil {
+		return err
+	}
+	return l.refreshPods(ctx)
+}
+
+// refreshPods reads the demo's ready pods into each Node's Pods.
+func (l *Lab) refreshPods(ctx context.Context) error {
+	pods, err := l.CP.Client.CoreV1().Pods(DemoNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + DemoService})
+	if err != nil {
+		return err
+	}
+	for _, n := range l.Nodes {
+		n.Pods = nil
+		for _, p := range pods.Items {
+			a, err := netip.ParseAddr(p.Status.PodIP)
+			if p.Spec.NodeName != n.Name || err != nil || p.DeletionTimestamp != nil {
+				continue
+			}
+			n.Pods = append(n.Pods, Pod{Name: p.Name, Node: n.Name, Addr: a})
+		}
+		slices.SortFunc(n.Pods, func(a, b Pod) int { return strings.Compare(a.Name, b.Name) })
+	}
+	return nil
+}

@@ -1,0 +1,112 @@
+// Command backend is the lab cluster's backend image: it answers HTTP
+// requests and UDP datagrams on $PORT (default 8080) with one line naming
+// the pod ($POD_NAME), its node ($NODE_NAME) and the client's address as the
+// pod sees it — the same line as the agent-based lab's pods, so the lab's
+// clients read both alike.
+//
+// `backend -get URL` is the in-cluster client instead: one GET (5 s
+// timeout), the answer printed and written to the termination message, exit
+// status 0 only for 200 OK. A pod running it tells the lab, through its
+// status alone, what a pod inside the cluster reaches.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) == 3 && os.Args[1] == "-get" {
+		os.Exit(get(os.Args[2]))
+	}
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "backend:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	port := os.Getenv("PORT")
+	if port == "" {
+		port = "8080"
+	}
+	pod, node := os.Getenv("POD_NAME"), os.Getenv("NODE_NAME")
+	line := func(client string) string {
+		host, _, err := net.SplitHostPort(client)
+		if err != nil {
+			host = client
+		}
+		return fmt.Sprintf("%s on %s, client %s\n", pod, node, host)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	pc, err := net.ListenPacket("udp", ":"+port)
+	if err != nil {
+		return fmt.Errorf("udp: %w", err)
+	}
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(line(from.String())), from)
+		}
+	}()
+	srv := &http.Server{
+		Addr: ":" + port,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// Plain text naming the peer's address, not request content.
+			_, _ = fmt.Fprint(w, line(r.RemoteAddr)) //nolint:gosec // G705: see above
+		}),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	errs := make(chan error, 1)
+	go func() { errs <- srv.ListenAndServe() }()
+	select {
+	case err := <-errs:
+		return fmt.Errorf("http: %w", err)
+	case <-ctx.Done():
+	}
+	// Terminating: finish the requests in flight, as a real backend does.
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = pc.Close()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
+
+// get fetches url once and reports the answer (or the error) on standard
+// output and in /dev/termination-log.
+func get(url string) int {
+	msg, code := "", 0
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url) //nolint:noctx,gosec // one bounded request to the URL the test gave
+	switch {
+	case err != nil:
+		msg, code = err.Error(), 1
+	default:
+		body, rerr := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		_ = resp.Body.Close()
+		msg = strings.TrimSpace(string(body))
+		if rerr != nil || resp.StatusCode != http.StatusOK {
+			msg, code = fmt.Sprintf("%s: %s %v", resp.Status, msg, rerr), 1
+		}
+	}
+	fmt.Println(msg)
+	_ = os.WriteFile("/dev/termination-log", []byte(msg), 0o644) //nolint:gosec // the kubelet's file
+	return code
+}

@@ -1,0 +1,452 @@
+// Command kubenode is what a node VM of the lab's real cluster runs (see
+// package github.com/vipcast/vipcast/test/lab, Options.Cluster): it turns
+// the VM into a Kubernetes node the way a node's boot scripts do, then
+// leaves everything to the real components.
+//
+//   - the Debian root filesystem (the VM's first disk, vm.Rootfs) is mounted
+//     and becomes the root of every daemon (chroot), with the payload disk
+//     (kubelet, kube-proxy, containerd, the images and the kubeconfig) on
+//     /opt/vipcast;
+//   - eth0 gets the node's address on the rack network and a default route
+//     to the ToR; routes to the other nodes' pod ranges go via those nodes
+//     (a flat "host-gw" pod network: the bridge CNI plugin on each node);
+//   - containerd starts, the payload's images are imported, then the
+//     kubelet (--cloud-provider=external: the node registers with the
+//     uninitialized taint) and kube-proxy in the mode given;
+//   - a control server on the node's address (nodeapi.Port) lets the host
+//     read the node's IPVS table, VIPs, nftables tables and links (GET
+//     /state), to check what vipcast leaves behind.
+//
+// Each daemon's log goes to /var/log/<name>.log in the VM and its error
+// lines to the console. It is built static (CGO_ENABLED=0) and runs as root
+// in the guest until the VM is stopped.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipcast/vipcast/test/lab/nodeapi"
+	"github.com/vipcast/vipcast/test/vm"
+)
+
+// Where things are, inside the node's root.
+const (
+	root       = "/node"
+	payloadDir = "/opt/vipcast"
+	binDir     = payloadDir + "/bin"
+	kubeconfig = payloadDir + "/kubeconfig"
+	containerd = "/run/containerd/containerd.sock"
+)
+
+// config is the command line.
+type config struct {
+	name      string
+	addr      netip.Prefix
+	gateway   netip.Addr
+	podCIDR   netip.Prefix
+	routes    map[netip.Prefix]netip.Addr
+	payload   string
+	proxyMode string
+	// clusterCIDR covers every node's pod range (kube-proxy's
+	// clusterCIDR); excludeCIDRs are kube-proxy's ipvs.excludeCIDRs and
+	// nodePortAddresses its nodePortAddresses.
+	clusterCIDR       string
+	excludeCIDRs      []string
+	nodePortAddresses []string
+}
+
+func main() {
+	cfg, err := parse(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kubenode:", err)
+		os.Exit(2)
+	}
+	if err := run(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "kubenode:", err)
+		os.Exit(1)
+	}
+}
+
+func parse(args []string) (*config, error) {
+	fs := flag.NewFlagSet("kubenode", flag.ContinueOnError)
+	var addr, gw, podCIDR, routes, exclude, nodePorts string
+	cfg := &config{routes: map[netip.Prefix]netip.Addr{}}
+	fs.StringVar(&cfg.name, "name", "", "node name")
+	fs.StringVar(&addr, "addr", "", "address of eth0 (CIDR)")
+	fs.StringVar(&gw, "gateway", "", "default gateway (the ToR)")
+	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod range (the bridge CNI plugin's)")
+	fs.StringVar(&routes, "routes", "", "prefix=via,... routes to other nodes' pod ranges")
+	fs.StringVar(&cfg.payload, "payload", "/dev/vdb", "block device of the payload (binaries, images, kubeconfig)")
+	fs.StringVar(&cfg.proxyMode, "proxy-mode", "iptables", "kube-proxy's mode: iptables, nftables or ipvs; none runs no kube-proxy")
+	fs.StringVar(&cfg.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "kube-proxy's clusterCIDR")
+	fs.StringVar(&exclude, "ipvs-exclude-cidrs", "", "kube-proxy's ipvs.excludeCIDRs, comma-separated")
+	fs.StringVar(&nodePorts, "node-port-addresses", "", "kube-proxy's nodePortAddresses, comma-separated")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	var err error
+	if cfg.name == "" {
+		return nil, errors.New("-name is required")
+	}
+	if cfg.addr, err = netip.ParsePrefix(addr); err != nil {
+		return nil, fmt.Errorf("-addr: %w", err)
+	}
+	if cfg.gateway, err = netip.ParseAddr(gw); err != nil {
+		return nil, fmt.Errorf("-gateway: %w", err)
+	}
+	if cfg.podCIDR, err = netip.ParsePrefix(podCIDR); err != nil {
+		return nil, fmt.Errorf("-pod-cidr: %w", err)
+	}
+	for _, kv := range splitList(routes) {
+		p, via, ok := strings.Cut(kv, "=")
+		pfx, err1 := netip.ParsePrefix(p)
+		gw, err2 := netip.ParseAddr(via)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("-routes: %q is not prefix=address", kv)
+		}
+		cfg.routes[pfx] = gw
+	}
+	switch cfg.proxyMode {
+	case "iptables", "nftables", "ipvs", "none":
+	default:
+		return nil, fmt.Errorf("-proxy-mode %q: want iptables, nftables, ipvs or none", cfg.proxyMode)
+	}
+	cfg.excludeCIDRs, cfg.nodePortAddresses = splitList(exclude), splitList(nodePorts)
+	return cfg, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func run(cfg *config) error {
+	start := time.Now()
+	// Orphans (containerd's shims, once their parent exits) are reparented
+	// here, not to the VM's init, and reaped below.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("subreaper: %w", err)
+	}
+	if err := vm.MountRootfs(root); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(root+payloadDir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(cfg.payload, root+payloadDir, "ext4", unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("mount payload %s: %w", cfg.payload, err)
+	}
+	if err := network(cfg); err != nil {
+		return err
+	}
+	serveControl(cfg)
+	if err := unix.Sethostname([]byte(cfg.name)); err != nil {
+		return fmt.Errorf("hostname: %w", err)
+	}
+	if err := vm.Chroot(root); err != nil {
+		return err
+	}
+	if err := prepareNode(cfg); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	env := []string{"PATH=" + binDir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+	d := &daemons{env: env, started: map[int]string{}}
+	if err := d.start("containerd", binDir+"/containerd", "--config", "/etc/containerd/config.toml"); err != nil {
+		return err
+	}
+	if err := waitFile(ctx, containerd, time.Minute); err != nil {
+		return fmt.Errorf("containerd did not start: %w", err)
+	}
+	if err := importImages(ctx, env); err != nil {
+		return err
+	}
+	fmt.Printf("kubenode: containerd up, images imported, %s after start\n", time.Since(start).Round(time.Millisecond))
+	if err := d.start("kubelet", binDir+"/kubelet",
+		"--config", "/etc/kubernetes/kubelet.yaml",
+		"--kubeconfig", kubeconfig,
+		"--cloud-provider", "external",
+		"--node-ip", cfg.addr.Addr().String(),
+		"--hostname-override", cfg.name,
+		"--v", "1"); err != nil {
+		return err
+	}
+	if cfg.proxyMode != "none" {
+		if err := d.start("kube-proxy", binDir+"/kube-proxy", "--config", "/etc/kubernetes/kube-proxy.yaml", "--v", "1"); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("kubenode: kubelet and kube-proxy (%s) started, %s after start\n", cfg.proxyMode, time.Since(start).Round(time.Millisecond))
+	return d.reap(ctx)
+}
+
+// network configures eth0, the default route and the routes to the other
+// nodes' pod ranges.
+func network(cfg *config) error {
+	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer nl.Close()
+	return nodeapi.Uplink(nl, cfg.addr, cfg.gateway, cfg.routes)
+}
+
+// serveControl serves the lab's read-only view of the node (GET /state:
+// IPVS, VIPs, nftables tables, links) on the node's address.
+func serveControl(cfg *config) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /state", nodeapi.StateHandler)
+	srv := &http.Server{Addr: net.JoinHostPort(cfg.addr.Addr().String(), nodeapi.Port), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil {
+			fmt.Printf("kubenode: control server: %v\n", err)
+		}
+	}()
+}
+
+// prepareNode does, inside the node's root, what a node's boot does
+// before the kubelet: sysctls, cgroup controllers, and the configuration
+// of containerd, the CNI plugin, the kubelet and kube-proxy.
+func prepareNode(cfg *config) error {
+	for key, value := range map[string]string{
+		"net/ipv4/ip_forward":                 "1",
+		"net/bridge/bridge-nf-call-iptables":  "1",
+		"net/bridge/bridge-nf-call-ip6tables": "1",
+	} {
+		if err := os.WriteFile("/proc/sys/"+key, []byte(value), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s: %w", key, err)
+		}
+	}
+	// cgroup v2: the kubelet and containerd create their cgroups under
+	// the root one, which must delegate the controllers they use.
+	ctrls, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+	if err != nil {
+		return fmt.Errorf("cgroup2: %w", err)
+	}
+	var enable []string
+	for _, c := range strings.Fields(string(ctrls)) {
+		enable = append(enable, "+"+c)
+	}
+	if err := os.WriteFile("/sys/fs/cgroup/cgroup.subtree_control", []byte(strings.Join(enable, " ")), 0o644); err != nil {
+		return fmt.Errorf("cgroup2 controllers %v: %w", enable, err)
+	}
+	files := map[string]string{
+		"/etc/hosts":                      fmt.Sprintf("127.0.0.1 localhost\n%s %s\n", cfg.addr.Addr(), cfg.name),
+		"/etc/hostname":                   cfg.name + "\n",
+		"/etc/resolv.conf":                "# the lab has no DNS: nothing leaves it\nnameserver 127.0.0.1\n",
+		"/etc/containerd/config.toml":     containerdConfig,
+		"/etc/cni/net.d/10-lab.conflist":  fmt.Sprintf(cniConfig, cfg.podCIDR),
+		"/etc/kubernetes/kubelet.yaml":    kubeletConfig,
+		"/etc/kubernetes/kube-proxy.yaml": kubeProxyConfig(cfg),
+	}
+	for path, content := range files {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// containerdConfig: containerd 2.x (config version 3) with the lab's own
+// pause image, Debian's runc with cgroupfs, and Debian's CNI plugins.
+const containerdConfig = `version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "` + PauseImage + `"
+
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ["/usr/lib/cni"]
+  conf_dir = "/etc/cni/net.d"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = "runc"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      BinaryName = "/usr/sbin/runc"
+      SystemdCgroup = false
+`
+
+// PauseImage is the sandbox image, imported from the payload; keep in
+// sync with the lab (lab.PauseImage).
+const PauseImage = "docker.io/vipcast/pause:lab"
+
+// cniConfig is the pod network: a bridge with the node's pod range,
+// masquerading traffic that leaves the cluster's pod ranges.
+const cniConfig = `{
+  "cniVersion": "1.0.0",
+  "name": "lab",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "%s"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`
+
+// kubeletConfig: cgroupfs (no systemd in the VM), no swap check, low
+// eviction thresholds for small VMs, anonymous read access for the API
+// server's logs and exec.
+const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+failSwapOn: false
+resolvConf: /etc/resolv.conf
+serializeImagePulls: false
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+evictionHard: {memory.available: "20Mi", nodefs.available: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+shutdownGracePeriod: 0s
+`
+
+// kubeProxyConfig is kube-proxy's configuration in the mode asked, with
+// the settings docs/install.md prescribes.
+func kubeProxyConfig(cfg *config) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n")
+	fmt.Fprintf(&b, "clientConnection: {kubeconfig: %s}\n", kubeconfig)
+	fmt.Fprintf(&b, "hostnameOverride: %s\nbindAddress: %s\n", cfg.name, cfg.addr.Addr())
+	fmt.Fprintf(&b, "mode: %s\nclusterCIDR: %s\n", cfg.proxyMode, cfg.clusterCIDR)
+	fmt.Fprintf(&b, "conntrack: {maxPerCore: 0}\n")
+	if len(cfg.nodePortAddresses) > 0 {
+		fmt.Fprintf(&b, "nodePortAddresses: [%s]\n", quoteList(cfg.nodePortAddresses))
+	}
+	if len(cfg.excludeCIDRs) > 0 {
+		fmt.Fprintf(&b, "ipvs: {excludeCIDRs: [%s]}\n", quoteList(cfg.excludeCIDRs))
+	}
+	return b.String()
+}
+
+func quoteList(l []string) string {
+	q := make([]string, len(l))
+	for i, v := range l {
+		q[i] = fmt.Sprintf("%q", v)
+	}
+	return strings.Join(q, ", ")
+}
+
+// importImages imports every image tarball of the payload into
+// containerd's k8s.io namespace, where the kubelet looks.
+func importImages(ctx context.Context, env []string) error {
+	tars, _ := filepath.Glob(payloadDir + "/images/*.tar")
+	if len(tars) == 0 {
+		return fmt.Errorf("no images in %s/images", payloadDir)
+	}
+	for _, tar := range tars {
+		cmd := exec.CommandContext(ctx, binDir+"/ctr", "--address", containerd, "-n", "k8s.io", "images", "import", "--no-unpack=false", tar)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("ctr images import %s: %w: %s", tar, err, out)
+		}
+	}
+	return nil
+}
+
+// waitFile waits until path exists.
+func waitFile(ctx context.Context, path string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w", path, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// daemons are the node's long-running processes.
+type daemons struct {
+	env     []string
+	started map[int]string
+}
+
+// start runs a daemon with its output in /var/log/<name>.log and its error
+// lines (klog's E and F lines, and any panic) on the console.
+func (d *daemons) start(name, path string, args ...string) error {
+	log, err := os.Create("/var/log/" + name + ".log")
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Env = d.env
+	r, w := io.Pipe()
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	d.started[cmd.Process.Pid] = name
+	go func() {
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			line := sc.Text()
+			_, _ = fmt.Fprintln(log, line)
+			if strings.HasPrefix(line, "E") || strings.HasPrefix(line, "F") || strings.HasPrefix(line, "panic") || strings.Contains(line, "level=error") {
+				fmt.Printf("%s: %s\n", name, line)
+			}
+		}
+	}()
+	return nil
+}
+
+// reap waits for every child, the daemons and the orphans reparented to
+// this subreaper, until ctx ends; a daemon that exits is an error.
+func (d *daemons) reap(ctx context.Context) error {
+	for ctx.Err() == nil {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("wait: %w", err)
+		}
+		if name, ok := d.started[pid]; ok {
+			return fmt.Errorf("%s exited (status %d, signal %v): see /var/log/%s.log", name, ws.ExitStatus(), ws.Signal(), name)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,127 @@
+package nodeapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+
+	"github.com/vipcast/vipcast/ipvs"
+)
+
+// The node side: what both lab node agents (test/lab/node and
+// test/lab/kubenode) run inside their VMs.
+
+// Uplink configures eth0 with addr, a default route via gateway, and the
+// routes to the other nodes' pod ranges (prefix via node address).
+func Uplink(nl *netlink.Handle, addr netip.Prefix, gateway netip.Addr, routes map[netip.Prefix]netip.Addr) error {
+	eth0, err := nl.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("eth0 (is the VM's NIC there?): %w", err)
+	}
+	if err := nl.AddrAdd(eth0, &netlink.Addr{IPNet: IPNet(addr)}); err != nil {
+		return fmt.Errorf("eth0 address: %w", err)
+	}
+	if err := nl.LinkSetUp(eth0); err != nil {
+		return fmt.Errorf("eth0 up: %w", err)
+	}
+	if err := nl.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gateway.AsSlice()}); err != nil {
+		return fmt.Errorf("default route: %w", err)
+	}
+	for p, via := range routes {
+		if err := nl.RouteAdd(&netlink.Route{Dst: IPNet(p), Gw: via.AsSlice()}); err != nil {
+			return fmt.Errorf("route %s via %s: %w", p, via, err)
+		}
+	}
+	return nil
+}
+
+// IPNet converts a prefix for netlink.
+func IPNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// StateHandler serves GET /state: the node's IPVS table and VIPs (read with
+// vipcast's own ipvs package), its nftables tables and its links.
+func StateHandler(w http.ResponseWriter, _ *http.Request) {
+	st, err := ReadState()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(st)
+}
+
+// ReadState reads the node's State.
+func ReadState() (State, error) {
+	var out State
+	d, err := ipvs.New(ipvs.Options{NoSNAT: true, NoFilter: true})
+	if err != nil {
+		return out, err
+	}
+	defer func() { _ = d.Close() }()
+	st, err := d.Read()
+	if err != nil {
+		return out, err
+	}
+	for _, s := range st.Services {
+		svc := Service{Key: s.Key().String(), Scheduler: s.Scheduler}
+		for _, b := range s.Backends {
+			svc.Backends = append(svc.Backends, b.String())
+		}
+		slices.Sort(svc.Backends)
+		out.Services = append(out.Services, svc)
+	}
+	slices.SortFunc(out.Services, func(a, b Service) int { return strings.Compare(a.Key, b.Key) })
+	for v := range st.VIPs {
+		out.VIPs = append(out.VIPs, v.String())
+	}
+	slices.Sort(out.VIPs)
+	conn, err := nftables.New()
+	if err != nil {
+		return out, fmt.Errorf("nftables: %w", err)
+	}
+	tables, err := conn.ListTables()
+	if err != nil {
+		return out, fmt.Errorf("nftables tables: %w", err)
+	}
+	for _, t := range tables {
+		out.Tables = append(out.Tables, fmt.Sprintf("%s %s", familyName(t.Family), t.Name))
+	}
+	slices.Sort(out.Tables)
+	links, err := netlink.LinkList()
+	if err != nil {
+		return out, fmt.Errorf("links: %w", err)
+	}
+	for _, l := range links {
+		out.Links = append(out.Links, l.Attrs().Name)
+	}
+	slices.Sort(out.Links)
+	return out, nil
+}
+
+func familyName(f nftables.TableFamily) string {
+	switch f {
+	case nftables.TableFamilyIPv4:
+		return "ip"
+	case nftables.TableFamilyIPv6:
+		return "ip6"
+	case nftables.TableFamilyINet:
+		return "inet"
+	case nftables.TableFamilyBridge:
+		return "bridge"
+	case nftables.TableFamilyARP:
+		return "arp"
+	case nftables.TableFamilyNetdev:
+		return "netdev"
+	default:
+		return fmt.Sprintf("family-%d", f)
+	}
+}
