@@ -63,6 +63,9 @@ type Dataplane struct {
 	// (valid with cache).
 	filter Filter
 	stale  bool // cache invalid (never read, or an Apply failed)
+	// closed: the handles are released (Close, or a Teardown that
+	// succeeded: then torn too).
+	closed, torn bool
 }
 
 // New opens the IPVS and rtnetlink handles and ensures the dummy link exists
@@ -131,20 +134,28 @@ func (d *Dataplane) setupTunnel(t *Tunnel) error {
 }
 
 func ensureDummy(nh *netlink.Handle, name string) (netlink.Link, error) {
-	link, err := nh.LinkByName(name)
-	var notFound netlink.LinkNotFoundError
-	switch {
-	case errors.As(err, &notFound):
-		if err := nh.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil && !errors.Is(err, unix.EEXIST) {
-			return nil, fmt.Errorf("create dummy link %s: %w", name, err)
+	link, err := ensureLink(nh, &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: name}})
+	if err != nil {
+		return nil, fmt.Errorf("dummy link for the VIPs: %w", err)
+	}
+	return link, nil
+}
+
+// ensureLink returns the link named as l, of l's type, creating it as l
+// when missing, and sets it up.
+func ensureLink(nh *netlink.Handle, l netlink.Link) (netlink.Link, error) {
+	name := l.Attrs().Name
+	link, err := linkOfType(nh, name, l.Type())
+	if err == nil && link == nil {
+		if err := nh.LinkAdd(l); err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("create %s link %s: %w", l.Type(), name, err)
 		}
-		if link, err = nh.LinkByName(name); err != nil {
-			return nil, fmt.Errorf("dummy link %s: %w", name, err)
+		if link, err = linkOfType(nh, name, l.Type()); err == nil && link == nil {
+			err = fmt.Errorf("link %s: gone as soon as created", name)
 		}
-	case err != nil:
-		return nil, fmt.Errorf("dummy link %s: %w", name, err)
-	case link.Type() != "dummy":
-		return nil, fmt.Errorf("link %s is a %s link, not dummy: refusing to use it for VIPs", name, link.Type())
+	}
+	if err != nil {
+		return nil, err
 	}
 	if err := nh.LinkSetUp(link); err != nil {
 		return nil, fmt.Errorf("set %s up: %w", name, err)
@@ -152,15 +163,43 @@ func ensureDummy(nh *netlink.Handle, name string) (netlink.Link, error) {
 	return link, nil
 }
 
+// linkOfType returns the link name, nil when there is none. A link of
+// that name and another type than typ is not vipcast's: an error.
+func linkOfType(nh *netlink.Handle, name, typ string) (netlink.Link, error) {
+	link, err := nh.LinkByName(name)
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &notFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("link %s: %w", name, err)
+	case link.Type() != typ:
+		return nil, fmt.Errorf("link %s is a %s link, not %s: not vipcast's, left alone", name, link.Type(), typ)
+	}
+	return link, nil
+}
+
 // Close releases the handles. The kernel state stays: a restarted speaker
-// finds it and changes nothing that is still wanted.
+// finds it and changes nothing that is still wanted (Teardown is for a
+// node vipcast leaves). Closing again does nothing.
 func (d *Dataplane) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.close()
+	return nil
+}
+
+// close releases the handles, once.
+func (d *Dataplane) close() {
+	if d.closed {
+		return
+	}
+	d.closed = true
 	d.ipvs.Close()
 	d.nl.Close()
 	if d.nft != nil {
 		d.nft.close()
 	}
-	return nil
 }
 
 // LinkName is the dummy link's name.

@@ -22,12 +22,13 @@
 //   - Dataplane: New (dummy link, IPVS and nftables handles), Read, Apply,
 //     Sync (full read + diff + apply: start-up and periodic drift repair)
 //     and SyncService (one Service, from the in-memory state: the
-//     per-EndpointSlice path, no kernel read).
+//     per-EndpointSlice path, no kernel read); Teardown takes everything
+//     it owns out of the kernel, for a node vipcast leaves (uninstalled).
 //
-// Nothing is ever flushed: a restarted speaker reads the kernel, finds what
-// it wants already there and changes nothing, so established connections
-// survive. A terminating endpoint is a Backend with weight 0: it keeps its
-// connections and gets no new ones.
+// Short of Teardown, nothing is ever flushed: a restarted speaker reads
+// the kernel, finds what it wants already there and changes nothing, so
+// established connections survive. A terminating endpoint is a Backend
+// with weight 0: it keeps its connections and gets no new ones.
 //
 // Its kernel tests run inside a real Debian kernel under qemu
 // (github.com/vipcast/vipcast/test/vm), since CI hosts often lack IPVS.

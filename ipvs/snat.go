@@ -94,13 +94,17 @@ func newNFTables(conntrack bool) (*nftTables, error) {
 		return nil, fmt.Errorf("nftables netlink: %w", err)
 	}
 	n := &nftTables{conn: c}
-	for i, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+	for i, fam := range tableFamilies {
 		if err := n.ensure(i, fam); err != nil {
 			return nil, fmt.Errorf("nftables table %s %s: %w", familyName(fam), snatTable, err)
 		}
 	}
 	return n, nil
 }
+
+// tableFamilies are the families of the tables, in the order of
+// nftTables.tables.
+var tableFamilies = [2]nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6}
 
 func familyName(f nftables.TableFamily) string {
 	if f == nftables.TableFamilyIPv6 {
@@ -121,13 +125,9 @@ func (n *nftTables) ensure(i int, fam nftables.TableFamily) error {
 	if n.existing(i, t) {
 		return nil
 	}
-	if tables, err := n.conn.ListTablesOfFamily(fam); err == nil {
-		for _, old := range tables {
-			if old.Name == snatTable {
-				n.conn.DelTable(old)
-			}
-		}
-	}
+	// A failed listing queues nothing: the transaction below reports the
+	// trouble.
+	_, _ = n.dropTable(fam)
 	n.conn.AddTable(t)
 	addrType, addrLen := nftables.TypeIPAddr, uint32(4)
 	if fam == nftables.TableFamilyIPv6 {
@@ -201,6 +201,39 @@ func (n *nftTables) existing(i int, t *nftables.Table) bool {
 	// ct expressions.)
 	n.snat[i], n.vips[i], n.allow[i] = sets[0], sets[1], sets[2]
 	return true
+}
+
+// dropTable queues the deletion of the vipcast table of family fam,
+// reporting whether there is one.
+func (n *nftTables) dropTable(fam nftables.TableFamily) (bool, error) {
+	tables, err := n.conn.ListTablesOfFamily(fam)
+	if err != nil {
+		return false, err
+	}
+	found := false
+	for _, t := range tables {
+		if t.Name == snatTable {
+			n.conn.DelTable(t)
+			found = true
+		}
+	}
+	return found, nil
+}
+
+// removeTables deletes both tables, with all they hold (Teardown), one
+// transaction per family; a table already gone is fine.
+func (n *nftTables) removeTables() error {
+	var errs []error
+	for _, fam := range tableFamilies {
+		found, err := n.dropTable(fam)
+		if err == nil && found {
+			err = n.conn.Flush()
+		}
+		if err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete nftables table %s %s: %w", familyName(fam), snatTable, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (n *nftTables) close() {

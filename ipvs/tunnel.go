@@ -275,40 +275,29 @@ func exemptFromRPFilter(links ...string) error {
 // ensureLoop creates the veth pair LoopLink/LoopPeer when missing and sets
 // both ends up.
 func ensureLoop(nh *netlink.Handle) (out, in netlink.Link, err error) {
-	out, err = nh.LinkByName(LoopLink)
-	var notFound netlink.LinkNotFoundError
-	if errors.As(err, &notFound) {
-		err = nh.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: LoopLink}, PeerName: LoopPeer})
-		if err != nil && !errors.Is(err, unix.EEXIST) {
-			return nil, nil, fmt.Errorf("create veth %s/%s: %w", LoopLink, LoopPeer, err)
-		}
-		out, err = nh.LinkByName(LoopLink)
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("link %s: %w", LoopLink, err)
-	}
-	if out.Type() != "veth" {
-		return nil, nil, fmt.Errorf("link %s is a %s link, not veth: refusing to use it", LoopLink, out.Type())
+	if out, err = ensureLink(nh, &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: LoopLink}, PeerName: LoopPeer}); err != nil {
+		return nil, nil, fmt.Errorf("loop: %w", err)
 	}
 	if in, err = nh.LinkByName(LoopPeer); err != nil {
 		return nil, nil, fmt.Errorf("link %s: %w", LoopPeer, err)
 	}
-	for _, l := range []netlink.Link{out, in} {
-		if err := nh.LinkSetUp(l); err != nil {
-			return nil, nil, fmt.Errorf("set %s up: %w", l.Attrs().Name, err)
-		}
+	if err := nh.LinkSetUp(in); err != nil {
+		return nil, nil, fmt.Errorf("set %s up: %w", LoopPeer, err)
 	}
 	return out, in, nil
 }
 
 // dropStaleTunnelRoutes deletes the routes to another tunnel address than
-// self out of the loop and in TunnelTable: those of an earlier run with
-// another address.
+// self (invalid: every one) out of the loop and in TunnelTable: those of
+// an earlier run with another address. out nil: the routes in TunnelTable
+// only (the loop's go with it).
 func dropStaleTunnelRoutes(nh *netlink.Handle, out netlink.Link, self netip.Addr) error {
-	var stale []netlink.Route
-	viaLoop, err := nh.RouteList(out, unix.AF_INET)
-	if err != nil {
-		return fmt.Errorf("routes of %s: %w", LoopLink, err)
+	var stale, viaLoop []netlink.Route
+	if out != nil {
+		var err error
+		if viaLoop, err = nh.RouteList(out, unix.AF_INET); err != nil {
+			return fmt.Errorf("routes of %s: %w", LoopLink, err)
+		}
 	}
 	inTable, err := nh.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: TunnelTable}, netlink.RT_FILTER_TABLE)
 	if err != nil {
@@ -330,6 +319,18 @@ func dropStaleTunnelRoutes(nh *netlink.Handle, out netlink.Link, self netip.Addr
 	return nil
 }
 
+// tunnelRule is the rule "not iif lo lookup TunnelTable".
+func tunnelRule() *netlink.Rule {
+	rule := netlink.NewRule()
+	rule.IifName, rule.Invert, rule.Table, rule.Priority = "lo", true, TunnelTable, TunnelRulePriority
+	rule.Family = unix.AF_INET
+	return rule
+}
+
+func isTunnelRule(r netlink.Rule) bool {
+	return r.Table == TunnelTable && r.Priority == TunnelRulePriority && r.IifName == "lo" && r.Invert
+}
+
 // ensureTunnelRule adds the rule "not iif lo lookup TunnelTable" unless it
 // is there.
 func ensureTunnelRule(nh *netlink.Handle) error {
@@ -337,18 +338,44 @@ func ensureTunnelRule(nh *netlink.Handle) error {
 	if err != nil {
 		return fmt.Errorf("list routing rules: %w", err)
 	}
-	if slices.ContainsFunc(rules, func(r netlink.Rule) bool {
-		return r.Table == TunnelTable && r.Priority == TunnelRulePriority && r.IifName == "lo" && r.Invert
-	}) {
+	if slices.ContainsFunc(rules, isTunnelRule) {
 		return nil
 	}
-	rule := netlink.NewRule()
-	rule.IifName, rule.Invert, rule.Table, rule.Priority = "lo", true, TunnelTable, TunnelRulePriority
-	rule.Family = unix.AF_INET
-	if err := nh.RuleAdd(rule); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := nh.RuleAdd(tunnelRule()); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("rule \"not iif lo lookup %d\": %w", TunnelTable, err)
 	}
 	return nil
+}
+
+// dropTunnelRule deletes the rule ensureTunnelRule adds, every copy of it.
+func dropTunnelRule(nh *netlink.Handle) error {
+	rules, err := nh.RuleList(unix.AF_INET)
+	if err != nil {
+		return fmt.Errorf("list routing rules: %w", err)
+	}
+	for _, r := range rules {
+		if !isTunnelRule(r) {
+			continue
+		}
+		if err := nh.RuleDel(tunnelRule()); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete rule \"not iif lo lookup %d\": %w", TunnelTable, err)
+		}
+	}
+	return nil
+}
+
+// removeTunnelNode takes away what ensureTunnel and SetTunnelRoutes put
+// on the node (Teardown): the rule, the routes of TunnelTable, the routes
+// SetTunnelRoutes programmed and the loop (its routes and neighbour entry
+// go with it). It goes on past a failure and returns them all; what is
+// already gone is fine. tunl0 and the sysctls stay.
+func (d *Dataplane) removeTunnelNode() error {
+	return errors.Join(
+		dropTunnelRule(d.nl),
+		dropStaleTunnelRoutes(d.nl, nil, netip.Addr{}),
+		d.setTunnelRoutes(nil),
+		deleteLink(d.nl, LoopLink, "veth"), // LoopPeer goes with it
+	)
 }
 
 // prefixNet converts p for netlink.
@@ -377,6 +404,12 @@ func (d *Dataplane) SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
 		}
 		return errors.New("tunnel routes: the two-tier dataplane is off (Options.Tunnel)")
 	}
+	return d.setTunnelRoutes(routes)
+}
+
+// setTunnelRoutes is SetTunnelRoutes, also with the two-tier dataplane off
+// (Teardown: routes nil deletes every route it programmed).
+func (d *Dataplane) setTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
 	have, err := d.nl.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: TunnelRouteProtocol},
 		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 	if err != nil {

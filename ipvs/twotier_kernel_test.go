@@ -45,17 +45,7 @@ func TestKernelTwoTier(t *testing.T) {
 		"net/ipv4/conf/all/rp_filter": "1", "net/ipv4/conf/default/rp_filter": "0", "net/ipv4/conf/lo/rp_filter": "2",
 	})
 	self := ip("10.52.0.9")
-	open := func(opts Options) (*Dataplane, error) {
-		var d *Dataplane
-		err := inNS(t, ns, func() (err error) {
-			d, err = New(opts)
-			return err
-		})
-		if err == nil {
-			t.Cleanup(func() { d.Close() })
-		}
-		return d, err
-	}
+	open := func(opts Options) (*Dataplane, error) { return openIn(t, ns, opts) }
 	tunnelOpts := Options{LinkName: "vip0", Tunnel: &Tunnel{Self: self, MTU: 9000}}
 	d, err := open(tunnelOpts)
 	if err != nil {
