@@ -69,6 +69,7 @@ type flags struct {
 	tunnelPrefixFlag string
 	tunnelPrefix     netip.Prefix
 	tunnelMTU        int
+	owner            *ownerDaemonSet
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -92,6 +93,10 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.dataplaneResync, "dataplane-resync-period", time.Minute, "How often the whole IPVS table is compared with the desired state, repairing drift.")
 	fs.StringVar(&f.tunnelPrefixFlag, "tunnel-prefix", "", "Turns on the two-tier dataplane for IPv4 VIPs (established flows survive ECMP changes, the pods see the client): each node's tunnel address is this IPv4 prefix with the host bits of the node's InternalIP, such as 100.127.0.0/16. Every speaker of the cluster must have the same value. Empty keeps one tier.")
 	fs.IntVar(&f.tunnelMTU, "tunnel-mtu", 0, "The fabric's MTU, for the two-tier dataplane's MSS clamp (MTU less 60); 0 uses the MTU of the link of the node's default route.")
+	fs.Func("owner-daemonset", "namespace/name of the DaemonSet running this speaker (the chart sets it). At shutdown the speaker reads it: when it is gone or being deleted, or the API server refuses the speaker's credentials (helm uninstall), the speaker removes its virtual servers, VIPs, link and nftables tables from the node; otherwise (an upgrade, a restart, an API server outage) it leaves them for the next speaker. Empty: always leave them.", func(v string) (err error) {
+		f.owner, err = parseOwnerDaemonSet(v)
+		return err
+	})
 	fs.StringVar(&f.class, lbclass.FlagClass, "", "The spec.loadBalancerClass of the Services vipcast serves, such as vipcast.io/bgp; empty serves no class. Must be the CCM's value.")
 	fs.BoolVar(&f.classless, lbclass.FlagClassless, true, "Also serve Services without a spec.loadBalancerClass. Default: true without --"+lbclass.FlagClass+", false with it. Must be the CCM's value.")
 	klog.InitFlags(fs)
@@ -300,7 +305,8 @@ func run(f *flags) error {
 		if err != nil {
 			return err
 		}
-		defer closeDataplane(logger, dp)
+		// After shutdown (routes withdrawn, BGP stopped).
+		defer releaseDataplane(logger, calls, f.owner, dp)
 		opts.Dataplane = dp
 	}
 	ctrl, err := speaker.NewController(opts)

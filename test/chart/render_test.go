@@ -238,6 +238,16 @@ func checkCommon(t *testing.T, r *Rendered) {
 			t.Errorf("speaker may read Secrets in the release namespace %s", namespace)
 		}
 	}
+	// Its own DaemonSet, read at shutdown (--owner-daemonset), and nothing else.
+	own := one[rbacv1.Role](t, r, "Role", "vipcast-speaker")
+	if own.Namespace != namespace {
+		t.Errorf("speaker's own Role in %q, want the release namespace %s", own.Namespace, namespace)
+	}
+	checkRules(t, "speaker's own Role", own.Rules, map[string][]string{"apps/daemonsets[vipcast-speaker]": {"get"}})
+	orb := one[rbacv1.RoleBinding](t, r, "RoleBinding", "vipcast-speaker")
+	checkBinding(t, orb.Subjects, orb.RoleRef, "Role", "vipcast-speaker", "vipcast-speaker")
+	wantArg(t, "speaker", one[appsv1.DaemonSet](t, r, "DaemonSet", "vipcast-speaker").Spec.Template.Spec.Containers[0].Args,
+		"--owner-daemonset", namespace+"/vipcast-speaker")
 	// Only the speaker's password Roles grant anything on Secrets.
 	for _, u := range r.Find("Role", "") {
 		if _, ok := ruleTable(t, convert[rbacv1.Role](t, u).Rules)["/secrets"]; ok && u.GetName() != "vipcast-speaker-bgp-passwords" {
@@ -406,7 +416,7 @@ func TestRenderDefaults(t *testing.T) {
 	r := render(t, "")
 	checkCommon(t, r)
 	want := map[string]int{
-		"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 3, "RoleBinding": 3,
+		"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 4, "RoleBinding": 4,
 		"Deployment": 1, "PodDisruptionBudget": 1, "DaemonSet": 1, "Namespace": 1,
 	}
 	if got := r.Kinds(); fmt.Sprint(got) != fmt.Sprint(want) {
