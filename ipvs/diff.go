@@ -245,6 +245,8 @@ func diffService(p *Plan, want, have *Service) {
 	// Both backend lists are sorted by address and port: merge them.
 	w, h := want.Backends, have.Backends
 	i, j := 0, 0
+	added := len(p.AddBackends)
+	var kept [][2]Backend // in both: want's, have's
 	for i < len(w) || j < len(h) {
 		var c int
 		switch {
@@ -263,13 +265,36 @@ func diffService(p *Plan, want, have *Service) {
 			p.DelBackends = append(p.DelBackends, BackendChange{Key: k, Backend: h[j]})
 			j++
 		default:
-			if w[i].Weight != h[j].Weight || w[i].Tunnel != h[j].Tunnel {
-				p.UpdateBackends = append(p.UpdateBackends, BackendChange{Key: k, Backend: w[i]})
-			}
+			kept = append(kept, [2]Backend{w[i], h[j]})
 			i++
 			j++
 		}
 	}
+	if len(p.AddBackends) > added && tunnelled(w) {
+		// Tier 1 of the two-tier dataplane must pick the same node for a
+		// flow on every node. IPVS mh builds its table from the real
+		// servers in the order they were added (the kernel puts each new
+		// one first), so every node must add them in one order whatever
+		// its history: when one is added, all are added again, in the
+		// plan's order. Its connections keep going meanwhile: a real
+		// server added again is the same one, back from IPVS's trash.
+		for _, b := range kept {
+			p.DelBackends = append(p.DelBackends, BackendChange{Key: k, Backend: b[1]})
+			p.AddBackends = append(p.AddBackends, BackendChange{Key: k, Backend: b[0]})
+		}
+		return
+	}
+	for _, b := range kept {
+		if b[0].Weight != b[1].Weight || b[0].Tunnel != b[1].Tunnel {
+			p.UpdateBackends = append(p.UpdateBackends, BackendChange{Key: k, Backend: b[0]})
+		}
+	}
+}
+
+// tunnelled reports whether bs are tier 1 of the two-tier dataplane (they
+// forward by tunnel).
+func tunnelled(bs []Backend) bool {
+	return slices.ContainsFunc(bs, func(b Backend) bool { return b.Tunnel })
 }
 
 // ApplyTo performs p on s in memory, the way Apply performs it on the

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -417,4 +418,36 @@ func randomState(r *byteReader, foreign bool) State {
 		st.VIPs[vips[r.next()%4]] = struct{}{}
 	}
 	return st
+}
+
+// TestDiffTier1Order: a real server added to tier 1 of the two-tier
+// dataplane (tunnel real servers) re-adds every real server, in the plan's
+// order, so that every node's kernel list (and mh table) has one order
+// whatever the order it learned them in; a weight change or a removal keeps
+// the order and touches only that real server; one tier (pods) adds only
+// the new one.
+func TestDiffTier1Order(t *testing.T) {
+	node := func(a string, w int) Backend { return Backend{Addr: ip(a), Port: 80, Weight: w, Tunnel: true} }
+	actual := state(svc("192.0.2.1", 80, node("10.52.0.12", 2)), svc("192.0.2.2", 80, be("10.0.0.1", 8080, 1)))
+	p := DiffService(Key{}, ptr(svc("192.0.2.1", 80, node("10.52.0.11", 2), node("10.52.0.12", 2))), actual)
+	var adds []string
+	for _, c := range p.AddBackends {
+		adds = append(adds, c.Backend.Addr.String())
+	}
+	if len(p.DelBackends) != 1 || p.DelBackends[0].Backend.Addr != ip("10.52.0.12") || !slices.Equal(adds, []string{"10.52.0.11", "10.52.0.12"}) {
+		t.Errorf("tier 1 gains a node: %v (adds %v), want .12 deleted, then .11 and .12 added in that order", p, adds)
+	}
+	got := actual.Clone()
+	p.ApplyTo(&got)
+	if want := svc("192.0.2.1", 80, node("10.52.0.11", 2), node("10.52.0.12", 2)).Normalize(); !reflect.DeepEqual(got.Services[want.Key()], want) {
+		t.Errorf("after the plan %+v, want %+v", got.Services[want.Key()], want)
+	}
+	p = DiffService(Key{}, ptr(svc("192.0.2.1", 80, node("10.52.0.12", 0))), actual)
+	if p.Len() != 1 || len(p.UpdateBackends) != 1 {
+		t.Errorf("tier 1 weight change: %v, want one update", p)
+	}
+	p = DiffService(Key{}, ptr(svc("192.0.2.2", 80, be("10.0.0.1", 8080, 1), be("10.0.0.2", 8080, 1))), actual)
+	if p.Len() != 1 || len(p.AddBackends) != 1 {
+		t.Errorf("one tier gains a pod: %v, want one add", p)
+	}
 }
