@@ -106,8 +106,8 @@ type Controller struct {
 	// the worker goroutine.
 	notAnnounced map[string]string
 
-	mu     sync.Mutex
-	synced bool
+	mu    sync.Mutex
+	ready readiness
 }
 
 // NewController builds a Controller; Run starts it.
@@ -149,14 +149,6 @@ func NewController(opts Options) (*Controller, error) {
 		return nil, err
 	}
 	return c, nil
-}
-
-// HasSynced reports whether the first full set of routes has been handed to
-// BGP and the sessions configured: the readiness of the speaker.
-func (c *Controller) HasSynced() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.synced
 }
 
 // Run starts the informers, waits for their caches, announces the whole
@@ -271,6 +263,7 @@ func (c *Controller) ReportStopped(ctx context.Context) error {
 // it logs every change and records an Event on the BGPPeer when the session
 // comes up or goes down (not for each retry in between).
 func (c *Controller) SessionChanged(ctx context.Context, s bgp.SessionState) {
+	c.sessionUp(s.Peer, s.Established())
 	c.queue.AddAfter(keyStatus, statusInterval)
 	c.report.sessionChanged(ctx, s, func(name string) *vipcastv1alpha1.BGPPeer { return c.watch.peer(ctx, name) })
 }

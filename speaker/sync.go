@@ -45,12 +45,10 @@ func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.synced = true // the first table is in BGP and the sessions are configured
-	c.mu.Unlock()
+	c.setSynced(time.Now(), sessions) // the table is in BGP and the sessions are configured
 	c.opts.Metrics.observeSync("config", start)
 	c.queue.AddAfter(keyStatus, statusInterval)
-	klog.FromContext(ctx).V(2).Info("Configuration synced", "peers", sessions, "routes", c.ann.table.Len(),
+	klog.FromContext(ctx).V(2).Info("Configuration synced", "peers", len(sessions), "routes", c.ann.table.Len(),
 		"announced", announced, "withdrawn", withdrawn, "duration", time.Since(start))
 	return dpErr
 }
@@ -220,13 +218,17 @@ func (c *Controller) serviceRoutes(svc *v1.Service, slices []*discoveryv1.Endpoi
 
 // syncSessions configures this node's BGP sessions, reporting the peers it
 // cannot use; it returns the count of sessions.
-func (c *Controller) syncSessions(ctx context.Context, peers []*vipcastv1alpha1.BGPPeer, node Node) (int, error) {
+func (c *Controller) syncSessions(ctx context.Context, peers []*vipcastv1alpha1.BGPPeer, node Node) ([]string, error) {
 	bgpPeers, problems := PeersForNode(peers, node, c.watch.passwords())
 	c.report.peerProblems(ctx, peers, problems)
 	if err := c.opts.BGP.SetPeers(ctx, bgpPeers); err != nil {
-		return 0, fmt.Errorf("configuring BGP peers: %w", err)
+		return nil, fmt.Errorf("configuring BGP peers: %w", err)
 	}
-	return len(bgpPeers), nil
+	names := make([]string, 0, len(bgpPeers))
+	for _, p := range bgpPeers {
+		names = append(names, p.Name)
+	}
+	return names, nil
 }
 
 // syncService recomputes one Service's virtual servers and routes. The

@@ -549,11 +549,12 @@ func serve(ctx context.Context, addr string, reg *prometheus.Registry, ctrl *spe
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ctrl.HasSynced() {
-			http.Error(w, "routes not computed yet", http.StatusServiceUnavailable)
+		ready, why := ctrl.Ready(time.Now())
+		if !ready {
+			http.Error(w, why, http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = fmt.Fprintln(w, "ok")
+		_, _ = fmt.Fprintln(w, "ok:", why)
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
