@@ -222,10 +222,13 @@ $(K8S_BIN)/kubectl:
 lab-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make lab needs root: it creates network namespaces, tap devices and VMs. Run it as root."; exit 1; }
 
-lab: lab-root tools routers $(K8S_BIN)/kubectl ## as root: control plane, vipcast-ccm, 2 node VMs with vipcast-speaker, an FRR ToR and a client; Ctrl-C tears down
+# LAB_FLAGS: -proxy-mode nftables|ipvs, or -agents for the agent-based
+# topology (no kubelet, vipcast-ccm on the host).
+LAB_FLAGS ?=
+lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl ## as root: a real cluster (control plane, 2 node VMs with kubelet, containerd, kube-proxy), vipcast by helm install, an FRR ToR and a client; Ctrl-C tears down
 	@mkdir -p _output
 	$(GO) build -o _output/ ./test/lab/cmd/lab ./cmd/kubectl-vipcast
-	_output/lab up -dir _output/lab-run
+	_output/lab up -dir _output/lab-run $(LAB_FLAGS)
 
 lab-down: ## stop a running `make lab` (from another terminal) and remove its leftovers
 	$(GO) run ./test/lab/cmd/lab down -dir _output/lab-run

@@ -174,6 +174,19 @@ func (n *teardownNode) teardown(t *testing.T, keys []Key, want []string) {
 		t.Errorf("after Teardown, still there: %v", left)
 	}
 	n.wantForeign(t)
+	// ReadNode looks without putting anything back (New would create the
+	// link): it sees the foreign virtual server and no VIP.
+	var st State
+	must(t, inNS(t, n.ns, func() (err error) {
+		st, err = ReadNode(n.link)
+		return err
+	}))
+	if _, ok := st.Services[Key{VIP: ip(n.foreign.Address.String()), Port: n.foreign.Port, Protocol: TCP}]; !ok || len(st.VIPs) != 0 {
+		t.Errorf("ReadNode after Teardown: %d virtual servers, VIPs %v; want the foreign one and no VIP", len(st.Services), st.VIPs)
+	}
+	if left := n.leftovers(t, keys); len(left) > 0 {
+		t.Errorf("after ReadNode, back again: %v", left)
+	}
 	if err := n.d.Teardown(); err != nil {
 		t.Errorf("second Teardown: %v", err)
 	}

@@ -3,8 +3,10 @@ package lab
 import (
 	"context"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -17,6 +19,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -40,8 +43,12 @@ type ClusterOptions struct {
 	ProxyMode string
 	// ImageTag is the tag of vipcast's images (default "lab").
 	ImageTag string
-	// HelmValues are added to the lab's values file (YAML, top level).
-	HelmValues string
+	// ExtraTags are more tags of vipcast's images, imported on every node
+	// beside ImageTag: a `helm upgrade` to a new tag needs no registry.
+	ExtraTags []string
+	// Boot is how many of the Options.Nodes nodes boot with the cluster
+	// (default all); the others boot with Lab.BootSpare, joining it.
+	Boot int
 }
 
 // The real cluster's names and versions.
@@ -90,7 +97,7 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	bins, venv := l.prepare(ctx)
 	l.binDir = filepath.Dir(bins["kubectl-vipcast"])
 	logf("==> building the images (vipcast-ccm and vipcast-speaker %s, the backend, pause) without a daemon", co.ImageTag)
-	images, err := l.buildImages(ctx, bins, co.ImageTag)
+	images, err := l.buildImages(ctx, bins, append([]string{co.ImageTag}, co.ExtraTags...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,13 +119,18 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	}
 	apiHost := strings.TrimPrefix(l.CP.Config.Host, "https://")
 	netns.Forward(t, l.TorNS, net.JoinHostPort(torAddr.String(), strconv.Itoa(port)), apiHost)
-	l.Nodes = l.planNodes()
-	for _, n := range l.Nodes {
+	all := l.planNodes()
+	for _, n := range all {
 		n.Pods = nil // the Deployment's pods, wherever the scheduler puts them
 		// The ToR routes the pod ranges to their nodes (as a fabric that
 		// learns them does): pods reach the API server through it.
 		l.TorNS.IP(t, "route", "add", n.PodCIDR.String(), "via", n.Addr.String())
 	}
+	boot := co.Boot
+	if boot <= 0 || boot > len(all) {
+		boot = len(all)
+	}
+	l.Nodes, l.spare = all[:boot], all[boot:]
 	l.startToR()
 	payload, err := l.payload(ctx, images)
 	if err != nil {
@@ -129,8 +141,9 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	l.helmInstall(ctx, co)
 }
 
-// buildImages builds the four images as docker-save tarballs in Dir/images.
-func (l *Lab) buildImages(ctx context.Context, bins map[string]string, tag string) ([]string, error) {
+// buildImages builds the images as docker-save tarballs in Dir/images:
+// vipcast's two with each of tags, the backend and pause.
+func (l *Lab) buildImages(ctx context.Context, bins map[string]string, tags []string) ([]string, error) {
 	root, err := repoRoot()
 	if err != nil {
 		return nil, err
@@ -143,10 +156,14 @@ func (l *Lab) buildImages(ctx context.Context, bins map[string]string, tag strin
 		}
 		return nil
 	}
-	if err := gorun("-tag", tag, "-outdir", dir, bins["vipcast-ccm"], bins["vipcast-speaker"]); err != nil {
-		return nil, err
+	var out []string
+	for _, tag := range tags {
+		tagDir := filepath.Join(dir, tag)
+		if err := gorun("-tag", tag, "-outdir", tagDir, bins["vipcast-ccm"], bins["vipcast-speaker"]); err != nil {
+			return nil, err
+		}
+		out = append(out, filepath.Join(tagDir, "vipcast-ccm.tar"), filepath.Join(tagDir, "vipcast-speaker.tar"))
 	}
-	out := []string{filepath.Join(dir, "vipcast-ccm.tar"), filepath.Join(dir, "vipcast-speaker.tar")}
 	for _, img := range []struct{ bin, ref string }{{"lab-backend", BackendImage}, {"pause", PauseImage}} {
 		name, itag, _ := strings.Cut(img.ref, ":")
 		file := filepath.Join(dir, img.bin+".tar")
@@ -171,8 +188,8 @@ func (l *Lab) payload(ctx context.Context, images []string) (string, error) {
 		"bin/containerd-shim-runc-v2": filepath.Join(containerdDir(), "containerd-shim-runc-v2"),
 		"kubeconfig":                  l.clusterKubeconfig(),
 	}
-	for _, img := range images {
-		files["images/"+filepath.Base(img)] = img
+	for i, img := range images {
+		files[fmt.Sprintf("images/%02d-%s", i, filepath.Base(img))] = img
 	}
 	for dst, src := range files {
 		if err := copyFile(src, filepath.Join(dir, dst)); err != nil {
@@ -234,59 +251,101 @@ func netfilterModules(k *vm.Kernel) []string {
 	return out
 }
 
-// bootKubeNodes boots the node VMs of the real cluster.
+// kubeBoot is what booting a node of the real cluster needs.
+type kubeBoot struct {
+	ctx     context.Context
+	wg      sync.WaitGroup
+	venv    *vm.Env
+	rootfs  *vm.Rootfs
+	payload string
+	agent   string
+	co      *ClusterOptions
+	all     []*Node
+}
+
+// bootKubeNodes boots the node VMs of the real cluster (l.Nodes; the spare
+// ones wait for BootSpare).
 func (l *Lab) bootKubeNodes(ctx context.Context, cancel context.CancelFunc, venv *vm.Env, rootfs *vm.Rootfs, payload, agent string, co *ClusterOptions) {
 	t := l.t
 	t.Helper()
 	l.Opts.Logf("==> booting %d node VMs (Debian %s userland, kubelet and kube-proxy %s in %s mode, containerd %s)",
 		len(l.Nodes), rootfs.Suite, controlplane.KubernetesVersion, co.ProxyMode, ContainerdVersion)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	onDemand := netfilterModules(venv.Kernel)
-	for i, n := range l.Nodes {
-		tap := fmt.Sprintf("tap%d", i+1)
-		l.TorNS.IP(t, "tuntap", "add", "dev", tap, "mode", "tap")
-		l.TorNS.IP(t, "link", "set", tap, "master", "rack", "up")
-		opts := l.vmOptions(n, i, tap, nil, "")
-		var routes []string
-		for _, o := range l.Nodes {
-			if o != n {
-				routes = append(routes, o.PodCIDR.String()+"="+o.Addr.String())
-			}
-		}
-		opts.TestBinary = agent
-		opts.Files = nil
-		opts.Args = []string{
-			"-name", n.Name,
-			"-addr", fmt.Sprintf("%s/%d", n.Addr, rackBits),
-			"-gateway", torAddr.String(),
-			"-pod-cidr", n.PodCIDR.String(),
-			"-routes", strings.Join(routes, ","),
-			"-proxy-mode", co.ProxyMode,
-			"-cluster-cidr", clusterCIDR,
-			"-node-port-addresses", netip.PrefixFrom(n.Addr, rackBits).Masked().String(),
-			"-ipvs-exclude-cidrs", PoolPrefix.String(),
-		}
-		opts.Disk = rootfs.Image
-		opts.Modules = append(opts.Modules, "overlay", "br_netfilter", "veth", "nf_conntrack_netlink")
-		opts.OnDemandModules = onDemand
-		opts.MemoryMB = max(l.Opts.NodeMemoryMB, 2048)
-		opts.QEMUArgs = append(opts.QEMUArgs, "-drive", "file="+payload+",if=virtio,format=raw,readonly=on")
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer close(n.done)
-			_, n.err = vm.RunContext(ctx, venv, opts)
-		}()
+	l.boot = &kubeBoot{ctx: ctx, venv: venv, rootfs: rootfs, payload: payload, agent: agent, co: co, all: append(slices.Clone(l.Nodes), l.spare...)}
+	t.Cleanup(func() { cancel(); l.boot.wg.Wait() })
+	for _, n := range l.Nodes {
+		l.bootKubeNode(n)
 	}
 }
 
-// waitKubelets waits until every node has registered and is Ready.
+// BootSpare boots the next node planned but not booted yet (see
+// ClusterOptions.Boot), adds it to Nodes and returns it; its kubelet
+// registers it with the cluster.
+func (l *Lab) BootSpare() (*Node, error) {
+	if len(l.spare) == 0 || l.boot == nil {
+		return nil, fmt.Errorf("no spare node to boot (ClusterOptions.Boot)")
+	}
+	n := l.spare[0]
+	l.spare = l.spare[1:]
+	l.Opts.Logf("==> booting %s, joining the cluster", n.Name)
+	l.bootKubeNode(n)
+	l.Nodes = append(l.Nodes, n)
+	return n, nil
+}
+
+// bootKubeNode boots one node VM of the real cluster on its tap.
+func (l *Lab) bootKubeNode(n *Node) {
+	t, b := l.t, l.boot
+	i := slices.Index(b.all, n)
+	tap := fmt.Sprintf("tap%d", i+1)
+	l.TorNS.IP(t, "tuntap", "add", "dev", tap, "mode", "tap")
+	l.TorNS.IP(t, "link", "set", tap, "master", "rack", "up")
+	opts := l.vmOptions(n, i, tap, nil, "")
+	var routes []string
+	for _, o := range b.all {
+		if o != n {
+			routes = append(routes, o.PodCIDR.String()+"="+o.Addr.String())
+		}
+	}
+	opts.TestBinary = b.agent
+	opts.Files = nil
+	opts.Args = []string{
+		"-name", n.Name,
+		"-addr", fmt.Sprintf("%s/%d", n.Addr, rackBits),
+		"-gateway", torAddr.String(),
+		"-pod-cidr", n.PodCIDR.String(),
+		"-routes", strings.Join(routes, ","),
+		"-proxy-mode", b.co.ProxyMode,
+		"-cluster-cidr", clusterCIDR,
+		"-node-port-addresses", netip.PrefixFrom(n.Addr, rackBits).Masked().String(),
+		"-ipvs-exclude-cidrs", PoolPrefix.String(),
+	}
+	opts.Disk = b.rootfs.Image
+	opts.Modules = append(opts.Modules, "overlay", "br_netfilter", "veth", "nf_conntrack_netlink")
+	opts.OnDemandModules = netfilterModules(b.venv.Kernel)
+	opts.MemoryMB = max(l.Opts.NodeMemoryMB, 2048)
+	opts.QEMUArgs = append(opts.QEMUArgs, "-drive", "file="+b.payload+",if=virtio,format=raw,readonly=on")
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer close(n.done)
+		_, n.err = vm.RunContext(b.ctx, b.venv, opts)
+	}()
+}
+
+// waitKubelets waits until every booted node has registered and is Ready.
 func (l *Lab) waitKubelets(ctx context.Context) {
+	for _, n := range l.Nodes {
+		l.WaitKubelet(ctx, n)
+	}
+}
+
+// WaitKubelet waits until the node's kubelet has registered it and it is
+// Ready.
+func (l *Lab) WaitKubelet(ctx context.Context, n *Node) {
 	t := l.t
 	t.Helper()
 	start := time.Now()
-	for _, n := range l.Nodes {
+	{
 		err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 			select {
 			case <-n.done:
@@ -328,16 +387,24 @@ func (l *Lab) Helm(ctx context.Context, args ...string) (string, error) {
 }
 
 // HelmValuesFile writes the lab's values for charts/vipcast: its images
-// with tag, the lab's convergence delay, and extra.
-func (l *Lab) HelmValuesFile(tag, extra string) (string, error) {
+// with tag, the lab's convergence delay and, when set, the speakers'
+// tunnelPrefix (the two-tier dataplane).
+func (l *Lab) HelmValuesFile(tag, tunnelPrefix string) (string, error) {
 	values := fmt.Sprintf(`ccm:
   image: {repository: vipcast/vipcast-ccm, tag: %q}
 speaker:
   image: {repository: vipcast/vipcast-speaker, tag: %q}
   convergenceDelay: 2s
-%s`, tag, tag, extra)
+  ipvs: {tunnelPrefix: %q}
+`, tag, tag, tunnelPrefix)
 	path := filepath.Join(l.Opts.Dir, "values-"+tag+".yaml")
 	return path, os.WriteFile(path, []byte(values), 0o600)
+}
+
+// ChartDir is charts/vipcast.
+func ChartDir() (string, error) {
+	root, err := repoRoot()
+	return filepath.Join(root, "charts/vipcast"), err
 }
 
 // helmInstall installs charts/vipcast with the command docs/install.md
@@ -346,16 +413,16 @@ speaker:
 func (l *Lab) helmInstall(ctx context.Context, co *ClusterOptions) {
 	t := l.t
 	t.Helper()
-	root, err := repoRoot()
+	chart, err := ChartDir()
 	if err != nil {
 		t.Fatal(err)
 	}
-	values, err := l.HelmValuesFile(co.ImageTag, co.HelmValues)
+	values, err := l.HelmValuesFile(co.ImageTag, l.Opts.TunnelPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Opts.Logf("==> helm install %s charts/vipcast -n %s --create-namespace -f %s", Release, VipcastNamespace, filepath.Base(values))
-	if _, err := l.Helm(ctx, "install", Release, filepath.Join(root, "charts/vipcast"), "-n", VipcastNamespace, "--create-namespace", "-f", values); err != nil {
+	if _, err := l.Helm(ctx, "install", Release, chart, "-n", VipcastNamespace, "--create-namespace", "-f", values); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -431,8 +498,11 @@ func (l *Lab) applyBackends(ctx context.Context) error {
 						Name:            "backend",
 						Image:           BackendImage,
 						ImagePullPolicy: v1.PullNever,
-						Env:             []v1.EnvVar{fieldEnv("POD_NAME", "metadata.name"), fieldEnv("NODE_NAME", "spec.nodeName"), {Name: "PORT", Value: strconv.Itoa(nodeapi.BackendPort)}},
+						Env:             []v1.EnvVar{fieldEnv("POD_NAME", "metadata.name"), fieldEnv("NODE_NAME", "spec.nodeName"), {Name: "PORT", Value: strconv.Itoa(nodeapi.BackendPort)}, {Name: "DRAIN_SECONDS", Value: "5"}},
 						Ports:           []v1.ContainerPort{{ContainerPort: nodeapi.BackendPort}},
+						// Burstable, not BestEffort: a BestEffort pod gets the
+						// least CPU weight, and the nodes have one emulated CPU.
+						Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("200m")}},
 						ReadinessProbe: &v1.Probe{
 							ProbeHandler:  v1.ProbeHandler{TCPSocket: &v1.TCPSocketAction{Port: intstr.FromInt32(nodeapi.BackendPort)}},
 							PeriodSeconds: 2,
@@ -473,4 +543,31 @@ func (l *Lab) refreshPods(ctx context.Context) error {
 		slices.SortFunc(n.Pods, func(a, b Pod) int { return strings.Compare(a.Name, b.Name) })
 	}
 	return nil
+}
+
+// Exec runs a command on the node through its agent (real cluster only)
+// and returns its output.
+func (n *Node) Exec(ctx context.Context, argv ...string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.controlURL("/exec"), strings.NewReader(strings.Join(argv, "\n")))
+	if err != nil {
+		return "", err
+	}
+	c := httpClient(n.lab.TorNS)
+	c.Timeout = 40 * time.Second
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return string(b), fmt.Errorf("exec %v on %s: %s", argv, n.Name, resp.Status)
+	}
+	return string(b), err
+}
+
+// Logs returns the logs of the containers on the node whose pod name
+// starts with prefix (the kubelet's files under /var/log/pods).
+func (n *Node) Logs(ctx context.Context, namespace, prefix string) (string, error) {
+	return n.Exec(ctx, "sh", "-c", fmt.Sprintf("tail -n 400 /var/log/pods/%s_%s*/*/*.log", namespace, prefix))
 }

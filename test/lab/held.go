@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -181,7 +182,7 @@ func (h *Held) run(ctx context.Context, i int, c *heldConn, interval time.Durati
 		h.mu.Lock()
 		switch {
 		case err != nil:
-			h.failed[i] = fmt.Sprintf("after %d exchanges with %s: %v", h.rounds[i], c.pod, err)
+			h.failed[i] = fmt.Sprintf("at %s after %d exchanges with %s: %v", time.Now().Format("15:04:05.000"), h.rounds[i], c.pod, err)
 		case pod != c.pod:
 			h.failed[i] = fmt.Sprintf("answered by %s after %d exchanges with %s", pod, h.rounds[i], c.pod)
 		case c.udp && client != c.client:
@@ -262,4 +263,60 @@ func (n *Node) ConsoleLines(substr string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// Stream is a steady stream of requests from the client to a VIP, each on
+// a new connection (see Lab.Stream).
+type Stream struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu     sync.Mutex
+	ok     int
+	failed []string
+}
+
+// Stream sends one request to addr on a new connection every interval
+// until Stop, at most maxRequests, counting answers and failures.
+func (l *Lab) Stream(ctx context.Context, addr netip.AddrPort, interval time.Duration, maxRequests int) *Stream {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &Stream{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for i := 0; i < maxRequests; i++ {
+			_, err := l.Get(ctx, addr)
+			if ctx.Err() != nil {
+				return
+			}
+			s.mu.Lock()
+			if err != nil {
+				s.failed = append(s.failed, fmt.Sprintf("%s: %v", time.Now().Format("15:04:05.000"), err))
+			} else {
+				s.ok++
+			}
+			s.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return s
+}
+
+// Status returns the answered requests and the failures so far.
+func (s *Stream) Status() (ok int, failed []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ok, slices.Clone(s.failed)
+}
+
+// Stop ends the stream and returns its final Status.
+func (s *Stream) Stop() (ok int, failed []string) {
+	s.cancel()
+	<-s.done
+	return s.Status()
 }

@@ -144,6 +144,10 @@ type Lab struct {
 	ccmBin string
 	// binDir holds the binaries the lab built, kubectl-vipcast among them.
 	binDir string
+	// spare are the real cluster's nodes planned but not booted yet
+	// (ClusterOptions.Boot); boot boots them (BootSpare).
+	spare []*Node
+	boot  *kubeBoot
 }
 
 // Kubectl runs kubectl (from the tools cache) against the lab's API
@@ -330,7 +334,7 @@ func (l *Lab) planNodes() []*Node {
 func (l *Lab) startToR() {
 	l.t.Helper()
 	var neighbors []routers.FRRNeighbor
-	for _, n := range l.Nodes {
+	for _, n := range append(slices.Clone(l.Nodes), l.spare...) {
 		neighbors = append(neighbors, routers.FRRNeighbor{Address: n.Addr, ASN: NodeASN, KeepaliveTime: l.Opts.KeepaliveTime, HoldTime: l.Opts.HoldTime, Password: l.Opts.Password, BFD: l.Opts.BFD})
 	}
 	daemons := "zebra + bgpd"

@@ -15,7 +15,10 @@
 //     uninitialized taint) and kube-proxy in the mode given;
 //   - a control server on the node's address (nodeapi.Port) lets the host
 //     read the node's IPVS table, VIPs, nftables tables and links (GET
-//     /state), to check what vipcast leaves behind.
+//     /state), to check what vipcast leaves behind, its logs (GET /logs/,
+//     the containers' under /logs/pods/) and run a command there (POST
+//     /exec), as kubectl logs and exec would through a kubelet the API
+//     server cannot reach here.
 //
 // Each daemon's log goes to /var/log/<name>.log in the VM and its error
 // lines to the console. It is built static (CGO_ENABLED=0) and runs as root
@@ -220,6 +223,13 @@ func network(cfg *config) error {
 func serveControl(cfg *config) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /state", nodeapi.StateHandler)
+	// The node's logs (/var/log/pods holds the containers'): the API
+	// server on the host cannot reach the kubelets for kubectl logs.
+	mux.Handle("GET /logs/", http.StripPrefix("/logs/", http.FileServer(http.Dir("/var/log"))))
+	// A command on the node (ipvsadm, nft, iptables-save, conntrack), for
+	// tests to show what the kernel holds: POST /exec with one argument
+	// per line.
+	mux.HandleFunc("POST /exec", execHandler)
 	srv := &http.Server{Addr: net.JoinHostPort(cfg.addr.Addr().String(), nodeapi.Port), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.ListenAndServe(); err != nil {
@@ -253,6 +263,19 @@ func prepareNode(cfg *config) error {
 	}
 	if err := os.WriteFile("/sys/fs/cgroup/cgroup.subtree_control", []byte(strings.Join(enable, " ")), 0o644); err != nil {
 		return fmt.Errorf("cgroup2 controllers %v: %w", enable, err)
+	}
+	// The node's daemons (this agent, containerd and the shims it starts,
+	// the kubelet, kube-proxy) go into a cgroup of their own with the
+	// default CPU weight, as a node's system.slice sits beside the
+	// kubelet's kubepods.
+	if err := os.MkdirAll("/sys/fs/cgroup/system", 0o755); err != nil {
+		return fmt.Errorf("cgroup system: %w", err)
+	}
+	if err := os.WriteFile("/sys/fs/cgroup/system/cpu.weight", []byte("100"), 0o644); err != nil {
+		return fmt.Errorf("cgroup system cpu.weight: %w", err)
+	}
+	if err := os.WriteFile("/sys/fs/cgroup/system/cgroup.procs", []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
+		return fmt.Errorf("cgroup system: moving the agent: %w", err)
 	}
 	files := map[string]string{
 		"/etc/hosts":                      fmt.Sprintf("127.0.0.1 localhost\n%s %s\n", cfg.addr.Addr(), cfg.name),
@@ -449,4 +472,27 @@ func (d *daemons) reap(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// execHandler runs the command in the request body (one argument per
+// line) on the node, for at most 30 s, and returns its combined output.
+func execHandler(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 4096))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	argv := strings.Split(strings.TrimSpace(string(body)), "\n")
+	if len(argv) == 0 || argv[0] == "" {
+		http.Error(w, "no command", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput() //nolint:gosec // the lab's own test agent
+	if err != nil {
+		out = append(out, []byte("\n"+err.Error())...)
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = w.Write(out)
 }

@@ -62,12 +62,8 @@ func StateHandler(w http.ResponseWriter, _ *http.Request) {
 // ReadState reads the node's State.
 func ReadState() (State, error) {
 	var out State
-	d, err := ipvs.New(ipvs.Options{NoSNAT: true, NoFilter: true})
-	if err != nil {
-		return out, err
-	}
-	defer func() { _ = d.Close() }()
-	st, err := d.Read()
+	// Read only: ipvs.New would create the link an uninstall removed.
+	st, err := ipvs.ReadNode(ipvs.DefaultLinkName)
 	if err != nil {
 		return out, err
 	}

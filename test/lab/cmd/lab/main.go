@@ -1,11 +1,15 @@
 // Command lab runs vipcast end to end on this machine (`make lab`): a real
-// control plane and vipcast-ccm, two node VMs running vipcast-speaker, an FRR
-// ToR and a client (see package github.com/vipcast/vipcast/test/lab). It
-// creates an IPPool, a BGPPeer and a LoadBalancer Service, prints what a
-// user wants to see, and keeps everything up until Ctrl-C or `lab down`
-// (`make lab-down`), which tear it all down.
+// cluster — etcd, kube-apiserver, kube-controller-manager and
+// kube-scheduler on the host, two node VMs with containerd, a kubelet
+// (--cloud-provider=external) and kube-proxy — with vipcast installed by
+// `helm install`, an FRR ToR and a client (see package
+// github.com/vipcast/vipcast/test/lab, Options.Cluster). It creates an
+// IPPool, a BGPPeer and a Deployment behind a LoadBalancer Service, prints
+// what a user wants to see, and keeps everything up until Ctrl-C or `lab
+// down` (`make lab-down`), which tear it all down.
 //
-//	lab [-dir _output/lab]          start, show, wait
+//	lab [-dir _output/lab] [-proxy-mode iptables|nftables|ipvs]   start, show, wait
+//	lab -agents [-dir _output/lab]  the agent-based topology (no kubelet)
 //	lab down [-dir _output/lab]     stop a running lab, remove its leftovers
 package main
 
@@ -38,13 +42,19 @@ func main() {
 	}
 	fs := flag.NewFlagSet("lab "+cmd, flag.ContinueOnError)
 	dir := fs.String("dir", "_output/lab", "directory for binaries, logs, the kubeconfig and the pid file")
+	agents := fs.Bool("agents", false, "the faster agent-based topology instead of the real cluster: the node VMs run vipcast-speaker under a small agent that plays kubelet and CNI, and vipcast-ccm runs on the host")
+	proxyMode := fs.String("proxy-mode", "iptables", "kube-proxy's mode on the real cluster's nodes: iptables, nftables or ipvs")
 	if err := fs.Parse(args); err != nil {
 		os.Exit(2)
 	}
 	var err error
 	switch cmd {
 	case "up":
-		err = up(*dir)
+		opts := lab.Options{Cluster: &lab.ClusterOptions{ProxyMode: *proxyMode}}
+		if *agents {
+			opts.Cluster = nil
+		}
+		err = up(*dir, opts)
 	case "down":
 		err = down(*dir)
 	default:
@@ -60,7 +70,7 @@ func say(format string, args ...any) {
 	fmt.Printf("%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
-func up(dir string) error {
+func up(dir string, opts lab.Options) error {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -92,7 +102,8 @@ func up(dir string) error {
 	go func() {
 		ready <- r.Run(func(t harness.T) {
 			bfd := lab.DefaultBFD
-			l = lab.Up(t, lab.Options{Dir: dir, BFD: &bfd, Logf: func(format string, args ...any) { say(format, args...) }})
+			opts.Dir, opts.BFD, opts.Logf = dir, &bfd, func(format string, args ...any) { say(format, args...) }
+			l = lab.Up(t, opts)
 			show(ctx, t, l, dir)
 		})
 	}()
@@ -177,6 +188,11 @@ func showCluster(ctx context.Context, l *lab.Lab, kubeconfig, kubectl string, vi
 	run("kubectl get nodes -o wide", kubectl, "get", "nodes", "-o", "wide")
 	run("kubectl get nodes -o custom-columns=...   (vipcast-ccm initialized them: provider ID set, uninitialized taint gone)",
 		kubectl, "get", "nodes", "-o", "custom-columns=NAME:.metadata.name,PROVIDER-ID:.spec.providerID,TAINTS:.spec.taints[*].key")
+	if l.Opts.Cluster != nil {
+		run("kubectl get pods -n "+lab.VipcastNamespace+" -o wide   (installed by helm install: the CCM Deployment, the speaker DaemonSet)",
+			kubectl, "get", "pods", "-n", lab.VipcastNamespace, "-o", "wide")
+		run("kubectl get pods -n "+lab.DemoNamespace+" -o wide", kubectl, "get", "pods", "-n", lab.DemoNamespace, "-o", "wide")
+	}
 	run("kubectl get ippools.vipcast.io,bgppeers.vipcast.io -o wide", kubectl, "get", "ippools.vipcast.io,bgppeers.vipcast.io", "-o", "wide")
 	run("kubectl get svc -n demo -o wide", kubectl, "get", "svc", "-n", lab.DemoNamespace, "-o", "wide")
 	run("kubectl get events -n demo", kubectl, "get", "events", "-n", lab.DemoNamespace)

@@ -2,7 +2,8 @@
 // requests and UDP datagrams on $PORT (default 8080) with one line naming
 // the pod ($POD_NAME), its node ($NODE_NAME) and the client's address as the
 // pod sees it — the same line as the agent-based lab's pods, so the lab's
-// clients read both alike.
+// clients read both alike. On SIGTERM it goes on serving for
+// $DRAIN_SECONDS, then stops.
 //
 // `backend -get URL` is the in-cluster client instead: one GET (5 s
 // timeout), the answer printed and written to the termination message, exit
@@ -79,7 +80,12 @@ func run() error {
 		return fmt.Errorf("http: %w", err)
 	case <-ctx.Done():
 	}
-	// Terminating: finish the requests in flight, as a real backend does.
+	// Terminating: go on serving for $DRAIN_SECONDS (default 0), as a
+	// backend with a preStop delay does while the endpoint controllers
+	// and load balancers take it out, then finish the requests in flight.
+	if d, err := time.ParseDuration(os.Getenv("DRAIN_SECONDS") + "s"); err == nil && d > 0 {
+		time.Sleep(d)
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = pc.Close()

@@ -1,0 +1,384 @@
+package lab_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/vipcast/vipcast/test/lab"
+)
+
+// upgradeTag is the tag of the rebuilt images `helm upgrade` moves to.
+const upgradeTag = "lab-upgrade"
+
+// tunnelPrefix turns the speakers' two-tier dataplane on.
+const tunnelPrefix = "100.127.0.0/16"
+
+// lifeFlows connections each exchange a request every lifeInterval, and a
+// stream sends a request on a new connection every lifeInterval, while
+// the cluster goes through clusterLifecycle. Fewer and slower than
+// TestHeldAcrossECMP's: each node is one emulated CPU that also runs a
+// kubelet, containerd and the pods, and more load starved the CCM's
+// pods until their liveness probes failed.
+const (
+	lifeFlows    = 40
+	lifeInterval = 200 * time.Millisecond
+)
+
+// clusterLifecycle takes the real cluster through what its operators do,
+// with the client's traffic running:
+//
+//  1. helm upgrade turns the two-tier dataplane on (speaker.ipvs.tunnelPrefix);
+//     the pods then see the client's own address under Cluster policy, with
+//     kube-proxy present;
+//  2. under held connections and a steady stream of new ones, helm upgrade
+//     to rebuilt images with a new tag (the DaemonSet rolls node by node:
+//     each node leaves the ToR's route and comes back), then kubectl
+//     rollout restart of the CCM: no request fails, no connection breaks,
+//     the VIP stays;
+//  3. kubectl drain of a node: its route goes before its pods do (the
+//     backends serve 5 s after SIGTERM, as with a preStop delay);
+//  4. a third node joins: the CCM initializes it, its speaker peers, the
+//     ToR's ECMP group grows, the VIP stays, held connections survive;
+//  5. helm uninstall: no virtual server, VIP, link, nftables table or route
+//     of vipcast is left on any node or at the ToR; the Service keeps its
+//     status.
+func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
+	ctx := t.Context()
+	addr := netip.AddrPortFrom(vip, 80)
+	chart, err := lab.ChartDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	upgrade := func(tag, prefix string) {
+		t.Helper()
+		values, err := l.HelmValuesFile(tag, prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := l.Helm(ctx, "upgrade", lab.Release, chart, "-n", lab.VipcastNamespace, "-f", values); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.WaitRollout(ctx, 5*time.Minute, "daemonset/"+lab.Release+"-speaker", "deployment/"+lab.Release+"-ccm"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("helm upgrade to %s (tunnelPrefix %q) rolled out in %s", tag, prefix, time.Since(start).Round(time.Second))
+	}
+
+	// 1. Two tiers, Cluster policy: the pods see the client.
+	patchService(t, l, `{"spec":{"externalTrafficPolicy":"Cluster"}}`)
+	upgrade("lab", tunnelPrefix)
+	for _, n := range l.Nodes {
+		waitIPVS(t, n, vip, []string{"100.127.0.11:80 w2 ipip", "100.127.0.12:80 w2 ipip"})
+	}
+	for i := range 20 {
+		body, err := l.Get(ctx, addr)
+		if err != nil {
+			t.Fatalf("two tiers, request %d: %v", i, err)
+		}
+		if !strings.HasSuffix(body, "client 192.168.50.2") {
+			t.Fatalf("two tiers under Cluster policy, kube-proxy present: the backend saw %q, want the client's own address 192.168.50.2", body)
+		}
+	}
+
+	// 2. Upgrade and CCM restart under traffic.
+	held, err := l.Hold(ctx, addr, lifeFlows, lifeInterval)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Stop()
+	stream := l.Stream(ctx, addr, lifeInterval, 3000)
+	routes := watchRoutes(t, l, vip)
+	time.Sleep(2 * time.Second)
+	heldBefore, _, _ := held.Status()
+	upgrade(upgradeTag, tunnelPrefix)
+	for _, p := range podsOf(t, l, lab.VipcastNamespace, "", "") {
+		for _, c := range p.Spec.Containers {
+			if !strings.HasSuffix(c.Image, ":"+upgradeTag) {
+				t.Fatalf("after helm upgrade, pod %s runs %s, want tag %s", p.Name, c.Image, upgradeTag)
+			}
+		}
+	}
+	if _, err := l.Kubectl(ctx, "-n", lab.VipcastNamespace, "rollout", "restart", "deployment/"+lab.Release+"-ccm"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WaitRollout(ctx, 5*time.Minute, "deployment/"+lab.Release+"-ccm"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	ok, failed := stream.Stop()
+	alive, exchanges, broken := held.Status()
+	samples := routes.stop()
+	t.Logf("the ToR's next hops for %s during the upgrade: %s", vip, strings.Join(routes.changes, ", "))
+	if alive != heldBefore {
+		dumpNodes(t, l)
+	}
+	t.Logf("helm upgrade + CCM rollout restart: %d new-connection requests answered, %d failed; %d of %d held connections alive (%d exchanges)",
+		ok, len(failed), alive, heldBefore, exchanges)
+	if len(failed) > 0 {
+		t.Errorf("%d requests failed during the upgrade, want none; first: %v", len(failed), failed[:min(5, len(failed))])
+	}
+	if alive != heldBefore {
+		t.Errorf("%d of %d held connections survived the upgrade, want all; first failures: %v", alive, heldBefore, broken[:min(3, len(broken))])
+	}
+	// Node by node: each node left the route and came back; never both.
+	left := map[netip.Addr]bool{}
+	for _, s := range samples {
+		if len(s) == 0 {
+			t.Fatalf("the ToR had no route to %s during the upgrade", vip)
+		}
+		for _, n := range l.Nodes {
+			if !slices.Contains(s, n.Addr) {
+				left[n.Addr] = true
+			}
+		}
+	}
+	if len(left) != len(l.Nodes) {
+		t.Errorf("during the upgrade only %v left the ToR's route, want every node (withdraw before restart)", left)
+	}
+	checkVIP(t, l, vip, "after the upgrade and the CCM's restart")
+
+	// 3. Drain: the node's route goes before its pods do.
+	drainNode(t, l, vip, l.Nodes[1])
+
+	// 4. A third node joins.
+	held2, err := l.Hold(ctx, addr, lifeFlows, lifeInterval)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held2.Stop()
+	time.Sleep(2 * time.Second)
+	before2, _, _ := held2.Status()
+	start := time.Now()
+	n3, err := l.BootSpare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.WaitKubelet(ctx, n3)
+	if err := l.WaitInitialized(ctx, 3*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	checkNodesInitialized(t, l)
+	if err := l.WaitRollout(ctx, 5*time.Minute, "daemonset/"+lab.Release+"-speaker"); err != nil {
+		t.Fatal(err)
+	}
+	took := waitRoute(t, l, vip, 2*time.Minute, l.Nodes...)
+	time.Sleep(3 * time.Second)
+	alive2, _, broken2 := held2.Status()
+	t.Logf("node3 joined: initialized, its speaker peered and the ToR's route has %d next hops %s after boot (route change seen %s after the rollout); %d of %d held connections alive",
+		len(l.Nodes), time.Since(start).Round(time.Second), took.Round(time.Millisecond), alive2, before2)
+	if alive2 != before2 {
+		t.Errorf("%d of %d held connections survived node3 joining, want all; first failures: %v", alive2, before2, broken2[:min(3, len(broken2))])
+	}
+	checkVIP(t, l, vip, "after node3 joined")
+	held.Stop()
+	held2.Stop()
+
+	// 5. Uninstall. Each speaker's last words are kept on its node (the
+	// kubelet removes a deleted pod's logs).
+	for _, n := range l.Nodes {
+		if _, err := n.Exec(ctx, "sh", "-c", "(tail -n 0 -F /var/log/pods/"+lab.VipcastNamespace+"_"+lab.Release+"-speaker-*/vipcast-speaker/*.log > /root/speaker-last.log 2>&1 &)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svcBefore := getService(t, l)
+	if _, err := l.Helm(ctx, "uninstall", lab.Release, "-n", lab.VipcastNamespace, "--wait", "--timeout", "3m"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.WaitRoute(ctx, vip, time.Minute); err != nil {
+		t.Fatalf("after helm uninstall: %v", err)
+	}
+	for _, n := range l.Nodes {
+		waitNothingLeft(t, n)
+	}
+	svc := getService(t, l)
+	if !reflect.DeepEqual(svc.Status.LoadBalancer.Ingress, svcBefore.Status.LoadBalancer.Ingress) || !slices.Contains(svc.Finalizers, "service.kubernetes.io/load-balancer-cleanup") {
+		t.Errorf("after helm uninstall the Service has status %v and finalizers %v, want its status %v and the load-balancer-cleanup finalizer kept (as docs/install.md says)",
+			svc.Status.LoadBalancer.Ingress, svc.Finalizers, svcBefore.Status.LoadBalancer.Ingress)
+	}
+	t.Logf("helm uninstall: nothing of vipcast left on %d nodes or at the ToR; the Service keeps %v and its finalizer", len(l.Nodes), svc.Status.LoadBalancer.Ingress)
+}
+
+// routeWatch samples the ToR's next hops for a VIP.
+type routeWatch struct {
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	samples [][]netip.Addr
+	changes []string // each change of the next hops, with its time
+}
+
+func watchRoutes(t *testing.T, l *lab.Lab, vip netip.Addr) *routeWatch {
+	ctx, cancel := context.WithCancel(t.Context())
+	w := &routeWatch{cancel: cancel}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		for ctx.Err() == nil {
+			if hops, err := l.Routes(netip.PrefixFrom(vip, 32)); err == nil {
+				if len(w.samples) == 0 || !slices.Equal(hops, w.samples[len(w.samples)-1]) {
+					w.changes = append(w.changes, fmt.Sprintf("%s %v", time.Now().Format("15:04:05.000"), hops))
+				}
+				w.samples = append(w.samples, hops)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	return w
+}
+
+func (w *routeWatch) stop() [][]netip.Addr {
+	w.cancel()
+	w.wg.Wait()
+	return w.samples
+}
+
+// drainNode drains n with kubectl and checks that the ToR's route loses
+// n before any of n's backend pods stops, then uncordons it.
+func drainNode(t *testing.T, l *lab.Lab, vip netip.Addr, n *lab.Node) {
+	t.Helper()
+	ctx := t.Context()
+	var mine []string
+	for _, p := range podsOf(t, l, lab.DemoNamespace, n.Name, "app="+lab.DemoService) {
+		mine = append(mine, p.Name)
+	}
+	if len(mine) == 0 {
+		t.Fatalf("no backend on %s to drain", n.Name)
+	}
+	type result struct {
+		routeGone, podGone time.Duration
+		pod                string
+	}
+	start := time.Now()
+	res := make(chan result, 1)
+	go func() {
+		var r result
+		for time.Since(start) < 2*time.Minute && (r.routeGone == 0 || r.podGone == 0) {
+			if r.routeGone == 0 {
+				if hops, err := l.Routes(netip.PrefixFrom(vip, 32)); err == nil && !slices.Contains(hops, n.Addr) {
+					r.routeGone = time.Since(start)
+				}
+			}
+			if r.podGone == 0 {
+				for _, name := range mine {
+					if _, err := l.CP.Client.CoreV1().Pods(lab.DemoNamespace).Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+						r.podGone, r.pod = time.Since(start), name
+						break
+					}
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		res <- r
+	}()
+	if _, err := l.Kubectl(ctx, "drain", n.Name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout", "2m"); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	t.Logf("kubectl drain %s: its route left the ToR after %s, its first backend (%s, 5 s of draining after SIGTERM) was gone after %s",
+		n.Name, r.routeGone.Round(time.Millisecond), r.pod, r.podGone.Round(time.Millisecond))
+	if r.routeGone == 0 || r.podGone == 0 || r.routeGone > r.podGone {
+		t.Errorf("drain %s: route gone after %s, first pod gone after %s: want the route to go first", n.Name, r.routeGone, r.podGone)
+	}
+	if _, err := l.Kubectl(ctx, "uncordon", n.Name); err != nil {
+		t.Fatal(err)
+	}
+	waitRoute(t, l, vip, time.Minute, l.Nodes...)
+	if _, err := l.Kubectl(ctx, "-n", lab.DemoNamespace, "rollout", "status", "deployment/"+lab.DemoService, "--timeout", "3m"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// podsOf lists the pods of a namespace, on node and matching the label
+// selector when they are not empty.
+func podsOf(t *testing.T, l *lab.Lab, namespace, node, selector string) []v1.Pod {
+	t.Helper()
+	opts := metav1.ListOptions{LabelSelector: selector}
+	if node != "" {
+		opts.FieldSelector = "spec.nodeName=" + node
+	}
+	pods, err := l.CP.Client.CoreV1().Pods(namespace).List(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pods.Items
+}
+
+func getService(t *testing.T, l *lab.Lab) *v1.Service {
+	t.Helper()
+	svc, err := l.CP.Client.CoreV1().Services(lab.DemoNamespace).Get(t.Context(), lab.DemoService, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
+// checkVIP: the demo Service still has exactly vip.
+func checkVIP(t *testing.T, l *lab.Lab, vip netip.Addr, when string) {
+	t.Helper()
+	in := getService(t, l).Status.LoadBalancer.Ingress
+	if len(in) != 1 || in[0].IP != vip.String() {
+		t.Fatalf("%s the Service's status is %v, want only %s", when, in, vip)
+	}
+}
+
+// waitNothingLeft waits until the node has no virtual server, VIP, link or
+// nftables table of vipcast.
+func waitNothingLeft(t *testing.T, n *lab.Node) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		st, err := n.State(ctx)
+		if err != nil {
+			last = err.Error()
+			return false, nil //nolint:nilerr // retry until the timeout
+		}
+		var left []string
+		for _, s := range st.Services {
+			if strings.HasPrefix(s.Key, "10.100.") || strings.HasPrefix(s.Key, "fwmark") {
+				left = append(left, "virtual server "+s.Key)
+			}
+		}
+		left = append(left, st.VIPs...)
+		for _, tb := range st.Tables {
+			if strings.HasSuffix(tb, " vipcast") {
+				left = append(left, "nftables table "+tb)
+			}
+		}
+		for _, l := range st.Links {
+			if l == "vipcast0" || strings.HasPrefix(l, "vcloop") {
+				left = append(left, "link "+l)
+			}
+		}
+		last = strings.Join(left, ", ")
+		return len(left) == 0, nil
+	})
+	if err != nil {
+		out, _ := n.Exec(t.Context(), "cat", "/root/speaker-last.log")
+		t.Fatalf("%s after helm uninstall still has: %s; its speaker's last log lines:\n%s", n.Name, last, out)
+	}
+}
+
+// dumpNodes logs what each node's kernel holds for the client's flows.
+func dumpNodes(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	for _, n := range l.Nodes {
+		for _, c := range []string{"ipvsadm -Ln", "ipvsadm -Lnc | head -30", "conntrack -L 2>/dev/null | grep 192.168.50.2 | head -30", "iptables-save -c | grep -i invalid", "nft list table ip vipcast | head -80"} {
+			out, err := n.Exec(t.Context(), "sh", "-c", c)
+			t.Logf("%s: %s: %v\n%s", n.Name, c, err, out)
+		}
+		out, _ := n.Logs(t.Context(), lab.VipcastNamespace, lab.Release+"-speaker")
+		t.Logf("%s: speaker logs:\n%s", n.Name, out)
+	}
+}
