@@ -299,7 +299,7 @@ func (l *Lab) bootKubeNode(n *Node) {
 	tap := fmt.Sprintf("tap%d", i+1)
 	l.TorNS.IP(t, "tuntap", "add", "dev", tap, "mode", "tap")
 	l.TorNS.IP(t, "link", "set", tap, "master", "rack", "up")
-	opts := l.vmOptions(n, i, tap, nil, "")
+	opts := l.vmBase(n, i, tap)
 	var routes []string
 	for _, o := range b.all {
 		if o != n {
@@ -307,7 +307,6 @@ func (l *Lab) bootKubeNode(n *Node) {
 		}
 	}
 	opts.TestBinary = b.agent
-	opts.Files = nil
 	opts.Args = []string{
 		"-name", n.Name,
 		"-addr", fmt.Sprintf("%s/%d", n.Addr, rackBits),

@@ -548,6 +548,28 @@ func (l *Lab) vmOptions(n *Node, i int, tap string, bins map[string]string, kube
 			routes = append(routes, o.PodCIDR.String()+"="+o.Addr.String())
 		}
 	}
+	opts := l.vmBase(n, i, tap)
+	opts.TestBinary = bins["lab-node"]
+	opts.Args = append([]string{
+		"-name", n.Name,
+		"-addr", fmt.Sprintf("%s/%d", n.Addr, rackBits),
+		"-gateway", torAddr.String(),
+		"-pod-cidr", n.PodCIDR.String(),
+		"-pods", strings.Join(pods, ","),
+		"-routes", strings.Join(routes, ","),
+		"-speaker", "/vm/bin/vipcast-speaker",
+		"--",
+	}, n.speakerArgs()...)
+	opts.Files = map[string]string{
+		"vm/bin/vipcast-speaker": bins["vipcast-speaker"],
+		"vm/kubeconfig":          kubeconfig,
+	}
+	return opts
+}
+
+// vmBase is what every node VM has, whichever agent it runs: its console
+// log, its NIC on tap, the modules, memory and lifetime.
+func (l *Lab) vmBase(n *Node, i int, tap string) vm.Options {
 	n.Console = filepath.Join(l.Opts.Dir, n.Name+"-console.log")
 	console, err := os.Create(n.Console)
 	if err != nil {
@@ -560,21 +582,6 @@ func (l *Lab) vmOptions(n *Node, i int, tap string, bins map[string]string, kube
 	})
 	var mu sync.Mutex
 	return vm.Options{
-		TestBinary: bins["lab-node"],
-		Args: append([]string{
-			"-name", n.Name,
-			"-addr", fmt.Sprintf("%s/%d", n.Addr, rackBits),
-			"-gateway", torAddr.String(),
-			"-pod-cidr", n.PodCIDR.String(),
-			"-pods", strings.Join(pods, ","),
-			"-routes", strings.Join(routes, ","),
-			"-speaker", "/vm/bin/vipcast-speaker",
-			"--",
-		}, n.speakerArgs()...),
-		Files: map[string]string{
-			"vm/bin/vipcast-speaker": bins["vipcast-speaker"],
-			"vm/kubeconfig":          kubeconfig,
-		},
 		Modules: append(slices.Clone(vm.DefaultModules), "virtio_pci", "virtio_net", "bridge", "ipip"),
 		// The two-tier dataplane's numgen; the guest has no modprobe for
 		// the kernel to load it on first use, as a node's kernel does.

@@ -201,7 +201,7 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		t.Fatalf("after helm uninstall: %v", err)
 	}
 	for _, n := range l.Nodes {
-		waitNothingLeft(t, n)
+		waitNothingLeft(t, n, vip)
 	}
 	svc := getService(t, l)
 	if !reflect.DeepEqual(svc.Status.LoadBalancer.Ingress, svcBefore.Status.LoadBalancer.Ingress) || !slices.Contains(svc.Finalizers, "service.kubernetes.io/load-balancer-cleanup") {
@@ -333,9 +333,9 @@ func checkVIP(t *testing.T, l *lab.Lab, vip netip.Addr, when string) {
 	}
 }
 
-// waitNothingLeft waits until the node has no virtual server, VIP, link or
-// nftables table of vipcast.
-func waitNothingLeft(t *testing.T, n *lab.Node) {
+// waitNothingLeft waits until the node has no virtual server on vip, no
+// VIP, and no link or nftables table of vipcast.
+func waitNothingLeft(t *testing.T, n *lab.Node, vip netip.Addr) {
 	t.Helper()
 	var last string
 	err := wait.PollUntilContextTimeout(t.Context(), time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -346,7 +346,7 @@ func waitNothingLeft(t *testing.T, n *lab.Node) {
 		}
 		var left []string
 		for _, s := range st.Services {
-			if strings.HasPrefix(s.Key, "10.100.") || strings.HasPrefix(s.Key, "fwmark") {
+			if strings.HasPrefix(s.Key, vip.String()+":") {
 				left = append(left, "virtual server "+s.Key)
 			}
 		}

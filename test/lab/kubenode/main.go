@@ -34,7 +34,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -61,11 +60,8 @@ const (
 
 // config is the command line.
 type config struct {
+	nodeapi.NetFlags
 	name      string
-	addr      netip.Prefix
-	gateway   netip.Addr
-	podCIDR   netip.Prefix
-	routes    map[netip.Prefix]netip.Addr
 	payload   string
 	proxyMode string
 	// clusterCIDR covers every node's pod range (kube-proxy's
@@ -90,13 +86,10 @@ func main() {
 
 func parse(args []string) (*config, error) {
 	fs := flag.NewFlagSet("kubenode", flag.ContinueOnError)
-	var addr, gw, podCIDR, routes, exclude, nodePorts string
-	cfg := &config{routes: map[netip.Prefix]netip.Addr{}}
+	var exclude, nodePorts string
+	cfg := &config{}
 	fs.StringVar(&cfg.name, "name", "", "node name")
-	fs.StringVar(&addr, "addr", "", "address of eth0 (CIDR)")
-	fs.StringVar(&gw, "gateway", "", "default gateway (the ToR)")
-	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod range (the bridge CNI plugin's)")
-	fs.StringVar(&routes, "routes", "", "prefix=via,... routes to other nodes' pod ranges")
+	cfg.Register(fs, "this node's pod range (the bridge CNI plugin's)")
 	fs.StringVar(&cfg.payload, "payload", "/dev/vdb", "block device of the payload (binaries, images, kubeconfig)")
 	fs.StringVar(&cfg.proxyMode, "proxy-mode", "iptables", "kube-proxy's mode: iptables, nftables or ipvs; none runs no kube-proxy")
 	fs.StringVar(&cfg.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "kube-proxy's clusterCIDR")
@@ -105,27 +98,11 @@ func parse(args []string) (*config, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	var err error
 	if cfg.name == "" {
 		return nil, errors.New("-name is required")
 	}
-	if cfg.addr, err = netip.ParsePrefix(addr); err != nil {
-		return nil, fmt.Errorf("-addr: %w", err)
-	}
-	if cfg.gateway, err = netip.ParseAddr(gw); err != nil {
-		return nil, fmt.Errorf("-gateway: %w", err)
-	}
-	if cfg.podCIDR, err = netip.ParsePrefix(podCIDR); err != nil {
-		return nil, fmt.Errorf("-pod-cidr: %w", err)
-	}
-	for _, kv := range splitList(routes) {
-		p, via, ok := strings.Cut(kv, "=")
-		pfx, err1 := netip.ParsePrefix(p)
-		gw, err2 := netip.ParseAddr(via)
-		if !ok || err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("-routes: %q is not prefix=address", kv)
-		}
-		cfg.routes[pfx] = gw
+	if err := cfg.Parse(); err != nil {
+		return nil, err
 	}
 	switch cfg.proxyMode {
 	case "iptables", "nftables", "ipvs", "none":
@@ -193,7 +170,7 @@ func run(cfg *config) error {
 		"--config", "/etc/kubernetes/kubelet.yaml",
 		"--kubeconfig", kubeconfig,
 		"--cloud-provider", "external",
-		"--node-ip", cfg.addr.Addr().String(),
+		"--node-ip", cfg.Addr.Addr().String(),
 		"--hostname-override", cfg.name,
 		"--v", "1"); err != nil {
 		return err
@@ -215,7 +192,7 @@ func network(cfg *config) error {
 		return fmt.Errorf("netlink: %w", err)
 	}
 	defer nl.Close()
-	return nodeapi.Uplink(nl, cfg.addr, cfg.gateway, cfg.routes)
+	return nodeapi.Uplink(nl, cfg.NetFlags)
 }
 
 // serveControl serves the lab's read-only view of the node (GET /state:
@@ -230,7 +207,7 @@ func serveControl(cfg *config) {
 	// tests to show what the kernel holds: POST /exec with one argument
 	// per line.
 	mux.HandleFunc("POST /exec", execHandler)
-	srv := &http.Server{Addr: net.JoinHostPort(cfg.addr.Addr().String(), nodeapi.Port), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: net.JoinHostPort(cfg.Addr.Addr().String(), nodeapi.Port), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.ListenAndServe(); err != nil {
 			fmt.Printf("kubenode: control server: %v\n", err)
@@ -278,11 +255,11 @@ func prepareNode(cfg *config) error {
 		return fmt.Errorf("cgroup system: moving the agent: %w", err)
 	}
 	files := map[string]string{
-		"/etc/hosts":                      fmt.Sprintf("127.0.0.1 localhost\n%s %s\n", cfg.addr.Addr(), cfg.name),
+		"/etc/hosts":                      fmt.Sprintf("127.0.0.1 localhost\n%s %s\n", cfg.Addr.Addr(), cfg.name),
 		"/etc/hostname":                   cfg.name + "\n",
 		"/etc/resolv.conf":                "# the lab has no DNS: nothing leaves it\nnameserver 127.0.0.1\n",
 		"/etc/containerd/config.toml":     containerdConfig,
-		"/etc/cni/net.d/10-lab.conflist":  fmt.Sprintf(cniConfig, cfg.podCIDR),
+		"/etc/cni/net.d/10-lab.conflist":  fmt.Sprintf(cniConfig, cfg.PodCIDR),
 		"/etc/kubernetes/kubelet.yaml":    kubeletConfig,
 		"/etc/kubernetes/kube-proxy.yaml": kubeProxyConfig(cfg),
 	}
@@ -367,7 +344,7 @@ func kubeProxyConfig(cfg *config) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n")
 	fmt.Fprintf(&b, "clientConnection: {kubeconfig: %s}\n", kubeconfig)
-	fmt.Fprintf(&b, "hostnameOverride: %s\nbindAddress: %s\n", cfg.name, cfg.addr.Addr())
+	fmt.Fprintf(&b, "hostnameOverride: %s\nbindAddress: %s\n", cfg.name, cfg.Addr.Addr())
 	fmt.Fprintf(&b, "mode: %s\nclusterCIDR: %s\n", cfg.proxyMode, cfg.clusterCIDR)
 	fmt.Fprintf(&b, "conntrack: {maxPerCore: 0}\n")
 	if len(cfg.nodePortAddresses) > 0 {

@@ -49,12 +49,9 @@ type Pod struct {
 }
 
 type config struct {
+	nodeapi.NetFlags
 	name        string
-	addr        netip.Prefix
-	gateway     netip.Addr
-	podCIDR     netip.Prefix
 	pods        []Pod
-	routes      map[netip.Prefix]netip.Addr
 	control     string
 	speaker     string
 	speakerArgs []string
@@ -74,29 +71,19 @@ func main() {
 
 func parse(args []string) (*config, error) {
 	fs := flag.NewFlagSet("lab-node", flag.ContinueOnError)
-	var addr, gw, podCIDR, pods, routes string
-	cfg := &config{routes: map[netip.Prefix]netip.Addr{}}
+	var pods string
+	cfg := &config{}
 	fs.StringVar(&cfg.name, "name", "", "node name")
-	fs.StringVar(&addr, "addr", "", "address of eth0 (CIDR)")
-	fs.StringVar(&gw, "gateway", "", "default gateway (the ToR)")
-	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod range; the bridge takes its first address")
+	cfg.Register(fs, "this node's pod range; the bridge takes its first address")
 	fs.StringVar(&pods, "pods", "", "name=address,... of the pods to run")
-	fs.StringVar(&routes, "routes", "", "prefix=via,... routes to other nodes' pod ranges")
 	fs.StringVar(&cfg.control, "control-port", nodeapi.Port, "port of the control server on the node address")
 	fs.StringVar(&cfg.speaker, "speaker", "/vm/bin/vipcast-speaker", "the speaker binary")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	cfg.speakerArgs = fs.Args()
-	var err error
-	if cfg.addr, err = netip.ParsePrefix(addr); err != nil {
-		return nil, fmt.Errorf("-addr: %w", err)
-	}
-	if cfg.gateway, err = netip.ParseAddr(gw); err != nil {
-		return nil, fmt.Errorf("-gateway: %w", err)
-	}
-	if cfg.podCIDR, err = netip.ParsePrefix(podCIDR); err != nil {
-		return nil, fmt.Errorf("-pod-cidr: %w", err)
+	if err := cfg.Parse(); err != nil {
+		return nil, err
 	}
 	for _, kv := range strings.Split(pods, ",") {
 		if kv == "" {
@@ -104,22 +91,10 @@ func parse(args []string) (*config, error) {
 		}
 		name, a, ok := strings.Cut(kv, "=")
 		ip, err := netip.ParseAddr(a)
-		if !ok || err != nil || !cfg.podCIDR.Contains(ip) {
-			return nil, fmt.Errorf("-pods: %q is not name=address inside %s", kv, cfg.podCIDR)
+		if !ok || err != nil || !cfg.PodCIDR.Contains(ip) {
+			return nil, fmt.Errorf("-pods: %q is not name=address inside %s", kv, cfg.PodCIDR)
 		}
 		cfg.pods = append(cfg.pods, Pod{Name: name, Addr: ip})
-	}
-	for _, kv := range strings.Split(routes, ",") {
-		if kv == "" {
-			continue
-		}
-		p, v, ok := strings.Cut(kv, "=")
-		pfx, err1 := netip.ParsePrefix(p)
-		via, err2 := netip.ParseAddr(v)
-		if !ok || err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("-routes: %q is not prefix=address", kv)
-		}
-		cfg.routes[pfx] = via
 	}
 	return cfg, nil
 }
@@ -138,7 +113,7 @@ func run(cfg *config) error {
 	if err != nil {
 		return fmt.Errorf("rtnetlink: %w", err)
 	}
-	if err := nodeapi.Uplink(nl, cfg.addr, cfg.gateway, cfg.routes); err != nil {
+	if err := nodeapi.Uplink(nl, cfg.NetFlags); err != nil {
 		return err
 	}
 	br, err := bridge(nl, cfg)
@@ -150,7 +125,7 @@ func run(cfg *config) error {
 			return fmt.Errorf("pod %s: %w", p.Name, err)
 		}
 	}
-	fmt.Printf("lab-node: %s up: %s, pods %v\n", cfg.name, cfg.addr, cfg.pods)
+	fmt.Printf("lab-node: %s up: %s, pods %v\n", cfg.name, cfg.Addr, cfg.pods)
 
 	sp := &speaker{path: cfg.speaker, args: cfg.speakerArgs}
 	if err := sp.start(); err != nil {
@@ -159,7 +134,7 @@ func run(cfg *config) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /state", nodeapi.StateHandler)
 	mux.HandleFunc("POST /speaker", sp.handle)
-	srv := &http.Server{Addr: net.JoinHostPort(cfg.addr.Addr().String(), cfg.control), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: net.JoinHostPort(cfg.Addr.Addr().String(), cfg.control), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	fmt.Printf("lab-node: control server on %s\n", srv.Addr)
 	return srv.ListenAndServe()
 }
@@ -170,7 +145,7 @@ func bridge(nl *netlink.Handle, cfg *config) (netlink.Link, error) {
 	if err := nl.LinkAdd(br); err != nil {
 		return nil, fmt.Errorf("bridge cbr0: %w", err)
 	}
-	gw := netip.PrefixFrom(cfg.podCIDR.Addr().Next(), cfg.podCIDR.Bits())
+	gw := netip.PrefixFrom(cfg.PodCIDR.Addr().Next(), cfg.PodCIDR.Bits())
 	if err := nl.AddrAdd(br, &netlink.Addr{IPNet: nodeapi.IPNet(gw)}); err != nil {
 		return nil, fmt.Errorf("cbr0 address: %w", err)
 	}
@@ -185,8 +160,8 @@ func startPod(nl *netlink.Handle, br netlink.Link, cfg *config, i int, p Pod) er
 	if err != nil {
 		return err
 	}
-	addr := netip.PrefixFrom(p.Addr, cfg.podCIDR.Bits())
-	if err := podNetwork(ns, peer, addr, cfg.podCIDR.Addr().Next()); err != nil {
+	addr := netip.PrefixFrom(p.Addr, cfg.PodCIDR.Bits())
+	if err := podNetwork(ns, peer, addr, cfg.PodCIDR.Addr().Next()); err != nil {
 		return err
 	}
 	return servePod(ns, cfg.name, p)

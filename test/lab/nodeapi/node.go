@@ -2,6 +2,7 @@ package nodeapi
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -18,9 +19,10 @@ import (
 // The node side: what both lab node agents (test/lab/node and
 // test/lab/kubenode) run inside their VMs.
 
-// Uplink configures eth0 with addr, a default route via gateway, and the
-// routes to the other nodes' pod ranges (prefix via node address).
-func Uplink(nl *netlink.Handle, addr netip.Prefix, gateway netip.Addr, routes map[netip.Prefix]netip.Addr) error {
+// Uplink configures eth0 with n.Addr, a default route via n.Gateway, and
+// n.Routes to the other nodes' pod ranges.
+func Uplink(nl *netlink.Handle, n NetFlags) error {
+	addr, gateway, routes := n.Addr, n.Gateway, n.Routes
 	eth0, err := nl.LinkByName("eth0")
 	if err != nil {
 		return fmt.Errorf("eth0 (is the VM's NIC there?): %w", err)
@@ -120,4 +122,52 @@ func familyName(f nftables.TableFamily) string {
 	default:
 		return fmt.Sprintf("family-%d", f)
 	}
+}
+
+// NetFlags are the flags of a node's network that both node agents take:
+// -addr (eth0's address with its prefix), -gateway (the ToR), -pod-cidr
+// and -routes (prefix=via,... to the other nodes' pod ranges).
+type NetFlags struct {
+	Addr    netip.Prefix
+	Gateway netip.Addr
+	PodCIDR netip.Prefix
+	Routes  map[netip.Prefix]netip.Addr
+
+	addr, gateway, podCIDR, routes string
+}
+
+// Register defines the flags on fs; podCIDR describes -pod-cidr.
+func (n *NetFlags) Register(fs *flag.FlagSet, podCIDR string) {
+	fs.StringVar(&n.addr, "addr", "", "address of eth0 (CIDR)")
+	fs.StringVar(&n.gateway, "gateway", "", "default gateway (the ToR)")
+	fs.StringVar(&n.podCIDR, "pod-cidr", "", podCIDR)
+	fs.StringVar(&n.routes, "routes", "", "prefix=via,... routes to other nodes' pod ranges")
+}
+
+// Parse checks the flags' values once the FlagSet is parsed.
+func (n *NetFlags) Parse() error {
+	var err error
+	if n.Addr, err = netip.ParsePrefix(n.addr); err != nil {
+		return fmt.Errorf("-addr: %w", err)
+	}
+	if n.Gateway, err = netip.ParseAddr(n.gateway); err != nil {
+		return fmt.Errorf("-gateway: %w", err)
+	}
+	if n.PodCIDR, err = netip.ParsePrefix(n.podCIDR); err != nil {
+		return fmt.Errorf("-pod-cidr: %w", err)
+	}
+	n.Routes = map[netip.Prefix]netip.Addr{}
+	for _, kv := range strings.Split(n.routes, ",") {
+		if kv == "" {
+			continue
+		}
+		p, v, ok := strings.Cut(kv, "=")
+		pfx, err1 := netip.ParsePrefix(p)
+		via, err2 := netip.ParseAddr(v)
+		if !ok || err1 != nil || err2 != nil {
+			return fmt.Errorf("-routes: %q is not prefix=address", kv)
+		}
+		n.Routes[pfx] = via
+	}
+	return nil
 }
