@@ -167,7 +167,10 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		t.Fatal(err)
 	}
 	l.WaitKubelet(ctx, n3)
-	if err := l.WaitInitialized(ctx, 3*time.Minute); err != nil {
+	// Bounded generously: in CI, test/e2e runs beside this on two cores,
+	// and the node took 2m12s to be Ready there; 3 minutes more for the
+	// CCM to initialize it timed out once.
+	if err := l.WaitInitialized(ctx, 5*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	checkNodesInitialized(t, l)
