@@ -172,7 +172,8 @@ test-routing: routers tools ## the speaker against real FRR and BIRD (loopback a
 test: verify tools cluster-tools routers ## everything: unit, control-plane, routing, dataplane (VM), end-to-end and real-cluster tiers, and the image builder
 	@mkdir -p _output
 	$(GO) -C hack/image test -count=1 ./...
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./... 2>&1 | tee _output/test.log; exit $${PIPESTATUS[0]}
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./... 2>&1 | tee _output/test.log; rc=$${PIPESTATUS[0]}; \
+		if [ $$rc != 0 ]; then hack/failures.sh _output/test.log; fi; exit $$rc
 
 # Every fuzz target of the repository, as package:target; go test runs
 # their seeds, make fuzz explores each for FUZZTIME.
