@@ -69,8 +69,9 @@ type Rootfs struct {
 // the image appears in the cache only when complete.
 //
 // The image has no kernel modules (no /lib/modules): the VM's initramfs
-// provides them, and the kernel's module autoloading runs the initramfs's
-// /sbin/modprobe (see Options.OnDemandModules), not the image's.
+// provides them, the kernel's module autoloading runs the initramfs's
+// /sbin/modprobe (see Options.OnDemandModules), and MountRootfs puts that
+// modprobe in place of the image's.
 func FetchRootfs(ctx context.Context, logf Logf) (*Rootfs, error) {
 	cache := CacheDir()
 	dir := filepath.Join(cache, "rootfs-"+rootfsSuite+"-"+rootfsKey())
@@ -513,6 +514,33 @@ func MountRootfs(dir string) error {
 		if err := os.Symlink(target, filepath.Join(dir, "dev", name)); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}
+	}
+	return rootModprobe(dir)
+}
+
+// rootModprobe makes the root's modprobe the initramfs's (with its
+// modules on /vm/modules), as the kernel's own module loading is: the
+// image has no /lib/modules for its kmod, and programs inside the root
+// run modprobe and act on its answer (kube-proxy runs `modprobe -va
+// ip_vs` before it cleans up IPVS, and skips the clean-up when that
+// fails, which it does not on a real node).
+func rootModprobe(dir string) error {
+	modules := filepath.Join(dir, "vm", "modules")
+	if err := os.MkdirAll(modules, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("/vm/modules", modules, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("vm: bind /vm/modules into %s: %w", dir, err)
+	}
+	modprobe := filepath.Join(dir, "usr", "sbin", "modprobe")
+	if err := os.Remove(modprobe); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := os.WriteFile(modprobe, nil, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("/init", modprobe, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("vm: bind the initramfs's modprobe into %s: %w", dir, err)
 	}
 	return nil
 }

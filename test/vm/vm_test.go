@@ -195,6 +195,9 @@ func TestNodeRootfs(t *testing.T) {
 		{[]string{"mount"}, "cgroup2 on /sys/fs/cgroup"},
 		{[]string{"cat", "/sys/fs/cgroup/cgroup.controllers"}, "memory"},
 		{[]string{"curl", "--version"}, "curl "},
+		// kube-proxy's IPVS clean-up runs this first, and skips itself
+		// when it fails.
+		{[]string{"modprobe", "-va", "ip_vs"}, ""},
 	} {
 		cmd := ChrootCommand(ctx, root, c.argv[0], c.argv[1:]...)
 		out, err := cmd.CombinedOutput()
