@@ -507,6 +507,39 @@ func (d *Dataplane) diffService(key Key, desired *Service) Plan {
 	return p
 }
 
+// Probe asks the kernel for one virtual server of the in-memory state
+// whose VIP is on the link (vipcast's own: any one, as a flush takes them
+// all) and reports whether it is gone: another program flushed (or
+// deleted) virtual servers. kube-proxy flushes every IPVS virtual
+// server of the node when it starts in nftables mode (its clean-up of the
+// other modes' leftovers), and so does `kube-proxy --cleanup`. A probe is
+// one netlink request, so a caller can probe every few seconds and run
+// Sync, a full kernel read, only when it finds drift. With nothing applied
+// yet, or the in-memory state unknown, Probe reports no drift: the next
+// Sync reads the kernel anyway.
+func (d *Dataplane) Probe() (drifted bool, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || d.stale {
+		return false, nil
+	}
+	for k := range d.cache.Services {
+		if _, own := d.cache.VIPs[k.VIP]; !own {
+			continue
+		}
+		_, err := d.ipvs.GetService(keyService(k))
+		switch {
+		case err == nil:
+			return false, nil
+		case isNotFound(err):
+			return true, nil
+		default:
+			return false, fmt.Errorf("probe virtual server %s: %w", k, err)
+		}
+	}
+	return false, nil
+}
+
 // State returns a copy of the in-memory state (the kernel as Dataplane
 // believes it is), reading the kernel first when that is unknown.
 func (d *Dataplane) State() (State, error) {

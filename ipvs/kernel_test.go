@@ -44,6 +44,8 @@ func TestKernel(t *testing.T) {
 	t.Run("RefusedScheduler", testRefusedScheduler)
 	t.Run("Filter", testFilter)
 	t.Run("LargeSync", testLargeSync)
+	t.Run("Probe", testProbe)
+	t.Run("FlushHeld", testFlushHeld) // flushes the root namespace: last
 }
 
 // testLargeSync: a Sync from empty of 5,000 Cluster-policy virtual servers

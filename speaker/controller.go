@@ -38,6 +38,10 @@ const contactInterval = 10 * time.Second
 // on start-up and every Options.DataplaneResync.
 const keyResync = "\x00resync"
 
+// keyDrift is the queue key for a full dataplane resync after a probe
+// (every Options.DataplaneProbe) found a programmed virtual server gone.
+const keyDrift = "\x00drift"
+
 // keyStatus is the queue key for computing the node's SpeakerStatus,
 // queued statusInterval after every change.
 const keyStatus = "\x00status"
@@ -73,6 +77,12 @@ type Options struct {
 	// DataplaneResync is how often the whole kernel table is compared
 	// with the desired state, repairing drift.
 	DataplaneResync time.Duration
+	// DataplaneProbe is how often the dataplane is asked whether a
+	// virtual server it programmed is gone (Dataplane.Probe, one kernel
+	// request): kube-proxy flushes every IPVS virtual server of the node
+	// when it starts in nftables mode, and the speaker then resyncs at
+	// once rather than up to DataplaneResync later.
+	DataplaneProbe time.Duration
 	// TunnelPrefix turns on the two-tier dataplane for IPv4 VIPs: every
 	// node's tunnel address is derived from it (TunnelAddress), the
 	// speaker watches every Node for their addresses, and Dataplane must
@@ -120,6 +130,9 @@ func NewController(opts Options) (*Controller, error) {
 	}
 	if opts.DataplaneResync <= 0 {
 		opts.DataplaneResync = time.Minute
+	}
+	if opts.DataplaneProbe <= 0 {
+		opts.DataplaneProbe = 2 * time.Second
 	}
 	if opts.Calls == nil {
 		opts.Calls = opts.Client
@@ -184,13 +197,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
-// tick queues the periodic config sync and dataplane resync, and shuts the
-// queue down when ctx ends.
+// tick queues the periodic config sync and dataplane resync, probes the
+// dataplane for drift, and shuts the queue down when ctx ends.
 func (c *Controller) tick(ctx context.Context) {
 	config := time.NewTicker(c.opts.Resync)
 	defer config.Stop()
 	resync := time.NewTicker(c.opts.DataplaneResync)
 	defer resync.Stop()
+	probe := time.NewTicker(c.opts.DataplaneProbe)
+	defer probe.Stop()
+	probeFailed := false // log a failing probe once, not every period
 	for {
 		select {
 		case <-ctx.Done():
@@ -201,6 +217,20 @@ func (c *Controller) tick(ctx context.Context) {
 		case <-resync.C:
 			if c.prog != nil {
 				c.queue.Add(keyResync)
+			}
+		case <-probe.C:
+			if c.prog == nil {
+				continue
+			}
+			// The Dataplane is safe for concurrent use: the probe does
+			// not wait for the worker.
+			drifted, err := c.opts.Dataplane.Probe()
+			if err != nil && !probeFailed {
+				klog.FromContext(ctx).Error(err, "Dataplane probe failed; the periodic resync still repairs drift", "node", c.opts.NodeName)
+			}
+			probeFailed = err != nil
+			if drifted {
+				c.queue.Add(keyDrift)
 			}
 		}
 	}
@@ -218,6 +248,14 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		err = c.syncConfig(ctx, false)
 	case keyResync:
 		err = c.syncConfig(ctx, true)
+	case keyDrift:
+		c.driftFound(ctx)
+		if err = c.syncConfig(ctx, true); err != nil {
+			// Retried as a plain resync: the drift is reported once.
+			klog.FromContext(ctx).Error(err, "Sync failed; retrying", "key", printableKey(key))
+			c.queue.AddRateLimited(keyResync)
+			return true
+		}
 	case keyStatus:
 		err = c.publishStatus(ctx)
 	default:
@@ -232,12 +270,25 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	return true
 }
 
+// driftFound reports that a probe found virtual servers gone from the
+// kernel: a log line, the metric, and a Warning Event on the Node.
+func (c *Controller) driftFound(ctx context.Context) {
+	c.opts.Metrics.driftDetected()
+	node, err := c.watch.currentNode()
+	if err != nil {
+		node = nil
+	}
+	c.report.dataplaneDrift(ctx, node)
+}
+
 func printableKey(key string) string {
 	switch key {
 	case keyConfig:
 		return "config"
 	case keyResync:
 		return "resync"
+	case keyDrift:
+		return "drift"
 	case keyStatus:
 		return "status"
 	}

@@ -174,6 +174,17 @@ type recordingDataplane struct {
 	syncs     []ipvs.State
 	service   []ipvs.Key // SyncService calls, in order
 	deletes   []ipvs.Key // SyncService calls with nil
+	// drifted is what Probe reports until the next Sync (a kernel read
+	// that repairs the drift) clears it; probes counts Probe calls.
+	drifted bool
+	probes  int
+}
+
+func (d *recordingDataplane) Probe() (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.probes++
+	return d.drifted, nil
 }
 
 func (d *recordingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
@@ -184,6 +195,7 @@ func (d *recordingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
 		return ipvs.Plan{}, errors.New("injected dataplane failure")
 	}
 	d.syncs = append(d.syncs, desired.Clone())
+	d.drifted = false
 	return ipvs.Plan{}, nil
 }
 
@@ -276,6 +288,72 @@ func TestControllerProgramsDataplane(t *testing.T) {
 	}
 }
 
+// TestControllerProbesDataplane: when the dataplane's probe finds a
+// programmed virtual server gone (kube-proxy flushed IPVS), the speaker
+// resyncs the whole table at once, long before the periodic resync (an
+// hour here), counts it and puts a Warning Event on its Node; a probe
+// that finds nothing changes nothing.
+func TestControllerProbesDataplane(t *testing.T) {
+	client := fakeServices(2)
+	dp := &recordingDataplane{}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour, DataplaneProbe: 20 * time.Millisecond, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = c.Run(ctx) }()
+	state := func() string {
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		return fmt.Sprintf("syncs %d, probes %d, drifted %v", len(dp.syncs), dp.probes, dp.drifted)
+	}
+	eventually(t, "the start-up Sync and ten probes", func() bool {
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		return len(dp.syncs) == 1 && dp.probes >= 10
+	}, state)
+	if s, _, _ := dp.counts(); s != 1 {
+		t.Fatalf("probes that found no drift made %d full Syncs, want only the start-up one", s)
+	}
+
+	dp.mu.Lock()
+	dp.drifted = true
+	dp.mu.Unlock()
+	eventually(t, "a full Sync after the probe found drift", func() bool { s, _, _ := dp.counts(); return s == 2 }, state)
+	dp.mu.Lock()
+	resynced := dp.syncs[1]
+	dp.mu.Unlock()
+	if len(resynced.Services) != 2 {
+		t.Errorf("the resync after drift had %d virtual servers, want both Services'", len(resynced.Services))
+	}
+	eventually(t, "a DataplaneDrift Warning Event on the Node", func() bool {
+		evs, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == "n1" && e.Type == v1.EventTypeWarning &&
+				e.Reason == "DataplaneDrift" && strings.Contains(e.Message, "kube-proxy") {
+				return true
+			}
+		}
+		return false
+	}, state)
+	if got := testutil.ToFloat64(m.drift); got != 1 {
+		t.Errorf("vipcast_ipvs_drift_detected_total = %v, want 1", got)
+	}
+	time.Sleep(200 * time.Millisecond) // ten more probes, no drift
+	if s, _, _ := dp.counts(); s != 2 {
+		t.Errorf("%d full Syncs after the repair, want 2 (the drift repaired once)", s)
+	}
+}
+
 // TestControllerAnnouncesOnlyOnceTheDataplaneWorks checks that a speaker
 // whose dataplane fails at start-up announces nothing and is not ready
 // until the dataplane has been programmed: routes to a node that cannot
@@ -344,6 +422,8 @@ func (d *refusingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
 	}
 	return ipvs.Plan{}, nil
 }
+
+func (d *refusingDataplane) Probe() (bool, error) { return false, nil }
 
 func (d *refusingDataplane) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error) {
 	d.mu.Lock()

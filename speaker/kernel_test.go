@@ -70,6 +70,8 @@ func (r *recordingKernel) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs
 	return p, err
 }
 
+func (r *recordingKernel) Probe() (bool, error) { return r.dp.Probe() }
+
 // since returns the calls from index i on, and the current count.
 func (r *recordingKernel) since(i int) ([]kernelCall, int) {
 	r.mu.Lock()

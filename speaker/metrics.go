@@ -16,6 +16,7 @@ type Metrics struct {
 	syncSeconds    *prometheus.HistogramVec
 	virtualServers prometheus.Gauge
 	changes        prometheus.Counter
+	drift          prometheus.Counter
 	serviceErrors  *prometheus.GaugeVec
 	lastContact    prometheus.Gauge
 }
@@ -57,6 +58,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "vipcast_ipvs_kernel_changes_total",
 			Help: "IPVS, VIP address and SNAT changes made in the kernel (a resync that finds no drift makes none).",
 		}),
+		drift: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vipcast_ipvs_drift_detected_total",
+			Help: "Times the speaker's probe (every --dataplane-probe-period) found a virtual server it programmed gone from the kernel, removed by another program (kube-proxy flushes IPVS when it starts in nftables mode), and resynced the whole table at once.",
+		}),
 		serviceErrors: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vipcast_speaker_service_errors",
 			Help: "Services whose virtual servers this node's kernel refused, so that it does not announce them, by reason: scheduler (the kernel lacks the Service's IPVS scheduler) or kernel (another refusal).",
@@ -69,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, r := range []string{reasonScheduler, reasonKernel} {
 		m.serviceErrors.WithLabelValues(r).Set(0)
 	}
-	for _, c := range []prometheus.Collector{m.announced, m.syncSeconds, m.virtualServers, m.changes, m.serviceErrors, m.lastContact} {
+	for _, c := range []prometheus.Collector{m.announced, m.syncSeconds, m.virtualServers, m.changes, m.drift, m.serviceErrors, m.lastContact} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -98,6 +103,12 @@ func (m *Metrics) setVirtualServers(n int) {
 func (m *Metrics) kernelChanges(n int) {
 	if m != nil && n > 0 {
 		m.changes.Add(float64(n))
+	}
+}
+
+func (m *Metrics) driftDetected() {
+	if m != nil {
+		m.drift.Inc()
 	}
 }
 

@@ -24,6 +24,11 @@ type Dataplane interface {
 	// SyncService makes one virtual server match desired (nil: delete it)
 	// without reading the kernel.
 	SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error)
+	// Probe reports, at the cost of one kernel request, whether a virtual
+	// server the dataplane programmed is gone (flushed by another
+	// program), so the controller resyncs at once instead of at the next
+	// DataplaneResync.
+	Probe() (drifted bool, err error)
 }
 
 // programmer keeps what the speaker asked the dataplane for, per Service,

@@ -62,6 +62,17 @@ func (r *reporter) nodeProblems(ctx context.Context, node *v1.Node, errs []error
 	r.node = msg.Error()
 }
 
+// dataplaneDrift reports that virtual servers the speaker programmed went
+// missing from the kernel, with a Warning Event on the Node (nil: the log
+// line only).
+func (r *reporter) dataplaneDrift(ctx context.Context, node *v1.Node) {
+	const msg = "IPVS virtual servers vipcast programmed were removed by another program (kube-proxy flushes IPVS when it starts in nftables mode, as does kube-proxy --cleanup); restoring the whole table now"
+	klog.FromContext(ctx).Info("Dataplane drift: "+msg, "node", r.nodeName)
+	if node != nil {
+		r.recorder.Eventf(node, v1.EventTypeWarning, "DataplaneDrift", "%s", msg)
+	}
+}
+
 // poolProblems logs the IPPools this node cannot use for announcements.
 // The CCM reports pool problems on the IPPool's status; each speaker only
 // logs them.

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestParseFlagsPasswordNamespaces checks --bgp-password-namespaces: a
@@ -29,6 +30,27 @@ func TestParseFlagsPasswordNamespaces(t *testing.T) {
 		case !ok:
 		case !slices.Equal(f.passwordNS, tc.want):
 			t.Errorf("%q: namespaces %q, want %q", tc.args, f.passwordNS, tc.want)
+		}
+	}
+}
+
+// TestParseFlagsDataplaneProbe checks --dataplane-probe-period: 2s by
+// default, and a period below 100ms refused naming the flag and the fix.
+func TestParseFlagsDataplaneProbe(t *testing.T) {
+	base := []string{"--node-name", "n1"}
+	for _, tc := range []struct {
+		args    []string
+		want    time.Duration
+		wantErr string
+	}{
+		{args: nil, want: 2 * time.Second},
+		{args: []string{"--dataplane-probe-period", "500ms"}, want: 500 * time.Millisecond},
+		{args: []string{"--dataplane-probe-period", "10ms"}, wantErr: "--dataplane-probe-period=10ms is too short: use 100ms or more"},
+		{args: []string{"--dataplane-probe-period", "0s"}, wantErr: "--dataplane-probe-period=0s is too short"},
+	} {
+		f, ok := parseChecked(t, append(slices.Clone(base), tc.args...), tc.wantErr)
+		if ok && f.dataplaneProbe != tc.want {
+			t.Errorf("%q: probe period %v, want %v", tc.args, f.dataplaneProbe, tc.want)
 		}
 	}
 }

@@ -61,6 +61,7 @@ type flags struct {
 	ipvs             bool
 	ipvsLink         string
 	dataplaneResync  time.Duration
+	dataplaneProbe   time.Duration
 	passwordNS       []string
 	prefixRestart    time.Duration
 	class            string
@@ -91,6 +92,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.ipvsLink, "ipvs-link", ipvs.DefaultLinkName, "Dummy link that carries the VIPs (created if missing).")
 	fs.DurationVar(&f.prefixRestart, "bgp-prefix-limit-restart", bgp.DefaultPrefixLimitRestart, "How long a BGP session stays down after the router sent more prefixes than its limit; doubled for each consecutive time, up to 30m.")
 	fs.DurationVar(&f.dataplaneResync, "dataplane-resync-period", time.Minute, "How often the whole IPVS table is compared with the desired state, repairing drift.")
+	fs.DurationVar(&f.dataplaneProbe, "dataplane-probe-period", 2*time.Second, "How often the speaker asks the kernel for one of its virtual servers (one request): when it is gone, another program flushed IPVS (kube-proxy does when it starts in nftables mode) and the whole table is restored at once.")
 	fs.StringVar(&f.tunnelPrefixFlag, "tunnel-prefix", "", "Turns on the two-tier dataplane for IPv4 VIPs (established flows survive ECMP changes, the pods see the client): each node's tunnel address is this IPv4 prefix with the host bits of the node's InternalIP, such as 100.127.0.0/16. Every speaker of the cluster must have the same value. Empty keeps one tier.")
 	fs.IntVar(&f.tunnelMTU, "tunnel-mtu", 0, "The fabric's MTU, for the two-tier dataplane's MSS clamp (MTU less 60); 0 uses the MTU of the link of the node's default route.")
 	fs.Func("owner-daemonset", "namespace/name of the DaemonSet running this speaker (the chart sets it). At shutdown the speaker reads it: when it is gone or being deleted, or the API server refuses the speaker's credentials (helm uninstall), the speaker removes its virtual servers, VIPs, link and nftables tables from the node; otherwise (an upgrade, a restart, an API server outage) it leaves them for the next speaker. Empty: always leave them.", func(v string) (err error) {
@@ -128,6 +130,8 @@ func (f *flags) check() error {
 		return fmt.Errorf("--resync-period=%v is too short: use 1s or more, such as 5m", f.resync)
 	case f.dataplaneResync < time.Second:
 		return fmt.Errorf("--dataplane-resync-period=%v is too short: use 1s or more, such as 1m", f.dataplaneResync)
+	case f.dataplaneProbe < 100*time.Millisecond:
+		return fmt.Errorf("--dataplane-probe-period=%v is too short: use 100ms or more, such as 2s", f.dataplaneProbe)
 	case f.prefixRestart < time.Second:
 		return fmt.Errorf("--bgp-prefix-limit-restart=%v is too short: use 1s or more, such as 1m", f.prefixRestart)
 	case f.ipvs && (f.ipvsLink == "" || len(f.ipvsLink) > 15 || strings.ContainsAny(f.ipvsLink, "/ \t")):
@@ -298,6 +302,7 @@ func run(f *flags) error {
 		Resync:             f.resync,
 		Metrics:            metrics,
 		DataplaneResync:    f.dataplaneResync,
+		DataplaneProbe:     f.dataplaneProbe,
 		TunnelPrefix:       f.tunnelPrefix,
 	}
 	if f.ipvs {
