@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -563,6 +564,33 @@ func (n *Node) Exec(ctx context.Context, argv ...string) (string, error) {
 		return string(b), fmt.Errorf("exec %v on %s: %s", argv, n.Name, resp.Status)
 	}
 	return string(b), err
+}
+
+// RestartKubeProxy restarts kube-proxy on the node, as a rollout of its
+// DaemonSet would; with mode set (iptables, nftables, ipvs) it moves it to
+// that mode as kube-proxy's documentation says: stop, kube-proxy
+// --cleanup, start in the new mode.
+func (n *Node) RestartKubeProxy(ctx context.Context, mode string) error {
+	u := n.controlURL("/kube-proxy")
+	if mode != "" {
+		u += "?mode=" + url.QueryEscape(mode)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	if err != nil {
+		return err
+	}
+	c := httpClient(n.lab.TorNS)
+	c.Timeout = 2 * time.Minute
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("restart kube-proxy on %s: %w", n.Name, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("restart kube-proxy on %s: %s: %s", n.Name, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return nil
 }
 
 // Logs returns the logs of the containers on the node whose pod name

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,47 +17,170 @@ import (
 	"github.com/vipcast/vipcast/test/netns"
 )
 
-// TestCluster runs vipcast the way its users do, in each of kube-proxy's
-// modes: real kubelets started with --cloud-provider=external, containerd,
-// kube-proxy beside vipcast with the settings docs/install.md prescribes,
-// and vipcast installed by `helm install` of charts/vipcast (the CCM as the
+// TestCluster runs vipcast the way its users do, beside kube-proxy in each
+// of its modes: real kubelets started with --cloud-provider=external,
+// containerd, kube-proxy with the settings docs/install.md prescribes, and
+// vipcast installed by `helm install` of charts/vipcast (the CCM as the
 // chart's Deployment with leader election and in-cluster configuration,
-// the speakers as its DaemonSet). Each mode checks:
+// the speakers as its DaemonSet). One cluster goes through the modes
+// nftables, IPVS and iptables, moving kube-proxy from one to the next the
+// way kube-proxy's documentation says (stop, kube-proxy --cleanup, start
+// in the new mode). In each mode:
 //
+//   - kube-proxy runs in that mode (its nftables table, its kube-ipvs0
+//     link, or its iptables chains);
 //   - the in-cluster vipcast-ccm initialized the nodes the kubelets
 //     registered (provider ID, no uninitialized taint);
-//   - a Deployment's LoadBalancer Service gets a VIP, the ToR routes it
+//   - a Deployment's LoadBalancer Service has its VIP, the ToR routes it
 //     over both nodes, and the client behind the ToR reaches every pod
 //     through both;
 //   - a pod inside the cluster reaches the VIP;
 //   - kube-proxy's own Services keep working beside vipcast's: the
 //     Service's ClusterIP from a pod, its NodePort from the client;
 //   - externalTrafficPolicy Local keeps the client's address.
+//
+// kube-proxy flushes every IPVS virtual server of the node when it starts
+// in nftables mode, and so does kube-proxy --cleanup: each move, and a
+// restart of kube-proxy in nftables mode (kubeProxyFlush), takes vipcast's
+// virtual servers away, and the speakers must put them back at once. The
+// cluster then goes through its life (clusterLifecycle) in iptables mode.
 func TestCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real cluster: skipped with -short")
 	}
 	netns.Require(t)
-	for _, mode := range []string{"iptables", "nftables", "ipvs"} {
-		t.Run(mode, func(t *testing.T) {
-			// The iptables run also goes through a cluster's life (see
-			// clusterLifecycle), with a third node to join.
-			life := mode == "iptables"
-			opts := lab.Options{Cluster: &lab.ClusterOptions{ProxyMode: mode}}
-			if life {
-				opts.Nodes, opts.Cluster.Boot, opts.Cluster.ExtraTags = 3, 2, []string{upgradeTag}
+	l := lab.Up(t, lab.Options{Nodes: 3, Cluster: &lab.ClusterOptions{ProxyMode: "nftables", Boot: 2, ExtraTags: []string{upgradeTag}}})
+	var vip netip.Addr
+	for i, mode := range []string{"nftables", "ipvs", "iptables"} {
+		ok := t.Run(mode, func(t *testing.T) {
+			if i > 0 {
+				switchKubeProxy(t, l, mode)
 			}
-			l := lab.Up(t, opts)
-			vip := clusterWithKubeProxy(t, l)
-			if life {
-				clusterLifecycle(t, l, vip)
+			vip = clusterWithKubeProxy(t, l, mode, vip)
+			if mode == "nftables" {
+				kubeProxyFlush(t, l, vip)
 			}
 		})
+		if !ok {
+			return
+		}
+	}
+	t.Run("lifecycle", func(t *testing.T) { clusterLifecycle(t, l, vip) })
+}
+
+// switchKubeProxy moves kube-proxy on every node to mode, node by node.
+func switchKubeProxy(t *testing.T, l *lab.Lab, mode string) {
+	t.Helper()
+	for _, n := range l.Nodes {
+		start := time.Now()
+		if err := n.RestartKubeProxy(t.Context(), mode); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: kube-proxy stopped, cleaned up (kube-proxy --cleanup) and started in %s mode in %s", n.Name, mode, time.Since(start).Round(time.Millisecond))
 	}
 }
 
-func clusterWithKubeProxy(t *testing.T, l *lab.Lab) netip.Addr {
+// kubeProxyMode tells from the node's kernel which mode kube-proxy runs
+// in: its nftables table, its kube-ipvs0 link or its iptables chains.
+// (Debian bookworm's nft aborts listing kube-proxy's tables: the node
+// agent reads them through netlink.)
+func kubeProxyMode(ctx context.Context, n *lab.Node) (string, error) {
+	st, err := n.State(ctx)
+	if err != nil {
+		return "", err
+	}
+	out, err := n.Exec(ctx, "sh", "-c", "iptables-save -t nat 2>/dev/null | grep -c '^:KUBE-SERVICES' || true")
+	if err != nil {
+		return "", err
+	}
+	nftables := slices.Contains(st.Tables, "ip kube-proxy")
+	ipvs := slices.Contains(st.Links, "kube-ipvs0")
+	iptables := strings.TrimSpace(out) != "0"
+	switch {
+	case nftables && !ipvs && !iptables:
+		return "nftables", nil
+	case ipvs && !nftables:
+		return "ipvs", nil // the IPVS mode uses iptables chains too
+	case iptables && !nftables && !ipvs:
+		return "iptables", nil
+	}
+	return "", fmt.Errorf("%s: no single kube-proxy mode in the kernel: nftables tables %v, links %v, KUBE-SERVICES chains %q", n.Name, st.Tables, st.Links, strings.TrimSpace(out))
+}
+
+// kubeProxyFlush restarts kube-proxy (nftables mode) on node1, as a
+// rollout of its DaemonSet does: at its start it flushes every IPVS
+// virtual server of the node (its clean-up of the other modes). The
+// speaker's probe must find that and restore its virtual servers at once,
+// with a DataplaneDrift Event on the Node, not at its next full resync (a
+// minute). It logs what the client saw meanwhile: new connections refused
+// until the repair, and held connections through node1 reset by the
+// kernel.
+func kubeProxyFlush(t *testing.T, l *lab.Lab, vip netip.Addr) {
+	t.Helper()
 	ctx := t.Context()
+	n := l.Nodes[0]
+	addr := netip.AddrPortFrom(vip, 80)
+	held, err := l.Hold(ctx, addr, 20, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Stop()
+	stream := l.Stream(ctx, addr, 100*time.Millisecond, 1000)
+	time.Sleep(time.Second)
+	heldBefore, _, _ := held.Status()
+	start := time.Now()
+	if err := n.RestartKubeProxy(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Since(start)
+	waitIPVS(t, n, vip, backendsOf(n.Pods...))
+	restored := time.Since(start)
+	var event *v1.Event
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		evs, err := l.CP.Client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + n.Name + ",reason=DataplaneDrift"})
+		if err != nil {
+			return false, nil //nolint:nilerr // retry
+		}
+		for i, e := range evs.Items {
+			if e.LastTimestamp.After(start.Add(-time.Second)) || e.EventTime.After(start.Add(-time.Second)) {
+				event = &evs.Items[i]
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no DataplaneDrift Event on %s within 30s of kube-proxy's restart in nftables mode (which flushes IPVS): the speaker did not notice", n.Name)
+	}
+	if restored > 30*time.Second {
+		t.Errorf("%s: vipcast's virtual server came back %s after kube-proxy's restart, want within 30s (the speaker's probe), not at its next full resync", n.Name, restored.Round(time.Millisecond))
+	}
+	time.Sleep(time.Second)
+	ok, failed := stream.Stop()
+	alive, _, broken := held.Status()
+	t.Logf("kube-proxy restarted on %s in nftables mode (%s): the virtual server was back %s after the restart began; Event %q; new connections every 100 ms meanwhile: %d answered, %d failed %v; %d of %d held connections alive",
+		n.Name, restarted.Round(time.Millisecond), restored.Round(time.Millisecond), event.Message, ok, len(failed), failed[:min(3, len(failed))], alive, heldBefore)
+	if alive != heldBefore {
+		// The kernel resets the established connections through the
+		// flushed node (TestKernel/FlushHeld): docs/install.md says so.
+		t.Logf("held connections the flush reset: %v", broken[:min(3, len(broken))])
+	}
+}
+
+// clusterWithKubeProxy checks the cluster with kube-proxy in mode; vip is
+// the demo Service's VIP, or none the first time (the demo is applied).
+func clusterWithKubeProxy(t *testing.T, l *lab.Lab, mode string, vip netip.Addr) netip.Addr {
+	ctx := t.Context()
+	for _, n := range l.Nodes {
+		err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+			got, err := kubeProxyMode(ctx, n)
+			return err == nil && got == mode, nil
+		})
+		if err != nil {
+			got, merr := kubeProxyMode(ctx, n)
+			t.Fatalf("%s: kube-proxy runs in mode %q (%v), want %s", n.Name, got, merr, mode)
+		}
+	}
 	checkNodesInitialized(t, l)
 	for _, n := range l.Nodes {
 		node, err := l.CP.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
@@ -67,8 +191,18 @@ func clusterWithKubeProxy(t *testing.T, l *lab.Lab) netip.Addr {
 			t.Fatalf("%s: kubelet version %q: not a real kubelet", n.Name, node.Status.NodeInfo.KubeletVersion)
 		}
 	}
-	vip := demoVIP(t, l)
+	if !vip.IsValid() {
+		vip = demoVIP(t, l)
+	} else {
+		checkVIP(t, l, vip, "after kube-proxy moved to "+mode+" mode")
+	}
 	addr := netip.AddrPortFrom(vip, 80)
+	// Cluster policy (the previous mode ended with Local): every node
+	// programs every pod.
+	patchService(t, l, `{"spec":{"externalTrafficPolicy":"Cluster"}}`)
+	for _, n := range l.Nodes {
+		waitIPVS(t, n, vip, backendsOf(l.Pods()...))
+	}
 	reach(t, l, addr, l.Pods(), nil)
 	throughBoth(t, l, addr)
 
@@ -83,11 +217,17 @@ func clusterWithKubeProxy(t *testing.T, l *lab.Lab) netip.Addr {
 		t.Logf("from a pod, %s answered %q", target, body)
 	}
 	// From the client: the NodePort on each node (kube-proxy's).
+	// kube-proxy programs the NodePort within a sync of its start.
 	nodePort := svc.Spec.Ports[0].NodePort
 	for _, n := range l.Nodes {
-		body, err := l.Get(ctx, netip.AddrPortFrom(n.Addr, uint16(nodePort))) //nolint:gosec // a port
+		var body string
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			var err error
+			body, err = l.Get(ctx, netip.AddrPortFrom(n.Addr, uint16(nodePort))) //nolint:gosec // a port
+			return err == nil, nil
+		})
 		if err != nil {
-			t.Fatalf("NodePort %d on %s: %v", nodePort, n.Name, err)
+			t.Fatalf("NodePort %d on %s did not answer within 30s", nodePort, n.Name)
 		}
 		t.Logf("NodePort %d on %s answered %q", nodePort, n.Name, body)
 	}

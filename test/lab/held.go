@@ -22,14 +22,29 @@ import (
 // interval, so a test can tell whether established flows survive an event.
 // Every flow must keep reaching the pod that answered it first; a UDP flow
 // may lose two datagrams in a row, not three, and its pod must keep seeing
-// the same client address.
+// the same client address. A TCP exchange may take up to tcpStall: a
+// connection that is reset, answered by another pod or black-holed fails
+// long before or never recovers, while the emulated nodes, starved of CPU
+// on a busy host, can hold a healthy connection's answer for seconds.
+// Stalls reports the slow exchanges.
 type Held struct {
 	mu     sync.Mutex
 	failed map[int]string // connection → what broke it
 	rounds []int          // completed exchanges per connection
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// stalls counts TCP exchanges that took longer than stallShown, and
+	// longest is the longest exchange.
+	stalls  int
+	longest time.Duration
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 }
+
+// tcpStall bounds one TCP exchange of a held connection; stallShown is
+// the exchange time Stalls counts from.
+const (
+	tcpStall   = 15 * time.Second
+	stallShown = time.Second
+)
 
 // Hold opens n connections from the client namespace to addr (each
 // answered once before Hold returns) and keeps each exchanging a request
@@ -138,7 +153,7 @@ func (c *heldConn) exchangeUDP() (pod, client string, err error) {
 // exchangeHTTP sends one request on the connection and returns the
 // answer's body.
 func (c *heldConn) exchangeHTTP() (string, error) {
-	if err := c.conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+	if err := c.conn.SetDeadline(time.Now().Add(tcpStall)); err != nil {
 		return "", err
 	}
 	if _, err := fmt.Fprintf(c.conn, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", c.host); err != nil {
@@ -170,9 +185,18 @@ func (h *Held) run(ctx context.Context, i int, c *heldConn, interval time.Durati
 			return
 		case <-t.C:
 		}
+		began := time.Now()
 		pod, client, err := c.exchange()
 		if ctx.Err() != nil {
 			return
+		}
+		if took := time.Since(began); !c.udp && err == nil {
+			h.mu.Lock()
+			if took > stallShown {
+				h.stalls++
+			}
+			h.longest = max(h.longest, took)
+			h.mu.Unlock()
 		}
 		if c.udp && errors.Is(err, os.ErrDeadlineExceeded) && lost < 2 {
 			lost++
@@ -214,6 +238,14 @@ func (h *Held) Status() (alive, exchanges int, broken []string) {
 		alive++
 	}
 	return alive, exchanges, broken
+}
+
+// Stalls returns how many TCP exchanges took more than a second, and the
+// longest exchange: figures for a test's log, not failures.
+func (h *Held) Stalls() (n int, longest time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.stalls, h.longest
 }
 
 // Stop closes every connection.

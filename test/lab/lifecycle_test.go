@@ -125,8 +125,9 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	if alive != heldBefore {
 		dumpNodes(t, l)
 	}
-	t.Logf("helm upgrade + CCM rollout restart: %d new-connection requests answered, %d failed; %d of %d held connections alive (%d exchanges)",
-		ok, len(failed), alive, heldBefore, exchanges)
+	stalls, longest := held.Stalls()
+	t.Logf("helm upgrade + CCM rollout restart: %d new-connection requests answered, %d failed; %d of %d held connections alive (%d exchanges, %d over 1s, the longest %s)",
+		ok, len(failed), alive, heldBefore, exchanges, stalls, longest.Round(time.Millisecond))
 	if len(failed) > 0 {
 		t.Errorf("%d requests failed during the upgrade, want none; first: %v", len(failed), failed[:min(5, len(failed))])
 	}
@@ -180,9 +181,11 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	took := waitRoute(t, l, vip, 2*time.Minute, l.Nodes...)
 	time.Sleep(3 * time.Second)
 	alive2, _, broken2 := held2.Status()
-	t.Logf("node3 joined: initialized, its speaker peered and the ToR's route has %d next hops %s after boot (route change seen %s after the rollout); %d of %d held connections alive",
-		len(l.Nodes), time.Since(start).Round(time.Second), took.Round(time.Millisecond), alive2, before2)
+	stalls2, longest2 := held2.Stalls()
+	t.Logf("node3 joined: initialized, its speaker peered and the ToR's route has %d next hops %s after boot (route change seen %s after the rollout); %d of %d held connections alive (%d exchanges over 1s, the longest %s)",
+		len(l.Nodes), time.Since(start).Round(time.Second), took.Round(time.Millisecond), alive2, before2, stalls2, longest2.Round(time.Millisecond))
 	if alive2 != before2 {
+		dumpNodes(t, l)
 		t.Errorf("%d of %d held connections survived node3 joining, want all; first failures: %v", alive2, before2, broken2[:min(3, len(broken2))])
 	}
 	checkVIP(t, l, vip, "after node3 joined")
@@ -377,7 +380,7 @@ func waitNothingLeft(t *testing.T, n *lab.Node, vip netip.Addr) {
 func dumpNodes(t *testing.T, l *lab.Lab) {
 	t.Helper()
 	for _, n := range l.Nodes {
-		for _, c := range []string{"ipvsadm -Ln", "ipvsadm -Lnc | head -30", "conntrack -L 2>/dev/null | grep 192.168.50.2 | head -30", "iptables-save -c | grep -i invalid", "nft list table ip vipcast | head -80"} {
+		for _, c := range []string{"ipvsadm -Ln", "ipvsadm -Lnc | head -30", "conntrack -L 2>/dev/null | grep 192.168.50.2 | head -30", "iptables-save -c | grep -i invalid", "nft list table ip vipcast | head -80", "sysctl -a 2>/dev/null | grep -E 'vs[.](sloppy|conntrack)|rp_filter'", "ip rule; ip route show table all | grep -E '100[.]127|5200'"} {
 			out, err := n.Exec(t.Context(), "sh", "-c", c)
 			t.Logf("%s: %s: %v\n%s", n.Name, c, err, out)
 		}

@@ -155,10 +155,11 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
 		time.Sleep(3 * time.Second)
 		alive, exchanges, broken := held.Status()
 		aliveU, exchangesU, brokenU := heldU.Status()
+		stalls, longest := held.Stalls()
 		held.Stop()
 		heldU.Stop()
-		t.Logf("%s, %s: %d of %d TCP connections and %d of %d UDP flows survived (%d and %d exchanges; the ToR's route changed in %v and back in %v)",
-			tiers, ev.name, alive, before, aliveU, beforeU, exchanges, exchangesU, took.Round(time.Millisecond), back.Round(time.Millisecond))
+		t.Logf("%s, %s: %d of %d TCP connections and %d of %d UDP flows survived (%d and %d exchanges, %d TCP exchanges over 1s, the longest %s; the ToR's route changed in %v and back in %v)",
+			tiers, ev.name, alive, before, aliveU, beforeU, exchanges, exchangesU, stalls, longest.Round(time.Millisecond), took.Round(time.Millisecond), back.Round(time.Millisecond))
 		switch {
 		case twoTier && (alive != before || aliveU != beforeU):
 			t.Errorf("%s: %d of %d TCP connections and %d of %d UDP flows survived, want all; first failures: %v %v",

@@ -39,6 +39,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -142,7 +143,9 @@ func run(cfg *config) error {
 	if err := network(cfg); err != nil {
 		return err
 	}
-	serveControl(cfg)
+	env := []string{"PATH=" + binDir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+	d := newDaemons(env)
+	serveControl(cfg, d)
 	if err := unix.Sethostname([]byte(cfg.name)); err != nil {
 		return fmt.Errorf("hostname: %w", err)
 	}
@@ -154,8 +157,6 @@ func run(cfg *config) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	env := []string{"PATH=" + binDir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
-	d := &daemons{env: env, started: map[int]string{}}
 	if err := d.start("containerd", binDir+"/containerd", "--config", "/etc/containerd/config.toml"); err != nil {
 		return err
 	}
@@ -195,9 +196,10 @@ func network(cfg *config) error {
 	return nodeapi.Uplink(nl, cfg.NetFlags)
 }
 
-// serveControl serves the lab's read-only view of the node (GET /state:
-// IPVS, VIPs, nftables tables, links) on the node's address.
-func serveControl(cfg *config) {
+// serveControl serves the lab's view of the node (GET /state: IPVS, VIPs,
+// nftables tables, links), its logs, commands and kube-proxy's restart on
+// the node's address.
+func serveControl(cfg *config, d *daemons) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /state", nodeapi.StateHandler)
 	// The node's logs (/var/log/pods holds the containers'): the API
@@ -207,6 +209,21 @@ func serveControl(cfg *config) {
 	// tests to show what the kernel holds: POST /exec with one argument
 	// per line.
 	mux.HandleFunc("POST /exec", execHandler)
+	// Restart kube-proxy (POST /kube-proxy), or move it to another mode
+	// (?mode=nftables) the way kube-proxy's documentation says: stop it,
+	// run kube-proxy --cleanup (which removes every mode's rules, and
+	// flushes IPVS), start it in the new mode.
+	var proxyMu sync.Mutex // one restart at a time
+	mux.HandleFunc("POST /kube-proxy", func(w http.ResponseWriter, r *http.Request) {
+		proxyMu.Lock()
+		defer proxyMu.Unlock()
+		if err := restartKubeProxy(cfg, d, r.URL.Query().Get("mode")); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = fmt.Fprintf(w, "kube-proxy restarted in %s mode\n", cfg.proxyMode) //nolint:gosec // plain text, to the lab's tests
+	})
 	srv := &http.Server{Addr: net.JoinHostPort(cfg.Addr.Addr().String(), nodeapi.Port), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.ListenAndServe(); err != nil {
@@ -338,6 +355,38 @@ imageGCLowThresholdPercent: 99
 shutdownGracePeriod: 0s
 `
 
+// restartKubeProxy restarts kube-proxy; with mode set (and not its mode
+// now), it moves it to that mode, cleaning up in between.
+func restartKubeProxy(cfg *config, d *daemons, mode string) error {
+	var between func() error
+	if mode != "" && mode != cfg.proxyMode {
+		switch mode {
+		case "iptables", "nftables", "ipvs":
+		default:
+			return fmt.Errorf("mode %q: want iptables, nftables or ipvs", mode)
+		}
+		between = func() error {
+			cleanup := exec.Command(binDir+"/kube-proxy", "--cleanup", "--v", "1")
+			cleanup.Env = d.env
+			// From IPVS mode it fails to delete chains the other
+			// tables still jump to (exit status 1, "encountered an error
+			// while tearing down rules"); the next mode takes them over,
+			// as on a real node where an operator goes on.
+			if out, err := cleanup.CombinedOutput(); err != nil {
+				fmt.Printf("kubenode: kube-proxy --cleanup: %v (going on); its errors:\n", err)
+				for _, line := range strings.Split(string(out), "\n") {
+					if strings.HasPrefix(line, "E") {
+						fmt.Println(line)
+					}
+				}
+			}
+			cfg.proxyMode = mode
+			return os.WriteFile("/etc/kubernetes/kube-proxy.yaml", []byte(kubeProxyConfig(cfg)), 0o644)
+		}
+	}
+	return d.restart("kube-proxy", between)
+}
+
 // kubeProxyConfig is kube-proxy's configuration in the mode asked, with
 // the settings docs/install.md prescribes.
 func kubeProxyConfig(cfg *config) string {
@@ -399,14 +448,24 @@ func waitFile(ctx context.Context, path string, timeout time.Duration) error {
 
 // daemons are the node's long-running processes.
 type daemons struct {
-	env     []string
-	started map[int]string
+	env []string
+	mu  sync.Mutex
+	// started: pid → name; argv: name → its command line, to start it
+	// again; stopping: pid → closed once reap has seen it exit (a stop
+	// asked for, which is not an error).
+	started  map[int]string
+	argv     map[string][]string
+	stopping map[int]chan struct{}
 }
 
-// start runs a daemon with its output in /var/log/<name>.log and its error
-// lines (klog's E and F lines, and any panic) on the console.
+func newDaemons(env []string) *daemons {
+	return &daemons{env: env, started: map[int]string{}, argv: map[string][]string{}, stopping: map[int]chan struct{}{}}
+}
+
+// start runs a daemon with its output appended to /var/log/<name>.log and
+// its error lines (klog's E and F lines, and any panic) on the console.
 func (d *daemons) start(name, path string, args ...string) error {
-	log, err := os.Create("/var/log/" + name + ".log")
+	log, err := os.OpenFile("/var/log/"+name+".log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
@@ -414,10 +473,13 @@ func (d *daemons) start(name, path string, args ...string) error {
 	cmd.Env = d.env
 	r, w := io.Pipe()
 	cmd.Stdout, cmd.Stderr = w, w
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
 	d.started[cmd.Process.Pid] = name
+	d.argv[name] = append([]string{path}, args...)
 	go func() {
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 64*1024), 1024*1024)
@@ -444,11 +506,55 @@ func (d *daemons) reap(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("wait: %w", err)
 		}
-		if name, ok := d.started[pid]; ok {
+		d.mu.Lock()
+		name, ok := d.started[pid]
+		stopped, asked := d.stopping[pid]
+		delete(d.started, pid)
+		delete(d.stopping, pid)
+		d.mu.Unlock()
+		switch {
+		case asked:
+			close(stopped)
+		case ok:
 			return fmt.Errorf("%s exited (status %d, signal %v): see /var/log/%s.log", name, ws.ExitStatus(), ws.Signal(), name)
 		}
 	}
 	return nil
+}
+
+// restart stops the daemon name (SIGTERM, SIGKILL after 30 s), runs
+// between (nil: nothing) and starts the daemon again with its command
+// line, as a DaemonSet's rollout restarts a node's kube-proxy.
+func (d *daemons) restart(name string, between func() error) error {
+	d.mu.Lock()
+	pid := 0
+	for p, n := range d.started {
+		if n == name {
+			pid = p
+		}
+	}
+	argv := d.argv[name]
+	stopped := make(chan struct{})
+	if pid != 0 {
+		d.stopping[pid] = stopped
+	}
+	d.mu.Unlock()
+	if pid == 0 {
+		return fmt.Errorf("%s is not running", name)
+	}
+	_ = unix.Kill(pid, unix.SIGTERM)
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		_ = unix.Kill(pid, unix.SIGKILL)
+		<-stopped
+	}
+	if between != nil {
+		if err := between(); err != nil {
+			return err
+		}
+	}
+	return d.start(name, argv[0], argv[1:]...)
 }
 
 // execHandler runs the command in the request body (one argument per
