@@ -788,10 +788,8 @@ spec:
 	if b := l.Opts.BFD; b != nil {
 		peer += fmt.Sprintf("  bfd: {minTx: %s, minRx: %s, multiplier: %d}\n", b.MinTx, b.MinRx, b.Multiplier)
 	}
-	for _, doc := range []string{pool, peer} {
-		if err := l.apply(ctx, doc); err != nil {
-			return err
-		}
+	if err := l.applyPoolAndPeer(ctx, pool, peer); err != nil {
+		return err
 	}
 	if _, err := l.CP.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: DemoNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
@@ -818,6 +816,26 @@ spec:
 		eps = append(eps, n.Pods[:min(2, len(n.Pods))]...)
 	}
 	return l.SetEndpoints(ctx, eps, nil)
+}
+
+// applyPoolAndPeer creates the demo's IPPool and BGPPeer: in the real
+// cluster with `kubectl apply -f pool-and-peer.yaml`, as docs/install.md
+// says, else through the dynamic client.
+func (l *Lab) applyPoolAndPeer(ctx context.Context, pool, peer string) error {
+	if l.Opts.Cluster == nil {
+		for _, doc := range []string{pool, peer} {
+			if err := l.apply(ctx, doc); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	file := filepath.Join(l.Opts.Dir, "pool-and-peer.yaml")
+	if err := os.WriteFile(file, []byte(pool+"---\n"+peer), 0o644); err != nil {
+		return err
+	}
+	_, err := l.Kubectl(ctx, "apply", "-f", file)
+	return err
 }
 
 // passwordSecret creates the Secret holding the ToR sessions' MD5
