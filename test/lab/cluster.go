@@ -3,10 +3,8 @@ package lab
 import (
 	"context"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
-	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -548,22 +546,11 @@ func (l *Lab) refreshPods(ctx context.Context) error {
 // Exec runs a command on the node through its agent (real cluster only)
 // and returns its output.
 func (n *Node) Exec(ctx context.Context, argv ...string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.controlURL("/exec"), strings.NewReader(strings.Join(argv, "\n")))
+	out, err := n.post(ctx, "/exec", strings.NewReader(strings.Join(argv, "\n")), 40*time.Second)
 	if err != nil {
-		return "", err
+		return out, fmt.Errorf("exec %v: %w", argv, err)
 	}
-	c := httpClient(n.lab.TorNS)
-	c.Timeout = 40 * time.Second
-	resp, err := c.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, err := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return string(b), fmt.Errorf("exec %v on %s: %s", argv, n.Name, resp.Status)
-	}
-	return string(b), err
+	return out, nil
 }
 
 // RestartKubeProxy restarts kube-proxy on the node, as a rollout of its
@@ -571,24 +558,12 @@ func (n *Node) Exec(ctx context.Context, argv ...string) (string, error) {
 // that mode as kube-proxy's documentation says: stop, kube-proxy
 // --cleanup, start in the new mode.
 func (n *Node) RestartKubeProxy(ctx context.Context, mode string) error {
-	u := n.controlURL("/kube-proxy")
+	path := "/kube-proxy"
 	if mode != "" {
-		u += "?mode=" + url.QueryEscape(mode)
+		path += "?mode=" + url.QueryEscape(mode)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
-	if err != nil {
-		return err
-	}
-	c := httpClient(n.lab.TorNS)
-	c.Timeout = 2 * time.Minute
-	resp, err := c.Do(req)
-	if err != nil {
-		return fmt.Errorf("restart kube-proxy on %s: %w", n.Name, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("restart kube-proxy on %s: %s: %s", n.Name, resp.Status, strings.TrimSpace(string(b)))
+	if _, err := n.post(ctx, path, nil, 2*time.Minute); err != nil {
+		return fmt.Errorf("restart kube-proxy: %w", err)
 	}
 	return nil
 }

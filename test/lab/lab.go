@@ -694,22 +694,31 @@ func (n *Node) Speaker(ctx context.Context, action string, waitExit bool) error 
 	if waitExit {
 		q += "&wait=1"
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.controlURL("/speaker?"+q), nil)
-	if err != nil {
-		return err
-	}
-	c := httpClient(n.lab.TorNS)
-	c.Timeout = 40 * time.Second
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("speaker %s on %s: %s: %s", action, n.Name, resp.Status, strings.TrimSpace(string(b)))
+	if _, err := n.post(ctx, "/speaker?"+q, nil, 40*time.Second); err != nil {
+		return fmt.Errorf("speaker %s: %w", action, err)
 	}
 	return nil
+}
+
+// post sends a POST to the node agent's control server and returns the
+// answer's body; an answer other than 200 is an error naming the node.
+func (n *Node) post(ctx context.Context, path string, body io.Reader, timeout time.Duration) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.controlURL(path), body)
+	if err != nil {
+		return "", err
+	}
+	c := httpClient(n.lab.TorNS)
+	c.Timeout = timeout
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("%s on %s: %w", path, n.Name, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return string(b), fmt.Errorf("%s on %s: %s: %s", path, n.Name, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return string(b), err
 }
 
 // Freeze stops the whole VM (qemu gets SIGSTOP): a node that hangs without
