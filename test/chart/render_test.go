@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -338,7 +339,28 @@ func checkSpeaker(t *testing.T, r *Rendered, delay string, delaySeconds int64) *
 			t.Errorf("speaker mounts host path %s", v.HostPath.Path)
 		}
 	}
+	if c.LivenessProbe != nil {
+		checkPatientProbes(t, "speaker", c, time.Minute)
+	}
 	return ds
+}
+
+// checkPatientProbes checks that a loaded node cannot get a healthy
+// container restarted: a startup probe gives the start 5 minutes, and the
+// liveness probe (with no initial delay of its own, the startup probe
+// covers that) restarts only a container that has failed it for at least
+// patience, each try waiting 10 s or more.
+func checkPatientProbes(t *testing.T, what string, c corev1.Container, patience time.Duration) {
+	t.Helper()
+	window := func(p *corev1.Probe) time.Duration {
+		return time.Duration(p.FailureThreshold*p.PeriodSeconds) * time.Second
+	}
+	if p := c.StartupProbe; p == nil || window(p) < 5*time.Minute || p.TimeoutSeconds < 10 {
+		t.Errorf("%s startup probe %+v, want one allowing 5 minutes, each try 10 s or more", what, p)
+	}
+	if p := c.LivenessProbe; p == nil || window(p) < patience || p.TimeoutSeconds < 10 || p.InitialDelaySeconds != 0 {
+		t.Errorf("%s liveness probe %+v, want one restarting after %s of failures, each try 10 s or more, no initial delay", what, p, patience)
+	}
 }
 
 // checkPrepareNode checks the speaker's init container: the speaker's own
@@ -386,11 +408,12 @@ func checkCCM(t *testing.T, r *Rendered, replicas int32) *appsv1.Deployment {
 	wantArg(t, "CCM", c.Args, "--use-service-account-credentials", "false")
 	wantArg(t, "CCM", c.Args, "--secure-port", "10258")
 	wantArg(t, "CCM", c.Args, "--configure-cloud-routes", "false")
-	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+	for _, p := range []*corev1.Probe{c.StartupProbe, c.LivenessProbe, c.ReadinessProbe} {
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Scheme != corev1.URISchemeHTTPS || p.HTTPGet.Port.String() != "https" {
 			t.Errorf("CCM probe %+v, want HTTPS GET /healthz on the https port", p)
 		}
 	}
+	checkPatientProbes(t, "CCM", c, 80*time.Second)
 	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != 10258 || c.Ports[0].Name != "https" {
 		t.Errorf("CCM ports %+v, want https 10258", c.Ports)
 	}
