@@ -456,9 +456,31 @@ func (l *Lab) WaitInitialized(ctx context.Context, timeout time.Duration) error 
 		return len(nodes.Items) > 0 && len(pending) == 0, nil
 	})
 	if err != nil {
-		return fmt.Errorf("nodes not initialized by vipcast-ccm after %v: %v: %w", timeout, pending, err)
+		return fmt.Errorf("nodes not initialized by vipcast-ccm after %v: %v: %w\n%s", timeout, pending, err, l.ccmState(context.WithoutCancel(ctx)))
 	}
 	return nil
+}
+
+// ccmState describes the CCM for a failure message: its pods, who holds
+// its Lease, the Nodes' taints and what each CCM pod logged about nodes,
+// leadership and errors.
+func (l *Lab) ccmState(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var b strings.Builder
+	for _, args := range [][]string{
+		{"-n", VipcastNamespace, "get", "pods", "-o", "wide"},
+		{"get", "leases", "-A", "-o", "custom-columns=NAME:.metadata.name,HOLDER:.spec.holderIdentity,RENEWED:.spec.renewTime,TRANSITIONS:.spec.leaseTransitions"},
+		{"get", "nodes", "-o", "custom-columns=NAME:.metadata.name,PROVIDER:.spec.providerID,TAINTS:.spec.taints[*].key,CREATED:.metadata.creationTimestamp"},
+	} {
+		out, err := l.Kubectl(ctx, args...)
+		fmt.Fprintf(&b, "kubectl %s: %v\n%s\n", strings.Join(args, " "), err, out)
+	}
+	for _, n := range l.Nodes {
+		out, err := n.Exec(ctx, "sh", "-c", fmt.Sprintf("grep -hE 'node|leader|lease|rror|E[0-9]{4} ' /var/log/pods/%s_%s-ccm*/*/*.log | tail -n 60", VipcastNamespace, Release))
+		fmt.Fprintf(&b, "%s: the CCM's log (nodes, leadership, errors): %v\n%s\n", n.Name, err, out)
+	}
+	return b.String()
 }
 
 // WaitRollout runs `kubectl rollout status` for each workload in the

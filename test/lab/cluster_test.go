@@ -157,6 +157,7 @@ func kubeProxyFlush(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	}
 	time.Sleep(time.Second)
 	ok, failed := stream.Stop()
+	held.Settle(ctx)
 	alive, _, broken := held.Status()
 	t.Logf("kube-proxy restarted on %s in nftables mode (%s): the virtual server was back %s after the restart began; Event %q; new connections every 100 ms meanwhile: %d answered, %d failed %v; %d of %d held connections alive",
 		n.Name, restarted.Round(time.Millisecond), restored.Round(time.Millisecond), event.Message, ok, len(failed), failed[:min(3, len(failed))], alive, heldBefore)

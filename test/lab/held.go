@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Held is a set of TCP connections (or UDP flows) from the client to a VIP,
@@ -22,27 +24,33 @@ import (
 // interval, so a test can tell whether established flows survive an event.
 // Every flow must keep reaching the pod that answered it first; a UDP flow
 // may lose two datagrams in a row, not three, and its pod must keep seeing
-// the same client address. A TCP exchange may take up to tcpStall: a
-// connection that is reset, answered by another pod or black-holed fails
-// long before or never recovers, while the emulated nodes, starved of CPU
-// on a busy host, can hold a healthy connection's answer for seconds.
-// Stalls reports the slow exchanges.
+// the same client address. A TCP exchange may take up to tcpBroken: a
+// connection that is reset or answered by another pod fails at once, and
+// one that is black-holed never recovers, while the emulated nodes,
+// starved of CPU on a busy host, can hold a healthy connection's answer
+// for seconds, and TCP's retransmission backoff stretches a few lost
+// segments into more (resent after 0.2, 0.6, 1.4, 3, 6.2, 12.6, 25.4 s).
+// Settle waits until every connection has answered again or failed, so a
+// stall cannot pass for survival; Stalls reports the slow exchanges.
 type Held struct {
 	mu     sync.Mutex
 	failed map[int]string // connection → what broke it
 	rounds []int          // completed exchanges per connection
-	// stalls counts TCP exchanges that took longer than stallShown, and
-	// longest is the longest exchange.
-	stalls  int
-	longest time.Duration
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	// began is when each connection's last completed exchange began.
+	began []time.Time
+	// stalls counts TCP exchanges that took longer than stallShown;
+	// longest is the longest exchange, and longestAt when it ended.
+	stalls    int
+	longest   time.Duration
+	longestAt time.Time
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
 }
 
-// tcpStall bounds one TCP exchange of a held connection; stallShown is
+// tcpBroken bounds one TCP exchange of a held connection; stallShown is
 // the exchange time Stalls counts from.
 const (
-	tcpStall   = 15 * time.Second
+	tcpBroken  = time.Minute
 	stallShown = time.Second
 )
 
@@ -61,7 +69,7 @@ func (l *Lab) HoldUDP(ctx context.Context, addr netip.AddrPort, n int, interval 
 
 func (l *Lab) hold(ctx context.Context, network string, addr netip.AddrPort, n int, interval time.Duration) (*Held, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	h := &Held{failed: map[int]string{}, rounds: make([]int, n), cancel: cancel}
+	h := &Held{failed: map[int]string{}, rounds: make([]int, n), began: make([]time.Time, n), cancel: cancel}
 	conns := make([]*heldConn, 0, n)
 	for i := range n {
 		c, err := dialHeld(ctx, l, network, addr)
@@ -153,7 +161,7 @@ func (c *heldConn) exchangeUDP() (pod, client string, err error) {
 // exchangeHTTP sends one request on the connection and returns the
 // answer's body.
 func (c *heldConn) exchangeHTTP() (string, error) {
-	if err := c.conn.SetDeadline(time.Now().Add(tcpStall)); err != nil {
+	if err := c.conn.SetDeadline(time.Now().Add(tcpBroken)); err != nil {
 		return "", err
 	}
 	if _, err := fmt.Fprintf(c.conn, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", c.host); err != nil {
@@ -195,7 +203,9 @@ func (h *Held) run(ctx context.Context, i int, c *heldConn, interval time.Durati
 			if took > stallShown {
 				h.stalls++
 			}
-			h.longest = max(h.longest, took)
+			if took > h.longest {
+				h.longest, h.longestAt = took, time.Now()
+			}
 			h.mu.Unlock()
 		}
 		if c.udp && errors.Is(err, os.ErrDeadlineExceeded) && lost < 2 {
@@ -215,6 +225,7 @@ func (h *Held) run(ctx context.Context, i int, c *heldConn, interval time.Durati
 			h.failed[i] = fmt.Sprintf("%s saw the flow from %s after %d exchanges, first from %s", pod, client, h.rounds[i], c.client)
 		default:
 			h.rounds[i]++
+			h.began[i] = began
 		}
 		done := h.failed[i] != ""
 		h.mu.Unlock()
@@ -240,12 +251,33 @@ func (h *Held) Status() (alive, exchanges int, broken []string) {
 	return alive, exchanges, broken
 }
 
-// Stalls returns how many TCP exchanges took more than a second, and the
-// longest exchange: figures for a test's log, not failures.
-func (h *Held) Stalls() (n int, longest time.Duration) {
+// Settle waits until every connection has completed an exchange that
+// began after the call, or failed: then Status tells survival from a
+// stall. It gives up after tcpBroken and a margin, by when a connection
+// still stalled has failed.
+func (h *Held) Settle(ctx context.Context) {
+	mark := time.Now()
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, tcpBroken+10*time.Second, true, func(context.Context) (bool, error) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for i, b := range h.began {
+			if _, failed := h.failed[i]; !failed && !b.After(mark) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+// Stalls describes the TCP exchanges that took more than a second and the
+// longest one: figures for a test's log, not failures.
+func (h *Held) Stalls() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.stalls, h.longest
+	if h.longest == 0 {
+		return "no exchange yet"
+	}
+	return fmt.Sprintf("%d exchanges over %s, the longest %s, ended %s", h.stalls, stallShown, h.longest.Round(time.Millisecond), h.longestAt.Format("15:04:05.000"))
 }
 
 // Stop closes every connection.

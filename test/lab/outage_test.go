@@ -200,6 +200,7 @@ func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage,
 // exchanged since the count before; it returns the count now.
 func checkHeld(t *testing.T, held *lab.Held, when string, before int) int {
 	t.Helper()
+	held.Settle(t.Context())
 	alive, exchanges, broken := held.Status()
 	if len(broken) > 0 || exchanges <= before {
 		t.Errorf("%s: %d held connections alive, %d exchanges (before: %d); broken: %v", when, alive, exchanges, before, broken)
