@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/vipcast/vipcast/ipvs"
 	"github.com/vipcast/vipcast/speaker"
 	"github.com/vipcast/vipcast/test/lab"
 )
@@ -337,7 +338,7 @@ func waitTier1(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tier1 = append(tier1, fmt.Sprintf("%s w%d ipip", netip.AddrPortFrom(a, 80), lab.BackendsPerNode))
+		tier1 = append(tier1, ipvs.Backend{Addr: a, Port: 80, Weight: lab.BackendsPerNode, Tunnel: true}.String())
 	}
 	slices.Sort(tier1)
 	for _, n := range l.Nodes {
