@@ -58,7 +58,9 @@ type Dataplane struct {
 	// read, plus what was applied since (valid with cache).
 	tunnel bool
 	tier2  Tier2
-	cache  State // the kernel as last read, plus what was applied since
+	// connSync is Options.Tunnel.Sync, for Teardown.
+	connSync *ConnSync
+	cache    State // the kernel as last read, plus what was applied since
 	// filter is the VIP filter as last read, plus what was applied since
 	// (valid with cache).
 	filter Filter
@@ -129,6 +131,12 @@ func (d *Dataplane) setupTunnel(t *Tunnel) error {
 	}
 	if err := d.nft.setupTunnel(mss); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
+	}
+	if t.Sync != nil {
+		if err := ensureConnSync(*t.Sync); err != nil {
+			return fmt.Errorf("two-tier dataplane: %w", err)
+		}
+		d.connSync = t.Sync
 	}
 	return nil
 }

@@ -59,6 +59,7 @@ func TestECMPMove(t *testing.T) {
 	}
 	t.Run("OneTier", testMoveOneTier)
 	t.Run("TwoTier", testMoveTwoTier)
+	t.Run("Terminating", testMoveTerminating)
 }
 
 // twoTierVMOptions adds to o the modules the two-tier prototype needs on
@@ -243,6 +244,94 @@ func testMoveTwoTier(t *testing.T) {
 	testTunnelMTU(t, f)
 }
 
+// testMoveTerminating: node A's pods terminate while their flows go on (they
+// stay alive; tier 1 gives node A weight 0 on both nodes and node A's tier 2
+// gives them no slot), then the fabric moves every flow to node B and back,
+// as ECMP does when node A withdraws the VIP (a Local Service whose
+// endpoints left node A; a drained node).
+//
+// Without connection synchronisation node B's tier 1 knows nothing of the
+// flows that node A tunnelled to itself: its mh now picks node B, whose pod
+// resets them (the control, which shows the event moved flows). With
+// Tunnel.Sync node B has node A's connections and tunnels them to node A.
+func testMoveTerminating(t *testing.T) {
+	const syncID = 96
+	for _, withSync := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sync=%v", withSync), func(t *testing.T) {
+			f := newMoveFabric(t)
+			var sync *ConnSync
+			if withSync {
+				sync = &ConnSync{Interface: "peer", ID: syncID}
+				// A daemon of another configuration on node B is
+				// replaced.
+				must(t, inNS(t, f.nodes[1], func() error {
+					return startSyncDaemon(SyncDaemon{Interface: "peer", ID: 7})
+				}))
+			}
+			var dps [2]*Dataplane
+			for n := range f.nodes {
+				dps[n], _ = twoTierNodeSync(t, f, n, sync)
+			}
+			if withSync {
+				want := []SyncDaemon{{Interface: "peer", ID: syncID}, {Backup: true, Interface: "peer", ID: syncID}}
+				for n := range f.nodes {
+					if got := syncDaemons(t, f.nodes[n]); !slices.Equal(got, want) {
+						t.Fatalf("node %d: sync daemons %v, want %v", n, got, want)
+					}
+				}
+			}
+			terminate := func() {
+				for n, d := range dps {
+					if _, err := d.Sync(f.twoTierStateTerminating(n, 0)); err != nil {
+						t.Errorf("node %d: Sync with node A's pods terminating: %v", n, err)
+					}
+				}
+			}
+			// 3 s: the kernel sends a connection at its third packet and
+			// flushes its messages within about 2 s.
+			r := runMoveAfter(t, f, 3*time.Second, terminate)
+			r.log(t, fmt.Sprintf("two tiers, node A's pods terminating, sync %v", withSync))
+			onA := r.perPod["pa1"] + r.perPod["pa2"]
+			if onA == 0 {
+				t.Fatalf("no flow reached node A's pods (per pod: %v): the event moves nothing", r.perPod)
+			}
+			survived := r.tcpSurvived + r.udpSurvived
+			if !withSync {
+				// Every flow of node B's pod survives; those of node
+				// A's pods are moved to node B's pod.
+				if survived > moveTCPFlows+moveUDPFlows-onA {
+					t.Errorf("without sync %d of %d flows survived, %d of them on node A's pods: want those broken (the control)",
+						survived, moveTCPFlows+moveUDPFlows, onA)
+				}
+				return
+			}
+			if r.tcpSurvived != moveTCPFlows || r.udpSurvived != moveUDPFlows {
+				t.Errorf("%d of %d TCP and %d of %d UDP flows survived, want all; first failures: %v",
+					r.tcpSurvived, moveTCPFlows, r.udpSurvived, moveUDPFlows, r.failures)
+			}
+			if len(r.sources) != 1 || r.sources[0] != f.src.String() {
+				t.Errorf("pods saw clients %v, want only the client's own address %s", r.sources, f.src)
+			}
+			// Teardown stops the daemons it started.
+			must(t, inNS(t, f.nodes[0], dps[0].Teardown))
+			if got := syncDaemons(t, f.nodes[0]); len(got) != 0 {
+				t.Errorf("after Teardown node A runs sync daemons %v, want none", got)
+			}
+		})
+	}
+}
+
+// syncDaemons lists the IPVS sync daemons of ns.
+func syncDaemons(t *testing.T, ns netns.NsHandle) []SyncDaemon {
+	t.Helper()
+	var got []SyncDaemon
+	must(t, inNS(t, ns, func() (err error) {
+		got, err = ReadSyncDaemons()
+		return err
+	}))
+	return got
+}
+
 // testTunnelMTU sends 20,000-byte messages through the two tiers: the
 // fabric's links carry 1500-byte packets, so a full-size segment from the
 // client does not fit in the tunnel.
@@ -366,9 +455,15 @@ func sendLarge(t *testing.T, f *moveFabric, d time.Duration) error {
 // state it synced.
 func twoTierNode(t testing.TB, f *moveFabric, n int) (*Dataplane, State) {
 	t.Helper()
+	return twoTierNodeSync(t, f, n, nil)
+}
+
+// twoTierNodeSync is twoTierNode with Tunnel.Sync set to sync.
+func twoTierNodeSync(t testing.TB, f *moveFabric, n int, sync *ConnSync) (*Dataplane, State) {
+	t.Helper()
 	var d *Dataplane
 	err := inNS(t, f.nodes[n], func() (err error) {
-		d, err = New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(n)}})
+		d, err = New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(n), Sync: sync}})
 		return err
 	})
 	if err != nil {
@@ -384,14 +479,27 @@ func twoTierNode(t testing.TB, f *moveFabric, n int) (*Dataplane, State) {
 
 // twoTierState is node n's desired state: TCP and UDP virtual servers on
 // the VIP, tier 1 over both nodes, tier 2 to node n's pods.
-func (f *moveFabric) twoTierState(n int) State {
+func (f *moveFabric) twoTierState(n int) State { return f.twoTierStateTerminating(n, -1) }
+
+// twoTierStateTerminating is twoTierState with the pods of node dead
+// terminating (dead -1: none): weight 0 for the node in tier 1 and for
+// its pods in its tier 2.
+func (f *moveFabric) twoTierStateTerminating(n, dead int) State {
 	var nodes []Backend
 	for m := range f.nodes {
-		nodes = append(nodes, Backend{Addr: tunnelAddr(m), Port: movePort, Weight: len(f.pods[m]), Tunnel: true})
+		w := len(f.pods[m])
+		if m == dead {
+			w = 0
+		}
+		nodes = append(nodes, Backend{Addr: tunnelAddr(m), Port: movePort, Weight: w, Tunnel: true})
 	}
 	var local []Backend
 	for _, p := range f.pods[n] {
-		local = append(local, Backend{Addr: p.v4(), Port: backendPort, Weight: 1})
+		w := 1
+		if n == dead {
+			w = 0
+		}
+		local = append(local, Backend{Addr: p.v4(), Port: backendPort, Weight: w})
 	}
 	tcp := Service{VIP: moveVIP, Port: movePort, Protocol: TCP, Backends: nodes, Local: local}
 	udp := tcp
@@ -432,6 +540,13 @@ func (r moveResult) log(t *testing.T, what string) {
 // datagrams in a row unanswered and the pod seeing the same client address
 // throughout.
 func runMove(t *testing.T, f *moveFabric) moveResult {
+	t.Helper()
+	return runMoveAfter(t, f, time.Second, nil)
+}
+
+// runMoveAfter is runMove with the flows left for settle after they opened,
+// then event run (when not nil), before the move.
+func runMoveAfter(t *testing.T, f *moveFabric, settle time.Duration, event func()) moveResult {
 	t.Helper()
 	f.steer(t, 0)
 	to := netip.AddrPortFrom(moveVIP, movePort)
@@ -530,7 +645,10 @@ func runMove(t *testing.T, f *moveFabric) moveResult {
 			}
 		}()
 	}
-	time.Sleep(time.Second)
+	time.Sleep(settle)
+	if event != nil {
+		event()
+	}
 	f.steer(t, 1)
 	time.Sleep(2 * time.Second)
 	f.steer(t, 0)

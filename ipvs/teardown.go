@@ -27,7 +27,8 @@ import (
 //     the routes of TunnelTable, the routes SetTunnelRoutes programmed
 //     (TunnelRouteProtocol) and the loop LoopLink/LoopPeer. Also without
 //     Options.Tunnel (as New without it takes the two-tier chains away):
-//     an earlier run with it may have left them.
+//     an earlier run with it may have left them;
+//   - with Tunnel.Sync, the IPVS sync daemons that run as it asks.
 //
 // It leaves alone tunl0, which belongs to the ipip module (other software
 // may use it), and every sysctl that New, PrepareNode or PrepareTunnel set
@@ -55,6 +56,9 @@ func (d *Dataplane) Teardown() error {
 	errs := []error{d.teardownServices(), deleteLink(d.nl, d.name, "dummy")}
 	if d.nft != nil {
 		errs = append(errs, d.nft.removeTables(), d.removeTunnelNode())
+	}
+	if d.connSync != nil {
+		errs = append(errs, stopConnSync(*d.connSync))
 	}
 	if err := errors.Join(errs...); err != nil {
 		d.stale = true
