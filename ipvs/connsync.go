@@ -3,6 +3,7 @@ package ipvs
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
@@ -37,8 +38,11 @@ import (
 // ConnSync configures the IPVS sync daemons of Tunnel.Sync.
 type ConnSync struct {
 	// Interface is the link the messages go out of and come in on: the
-	// node's link to the other nodes.
+	// node's link to the other nodes. Empty: the link that holds Address.
 	Interface string
+	// Address, with Interface empty, is an address of the node (its
+	// InternalIP) whose link carries the messages.
+	Address netip.Addr
 	// ID is the sync ID: a node's backup takes only messages with its own
 	// ID, so clusters (or keepalived pairs) that share a link keep apart.
 	// 0 takes every message.
@@ -81,6 +85,9 @@ const (
 )
 
 func (c ConnSync) check() error {
+	if c.Interface == "" && c.Address.IsValid() {
+		return nil
+	}
 	if c.Interface == "" || len(c.Interface) >= ipvsIfnameMax {
 		return fmt.Errorf("connection sync interface %q: want a link name of 1 to %d characters", c.Interface, ipvsIfnameMax-1)
 	}
@@ -89,6 +96,7 @@ func (c ConnSync) check() error {
 
 // daemons are the two daemons c asks for.
 func (c ConnSync) daemons() [ipvsSyncDaemonsPerNet]SyncDaemon {
+	// c.Interface is set: ensureConnSync resolved it.
 	return [...]SyncDaemon{{Interface: c.Interface, ID: c.ID}, {Backup: true, Interface: c.Interface, ID: c.ID}}
 }
 
@@ -153,12 +161,44 @@ func trimNUL(b []byte) []byte {
 	return b
 }
 
-// ensureConnSync starts c's master and backup daemons. A daemon already
+// ensureConnSync starts c's master and backup daemons, on the link that
+// holds c.Address when c.Interface is empty, and returns c with the link's
+// name. A daemon already
 // running as c asks is kept (its connections and socket go on); one
 // running otherwise (another link or sync ID: an earlier configuration)
 // is stopped and started again as c asks, since a network namespace has
 // at most one master and one backup.
-func ensureConnSync(c ConnSync) error {
+func ensureConnSync(nh *netlink.Handle, c ConnSync) (ConnSync, error) {
+	if c.Interface == "" {
+		name, err := linkWithAddress(nh, c.Address)
+		if err != nil {
+			return c, fmt.Errorf("connection sync: %w", err)
+		}
+		c.Interface = name
+	}
+	return c, startConnSync(c)
+}
+
+// linkWithAddress names the link that holds a.
+func linkWithAddress(nh *netlink.Handle, a netip.Addr) (string, error) {
+	addrs, err := nh.AddrList(nil, unix.AF_UNSPEC)
+	if err != nil {
+		return "", fmt.Errorf("list addresses: %w", err)
+	}
+	for _, ad := range addrs {
+		if got, ok := netip.AddrFromSlice(ad.IP); ok && got.Unmap() == a.Unmap() {
+			l, err := nh.LinkByIndex(ad.LinkIndex)
+			if err != nil {
+				return "", fmt.Errorf("link of %s: %w", a, err)
+			}
+			return l.Attrs().Name, nil
+		}
+	}
+	return "", fmt.Errorf("no link holds the node's address %s: name the link that reaches the other nodes", a)
+}
+
+// startConnSync starts c's daemons (c.Interface set).
+func startConnSync(c ConnSync) error {
 	running, err := ReadSyncDaemons()
 	if err != nil {
 		return err
@@ -175,7 +215,7 @@ func ensureConnSync(c ConnSync) error {
 	for _, want := range c.daemons() {
 		err := startSyncDaemon(want)
 		if err != nil && !errors.Is(err, syscall.EEXIST) {
-			return err
+			return fmt.Errorf("%w (name the link to the other nodes, or turn connection sync off)", err)
 		}
 	}
 	return nil

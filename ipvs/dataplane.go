@@ -58,7 +58,8 @@ type Dataplane struct {
 	// read, plus what was applied since (valid with cache).
 	tunnel bool
 	tier2  Tier2
-	// connSync is Options.Tunnel.Sync, for Teardown.
+	// connSync is Options.Tunnel.Sync with its link resolved, for
+	// Teardown and ConnSync.
 	connSync *ConnSync
 	cache    State // the kernel as last read, plus what was applied since
 	// filter is the VIP filter as last read, plus what was applied since
@@ -133,10 +134,11 @@ func (d *Dataplane) setupTunnel(t *Tunnel) error {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
 	if t.Sync != nil {
-		if err := ensureConnSync(*t.Sync); err != nil {
+		c, err := ensureConnSync(d.nl, *t.Sync)
+		if err != nil {
 			return fmt.Errorf("two-tier dataplane: %w", err)
 		}
-		d.connSync = t.Sync
+		d.connSync = &c
 	}
 	return nil
 }
@@ -212,6 +214,18 @@ func (d *Dataplane) close() {
 
 // LinkName is the dummy link's name.
 func (d *Dataplane) LinkName() string { return d.name }
+
+// ConnSync returns the connection synchronisation this Dataplane started
+// (its link resolved), or nil.
+func (d *Dataplane) ConnSync() *ConnSync {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.connSync == nil {
+		return nil
+	}
+	c := *d.connSync
+	return &c
+}
 
 // Read returns the kernel's whole IPVS table (foreign virtual servers too)
 // and the VIPs bound to the dummy link.

@@ -259,20 +259,38 @@ func testMoveTerminating(t *testing.T) {
 	for _, withSync := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sync=%v", withSync), func(t *testing.T) {
 			f := newMoveFabric(t)
-			var sync *ConnSync
+			// Node A names the link, node B gives its address on it.
+			var sync [2]*ConnSync
 			if withSync {
-				sync = &ConnSync{Interface: "peer", ID: syncID}
+				sync[0] = &ConnSync{Interface: "peer", ID: syncID}
+				sync[1] = &ConnSync{Address: ip("10.53.0.2"), ID: syncID}
 				// A daemon of another configuration on node B is
 				// replaced.
 				must(t, inNS(t, f.nodes[1], func() error {
 					return startSyncDaemon(SyncDaemon{Interface: "peer", ID: 7})
 				}))
 			}
+			if withSync {
+				// A link that does not exist is refused, naming it.
+				err := inNS(t, f.nodes[0], func() error {
+					d, err := New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(0), Sync: &ConnSync{Interface: "nosuch0"}}})
+					if err == nil {
+						d.Close()
+					}
+					return err
+				})
+				if err == nil || !strings.Contains(err.Error(), "nosuch0") || !strings.Contains(err.Error(), "turn connection sync off") {
+					t.Errorf("New with connection sync on a missing link: %v, want an error naming it and the fix", err)
+				}
+			}
 			var dps [2]*Dataplane
 			for n := range f.nodes {
-				dps[n], _ = twoTierNodeSync(t, f, n, sync)
+				dps[n], _ = twoTierNodeSync(t, f, n, sync[n])
 			}
 			if withSync {
+				if c := dps[1].ConnSync(); c == nil || c.Interface != "peer" {
+					t.Errorf("node B's ConnSync() = %+v, want the link of 10.53.0.2, peer", c)
+				}
 				want := []SyncDaemon{{Interface: "peer", ID: syncID}, {Backup: true, Interface: "peer", ID: syncID}}
 				for n := range f.nodes {
 					if got := syncDaemons(t, f.nodes[n]); !slices.Equal(got, want) {
