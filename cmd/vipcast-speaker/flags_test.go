@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vipcast/vipcast/ipvs"
 )
 
 // TestParseFlagsPasswordNamespaces checks --bgp-password-namespaces: a
@@ -74,6 +76,11 @@ func TestParseFlagsTunnel(t *testing.T) {
 		{args: []string{"--tunnel-prefix", "100.127.0.0/31"}, wantErr: "use a length of 8 to 30"},
 		{args: []string{"--tunnel-prefix", "100.127.0.0/16", "--ipvs=false"}, wantErr: "--tunnel-prefix needs the IPVS dataplane"},
 		{args: []string{"--tunnel-mtu", "100"}, wantErr: "--tunnel-mtu=100 is out of 576..65535"},
+		{args: []string{"--conn-sync-id", "256"}, wantErr: "--conn-sync-id=256 is out of 0..255"},
+		{args: []string{"--conn-sync-id", "-1"}, wantErr: "--conn-sync-id=-1 is out of 0..255"},
+		{args: []string{"--conn-sync-interface", ""}, wantErr: `--conn-sync-interface="" is not a link name: use "auto", "none"`},
+		{args: []string{"--conn-sync-interface", "a-very-long-link-name"}, wantErr: "is not a link name"},
+		{args: []string{"--conn-sync-interface", "eth0/1"}, wantErr: "is not a link name"},
 	} {
 		f, ok := parseChecked(t, append(slices.Clone(base), tc.args...), tc.wantErr)
 		switch {
@@ -95,6 +102,30 @@ func TestParseFlagsTunnel(t *testing.T) {
 	}
 	if _, err := dataplaneOptions(f, netip.Addr{}); err == nil || !strings.Contains(err.Error(), "IPv4 InternalIP") {
 		t.Errorf("dataplane options for a node without IPv4 address: %v, want an error naming its InternalIP", err)
+	}
+
+	// Connection sync: on by default, on the link of the node's
+	// address, with ID 96; a named link; off.
+	node := netip.MustParseAddr("10.0.0.11")
+	for _, tc := range []struct {
+		args []string
+		want *ipvs.ConnSync
+	}{
+		{args: nil, want: &ipvs.ConnSync{Address: node, ID: 96}},
+		{args: []string{"--conn-sync-interface", "eth1", "--conn-sync-id", "7"}, want: &ipvs.ConnSync{Interface: "eth1", ID: 7}},
+		{args: []string{"--conn-sync-interface", "none"}, want: nil},
+	} {
+		f, err := parseFlags(append(slices.Clone(base), append([]string{"--tunnel-prefix", "100.127.0.0/16"}, tc.args...)...))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		opts, err := dataplaneOptions(f, node)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		if got := opts.Tunnel.Sync; (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
+			t.Errorf("%q: connection sync %+v, want %+v", tc.args, got, tc.want)
+		}
 	}
 }
 

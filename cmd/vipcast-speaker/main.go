@@ -70,6 +70,8 @@ type flags struct {
 	tunnelPrefixFlag string
 	tunnelPrefix     netip.Prefix
 	tunnelMTU        int
+	connSyncLink     string
+	connSyncID       int
 	owner            *ownerDaemonSet
 }
 
@@ -94,6 +96,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.dataplaneResync, "dataplane-resync-period", time.Minute, "How often the whole IPVS table is compared with the desired state, repairing drift.")
 	fs.DurationVar(&f.dataplaneProbe, "dataplane-probe-period", 2*time.Second, "How often the speaker asks the kernel for one of its virtual servers (one request): when it is gone, another program flushed IPVS (kube-proxy does when it starts in nftables mode) and the whole table is restored at once.")
 	fs.StringVar(&f.tunnelPrefixFlag, "tunnel-prefix", "", "Turns on the two-tier dataplane for IPv4 VIPs (established flows survive ECMP changes, the pods see the client): each node's tunnel address is this IPv4 prefix with the host bits of the node's InternalIP, such as 100.127.0.0/16. Every speaker of the cluster must have the same value. Empty keeps one tier.")
+	fs.StringVar(&f.connSyncLink, "conn-sync-interface", connSyncAuto, "With --tunnel-prefix: the link on which the kernel's IPVS sync daemons share each node's tier-1 connections with the other nodes (multicast 224.0.0.81, UDP 8848, not routed), so that a flow ECMP moves after the nodes' endpoints changed still reaches its pod. \""+connSyncAuto+"\" is the link holding the node's InternalIP; \""+connSyncOff+"\" turns it off.")
+	fs.IntVar(&f.connSyncID, "conn-sync-id", defaultConnSyncID, "The IPVS sync ID (0 to 255) of --conn-sync-interface: a node takes only messages with its own ID. Every speaker of the cluster must have the same value; another cluster (or keepalived pair) on the same link needs another one.")
 	fs.IntVar(&f.tunnelMTU, "tunnel-mtu", 0, "The fabric's MTU, for the two-tier dataplane's MSS clamp (MTU less 60); 0 uses the MTU of the link of the node's default route.")
 	fs.Func("owner-daemonset", "namespace/name of the DaemonSet running this speaker (the chart sets it). At shutdown the speaker reads it: when it is gone or being deleted, or the API server refuses the speaker's credentials (helm uninstall), the speaker removes its virtual servers, VIPs, link and nftables tables from the node; otherwise (an upgrade, a restart, an API server outage) it leaves them for the next speaker. Empty: always leave them.", func(v string) (err error) {
 		f.owner, err = parseOwnerDaemonSet(v)
@@ -306,7 +310,7 @@ func run(f *flags) error {
 		TunnelPrefix:       f.tunnelPrefix,
 	}
 	if f.ipvs {
-		dp, err := openDataplane(f, nodeIP)
+		dp, err := openDataplane(logger, f, nodeIP)
 		if err != nil {
 			return err
 		}
@@ -341,10 +345,25 @@ func newRegistry() (*prometheus.Registry, *speaker.Metrics, error) {
 	return reg, metrics, nil
 }
 
-// checkTunnel parses --tunnel-prefix and checks it and --tunnel-mtu.
+// Values of --conn-sync-interface, and the default --conn-sync-id (the
+// number vipcast uses for its routes' protocol too).
+const (
+	connSyncAuto      = "auto"
+	connSyncOff       = "none"
+	defaultConnSyncID = 96
+)
+
+// checkTunnel parses --tunnel-prefix and checks it, --tunnel-mtu and the
+// --conn-sync flags.
 func (f *flags) checkTunnel() error {
 	if f.tunnelMTU != 0 && (f.tunnelMTU < 576 || f.tunnelMTU > 65535) {
 		return fmt.Errorf("--tunnel-mtu=%d is out of 576..65535: use the fabric's MTU, such as 1500, or 0 for the default route's link", f.tunnelMTU)
+	}
+	if f.connSyncID < 0 || f.connSyncID > 255 {
+		return fmt.Errorf("--conn-sync-id=%d is out of 0..255: use the same number on every speaker, such as %d", f.connSyncID, defaultConnSyncID)
+	}
+	if l := f.connSyncLink; l == "" || len(l) > 15 || strings.ContainsAny(l, "/ \t\n") {
+		return fmt.Errorf("--conn-sync-interface=%q is not a link name: use %q, %q or the name of the link to the other nodes, such as eth0", l, connSyncAuto, connSyncOff)
 	}
 	if f.tunnelPrefixFlag == "" {
 		return nil
@@ -375,13 +394,20 @@ func dataplaneOptions(f *flags, nodeIP netip.Addr) (ipvs.Options, error) {
 		return opts, fmt.Errorf("--tunnel-prefix: this node's tunnel address (from its IPv4 InternalIP): %w", err)
 	}
 	opts.Tunnel = &ipvs.Tunnel{Self: self, MTU: f.tunnelMTU}
+	switch f.connSyncLink {
+	case connSyncOff:
+	case connSyncAuto:
+		opts.Tunnel.Sync = &ipvs.ConnSync{Address: nodeIP, ID: uint8(f.connSyncID)} //nolint:gosec // checked: 0..255
+	default:
+		opts.Tunnel.Sync = &ipvs.ConnSync{Interface: f.connSyncLink, ID: uint8(f.connSyncID)} //nolint:gosec // checked: 0..255
+	}
 	return opts, nil
 }
 
 // openDataplane opens the IPVS dataplane. The kernel state outlives the
 // process on purpose: a restarted speaker takes it over without dropping a
 // connection.
-func openDataplane(f *flags, nodeIP netip.Addr) (*ipvs.Dataplane, error) {
+func openDataplane(logger klog.Logger, f *flags, nodeIP netip.Addr) (*ipvs.Dataplane, error) {
 	opts, err := dataplaneOptions(f, nodeIP)
 	if err != nil {
 		return nil, err
@@ -389,6 +415,9 @@ func openDataplane(f *flags, nodeIP netip.Addr) (*ipvs.Dataplane, error) {
 	dp, err := ipvs.New(opts)
 	if err != nil {
 		return nil, fmt.Errorf("opening IPVS (load the ip_vs modules and grant NET_ADMIN, or pass --ipvs=false to announce routes only): %w", err)
+	}
+	if c := dp.ConnSync(); c != nil {
+		logger.Info("Sharing this node's tier-1 connections with the other nodes (IPVS sync daemons)", "interface", c.Interface, "syncID", c.ID)
 	}
 	return dp, nil
 }

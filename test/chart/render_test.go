@@ -595,6 +595,11 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		spec := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec
 		wantArg(t, "speaker", spec.Containers[0].Args, "--tunnel-prefix", "100.127.0.0/16")
 		wantArg(t, "speaker", spec.Containers[0].Args, "--tunnel-mtu", "9000")
+		wantArg(t, "speaker", spec.Containers[0].Args, "--conn-sync-interface", "auto")
+		wantArg(t, "speaker", spec.Containers[0].Args, "--conn-sync-id", "96")
+		named := checkSpeaker(t, render(t, "speaker: {ipvs: {enabled: true, tunnelPrefix: 100.127.0.0/16, connSync: {interface: none, id: 7}}}"), "3s", 3).Spec.Template.Spec
+		wantArg(t, "speaker", named.Containers[0].Args, "--conn-sync-interface", "none")
+		wantArg(t, "speaker", named.Containers[0].Args, "--conn-sync-id", "7")
 		if len(spec.InitContainers) != 1 || !slices.Equal(spec.InitContainers[0].Args, []string{"prepare-node", "--tunnel"}) {
 			t.Errorf("init containers %+v: want one running prepare-node --tunnel", spec.InitContainers)
 		}
@@ -602,9 +607,10 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		if _, ok := arg(def.Containers[0].Args, "--tunnel-prefix"); ok || !slices.Equal(def.InitContainers[0].Args, []string{"prepare-node"}) {
 			t.Errorf("default: args %q, init args %q: want one tier", def.Containers[0].Args, def.InitContainers[0].Args)
 		}
-		for _, bad := range []string{"tunnelPrefix: 100.127.0.0", "tunnelPrefix: 100.127.0.0/31", "tunnelMTU: 100"} {
-			if _, err := Render(release, namespace, []byte("speaker: {ipvs: {enabled: true, "+bad+"}}")); err == nil || !strings.Contains(err.Error(), "tunnel") {
-				t.Errorf("%s: err = %v, want one naming the key", bad, err)
+		for bad, key := range map[string]string{"tunnelPrefix: 100.127.0.0": "tunnelPrefix", "tunnelPrefix: 100.127.0.0/31": "tunnelPrefix", "tunnelMTU: 100": "tunnelMTU",
+			"connSync: {id: 256}": "connSync", "connSync: {interface: a/b}": "connSync", "connSync: {interface: \"\"}": "connSync"} {
+			if _, err := Render(release, namespace, []byte("speaker: {ipvs: {enabled: true, "+bad+"}}")); err == nil || !strings.Contains(err.Error(), key) {
+				t.Errorf("%s: err = %v, want one naming %s", bad, err, key)
 			}
 		}
 	})

@@ -111,6 +111,9 @@ type Options struct {
 	// TunnelPrefix, when set, is the speakers' --tunnel-prefix: the
 	// two-tier dataplane.
 	TunnelPrefix string
+	// ConnSyncInterface, when set, is the speakers' --conn-sync-interface
+	// ("none": no connection sync between the nodes).
+	ConnSyncInterface string
 	// UDP adds port 53/UDP (to the pods' UDP echo on
 	// nodeapi.BackendPort) to the demo Service and its endpoints.
 	UDP bool
@@ -619,6 +622,9 @@ func (n *Node) speakerArgs() []string {
 	}
 	if p := n.lab.Opts.TunnelPrefix; p != "" {
 		args = append(args, "--tunnel-prefix", p)
+	}
+	if c := n.lab.Opts.ConnSyncInterface; c != "" {
+		args = append(args, "--conn-sync-interface", c)
 	}
 	return args
 }

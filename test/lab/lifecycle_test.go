@@ -57,9 +57,9 @@ const joinResetsAllowed = 2
 //     backends serve 5 s after SIGTERM, as with a preStop delay);
 //  4. a third node joins: the CCM initializes it, its speaker peers, the
 //     ToR's ECMP group grows, the VIP stays, held connections survive;
-//  5. helm uninstall: no virtual server, VIP, link, nftables table or route
-//     of vipcast is left on any node or at the ToR; the Service keeps its
-//     status.
+//  5. helm uninstall: no virtual server, VIP, link, nftables table, route
+//     or IPVS sync daemon of vipcast is left on any node or at the ToR; the
+//     Service keeps its status.
 func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	ctx := t.Context()
 	addr := netip.AddrPortFrom(vip, 80)
@@ -88,6 +88,13 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	upgrade("lab", tunnelPrefix)
 	for _, n := range l.Nodes {
 		waitIPVS(t, n, vip, []string{"100.127.0.11:80 w2 ipip", "100.127.0.12:80 w2 ipip"})
+		// The chart's default connection sync: on the link of the
+		// node's InternalIP.
+		st, err := n.State(ctx)
+		want := []string{"backup on eth0, sync ID 96", "master on eth0, sync ID 96"}
+		if err != nil || !slices.Equal(st.SyncDaemons, want) {
+			t.Fatalf("%s: IPVS sync daemons %q (%v), want %q", n.Name, st.SyncDaemons, err, want)
+		}
 	}
 	for i := range 20 {
 		body, err := l.Get(ctx, addr)
@@ -380,7 +387,7 @@ func checkVIP(t *testing.T, l *lab.Lab, vip netip.Addr, when string) {
 }
 
 // waitNothingLeft waits until the node has no virtual server on vip, no
-// VIP, and no link or nftables table of vipcast.
+// VIP, no link or nftables table of vipcast and no IPVS sync daemon.
 func waitNothingLeft(t *testing.T, n *lab.Node, vip netip.Addr) {
 	t.Helper()
 	var last string
@@ -407,6 +414,9 @@ func waitNothingLeft(t *testing.T, n *lab.Node, vip netip.Addr) {
 				left = append(left, "link "+l)
 			}
 		}
+		for _, d := range st.SyncDaemons {
+			left = append(left, "IPVS sync daemon "+d)
+		}
 		last = strings.Join(left, ", ")
 		return len(left) == 0, nil
 	})
@@ -420,7 +430,7 @@ func waitNothingLeft(t *testing.T, n *lab.Node, vip netip.Addr) {
 func dumpNodes(t *testing.T, l *lab.Lab) {
 	t.Helper()
 	for _, n := range l.Nodes {
-		for _, c := range []string{"ipvsadm -Ln", "ipvsadm -Lnc | head -30", "conntrack -L 2>/dev/null | grep 192.168.50.2 | head -30", "iptables-save -c | grep -i invalid", "nft list table ip vipcast | head -80", "sysctl -a 2>/dev/null | grep -E 'vs[.](sloppy|conntrack)|rp_filter'", "ip rule; ip route show table all | grep -E '100[.]127|5200'"} {
+		for _, c := range []string{"ipvsadm -Ln", "ipvsadm -Ln --daemon", "ipvsadm -Lnc | head -30", "conntrack -L 2>/dev/null | grep 192.168.50.2 | head -30", "iptables-save -c | grep -i invalid", "nft list table ip vipcast | head -80", "sysctl -a 2>/dev/null | grep -E 'vs[.](sloppy|conntrack)|rp_filter'", "ip rule; ip route show table all | grep -E '100[.]127|5200'"} {
 			out, err := n.Exec(t.Context(), "sh", "-c", c)
 			t.Logf("%s: %s: %v\n%s", n.Name, c, err, out)
 		}

@@ -2,6 +2,7 @@ package lab_test
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +28,9 @@ const (
 //     that node's flows to the other) and started again (they move back);
 //   - a node cordoned (it withdraws) and uncordoned;
 //   - a node joining the ECMP group (uncordoned: it starts announcing);
-//   - the first event again with externalTrafficPolicy Local.
+//   - the first event again with externalTrafficPolicy Local;
+//   - still Local, node1's endpoints terminating (its pods alive: node1
+//     withdraws) and ready again.
 //
 // Each event holds heldFlows TCP connections and heldUDP UDP flows.
 //
@@ -42,13 +45,22 @@ func TestHeldAcrossECMP(t *testing.T) {
 		t.Skip("end-to-end lab: skipped with -short")
 	}
 	netns.Require(t)
-	t.Run("OneTier", func(t *testing.T) { heldAcrossECMP(t, "") })
-	t.Run("TwoTier", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16") })
+	t.Run("OneTier", func(t *testing.T) { heldAcrossECMP(t, "", "") })
+	t.Run("TwoTier", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16", "") })
+	// The control of the last event: two tiers without connection sync.
+	t.Run("TwoTierNoSync", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16", "none") })
 }
 
-func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
-	l := lab.Up(t, lab.Options{TunnelPrefix: tunnelPrefix, UDP: true})
+// localTerminating is the event that needs the IPVS sync daemons.
+const localTerminating = "Local policy, node1's endpoints terminating"
+
+// heldAcrossECMP runs the events in a lab with the speakers'
+// --tunnel-prefix and --conn-sync-interface (each "" for the default);
+// with connSync "none", only localTerminating.
+func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync string) {
+	l := lab.Up(t, lab.Options{TunnelPrefix: tunnelPrefix, ConnSyncInterface: connSync, UDP: true})
 	twoTier := tunnelPrefix != ""
+	noSync := connSync == "none"
 	ctx := t.Context()
 	vip := demoVIP(t, l)
 	node1, node2 := l.Nodes[0], l.Nodes[1]
@@ -66,9 +78,19 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
 			}
 		}
 		// Tier 1 on both nodes: both nodes' tunnel addresses, weighted
-		// by their two ready endpoints each.
+		// by their two ready endpoints each. Every node shares its tier-1
+		// connections (the speaker's default --conn-sync-interface: the
+		// link of the node's address).
 		for _, n := range l.Nodes {
 			waitIPVS(t, n, vip, []string{"100.127.0.11:80 w2 ipip", "100.127.0.12:80 w2 ipip"})
+			st, err := n.State(ctx)
+			want := []string{"backup on eth0, sync ID 96", "master on eth0, sync ID 96"}
+			if noSync {
+				want = nil
+			}
+			if err != nil || !slices.Equal(st.SyncDaemons, want) {
+				t.Fatalf("%s: IPVS sync daemons %q (%v), want %q", n.Name, st.SyncDaemons, err, want)
+			}
 		}
 	} else {
 		throughBoth(t, l, addr)
@@ -78,6 +100,21 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
 		return func() error { _, err := l.Kubectl(ctx, verb, n.Name); return err }
 	}
 	none := func() error { return nil }
+	// toLocal switches the Service to Local policy and waits until every
+	// node programs it: one tier's own pods only; two tiers' tier 1 is as
+	// before. Switching again changes nothing.
+	toLocal := func() error {
+		patchService(t, l, `{"spec":{"externalTrafficPolicy":"Local"}}`)
+		for i, n := range l.Nodes {
+			want := backendsOf(ready[2*i], ready[2*i+1])
+			if twoTier {
+				want = []string{"100.127.0.11:80 w2 ipip", "100.127.0.12:80 w2 ipip"}
+			}
+			waitIPVS(t, n, vip, want)
+		}
+		time.Sleep(time.Second)
+		return nil
+	}
 	// Each event: prepare (the ECMP group before the flows open), change
 	// it (the ToR moves flows), then change it back; the route over each
 	// step.
@@ -97,26 +134,29 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
 		{"node added to the ECMP group", cordon(node1, "cordon"), cordon(node1, "uncordon"), none,
 			[]*lab.Node{node2}, []*lab.Node{node1, node2}, []*lab.Node{node1, node2}},
 		// Local policy: both nodes have endpoints, so both announce.
-		{"Local policy, speaker SIGTERM and restart",
-			func() error {
-				patchService(t, l, `{"spec":{"externalTrafficPolicy":"Local"}}`)
-				// New connections wait until every node programs Local:
-				// one tier's own pods only; two tiers' tier 1 is as before.
-				for i, n := range l.Nodes {
-					want := backendsOf(ready[2*i], ready[2*i+1])
-					if twoTier {
-						want = []string{"100.127.0.11:80 w2 ipip", "100.127.0.12:80 w2 ipip"}
-					}
-					waitIPVS(t, n, vip, want)
-				}
-				time.Sleep(time.Second)
-				return nil
-			},
+		{"Local policy, speaker SIGTERM and restart", toLocal,
 			func() error { return node1.Speaker(ctx, "TERM", true) },
 			func() error { return node1.Speaker(ctx, "start", false) },
 			[]*lab.Node{node1, node2}, []*lab.Node{node2}, []*lab.Node{node1, node2}},
+		// Still Local: node1's endpoints terminate (their pods live on,
+		// as a pod does through its grace period), so node1 withdraws and
+		// the ToR moves its flows to node2; then they are ready again.
+		// Two tiers give node1 weight 0 in tier 1: node2's mh no longer
+		// picks node1, and only the connections node1 shared with it
+		// (the IPVS sync daemons) keep node1's pods' flows.
+		{localTerminating, toLocal,
+			func() error { return l.SetEndpoints(ctx, ready[2:], ready[:2]) },
+			func() error { return l.SetEndpoints(ctx, ready, nil) },
+			[]*lab.Node{node1, node2}, []*lab.Node{node2}, []*lab.Node{node1, node2}},
+	}
+	if noSync {
+		events = events[len(events)-1:]
 	}
 	tiers := map[bool]string{false: "one tier", true: "two tiers"}[twoTier]
+	setup := tiers
+	if noSync {
+		setup += " without connection sync"
+	}
 	for _, ev := range events {
 		if err := ev.prepare(); err != nil {
 			t.Fatalf("%s: %v", ev.name, err)
@@ -140,7 +180,9 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(2 * time.Second)
+		// The kernel sends a connection to the other nodes at its third
+		// packet and flushes within about 2 s.
+		time.Sleep(3 * time.Second)
 		before, _, _ := held.Status()
 		beforeU, _, _ := heldU.Status()
 		if err := ev.change(); err != nil {
@@ -159,13 +201,13 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix string) {
 		held.Stop()
 		heldU.Stop()
 		t.Logf("%s, %s: %d of %d TCP connections and %d of %d UDP flows survived (%d and %d exchanges, TCP: %s; the ToR's route changed in %v and back in %v)",
-			tiers, ev.name, alive, before, aliveU, beforeU, exchanges, exchangesU, held.Stalls(), took.Round(time.Millisecond), back.Round(time.Millisecond))
+			setup, ev.name, alive, before, aliveU, beforeU, exchanges, exchangesU, held.Stalls(), took.Round(time.Millisecond), back.Round(time.Millisecond))
 		switch {
-		case twoTier && (alive != before || aliveU != beforeU):
+		case twoTier && !noSync && (alive != before || aliveU != beforeU):
 			t.Errorf("%s: %d of %d TCP connections and %d of %d UDP flows survived, want all; first failures: %v %v",
 				ev.name, alive, before, aliveU, beforeU, broken[:min(3, len(broken))], brokenU[:min(3, len(brokenU))])
-		case !twoTier && alive == before:
-			t.Errorf("%s with one tier: all %d held connections survived, want some broken: the event moved no flow, so it proves nothing", ev.name, before)
+		case (!twoTier || noSync) && alive == before:
+			t.Errorf("%s with %s: all %d held connections survived, want some broken: the event moved no flow, so it proves nothing", ev.name, setup, before)
 		}
 	}
 }

@@ -50,7 +50,8 @@ func IPNet(p netip.Prefix) *net.IPNet {
 }
 
 // StateHandler serves GET /state: the node's IPVS table and VIPs (read with
-// vipcast's own ipvs package), its nftables tables and its links.
+// vipcast's own ipvs package), its nftables tables, its links and its IPVS
+// sync daemons.
 func StateHandler(w http.ResponseWriter, _ *http.Request) {
 	st, err := ReadState()
 	if err != nil {
@@ -102,6 +103,14 @@ func ReadState() (State, error) {
 		out.Links = append(out.Links, l.Attrs().Name)
 	}
 	slices.Sort(out.Links)
+	daemons, err := ipvs.ReadSyncDaemons()
+	if err != nil {
+		return out, err
+	}
+	for _, d := range daemons {
+		out.SyncDaemons = append(out.SyncDaemons, d.String())
+	}
+	slices.Sort(out.SyncDaemons)
 	return out, nil
 }
 

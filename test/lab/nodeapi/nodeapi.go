@@ -18,6 +18,9 @@ type State struct {
 	VIPs     []string  `json:"vips"`
 	Tables   []string  `json:"tables"`
 	Links    []string  `json:"links"`
+	// SyncDaemons are the IPVS sync daemons running, as
+	// ipvs.SyncDaemon.String gives them ("master on eth0, sync ID 96").
+	SyncDaemons []string `json:"syncDaemons"`
 }
 
 // Service is one IPVS virtual server.
