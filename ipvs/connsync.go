@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Connection synchronisation (Tunnel.Sync): the kernel's IPVS sync daemons
+// Connection synchronisation (Options.ConnSync): the kernel's IPVS sync daemons
 // (what ipvsadm --start-daemon starts) share every node's tier-1
 // connections with the other nodes. Each node runs both: a master, which
 // sends its connections to the multicast group 224.0.0.81, UDP port 8848,
@@ -35,7 +35,7 @@ import (
 // reach (multicast does not cross routers without multicast routing),
 // depends on mh alone, as without synchronisation.
 
-// ConnSync configures the IPVS sync daemons of Tunnel.Sync.
+// ConnSync configures the IPVS sync daemons (Options.ConnSync).
 type ConnSync struct {
 	// Interface is the link the messages go out of and come in on: the
 	// node's link to the other nodes. Empty: the link that holds Address.
@@ -47,6 +47,10 @@ type ConnSync struct {
 	// ID, so clusters (or keepalived pairs) that share a link keep apart.
 	// 0 takes every message.
 	ID uint8
+	// Off stops the daemons that run with ID (those of an earlier run
+	// with connection sync on) instead of starting any; the other fields
+	// are then unused.
+	Off bool
 }
 
 // SyncDaemon is one IPVS sync daemon running in this network namespace.
@@ -234,6 +238,22 @@ func stopConnSync(c ConnSync) error {
 			if have == want {
 				errs = append(errs, stopSyncDaemon(have))
 			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stopConnSyncID stops the daemons of this namespace that run with sync
+// ID id; others are left alone.
+func stopConnSyncID(id uint8) error {
+	running, err := ReadSyncDaemons()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, have := range running {
+		if have.ID == id {
+			errs = append(errs, stopSyncDaemon(have))
 		}
 	}
 	return errors.Join(errs...)

@@ -37,6 +37,11 @@ type Options struct {
 	// the VIP filter, and refuses Services with SNAT. Without it, New takes
 	// away the two-tier chains a previous run left.
 	Tunnel *Tunnel
+	// ConnSync, when set, runs the kernel's IPVS sync daemons so that
+	// every node knows the other nodes' tier-1 connections (connsync.go;
+	// it needs Tunnel), or with ConnSync.Off stops those that run with its
+	// ID (an earlier run's). Nil leaves the daemons alone.
+	ConnSync *ConnSync
 }
 
 // Dataplane programs the kernel of this node: IPVS virtual and real servers
@@ -58,7 +63,7 @@ type Dataplane struct {
 	// read, plus what was applied since (valid with cache).
 	tunnel bool
 	tier2  Tier2
-	// connSync is Options.Tunnel.Sync with its link resolved, for
+	// connSync is Options.ConnSync when on, with its link resolved, for
 	// Teardown and ConnSync.
 	connSync *ConnSync
 	cache    State // the kernel as last read, plus what was applied since
@@ -77,6 +82,14 @@ type Dataplane struct {
 func New(opts Options) (*Dataplane, error) {
 	if opts.LinkName == "" {
 		opts.LinkName = DefaultLinkName
+	}
+	if c := opts.ConnSync; c != nil && !c.Off {
+		if opts.Tunnel == nil {
+			return nil, errors.New("connection sync: it needs the two-tier dataplane (Tunnel is not set)")
+		}
+		if err := c.check(); err != nil {
+			return nil, err
+		}
 	}
 	if opts.Tunnel != nil {
 		if err := opts.Tunnel.check(); err != nil {
@@ -114,6 +127,10 @@ func New(opts Options) (*Dataplane, error) {
 			return nil, err
 		}
 	}
+	if err := d.setupConnSync(opts.ConnSync); err != nil {
+		_ = d.Close()
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -133,13 +150,23 @@ func (d *Dataplane) setupTunnel(t *Tunnel) error {
 	if err := d.nft.setupTunnel(mss); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
-	if t.Sync != nil {
-		c, err := ensureConnSync(d.nl, *t.Sync)
-		if err != nil {
-			return fmt.Errorf("two-tier dataplane: %w", err)
-		}
-		d.connSync = &c
+	return nil
+}
+
+// setupConnSync starts or stops the IPVS sync daemons as c asks (nil:
+// leaves them alone).
+func (d *Dataplane) setupConnSync(c *ConnSync) error {
+	switch {
+	case c == nil:
+		return nil
+	case c.Off:
+		return stopConnSyncID(c.ID)
 	}
+	on, err := ensureConnSync(d.nl, *c)
+	if err != nil {
+		return fmt.Errorf("two-tier dataplane: %w", err)
+	}
+	d.connSync = &on
 	return nil
 }
 

@@ -253,7 +253,7 @@ func testMoveTwoTier(t *testing.T) {
 // Without connection synchronisation node B's tier 1 knows nothing of the
 // flows that node A tunnelled to itself: its mh now picks node B, whose pod
 // resets them (the control, which shows the event moved flows). With
-// Tunnel.Sync node B has node A's connections and tunnels them to node A.
+// Options.ConnSync node B has node A's connections and tunnels them to node A.
 func testMoveTerminating(t *testing.T) {
 	const syncID = 96
 	for _, withSync := range []bool{false, true} {
@@ -273,7 +273,7 @@ func testMoveTerminating(t *testing.T) {
 			if withSync {
 				// A link that does not exist is refused, naming it.
 				err := inNS(t, f.nodes[0], func() error {
-					d, err := New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(0), Sync: &ConnSync{Interface: "nosuch0"}}})
+					d, err := New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(0)}, ConnSync: &ConnSync{Interface: "nosuch0"}})
 					if err == nil {
 						d.Close()
 					}
@@ -334,6 +334,25 @@ func testMoveTerminating(t *testing.T) {
 			must(t, inNS(t, f.nodes[0], dps[0].Teardown))
 			if got := syncDaemons(t, f.nodes[0]); len(got) != 0 {
 				t.Errorf("after Teardown node A runs sync daemons %v, want none", got)
+			}
+			// A Dataplane with connection sync off stops the daemons of
+			// its ID (an earlier run's), and only those: node B's backup
+			// of another ID (a keepalived pair's) stays.
+			must(t, inNS(t, f.nodes[1], func() error {
+				if err := stopSyncDaemon(SyncDaemon{Backup: true}); err != nil {
+					return err
+				}
+				if err := startSyncDaemon(SyncDaemon{Backup: true, Interface: "peer", ID: 7}); err != nil {
+					return err
+				}
+				d, err := New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(1)}, ConnSync: &ConnSync{Off: true, ID: syncID}})
+				if err != nil {
+					return err
+				}
+				return d.Close()
+			}))
+			if got, want := syncDaemons(t, f.nodes[1]), []SyncDaemon{{Backup: true, Interface: "peer", ID: 7}}; !slices.Equal(got, want) {
+				t.Errorf("node B with connection sync off runs sync daemons %v, want only %v", got, want)
 			}
 		})
 	}
@@ -476,12 +495,12 @@ func twoTierNode(t testing.TB, f *moveFabric, n int) (*Dataplane, State) {
 	return twoTierNodeSync(t, f, n, nil)
 }
 
-// twoTierNodeSync is twoTierNode with Tunnel.Sync set to sync.
+// twoTierNodeSync is twoTierNode with Options.ConnSync set to sync.
 func twoTierNodeSync(t testing.TB, f *moveFabric, n int, sync *ConnSync) (*Dataplane, State) {
 	t.Helper()
 	var d *Dataplane
 	err := inNS(t, f.nodes[n], func() (err error) {
-		d, err = New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(n), Sync: sync}})
+		d, err = New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(n)}, ConnSync: sync})
 		return err
 	})
 	if err != nil {

@@ -53,10 +53,6 @@ type Tunnel struct {
 	// MTU is the fabric's MTU, for the MSS clamp; 0 is the MTU of the link
 	// that holds the node's default route (1500 when there is none).
 	MTU int
-	// Sync, when set, runs the kernel's IPVS sync daemons so that every
-	// node knows the other nodes' tier-1 connections (connsync.go); a
-	// Teardown stops them.
-	Sync *ConnSync
 }
 
 // Names and numbers the two-tier dataplane uses on the node.
@@ -96,9 +92,6 @@ func (t Tunnel) check() error {
 		if _, err := clampFor(t.MTU); err != nil {
 			return fmt.Errorf("fabric %w", err)
 		}
-	}
-	if t.Sync != nil {
-		return t.Sync.check()
 	}
 	return nil
 }

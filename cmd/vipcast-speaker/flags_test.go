@@ -104,18 +104,21 @@ func TestParseFlagsTunnel(t *testing.T) {
 		t.Errorf("dataplane options for a node without IPv4 address: %v, want an error naming its InternalIP", err)
 	}
 
-	// Connection sync: on by default, on the link of the node's
-	// address, with ID 96; a named link; off.
+	// Connection sync: on by default with two tiers, on the link of the
+	// node's address, with ID 96; a named link; off, stopping the daemons
+	// of its ID; and off with one tier.
 	node := netip.MustParseAddr("10.0.0.11")
+	twoTiers := []string{"--tunnel-prefix", "100.127.0.0/16"}
 	for _, tc := range []struct {
 		args []string
-		want *ipvs.ConnSync
+		want ipvs.ConnSync
 	}{
-		{args: nil, want: &ipvs.ConnSync{Address: node, ID: 96}},
-		{args: []string{"--conn-sync-interface", "eth1", "--conn-sync-id", "7"}, want: &ipvs.ConnSync{Interface: "eth1", ID: 7}},
-		{args: []string{"--conn-sync-interface", "none"}, want: nil},
+		{args: twoTiers, want: ipvs.ConnSync{Address: node, ID: 96}},
+		{args: append(slices.Clone(twoTiers), "--conn-sync-interface", "eth1", "--conn-sync-id", "7"), want: ipvs.ConnSync{Interface: "eth1", ID: 7}},
+		{args: append(slices.Clone(twoTiers), "--conn-sync-interface", "none"), want: ipvs.ConnSync{Off: true, ID: 96}},
+		{args: []string{"--conn-sync-id", "7"}, want: ipvs.ConnSync{Off: true, ID: 7}},
 	} {
-		f, err := parseFlags(append(slices.Clone(base), append([]string{"--tunnel-prefix", "100.127.0.0/16"}, tc.args...)...))
+		f, err := parseFlags(append(slices.Clone(base), tc.args...))
 		if err != nil {
 			t.Fatalf("%q: %v", tc.args, err)
 		}
@@ -123,7 +126,7 @@ func TestParseFlagsTunnel(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", tc.args, err)
 		}
-		if got := opts.Tunnel.Sync; (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
+		if got := opts.ConnSync; got == nil || *got != tc.want {
 			t.Errorf("%q: connection sync %+v, want %+v", tc.args, got, tc.want)
 		}
 	}

@@ -385,7 +385,8 @@ func (f *flags) checkTunnel() error {
 // --tunnel-prefix, the two-tier dataplane with this node's tunnel
 // address, derived from its IPv4 address nodeIP.
 func dataplaneOptions(f *flags, nodeIP netip.Addr) (ipvs.Options, error) {
-	opts := ipvs.Options{LinkName: f.ipvsLink}
+	// Without connection sync the daemons of an earlier run with it stop.
+	opts := ipvs.Options{LinkName: f.ipvsLink, ConnSync: &ipvs.ConnSync{Off: true, ID: uint8(f.connSyncID)}} //nolint:gosec // checked: 0..255
 	if !f.tunnelPrefix.IsValid() {
 		return opts, nil
 	}
@@ -397,9 +398,9 @@ func dataplaneOptions(f *flags, nodeIP netip.Addr) (ipvs.Options, error) {
 	switch f.connSyncLink {
 	case connSyncOff:
 	case connSyncAuto:
-		opts.Tunnel.Sync = &ipvs.ConnSync{Address: nodeIP, ID: uint8(f.connSyncID)} //nolint:gosec // checked: 0..255
+		opts.ConnSync = &ipvs.ConnSync{Address: nodeIP, ID: opts.ConnSync.ID}
 	default:
-		opts.Tunnel.Sync = &ipvs.ConnSync{Interface: f.connSyncLink, ID: uint8(f.connSyncID)} //nolint:gosec // checked: 0..255
+		opts.ConnSync = &ipvs.ConnSync{Interface: f.connSyncLink, ID: opts.ConnSync.ID}
 	}
 	return opts, nil
 }

@@ -28,6 +28,8 @@ const (
 //     that node's flows to the other) and started again (they move back);
 //   - a node cordoned (it withdraws) and uncordoned;
 //   - a node joining the ECMP group (uncordoned: it starts announcing);
+//   - a node drained (cordoned, its endpoints terminating while their
+//     pods live on) and uncordoned;
 //   - the first event again with externalTrafficPolicy Local;
 //   - still Local, node1's endpoints terminating (its pods alive: node1
 //     withdraws) and ready again.
@@ -133,6 +135,24 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync string) {
 		// is the same before and after) starts outside it.
 		{"node added to the ECMP group", cordon(node1, "cordon"), cordon(node1, "uncordon"), none,
 			[]*lab.Node{node2}, []*lab.Node{node1, node2}, []*lab.Node{node1, node2}},
+		// A drain as the ToR and the dataplane see it while the evicted
+		// pods serve out their grace period: node1 cordoned (it
+		// withdraws) and its endpoints terminating (tier 1 gives it
+		// weight 0); then ready again and uncordoned.
+		{"node drained and uncordoned", none,
+			func() error {
+				if err := cordon(node1, "cordon")(); err != nil {
+					return err
+				}
+				return l.SetEndpoints(ctx, ready[2:], ready[:2])
+			},
+			func() error {
+				if err := l.SetEndpoints(ctx, ready, nil); err != nil {
+					return err
+				}
+				return cordon(node1, "uncordon")()
+			},
+			[]*lab.Node{node1, node2}, []*lab.Node{node2}, []*lab.Node{node1, node2}},
 		// Local policy: both nodes have endpoints, so both announce.
 		{"Local policy, speaker SIGTERM and restart", toLocal,
 			func() error { return node1.Speaker(ctx, "TERM", true) },
