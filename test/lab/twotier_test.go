@@ -49,16 +49,23 @@ func TestHeldAcrossECMP(t *testing.T) {
 	netns.Require(t)
 	t.Run("OneTier", func(t *testing.T) { heldAcrossECMP(t, "", "") })
 	t.Run("TwoTier", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16", "") })
-	// The control of the last event: two tiers without connection sync.
+	// The control of the events that need connection sync: two tiers
+	// without it.
 	t.Run("TwoTierNoSync", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16", "none") })
 }
 
-// localTerminating is the event that needs the IPVS sync daemons.
-const localTerminating = "Local policy, node1's endpoints terminating"
+// The events whose pods' flows need the IPVS sync daemons: node1's
+// endpoints terminate, so tier 1 gives node1 weight 0.
+const (
+	drained          = "node drained and uncordoned"
+	localTerminating = "Local policy, node1's endpoints terminating"
+)
+
+var needsSync = map[string]bool{drained: true, localTerminating: true}
 
 // heldAcrossECMP runs the events in a lab with the speakers'
 // --tunnel-prefix and --conn-sync-interface (each "" for the default);
-// with connSync "none", only localTerminating.
+// with connSync "none", only those of needsSync.
 func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync string) {
 	l := lab.Up(t, lab.Options{TunnelPrefix: tunnelPrefix, ConnSyncInterface: connSync, UDP: true})
 	twoTier := tunnelPrefix != ""
@@ -120,11 +127,12 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync string) {
 	// Each event: prepare (the ECMP group before the flows open), change
 	// it (the ToR moves flows), then change it back; the route over each
 	// step.
-	events := []struct {
+	type event struct {
 		name                   string
 		prepare, change, back  func() error
 		start, changed, backTo []*lab.Node
-	}{
+	}
+	events := []event{
 		{"speaker SIGTERM and restart", none,
 			func() error { return node1.Speaker(ctx, "TERM", true) },
 			func() error { return node1.Speaker(ctx, "start", false) },
@@ -139,7 +147,7 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync string) {
 		// pods serve out their grace period: node1 cordoned (it
 		// withdraws) and its endpoints terminating (tier 1 gives it
 		// weight 0); then ready again and uncordoned.
-		{"node drained and uncordoned", none,
+		{drained, none,
 			func() error {
 				if err := cordon(node1, "cordon")(); err != nil {
 					return err
@@ -170,7 +178,7 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync string) {
 			[]*lab.Node{node1, node2}, []*lab.Node{node2}, []*lab.Node{node1, node2}},
 	}
 	if noSync {
-		events = events[len(events)-1:]
+		events = slices.DeleteFunc(events, func(e event) bool { return !needsSync[e.name] })
 	}
 	tiers := map[bool]string{false: "one tier", true: "two tiers"}[twoTier]
 	setup := tiers
