@@ -24,12 +24,15 @@ import (
 // three pods are on node A, so a third of the two-tier flows cross to node
 // B through the tunnel and the rest loop through node A's own.
 //
-//   - direct-conn/s, onetier-conn/s, twotier-conn/s: new TCP connections
-//     per second (connect, read the greeting, close), and each tier's ratio
-//     to direct;
-//   - direct-rtt-us, onetier-rtt-us, twotier-rtt-us: the median round trip
-//     of one line on held connections (6 connections × 200 lines), and
-//     twotier-added-us, two tiers less direct.
+//   - direct-conn/s, onetier-conn/s, twotier-conn/s, twotiersync-conn/s:
+//     new TCP connections per second (connect, read the greeting, close),
+//     and each tier's ratio to direct; twotiersync is two tiers with
+//     connection sync (Options.ConnSync), which sends every connection to
+//     the other node;
+//   - direct-rtt-us, onetier-rtt-us, twotier-rtt-us, twotiersync-rtt-us:
+//     the median round trip of one line on held connections (6
+//     connections × 200 lines), and twotier-added-us, two tiers less
+//     direct.
 //
 // TCG figures say nothing about real speed; the ratios do.
 //
@@ -47,6 +50,13 @@ func BenchmarkTwoTier(b *testing.B) {
 		twoTierNode(b, two, n)
 	}
 	two.steer(b, 0)
+	// Two tiers with connection sync: every new connection is also sent to
+	// the other node.
+	synced := newMoveFabric(b)
+	for n, peer := range []string{"10.53.0.1", "10.53.0.2"} {
+		twoTierNodeSync(b, synced, n, &ConnSync{Address: ip(peer), ID: 96})
+	}
+	synced.steer(b, 0)
 	// Direct: the client reaches pod pa1 through node A by its own
 	// address (in the two-tier fabric, where IPVS rewrites nothing the
 	// pod sends back).
@@ -59,7 +69,7 @@ func BenchmarkTwoTier(b *testing.B) {
 		name string
 		f    *moveFabric
 		to   netip.AddrPort
-	}{{"direct", two, direct}, {"onetier", one, vip}, {"twotier", two, vip}}
+	}{{"direct", two, direct}, {"onetier", one, vip}, {"twotier", two, vip}, {"twotiersync", synced, vip}}
 	conns := map[string]float64{}
 	rtts := map[string]time.Duration{}
 	for _, p := range paths {
@@ -74,14 +84,15 @@ func BenchmarkTwoTier(b *testing.B) {
 	for _, p := range paths {
 		rtts[p.name] = medianRTT(b, p.f, p.to)
 	}
-	fmt.Fprintf(os.Stderr, "bench: connections/s direct %.0f, one tier %.0f, two tiers %.0f; median round trip direct %s, one tier %s, two tiers %s\n",
-		conns["direct"], conns["onetier"], conns["twotier"], rtts["direct"], rtts["onetier"], rtts["twotier"])
+	fmt.Fprintf(os.Stderr, "bench: connections/s direct %.0f, one tier %.0f, two tiers %.0f, two tiers with connection sync %.0f; median round trip direct %s, one tier %s, two tiers %s, with sync %s\n",
+		conns["direct"], conns["onetier"], conns["twotier"], conns["twotiersync"], rtts["direct"], rtts["onetier"], rtts["twotier"], rtts["twotiersync"])
 	for _, p := range paths {
 		b.ReportMetric(conns[p.name], p.name+"-conn/s")
 		b.ReportMetric(float64(rtts[p.name].Microseconds()), p.name+"-rtt-us")
 	}
 	b.ReportMetric(conns["onetier"]/conns["direct"], "onetier/direct")
 	b.ReportMetric(conns["twotier"]/conns["direct"], "twotier/direct")
+	b.ReportMetric(conns["twotiersync"]/conns["direct"], "twotiersync/direct")
 	b.ReportMetric(float64((rtts["twotier"] - rtts["direct"]).Microseconds()), "twotier-added-us")
 }
 
