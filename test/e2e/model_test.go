@@ -443,7 +443,7 @@ func (st *modelState) summary() string {
 // touched are the Services whose own request the step changed.
 func checkInvariants(prev, cur *modelState, touched map[string]bool) error {
 	for _, check := range []func() error{
-		func() error { return noDoubleHolders(cur) },
+		func() error { return noDoubleHolders(prev, cur) },
 		func() error { return vipsStable(prev, cur, touched) },
 		func() error { return vipsAnnounceable(cur) },
 		func() error { return poolCountsExact(cur) },
@@ -455,19 +455,20 @@ func checkInvariants(prev, cur *modelState, touched map[string]bool) error {
 	return nil
 }
 
-// noDoubleHolders: no two Services hold one VIP unless they may share it.
-func noDoubleHolders(st *modelState) error {
-	holders := map[netip.Addr][]string{}
-	for k, ips := range st.vips() {
-		for _, ip := range ips {
-			holders[ip] = append(holders[ip], k)
-		}
-	}
+// noDoubleHolders: no two Services hold one VIP unless they may share it,
+// or unless they held it together before this step and one of them now
+// asks for sharing in a way the CCM refuses (refusedSharing): a refused
+// request keeps what it had, and takes nothing from the other.
+func noDoubleHolders(prev, st *modelState) error {
+	holders := holdersOf(st)
+	before := holdersOf(prev)
 	for ip, keys := range holders {
-		sort.Strings(keys)
 		for i := range keys {
 			for j := i + 1; j < len(keys); j++ {
-				if !mayShare(st.services[keys[i]], st.services[keys[j]]) {
+				a, b := st.services[keys[i]], st.services[keys[j]]
+				kept := (refusedSharing(a) || refusedSharing(b)) &&
+					slices.Contains(before[ip], keys[i]) && slices.Contains(before[ip], keys[j])
+				if !mayShare(a, b) && !kept {
 					return fmt.Errorf("%s is held by %s %s and %s %s, which may not share it", ip,
 						keys[i], describe(st.services[keys[i]]), keys[j], describe(st.services[keys[j]]))
 				}
@@ -475,6 +476,28 @@ func noDoubleHolders(st *modelState) error {
 		}
 	}
 	return nil
+}
+
+// holdersOf lists the Services holding each VIP, sorted.
+func holdersOf(st *modelState) map[netip.Addr][]string {
+	holders := map[netip.Addr][]string{}
+	for k, ips := range st.vips() {
+		for _, ip := range ips {
+			holders[ip] = append(holders[ip], k)
+		}
+	}
+	for _, keys := range holders {
+		sort.Strings(keys)
+	}
+	return holders
+}
+
+// refusedSharing reports whether s asks to share across namespaces without
+// a sharing key, which the CCM refuses with a Warning Event (the model
+// makes it when a "sharing" edit drops the key of a Service that opted in
+// across namespaces).
+func refusedSharing(s *v1.Service) bool {
+	return s.Annotations[annAcrossNamespaces] == "true" && s.Annotations[annSharingKey] == ""
 }
 
 // mayShare reports whether two Services may hold one VIP: the same
