@@ -52,6 +52,11 @@ import (
 //     address is local only for packets that come in from an interface
 //     (policy rule "not iif lo"); its own packets to it leave through a
 //     veth pair and come back in, to be decapsulated like any other.
+//
+// Terminating and Reweighted change tier 1 on both nodes after the flows
+// opened (node A's pods terminating; node B's weight rising), then move
+// them: without connection sync some are reset (the control), with
+// Options.ConnSync none is.
 func TestECMPMove(t *testing.T) {
 	if !vm.InVM() {
 		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 4 * time.Minute}))
@@ -60,6 +65,7 @@ func TestECMPMove(t *testing.T) {
 	t.Run("OneTier", testMoveOneTier)
 	t.Run("TwoTier", testMoveTwoTier)
 	t.Run("Terminating", testMoveTerminating)
+	t.Run("Reweighted", testMoveReweighted)
 }
 
 // twoTierVMOptions adds to o the modules the two-tier prototype needs on
@@ -353,6 +359,53 @@ func testMoveTerminating(t *testing.T) {
 			}))
 			if got, want := syncDaemons(t, f.nodes[1]), []SyncDaemon{{Backup: true, Interface: "peer", ID: 7}}; !slices.Equal(got, want) {
 				t.Errorf("node B with connection sync off runs sync daemons %v, want only %v", got, want)
+			}
+		})
+	}
+}
+
+// testMoveReweighted: tier 1 changes while every pod stays ready (node B's
+// weight goes from 1 to 3, as when it gains endpoints), then the fabric
+// moves every flow to node B and back. mh moves some of node A's entries
+// to node B: node A keeps those flows where they were (its connections),
+// but once they arrive at node B, its mh picks node B, whose pod resets
+// them, unless node B has node A's connections (Options.ConnSync).
+func testMoveReweighted(t *testing.T) {
+	for _, withSync := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sync=%v", withSync), func(t *testing.T) {
+			f := newMoveFabric(t)
+			var dps [2]*Dataplane
+			for n, peer := range []string{"10.53.0.1", "10.53.0.2"} {
+				var sync *ConnSync
+				if withSync {
+					sync = &ConnSync{Address: ip(peer), ID: 96}
+				}
+				dps[n], _ = twoTierNodeSync(t, f, n, sync)
+			}
+			reweigh := func() {
+				for n, d := range dps {
+					st := f.twoTierState(n)
+					for k, svc := range st.Services {
+						for i, b := range svc.Backends {
+							if b.Addr == tunnelAddr(1) {
+								svc.Backends[i].Weight = 3
+							}
+						}
+						st.Services[k] = svc
+					}
+					if _, err := d.Sync(st); err != nil {
+						t.Errorf("node %d: Sync with node B's weight 3: %v", n, err)
+					}
+				}
+			}
+			r := runMoveAfter(t, f, 3*time.Second, reweigh)
+			r.log(t, fmt.Sprintf("two tiers, node B's tier-1 weight from 1 to 3, sync %v", withSync))
+			switch all := r.tcpSurvived == moveTCPFlows && r.udpSurvived == moveUDPFlows; {
+			case !withSync && all:
+				t.Errorf("without sync every flow survived: the change of tier 1 moved no flow of node A's pods, so the test proves nothing")
+			case withSync && !all:
+				t.Errorf("%d of %d TCP and %d of %d UDP flows survived, want all; first failures: %v",
+					r.tcpSurvived, moveTCPFlows, r.udpSurvived, moveUDPFlows, r.failures)
 			}
 		})
 	}
