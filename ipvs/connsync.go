@@ -11,8 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Connection synchronisation (Options.ConnSync): the kernel's IPVS sync daemons
-// (what ipvsadm --start-daemon starts) share every node's tier-1
+// Connection synchronisation (Options.ConnSync): the kernel's IPVS sync
+// daemons (what ipvsadm --start-daemon starts) share every node's tier-1
 // connections with the other nodes. Each node runs both: a master, which
 // sends its connections to the multicast group 224.0.0.81, UDP port 8848,
 // out of one link, and a backup, which takes the other nodes' messages
@@ -29,8 +29,9 @@ import (
 // where it went before, and the pod's node's conntrack keeps it on its pod.
 //
 // The kernel sends a connection when its third packet arrives and every 50
-// packets after (net.ipv4.vs.sync_threshold "3 50"), and on a TCP state
-// change; messages go out within about two seconds. A flow ECMP moves
+// packets after (net.ipv4.vs.sync_threshold "3 50"), and when a TCP
+// connection's state moves towards closing; messages go out within about
+// two seconds. A flow ECMP moves
 // sooner than that after it opened, or to a node the messages do not
 // reach (multicast does not cross routers without multicast routing),
 // depends on mh alone, as without synchronisation.
