@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -31,10 +32,9 @@ import (
 // The kernel sends a connection when its third packet arrives and every 50
 // packets after (net.ipv4.vs.sync_threshold "3 50"), and when a TCP
 // connection's state moves towards closing; messages go out within about
-// two seconds. A flow ECMP moves
-// sooner than that after it opened, or to a node the messages do not
-// reach (multicast does not cross routers without multicast routing),
-// depends on mh alone, as without synchronisation.
+// two seconds. A flow ECMP moves sooner than that after it opened, or to a
+// node the messages do not reach (multicast does not cross routers without
+// multicast routing), depends on mh alone, as without synchronisation.
 
 // ConnSync configures the IPVS sync daemons (Options.ConnSync).
 type ConnSync struct {
@@ -147,7 +147,7 @@ func parseSyncDaemon(b []byte) (SyncDaemon, error) {
 				d.Backup = nl.NativeEndian().Uint32(a.Value) == ipvsSyncStateBackup
 			}
 		case ipvsDaemonAttrIfname:
-			d.Interface = string(trimNUL(a.Value))
+			d.Interface = string(bytes.TrimRight(a.Value, "\x00"))
 		case ipvsDaemonAttrSyncID:
 			if len(a.Value) >= 4 {
 				d.ID = uint8(nl.NativeEndian().Uint32(a.Value)) //nolint:gosec // the kernel's sync ID is 8 bits
@@ -155,15 +155,6 @@ func parseSyncDaemon(b []byte) (SyncDaemon, error) {
 		}
 	}
 	return d, nil
-}
-
-func trimNUL(b []byte) []byte {
-	for i, c := range b {
-		if c == 0 {
-			return b[:i]
-		}
-	}
-	return b
 }
 
 // ensureConnSync starts c's master and backup daemons, on the link that
@@ -224,24 +215,6 @@ func startConnSync(c ConnSync) error {
 		}
 	}
 	return nil
-}
-
-// stopConnSync stops the daemons of this namespace that run as c asks;
-// others are left alone.
-func stopConnSync(c ConnSync) error {
-	running, err := ReadSyncDaemons()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, want := range c.daemons() {
-		for _, have := range running {
-			if have == want {
-				errs = append(errs, stopSyncDaemon(have))
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // stopConnSyncID stops the daemons of this namespace that run with sync

@@ -28,7 +28,7 @@ import (
 //     (TunnelRouteProtocol) and the loop LoopLink/LoopPeer. Also without
 //     Options.Tunnel (as New without it takes the two-tier chains away):
 //     an earlier run with it may have left them;
-//   - with Options.ConnSync on, the IPVS sync daemons that run as it asks.
+//   - with Options.ConnSync on, the IPVS sync daemons that run with its ID.
 //
 // It leaves alone tunl0, which belongs to the ipip module (other software
 // may use it), and every sysctl that New, PrepareNode or PrepareTunnel set
@@ -58,7 +58,7 @@ func (d *Dataplane) Teardown() error {
 		errs = append(errs, d.nft.removeTables(), d.removeTunnelNode())
 	}
 	if d.connSync != nil {
-		errs = append(errs, stopConnSync(*d.connSync))
+		errs = append(errs, stopConnSyncID(d.connSync.ID))
 	}
 	if err := errors.Join(errs...); err != nil {
 		d.stale = true
