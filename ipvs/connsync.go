@@ -89,6 +89,9 @@ const (
 	ipvsSyncDaemonsPerNet = 2
 )
 
+// on reports whether c asks for the sync daemons to run.
+func (c *ConnSync) on() bool { return c != nil && !c.Off }
+
 func (c ConnSync) check() error {
 	if c.Interface == "" && c.Address.IsValid() {
 		return nil

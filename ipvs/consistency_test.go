@@ -290,7 +290,7 @@ func loAddr(t testing.TB, h *netlink.Handle, a netip.Addr) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	must(t, h.AddrAdd(lo, addr(t, a.String()+"/32")))
+	must(t, h.AddrAdd(lo, addr(t, netip.PrefixFrom(a, a.BitLen()).String())))
 }
 
 // vethBetween links namespaces x and y with a veth pair: nameX (in x,

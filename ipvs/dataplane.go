@@ -13,6 +13,7 @@ import (
 
 	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -62,7 +63,15 @@ type Dataplane struct {
 	// tunnel is on with Options.Tunnel; tier2 is the tier-2 map as last
 	// read, plus what was applied since (valid with cache).
 	tunnel bool
-	tier2  Tier2
+	// tunnel6 is on when the two tiers also serve IPv6 VIPs (Options.Tunnel
+	// on a node with IPv6).
+	tunnel6 bool
+	// genl is the generic netlink socket for real servers of another
+	// family than their virtual server (mixeddest.go), with tunnel.
+	genl *nl.SocketHandle
+	// no6 says why IPv6 VIPs keep one tier with Options.Tunnel.
+	no6   error
+	tier2 Tier2
 	// connSync is Options.ConnSync when on, with its link resolved, for
 	// Teardown and ConnSync.
 	connSync *ConnSync
@@ -117,6 +126,20 @@ func New(opts Options) (*Dataplane, error) {
 	}
 	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true,
 		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, tier2: Tier2{}}
+	// The kernel refuses real servers of another family than their
+	// virtual server while a sync daemon runs (its sync protocol cannot
+	// carry their connections): IPv6 VIPs get the two tiers only with
+	// connection sync off.
+	d.tunnel6 = d.tunnel && !opts.ConnSync.on()
+	if d.tunnel && !d.tunnel6 {
+		d.no6 = errors.New("connection sync is on, and the kernel does not sync the connections of an IPv6 VIP tunnelled to IPv4 tunnel addresses")
+	}
+	if d.tunnel {
+		if d.genl, err = genlSocket(); err != nil {
+			_ = d.Close()
+			return nil, fmt.Errorf("two-tier dataplane: %w", err)
+		}
+	}
 	if d.snat || d.guard {
 		if d.nft, err = newNFTables(d.snat); err != nil {
 			_ = d.Close() // releases the netlink handles; never fails
@@ -140,14 +163,18 @@ func (d *Dataplane) setupTunnel(t *Tunnel) error {
 	if t == nil {
 		return d.nft.removeTunnel()
 	}
-	if err := ensureTunnel(d.nl, *t); err != nil {
+	no6, err := ensureTunnel(d.nl, *t)
+	if err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
+	}
+	if no6 != nil && d.tunnel6 {
+		d.tunnel6, d.no6 = false, no6
 	}
 	mss, err := clampFor(tunnelMTU(d.nl, *t))
 	if err != nil {
 		return fmt.Errorf("two-tier dataplane: fabric %w", err)
 	}
-	if err := d.nft.setupTunnel(mss); err != nil {
+	if err := d.nft.setupTunnel(mss, [2]bool{true, d.tunnel6}); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
 	return nil
@@ -161,6 +188,12 @@ func (d *Dataplane) setupConnSync(c *ConnSync) error {
 		return nil
 	case c.Off:
 		return stopConnSyncID(c.ID)
+	}
+	// The kernel starts no sync daemon while a real server of another
+	// family than its virtual server exists: those of a run with
+	// connection sync off go first (this run keeps IPv6 VIPs on one tier).
+	if err := d.dropMixedDests(); err != nil {
+		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
 	on, err := ensureConnSync(d.nl, *c)
 	if err != nil {
@@ -234,10 +267,19 @@ func (d *Dataplane) close() {
 	d.closed = true
 	d.ipvs.Close()
 	d.nl.Close()
+	if d.genl != nil {
+		d.genl.Socket.Close()
+	}
 	if d.nft != nil {
 		d.nft.close()
 	}
 }
+
+// TwoTierIPv6 reports whether IPv6 VIPs go through the two tiers
+// (Options.Tunnel on a node with IPv6 and the sit module, connection sync
+// off); otherwise they keep one tier, and with Options.Tunnel why says
+// why.
+func (d *Dataplane) TwoTierIPv6() (on bool, why error) { return d.tunnel6, d.no6 }
 
 // LinkName is the dummy link's name.
 func (d *Dataplane) LinkName() string { return d.name }
@@ -497,8 +539,10 @@ func (d *Dataplane) check(svc Service) error {
 	switch {
 	case svc.SNAT && !d.snat:
 		return fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", svc.Key())
-	case svc.SNAT && d.tunnel && svc.VIP.Unmap().Is4():
-		return fmt.Errorf("virtual server %s: source NAT wanted, but the two-tier dataplane keeps the client's address and does not use it for IPv4", svc.Key())
+	case svc.SNAT && d.tunnel && (svc.VIP.Unmap().Is4() || d.tunnel6):
+		return fmt.Errorf("virtual server %s: source NAT wanted, but the two-tier dataplane keeps the client's address and does not use it", svc.Key())
+	case d.tunnel && !svc.VIP.Unmap().Is4() && !d.tunnel6 && (len(svc.Local) > 0 || slices.ContainsFunc(svc.Backends, func(b Backend) bool { return b.Tunnel })):
+		return fmt.Errorf("virtual server %s: IPv6 VIPs keep one tier on this node: %w", svc.Key(), d.no6)
 	case d.tunnel:
 		return nil
 	case len(svc.Local) > 0:
@@ -810,12 +854,12 @@ func (d *Dataplane) applyServices(p Plan, f *failures) {
 // present ones) p's real servers, in that order.
 func (d *Dataplane) applyBackends(p Plan, f *failures) {
 	for _, c := range p.DelBackends {
-		if err := d.ipvs.DelDestination(keyService(c.Key), kernelDest(c.Backend)); err != nil && !isNotFound(err) {
+		if err := d.destCmd(ipvsCmdDelDest, c.Key, c.Backend); err != nil && !isNotFound(err) {
 			f.addKey(c.Key, "delete real server "+c.String(), err)
 		}
 	}
 	for _, c := range p.UpdateBackends {
-		if err := d.ipvs.UpdateDestination(keyService(c.Key), kernelDest(c.Backend)); err != nil {
+		if err := d.destCmd(ipvsCmdSetDest, c.Key, c.Backend); err != nil {
 			f.addKey(c.Key, "update real server "+c.String(), err)
 		}
 	}
@@ -823,14 +867,31 @@ func (d *Dataplane) applyBackends(p Plan, f *failures) {
 		if f.absent[c.Key] {
 			continue // its virtual server was refused: that is the failure
 		}
-		ks, kd := keyService(c.Key), kernelDest(c.Backend)
-		err := d.ipvs.NewDestination(ks, kd)
+		err := d.destCmd(ipvsCmdNewDest, c.Key, c.Backend)
 		if errors.Is(err, unix.EEXIST) {
-			err = d.ipvs.UpdateDestination(ks, kd)
+			err = d.destCmd(ipvsCmdSetDest, c.Key, c.Backend)
 		}
 		if err != nil {
 			f.addKey(c.Key, "add real server "+c.String(), err)
 		}
+	}
+}
+
+// destCmd adds (ipvsCmdNewDest), updates (SetDest) or deletes (DelDest)
+// the real server b of virtual server k: through moby/ipvs, or mixedDest
+// when b is of another family.
+func (d *Dataplane) destCmd(cmd uint8, k Key, b Backend) error {
+	if mixedFamily(k, b) {
+		return d.mixedDest(cmd, k, b)
+	}
+	ks, kd := keyService(k), kernelDest(b)
+	switch cmd {
+	case ipvsCmdNewDest:
+		return d.ipvs.NewDestination(ks, kd)
+	case ipvsCmdSetDest:
+		return d.ipvs.UpdateDestination(ks, kd)
+	default:
+		return d.ipvs.DelDestination(ks, kd)
 	}
 }
 

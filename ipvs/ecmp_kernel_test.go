@@ -59,19 +59,21 @@ import (
 // Options.ConnSync none is.
 func TestECMPMove(t *testing.T) {
 	if !vm.InVM() {
-		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 4 * time.Minute}))
+		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 6 * time.Minute}))
 		return
 	}
 	t.Run("OneTier", testMoveOneTier)
 	t.Run("TwoTier", testMoveTwoTier)
 	t.Run("Terminating", testMoveTerminating)
 	t.Run("Reweighted", testMoveReweighted)
+	t.Run("IPv6", testMoveIPv6)
 }
 
-// twoTierVMOptions adds to o the modules the two-tier prototype needs on
-// top of the defaults: IPIP, and nftables' numgen where it is a module.
+// twoTierVMOptions adds to o the modules the two-tier dataplane needs on
+// top of the defaults: IPIP, 6in4 (sit), and nftables' numgen where it is
+// a module.
 func twoTierVMOptions(o vm.Options) vm.Options {
-	o.Modules = append(slices.Clone(vm.DefaultModules), "ipip")
+	o.Modules = append(slices.Clone(vm.DefaultModules), "ipip", "sit")
 	o.OptionalModules = append(slices.Clone(vm.OptionalModules), "nft_numgen")
 	return o
 }
@@ -84,31 +86,63 @@ const (
 	movePort = 80
 )
 
-var moveVIP = ip("192.0.2.80")
+var (
+	moveVIP  = ip("192.0.2.80")
+	moveVIP6 = ip("2001:db8::80")
+)
 
 // moveFabric: the client (10.50.0.2, also the ToR: it forwards between the
 // nodes) reaches node n over 10.51.n.0/24; node n's tunnel address is
 // 10.52.0.(n+1); node A holds pods pa1 and pa2, node B holds pod pb1 (pod k
 // of node n on 10.6(n+1).k.0/24, the pod at .2); the nodes reach each
 // other's pods over 10.53.0.0/24.
+//
+// With v6 the client is fd00:50::2 and the VIP moveVIP6; every link and
+// pod also has an IPv6 address (fd00:51:n::/64, fd00:6(n+1):k::/64), and
+// the tunnel addresses stay IPv4.
 type moveFabric struct {
 	client  netns.NsHandle
 	hClient *netlink.Handle
-	src     netip.Addr
+	src     netip.Addr // the client's address in the VIP's family
+	vip     netip.Addr
+	v6      bool
 	nodes   [2]netns.NsHandle
 	hNode   [2]*netlink.Handle
 	pods    [2][]*backend
 }
 
+// podAddr is p's address in the VIP's family.
+func (f *moveFabric) podAddr(p *backend) netip.Addr {
+	if f.v6 {
+		return p.v6()
+	}
+	return p.v4()
+}
+
+// network is the Go network of the VIP's family for tcp or udp.
+func (f *moveFabric) network(proto string) string {
+	if f.v6 {
+		return proto + "6"
+	}
+	return proto + "4"
+}
+
 func tunnelAddr(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 52, 0, byte(n + 1)}) }
 
-func newMoveFabric(t testing.TB) *moveFabric {
+func newMoveFabric(t testing.TB) *moveFabric { return newMoveFabricFamily(t, false) }
+
+// newMoveFabricFamily is newMoveFabric, for an IPv6 VIP with v6.
+func newMoveFabricFamily(t testing.TB, v6 bool) *moveFabric {
 	t.Helper()
-	f := &moveFabric{client: newNS(t), src: ip("10.50.0.2")}
+	f := &moveFabric{client: newNS(t), src: ip("10.50.0.2"), vip: moveVIP, v6: v6}
 	f.hClient = nsHandle(t, f.client)
 	loAddr(t, f.hClient, f.src)
+	if v6 {
+		f.src, f.vip = ip("fd00:50::2"), moveVIP6
+		loAddr(t, f.hClient, f.src)
+	}
 	nsSysctls(t, f.client, map[string]string{
-		"net/ipv4/ip_forward": "1",
+		"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1",
 		// Replies come from whichever node holds the pod, not the one the
 		// route to the VIP points at: the ToR must not drop them (uRPF).
 		"net/ipv4/conf/all/rp_filter": "0", "net/ipv4/conf/default/rp_filter": "0",
@@ -121,13 +155,18 @@ func newMoveFabric(t testing.TB) *moveFabric {
 		nodeSide, torSide := fmt.Sprintf("10.51.%d.1", n), fmt.Sprintf("10.51.%d.2", n)
 		vethBetween(t, ns, f.client, "fabric", fmt.Sprintf("node%d", n), nodeSide+"/24", torSide+"/24")
 		nsSysctls(t, ns, map[string]string{
-			"net/ipv4/ip_forward":         "1",
+			"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1",
 			"net/ipv4/conf/all/rp_filter": "0", "net/ipv4/conf/default/rp_filter": "0",
 		})
 		// Every node reaches the client and the other nodes' tunnel
 		// addresses through the ToR.
 		must(t, h.RouteAdd(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix("0.0.0.0/0")), Gw: net.ParseIP(torSide)}))
 		route(t, f.hClient, tunnelAddr(n), nodeSide)
+		if v6 {
+			addAddr(t, h, "fabric", fmt.Sprintf("fd00:51:%d::1/64", n))
+			addAddr(t, f.hClient, fmt.Sprintf("node%d", n), fmt.Sprintf("fd00:51:%d::2/64", n))
+			must(t, h.RouteAdd(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix("::/0")), Gw: net.ParseIP(fmt.Sprintf("fd00:51:%d::2", n))}))
+		}
 		for k := 1; k <= 2-n; k++ {
 			name := fmt.Sprintf("p%c%d", 'a'+n, k)
 			pns := newNS(t)
@@ -136,9 +175,26 @@ func newMoveFabric(t testing.TB) *moveFabric {
 			hp := nsHandle(t, pns)
 			must(t, hp.RouteAdd(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix("0.0.0.0/0")), Gw: net.ParseIP(nodeSide)}))
 			b := &backend{name: name, ns: pns, addrs: []netip.Addr{ip(podSide)}}
-			b.serveTCP(t, b.v4())
-			b.serveUDP(t, b.v4())
+			if v6 {
+				node6, pod6 := fmt.Sprintf("fd00:6%d:%d::1", n+1, k), fmt.Sprintf("fd00:6%d:%d::2", n+1, k)
+				addAddr(t, h, name, node6+"/64")
+				addAddr(t, hp, "eth0", pod6+"/64")
+				must(t, hp.RouteAdd(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix("::/0")), Gw: net.ParseIP(node6)}))
+				b.addrs = append(b.addrs, ip(pod6))
+			}
+			b.serveTCP(t, f.podAddr(b))
+			b.serveUDP(t, f.podAddr(b))
 			f.pods[n] = append(f.pods[n], b)
+		}
+	}
+	if v6 {
+		// Neighbour discovery on the new links: the client reaches each
+		// node, each node its pods.
+		for n := range f.nodes {
+			waitReachable(t, f.client, ip(fmt.Sprintf("fd00:51:%d::1", n)))
+			for _, p := range f.pods[n] {
+				waitReachable(t, f.nodes[n], p.v6())
+			}
 		}
 	}
 	// The pod network between the nodes (one-tier sends to the other
@@ -156,7 +212,11 @@ func newMoveFabric(t testing.TB) *moveFabric {
 // one address.
 func (f *moveFabric) steer(t testing.TB, n int) {
 	t.Helper()
-	r := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(moveVIP, 32)), Gw: net.ParseIP(fmt.Sprintf("10.51.%d.1", n)), Src: f.src.AsSlice()}
+	gw := fmt.Sprintf("10.51.%d.1", n)
+	if f.v6 {
+		gw = fmt.Sprintf("fd00:51:%d::1", n)
+	}
+	r := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(f.vip, f.vip.BitLen())), Gw: net.ParseIP(gw), Src: f.src.AsSlice()}
 	if err := f.hClient.RouteReplace(r); err != nil {
 		t.Fatalf("client route via node %d: %v", n, err)
 	}
@@ -222,8 +282,12 @@ func oneTierNodes(t testing.TB, f *moveFabric) {
 
 // testMoveTwoTier: the two-tier dataplane; every flow survives and every
 // pod sees the client's own address.
-func testMoveTwoTier(t *testing.T) {
-	f := newMoveFabric(t)
+func testMoveTwoTier(t *testing.T) { moveTwoTier(t, false) }
+
+// moveTwoTier is testMoveTwoTier for an IPv4 VIP, or with v6 an IPv6 VIP
+// (through the same IPv4 tunnel addresses: 6in4).
+func moveTwoTier(t *testing.T, v6 bool) {
+	f := newMoveFabricFamily(t, v6)
 	for n, ns := range f.nodes {
 		// The two tiers set loose reverse-path filtering where they need
 		// it: a strict default does not break them.
@@ -231,7 +295,7 @@ func testMoveTwoTier(t *testing.T) {
 		twoTierNode(t, f, n)
 	}
 	r := runMove(t, f)
-	r.log(t, "two tiers")
+	r.log(t, "two tiers, VIP "+f.vip.String())
 	if r.tcpSurvived != moveTCPFlows || r.udpSurvived != moveUDPFlows {
 		t.Errorf("%d of %d TCP and %d of %d UDP flows survived, want all; first failures: %v",
 			r.tcpSurvived, moveTCPFlows, r.udpSurvived, moveUDPFlows, r.failures)
@@ -248,6 +312,74 @@ func testMoveTwoTier(t *testing.T) {
 	}
 	// Last: it takes the MSS clamp away.
 	testTunnelMTU(t, f)
+}
+
+// testMoveIPv6 is TwoTier for an IPv6 VIP: tier 1 sends its packets in
+// IPv4 to the same tunnel addresses (6in4), sit0 decapsulates them on the
+// chosen node, and tier 2 is the DNAT of table ip6 vipcast. SyncOn: the
+// kernel refuses such real servers while a sync daemon runs, so with
+// connection sync on IPv6 VIPs keep one tier.
+func testMoveIPv6(t *testing.T) {
+	t.Run("TwoTier", func(t *testing.T) { moveTwoTier(t, true) })
+	t.Run("SyncOn", testIPv6SyncOn)
+}
+
+// testIPv6SyncOn: a node whose IPv6 VIP went through the two tiers
+// (connection sync off) restarts with connection sync on. The sync daemons
+// start (the IPv4-tunnel real servers of the IPv6 VIP are deleted first:
+// the kernel starts none while they exist), the two tiers are refused for
+// the IPv6 VIP with a message that says why, and one tier with source NAT
+// serves it: the node's ip6 table tracks its connections again.
+func testIPv6SyncOn(t *testing.T) {
+	f := newMoveFabricFamily(t, true)
+	d, _ := twoTierNode(t, f, 0)
+	if on, why := d.TwoTierIPv6(); !on {
+		t.Fatalf("TwoTierIPv6() = false (%v) with connection sync off on a node with IPv6", why)
+	}
+	must(t, d.Close())
+	var err error
+	must(t, inNS(t, f.nodes[0], func() error {
+		d, err = New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(0)}, ConnSync: &ConnSync{Interface: "peer", ID: 96}})
+		return err
+	}))
+	t.Cleanup(func() { d.Close() })
+	if on, why := d.TwoTierIPv6(); on || why == nil || !strings.Contains(why.Error(), "connection sync is on") {
+		t.Errorf("TwoTierIPv6() = %v, %v with connection sync on, want false and why", on, why)
+	}
+	if got := syncDaemons(t, f.nodes[0]); len(got) != 2 {
+		t.Errorf("sync daemons %v, want a master and a backup", got)
+	}
+	_, err = d.Sync(f.twoTierState(0))
+	if err == nil || !strings.Contains(err.Error(), "IPv6 VIPs keep one tier on this node: connection sync is on") {
+		t.Errorf("Sync of the two tiers for an IPv6 VIP with connection sync on: %v, want a refusal naming connection sync", err)
+	}
+	var pods []Backend
+	for _, p := range f.pods[0] {
+		pods = append(pods, Backend{Addr: p.v6(), Port: backendPort, Weight: 1})
+	}
+	if _, err := d.Sync(state(Service{VIP: f.vip, Port: movePort, Protocol: TCP, SNAT: true, Backends: pods})); err != nil {
+		t.Fatalf("Sync of one tier with source NAT for the IPv6 VIP: %v", err)
+	}
+	f.steer(t, 0)
+	err = inNS(t, f.client, func() error {
+		c, err := net.DialTimeout("tcp6", netip.AddrPortFrom(f.vip, movePort).String(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		greeting, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if _, source, _ := strings.Cut(strings.TrimSpace(greeting), " "); !strings.HasPrefix(source, "fd00:61:") {
+			return fmt.Errorf("greeting %q: the pod saw the client, want node A's address (source NAT)", greeting)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("one tier for the IPv6 VIP with connection sync on: %v", err)
+	}
 }
 
 // testMoveTerminating: node A's pods terminate while their flows go on (they
@@ -437,7 +569,7 @@ func syncDaemons(t *testing.T, ns netns.NsHandle) []SyncDaemon {
 func testTunnelMTU(t *testing.T, f *moveFabric) {
 	t.Helper()
 	f.steer(t, 0)
-	dropICMP := blockFragNeeded(t, f.client)
+	dropICMP := blockFragNeeded(t, f.client, f.v6)
 	if err := sendLarge(t, f, 10*time.Second); err != nil {
 		t.Errorf("with the MSS clamp, ICMP dropped at the client: %v", err)
 	}
@@ -455,27 +587,48 @@ func testTunnelMTU(t *testing.T, f *moveFabric) {
 		t.Errorf("without the MSS clamp, ICMP taken: %v", err)
 	}
 	if mtu := pathMTU(t, f); mtu != 1500-tunnelOverhead {
-		t.Errorf("without the MSS clamp the client's path MTU to the VIP is %d, want %d (1500 less IPIP's %d bytes)", mtu, 1500-tunnelOverhead, tunnelOverhead)
+		t.Errorf("without the MSS clamp the client's path MTU to the VIP is %d, want %d (1500 less the tunnel's %d bytes)", mtu, 1500-tunnelOverhead, tunnelOverhead)
 	}
-	t.Logf("two tiers, 20000-byte messages: with the MSS clamp (%d) they arrive although the client drops ICMP; without it they are lost unless ICMP \"fragmentation needed\" reaches the client, which then uses a path MTU of %d",
-		1500-60, 1500-tunnelOverhead)
+	clamp, _ := clampFor(1500)
+	fam := 0
+	if f.v6 {
+		fam = 1
+	}
+	t.Logf("two tiers, VIP %s, 20000-byte messages: with the MSS clamp (%d) they arrive although the client drops ICMP; without it they are lost unless ICMP \"too big\" reaches the client, which then uses a path MTU of %d",
+		f.vip, clamp[fam], 1500-tunnelOverhead)
 }
 
 // pathMTU is the path MTU f's client holds for the VIP (0: none learnt).
 func pathMTU(t *testing.T, f *moveFabric) int {
 	t.Helper()
-	routes, err := f.hClient.RouteGet(moveVIP.AsSlice())
+	routes, err := f.hClient.RouteGet(f.vip.AsSlice())
 	if err != nil || len(routes) == 0 {
 		t.Fatalf("client's route to the VIP: %v", err)
 	}
 	return routes[0].MTU
 }
 
-// blockFragNeeded makes namespace ns drop ICMP "fragmentation needed" as
-// it comes in, and returns the function that stops it.
-func blockFragNeeded(t *testing.T, ns netns.NsHandle) func() {
+// blockFragNeeded makes namespace ns drop ICMP "fragmentation needed"
+// (with v6: ICMPv6 "packet too big") as it comes in, and returns the
+// function that stops it.
+func blockFragNeeded(t *testing.T, ns netns.NsHandle, v6 bool) func() {
 	t.Helper()
 	tbl := &nftables.Table{Name: "blackhole", Family: nftables.TableFamilyIPv4}
+	match := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{3, 4}}, // type 3 code 4
+	}
+	if v6 {
+		tbl.Family = nftables.TableFamilyIPv6
+		match = []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{2}}, // packet too big
+		}
+	}
 	must(t, inNS(t, ns, func() error {
 		c, err := nftables.New()
 		if err != nil {
@@ -484,13 +637,7 @@ func blockFragNeeded(t *testing.T, ns netns.NsHandle) func() {
 		c.AddTable(tbl)
 		in := c.AddChain(&nftables.Chain{Name: "in", Table: tbl, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
-		c.AddRule(&nftables.Rule{Table: tbl, Chain: in, Exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMP}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{3, 4}}, // type 3 code 4
-			&expr.Verdict{Kind: expr.VerdictDrop},
-		}})
+		c.AddRule(&nftables.Rule{Table: tbl, Chain: in, Exprs: append(match, &expr.Verdict{Kind: expr.VerdictDrop})})
 		return c.Flush()
 	}))
 	return func() {
@@ -515,7 +662,7 @@ func sendLarge(t *testing.T, f *moveFabric, d time.Duration) error {
 	t.Helper()
 	line := strings.Repeat("x", 20000)
 	return inNS(t, f.client, func() error {
-		c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(moveVIP, movePort).String(), 5*time.Second)
+		c, err := net.DialTimeout(f.network("tcp"), netip.AddrPortFrom(f.vip, movePort).String(), 5*time.Second)
 		if err != nil {
 			return err
 		}
@@ -589,23 +736,24 @@ func (f *moveFabric) twoTierStateTerminating(n, dead int) State {
 		if n == dead {
 			w = 0
 		}
-		local = append(local, Backend{Addr: p.v4(), Port: backendPort, Weight: w})
+		local = append(local, Backend{Addr: f.podAddr(p), Port: backendPort, Weight: w})
 	}
-	tcp := Service{VIP: moveVIP, Port: movePort, Protocol: TCP, Backends: nodes, Local: local}
+	tcp := Service{VIP: f.vip, Port: movePort, Protocol: TCP, Backends: nodes, Local: local}
 	udp := tcp
 	udp.Protocol = UDP
 	return state(tcp, udp)
 }
 
-// removeClamp deletes the two-tier dataplane's MSS clamp in the current
+// removeClamp deletes the two-tier dataplane's MSS clamps in the current
 // namespace.
 func removeClamp() error {
 	c, err := nftables.New()
 	if err != nil {
 		return err
 	}
-	ch := &nftables.Chain{Name: tunnelMSS, Table: &nftables.Table{Name: snatTable, Family: nftables.TableFamilyIPv4}}
-	c.FlushChain(ch)
+	for _, fam := range tableFamilies {
+		c.FlushChain(&nftables.Chain{Name: tunnelMSS, Table: &nftables.Table{Name: snatTable, Family: fam}})
+	}
 	return c.Flush()
 }
 
@@ -639,7 +787,7 @@ func runMove(t *testing.T, f *moveFabric) moveResult {
 func runMoveAfter(t *testing.T, f *moveFabric, settle time.Duration, event func()) moveResult {
 	t.Helper()
 	f.steer(t, 0)
-	to := netip.AddrPortFrom(moveVIP, movePort)
+	to := netip.AddrPortFrom(f.vip, movePort)
 	type flow struct {
 		pod, source string
 		err         error
@@ -652,9 +800,10 @@ func runMoveAfter(t *testing.T, f *moveFabric, settle time.Duration, event func(
 		fl := &flow{}
 		flows[i] = fl
 		var nc net.Conn
-		network := "tcp4"
-		if i >= moveTCPFlows {
-			network = "udp4"
+		isUDP := i >= moveTCPFlows
+		network := f.network("tcp")
+		if isUDP {
+			network = f.network("udp")
 		}
 		must(t, inNS(t, f.client, func() (err error) {
 			nc, err = net.DialTimeout(network, to.String(), 5*time.Second)
@@ -663,7 +812,7 @@ func runMoveAfter(t *testing.T, f *moveFabric, settle time.Duration, event func(
 		t.Cleanup(func() { nc.Close() })
 		r := bufio.NewReader(nc)
 		exchange := func(msg string) (pod, rest string, err error) {
-			if network == "udp4" {
+			if isUDP {
 				_ = nc.SetDeadline(time.Now().Add(time.Second))
 				buf := make([]byte, 1500)
 				if _, err := nc.Write([]byte(msg + "\n")); err != nil {
@@ -712,7 +861,7 @@ func runMoveAfter(t *testing.T, f *moveFabric, settle time.Duration, event func(
 				msg := fmt.Sprintf("m%d", seq)
 				pod, rest, err := exchange(msg)
 				switch {
-				case err != nil && network == "udp4" && errors.Is(err, os.ErrDeadlineExceeded) && lost < 2:
+				case err != nil && isUDP && errors.Is(err, os.ErrDeadlineExceeded) && lost < 2:
 					lost++
 					continue
 				case err != nil:
@@ -721,10 +870,10 @@ func runMoveAfter(t *testing.T, f *moveFabric, settle time.Duration, event func(
 				case pod != fl.pod:
 					fl.err = fmt.Errorf("answer from pod %s, not %s", pod, fl.pod)
 					return
-				case network == "tcp4" && rest != msg:
+				case !isUDP && rest != msg:
 					fl.err = fmt.Errorf("answer %q to %q", rest, msg)
 					return
-				case network == "udp4" && rest != fl.source:
+				case isUDP && rest != fl.source:
 					// A UDP flow is one peer to the pod: an answer to
 					// another address (a node's source NAT) breaks it.
 					fl.err = fmt.Errorf("pod %s saw the flow from %s, first from %s", pod, rest, fl.source)
@@ -769,4 +918,35 @@ func runMoveAfter(t *testing.T, f *moveFabric, settle time.Duration, event func(
 	}
 	slices.Sort(res.sources)
 	return res
+}
+
+// addAddr adds the address cidr to the link name of handle h.
+func addAddr(t testing.TB, h *netlink.Handle, name, cidr string) {
+	t.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatalf("link %s: %v", name, err)
+	}
+	must(t, h.AddrAdd(l, addr(t, cidr)))
+}
+
+// waitReachable waits, for at most 10 s, until namespace ns reaches a: a
+// TCP connection to its port 9 is refused (an answer from a).
+func waitReachable(t testing.TB, ns netns.NsHandle, a netip.Addr) {
+	t.Helper()
+	var err error
+	for range 20 {
+		err = inNS(t, ns, func() error {
+			c, err := net.DialTimeout("tcp", netip.AddrPortFrom(a, 9).String(), 500*time.Millisecond)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+		if err == nil || errors.Is(err, unix.ECONNREFUSED) {
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Fatalf("%s is not reachable: %v", a, err)
 }

@@ -12,10 +12,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The two-tier dataplane's map and chains in table ip vipcast (see
-// tunnel.go and tier2.go). They exist only while a Dataplane runs with
-// Options.Tunnel: the raw chain stops connection tracking of VIP traffic
-// from the fabric, which the source NAT of the one-tier path needs.
+// The two-tier dataplane's maps and chains in the tables ip and ip6
+// vipcast (see tunnel.go and tier2.go). They exist only while a Dataplane
+// runs with Options.Tunnel: the raw chains stop connection tracking of VIP
+// traffic from the fabric, which the source NAT of the one-tier path needs.
 const (
 	tier2Map   = "tier2"
 	tunnelRaw  = "tunnel-raw"
@@ -32,54 +32,96 @@ var tunnelChains = []nftables.Chain{
 	{Name: tunnelMSS, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityMangle},
 }
 
-// tier2KeyType is VIP . protocol . port . slot; tier2DataType is endpoint
-// address . port.
-var (
-	tier2KeyType  = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInteger)
-	tier2DataType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
-)
+// tier2Family is what the tier-2 map and the chains of one table (ip: 0,
+// ip6: 1) differ in.
+type tier2Family struct {
+	addrType nftables.SetDatatype
+	addrLen  uint32 // bytes
+	link     string // the tunnel link that delivers this family's packets
+	nat      uint32 // NFPROTO_*
+	daddrOff uint32 // the destination address in the network header
+}
 
-// setupTunnel ensures the tier-2 map (kept with its elements when it has
-// the expected types) and writes the chains' rules afresh, in one
-// transaction: a restart with another MSS, or a newer release's rules,
-// takes effect at once without touching the map. mss is the clamp for
-// TCP segments from clients (tunnel.go).
-func (n *nftTables) setupTunnel(mss uint16) error {
-	t := n.tables[0]
-	set, err := n.conn.GetSetByName(t, tier2Map)
-	if err != nil || set == nil || !set.IsMap || set.KeyType.Bytes != tier2KeyType.Bytes || set.DataType.Bytes != tier2DataType.Bytes {
-		if set != nil {
-			n.conn.DelSet(set)
+var tier2Families = [2]tier2Family{
+	{addrType: nftables.TypeIPAddr, addrLen: 4, link: TunnelLink, nat: unix.NFPROTO_IPV4, daddrOff: 16},
+	{addrType: nftables.TypeIP6Addr, addrLen: 16, link: Tunnel6Link, nat: unix.NFPROTO_IPV6, daddrOff: 24},
+}
+
+// keyType is VIP . protocol . port . slot; dataType is endpoint address .
+// port.
+func (f tier2Family) keyType() nftables.SetDatatype {
+	return nftables.MustConcatSetType(f.addrType, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInteger)
+}
+
+func (f tier2Family) dataType() nftables.SetDatatype {
+	return nftables.MustConcatSetType(f.addrType, nftables.TypeInetService)
+}
+
+// setupTunnel ensures the tier-2 maps of the families on (kept with their
+// elements when they have the expected types) and writes their chains'
+// rules afresh, and takes the chains and map away from a family off, in
+// one transaction: a restart with another MSS, or a newer release's rules,
+// takes effect at once without touching the maps. mss is the clamp for
+// TCP segments from clients of each family (tunnel.go).
+func (n *nftTables) setupTunnel(mss [2]uint16, on [2]bool) error {
+	var sets [2]*nftables.Set
+	for i, fam := range tier2Families {
+		t := n.tables[i]
+		if !on[i] {
+			n.queueRemoveTunnel(t)
+			continue
 		}
-		set = &nftables.Set{Table: t, Name: tier2Map, IsMap: true, Concatenation: true,
-			KeyType: tier2KeyType, DataType: tier2DataType}
-		if err := n.conn.AddSet(set, nil); err != nil {
-			return fmt.Errorf("map %s: %w", tier2Map, err)
+		keyType, dataType := fam.keyType(), fam.dataType()
+		set, err := n.conn.GetSetByName(t, tier2Map)
+		if err != nil || set == nil || !set.IsMap || set.KeyType.Bytes != keyType.Bytes || set.DataType.Bytes != dataType.Bytes {
+			if set != nil {
+				n.conn.DelSet(set)
+			}
+			set = &nftables.Set{Table: t, Name: tier2Map, IsMap: true, Concatenation: true, KeyType: keyType, DataType: dataType}
+			if err := n.conn.AddSet(set, nil); err != nil {
+				return fmt.Errorf("map %s %s: %w", familyName(t.Family), tier2Map, err)
+			}
 		}
-	}
-	vips := n.vips[0]
-	for _, c := range tunnelChains {
-		c.Table = t
-		ch := n.conn.AddChain(&c)
-		n.conn.FlushChain(ch)
-		for _, r := range tunnelRules(c.Name, vips, set, mss) {
-			n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
+		sets[i] = set
+		for _, c := range tunnelChains {
+			c.Table = t
+			ch := n.conn.AddChain(&c)
+			n.conn.FlushChain(ch)
+			for _, r := range tunnelRules(c.Name, fam, n.vips[i], set, mss[i]) {
+				n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
+			}
 		}
 	}
 	if err := n.conn.Flush(); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			err = fmt.Errorf("%w (the kernel lacks an nftables expression they use: numgen is module nft_numgen, which the kernel loads on first use unless module autoloading is off; then load it at boot, /etc/modules-load.d)", err)
 		}
-		return fmt.Errorf("nftables table ip %s, two-tier chains: %w", snatTable, err)
+		return fmt.Errorf("nftables tables %s, two-tier chains: %w", snatTable, err)
 	}
-	n.tier2 = set
+	n.tier2 = sets
 	return nil
 }
 
-// removeTunnel deletes the two-tier map and chains when a table has them
+// removeTunnel deletes the two-tier maps and chains when a table has them
 // (a node going back to the one-tier dataplane).
 func (n *nftTables) removeTunnel() error {
-	t := n.tables[0]
+	found := false
+	for _, t := range n.tables {
+		found = n.queueRemoveTunnel(t) || found
+	}
+	if !found {
+		return nil
+	}
+	if err := n.conn.Flush(); err != nil {
+		return fmt.Errorf("nftables tables %s: delete the two-tier chains: %w", snatTable, err)
+	}
+	n.tier2 = [2]*nftables.Set{}
+	return nil
+}
+
+// queueRemoveTunnel queues the deletion of table t's two-tier chains and
+// map, those it has, and reports whether it had any.
+func (n *nftTables) queueRemoveTunnel(t *nftables.Table) bool {
 	found := false
 	for _, c := range tunnelChains {
 		if ch, err := n.conn.ListChain(t, c.Name); err == nil && ch != nil {
@@ -91,16 +133,11 @@ func (n *nftTables) removeTunnel() error {
 		n.conn.DelSet(set)
 		found = true
 	}
-	if !found {
-		return nil
-	}
-	if err := n.conn.Flush(); err != nil {
-		return fmt.Errorf("nftables table ip %s: delete the two-tier chains: %w", snatTable, err)
-	}
-	return nil
+	return found
 }
 
-// tunnelRules returns the rules of chain name:
+// tunnelRules returns the rules of chain name in the table of family fam
+// (ip shown; ip6 the same with sit0 and ip6 daddr):
 //
 //	tunnel-raw:   iifname != "tunl0" ip daddr @vips notrack
 //	tunnel-dnat:  iifname "tunl0" dnat ip to ip daddr . meta l4proto . th dport . numgen random mod Tier2Slots map @tier2
@@ -111,26 +148,28 @@ func (n *nftTables) removeTunnel() error {
 // tunnel-input drops what the tunnel delivers to a VIP without a tier-2
 // entry (a virtual server with no endpoint on this node): left alone, IPVS
 // would take it at LOCAL_IN and tunnel it again.
-func tunnelRules(name string, vips, tier2 *nftables.Set, mss uint16) [][]expr.Any {
+func tunnelRules(name string, fam tier2Family, vips, tier2 *nftables.Set, mss uint16) [][]expr.Any {
 	iif := func(op expr.CmpOp) []expr.Any {
 		return []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-			&expr.Cmp{Op: op, Register: 1, Data: ifname(TunnelLink)},
+			&expr.Cmp{Op: op, Register: 1, Data: ifname(fam.link)},
 		}
 	}
-	daddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}
+	daddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.daddrOff, Len: fam.addrLen}
 	inVIPs := &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID}
+	// The 32-bit registers after the address: protocol, port, slot.
+	after := reg32 + fam.addrLen/4
 	switch name {
 	case tunnelRaw:
 		return [][]expr.Any{append(iif(expr.CmpOpNeq), daddr, inVIPs, &expr.Notrack{})}
 	case tunnelDNAT:
 		return [][]expr.Any{append(iif(expr.CmpOpEq),
 			daddr,
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + 1},
-			&expr.Payload{DestRegister: reg32 + 2, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-			&expr.Numgen{Register: reg32 + 3, Modulus: Tier2Slots, Type: unix.NFT_NG_RANDOM},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: after},
+			&expr.Payload{DestRegister: after + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Numgen{Register: after + 2, Modulus: Tier2Slots, Type: unix.NFT_NG_RANDOM},
 			&expr.Lookup{SourceRegister: 1, SetName: tier2.Name, SetID: tier2.ID, DestRegister: 1, IsDestRegSet: true},
-			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: reg32 + 1, Specified: true},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: 1, RegProtoMin: after, Specified: true},
 		)}
 	case tunnelIn:
 		return [][]expr.Any{append(iif(expr.CmpOpEq), daddr, inVIPs, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop})}
@@ -174,34 +213,39 @@ func tier2Elem(s Tier2Slot) nftables.SetElement {
 	return nftables.SetElement{Key: key, Val: val}
 }
 
-// parseTier2Elem decodes a tier-2 map element.
+// parseTier2Elem decodes a tier-2 map element of either family.
 func parseTier2Elem(e nftables.SetElement) (Tier2Slot, bool) {
-	if len(e.Key) != 16 || len(e.Val) != 8 {
+	if (len(e.Key) != 16 || len(e.Val) != 8) && (len(e.Key) != 28 || len(e.Val) != 20) {
 		return Tier2Slot{}, false
 	}
-	k, ok := parseSNATElement(e.Key[:12])
+	k, ok := parseSNATElement(e.Key[:len(e.Key)-4])
 	if !ok {
 		return Tier2Slot{}, false
 	}
-	slot := int(binaryutil.NativeEndian.Uint32(e.Key[12:]))
-	a, _ := netip.AddrFromSlice(e.Val[:4])
-	to := netip.AddrPortFrom(a, binary.BigEndian.Uint16(e.Val[4:6]))
+	slot := int(binaryutil.NativeEndian.Uint32(e.Key[len(e.Key)-4:]))
+	a, _ := netip.AddrFromSlice(e.Val[:len(e.Val)-4])
+	to := netip.AddrPortFrom(a, binary.BigEndian.Uint16(e.Val[len(e.Val)-4:]))
 	if slot >= Tier2Slots {
 		return Tier2Slot{}, false
 	}
 	return Tier2Slot{Key: k, Slot: slot, To: to}, true
 }
 
-// readTier2 reads the tier-2 map.
+// readTier2 reads the tier-2 maps of both families.
 func (n *nftTables) readTier2() (Tier2, error) {
-	els, err := n.conn.GetSetElements(n.tier2)
-	if err != nil {
-		return nil, fmt.Errorf("nftables map %s %s: %w", snatTable, tier2Map, err)
-	}
 	var p Tier2Plan
-	for _, e := range els {
-		if s, ok := parseTier2Elem(e); ok {
-			p.Add = append(p.Add, s)
+	for _, set := range n.tier2 {
+		if set == nil {
+			continue // the family's two tiers are off
+		}
+		els, err := n.conn.GetSetElements(set)
+		if err != nil {
+			return nil, fmt.Errorf("nftables map %s %s %s: %w", familyName(set.Table.Family), snatTable, tier2Map, err)
+		}
+		for _, e := range els {
+			if s, ok := parseTier2Elem(e); ok {
+				p.Add = append(p.Add, s)
+			}
 		}
 	}
 	t := Tier2{}
@@ -209,18 +253,43 @@ func (n *nftTables) readTier2() (Tier2, error) {
 	return t, nil
 }
 
-// updateTier2 performs p on the tier-2 map: a virtual server's deletes and
-// adds in one transaction, so that no slot is ever missing while it
+// updateTier2 performs p on the tier-2 maps: a virtual server's deletes
+// and adds in one transaction, so that no slot is ever missing while it
 // changes endpoint, and as many virtual servers per transaction as fit in
 // maxElemsPerBatch elements (see update).
 func (n *nftTables) updateTier2(p Tier2Plan) error {
 	var errs []error
-	for _, chunk := range tier2Chunks(p, maxElemsPerBatch) {
-		if err := n.updateTier2Batch(chunk); err != nil {
-			errs = append(errs, err)
+	for i, fp := range p.byFamily() {
+		if fp.Len() > 0 && n.tier2[i] == nil {
+			errs = append(errs, fmt.Errorf("tier-2 map of table %s %s: the two tiers are off for that family", familyName(tableFamilies[i]), snatTable))
+			continue
+		}
+		for _, chunk := range tier2Chunks(fp, maxElemsPerBatch) {
+			if err := n.updateTier2Batch(n.tier2[i], chunk); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// byFamily splits p into the changes of IPv4 VIPs and those of IPv6 VIPs,
+// each still sorted.
+func (p Tier2Plan) byFamily() [2]Tier2Plan {
+	var out [2]Tier2Plan
+	fam := func(s Tier2Slot) int {
+		if s.Key.VIP.Unmap().Is4() {
+			return 0
+		}
+		return 1
+	}
+	for _, s := range p.Del {
+		out[fam(s)].Del = append(out[fam(s)].Del, s)
+	}
+	for _, s := range p.Add {
+		out[fam(s)].Add = append(out[fam(s)].Add, s)
+	}
+	return out
 }
 
 // tier2Chunks splits p, whose slices are sorted by key, into plans of at
@@ -268,7 +337,7 @@ func tier2Chunks(p Tier2Plan, limit int) []Tier2Plan {
 // updateTier2Batch performs p in one transaction. When that fails (an
 // element deleted by hand, say), it redoes each element alone: a delete of
 // an absent element is skipped, an add replaces what the slot holds.
-func (n *nftTables) updateTier2Batch(p Tier2Plan) error {
+func (n *nftTables) updateTier2Batch(set *nftables.Set, p Tier2Plan) error {
 	if p.Len() == 0 {
 		return nil
 	}
@@ -280,7 +349,7 @@ func (n *nftTables) updateTier2Batch(p Tier2Plan) error {
 	for i, s := range p.Add {
 		add[i] = tier2Elem(s)
 	}
-	err := errors.Join(queueElements(n.conn.SetDeleteElements, n.tier2, del), queueElements(n.conn.SetAddElements, n.tier2, add))
+	err := errors.Join(queueElements(n.conn.SetDeleteElements, set, del), queueElements(n.conn.SetAddElements, set, add))
 	if err == nil {
 		if err = n.conn.Flush(); err == nil {
 			return nil
@@ -289,7 +358,7 @@ func (n *nftTables) updateTier2Batch(p Tier2Plan) error {
 	n.slowPaths++
 	var errs []error
 	for i, e := range del {
-		if err := n.conn.SetDeleteElements(n.tier2, []nftables.SetElement{e}); err == nil {
+		if err := n.conn.SetDeleteElements(set, []nftables.SetElement{e}); err == nil {
 			if err := n.conn.Flush(); err != nil && !isNotFound(err) {
 				errs = append(errs, fmt.Errorf("delete tier-2 slot %s #%d: %w", p.Del[i].Key, p.Del[i].Slot, err))
 			}
@@ -298,9 +367,9 @@ func (n *nftTables) updateTier2Batch(p Tier2Plan) error {
 	for i, e := range add {
 		// Whatever the slot holds goes first (an absent slot: nothing to
 		// delete, and the error says so).
-		_ = n.conn.SetDeleteElements(n.tier2, []nftables.SetElement{{Key: e.Key}})
+		_ = n.conn.SetDeleteElements(set, []nftables.SetElement{{Key: e.Key}})
 		_ = n.conn.Flush()
-		if err := n.conn.SetAddElements(n.tier2, []nftables.SetElement{e}); err != nil {
+		if err := n.conn.SetAddElements(set, []nftables.SetElement{e}); err != nil {
 			errs = append(errs, err)
 			continue
 		}

@@ -30,7 +30,7 @@ func TestKernelPrepareNode(t *testing.T) {
 				boot = append(boot, m)
 			}
 		}
-		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute, Modules: boot, OnDemandModules: []string{"ip_vs", "ipip"},
+		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute, Modules: boot, OnDemandModules: []string{"ip_vs", "ipip", "sit"},
 			OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen")})
 		return
 	}
@@ -84,8 +84,15 @@ func TestKernelPrepareNode(t *testing.T) {
 		if _, err := os.Stat("/sys/module/ipip"); !errors.Is(err, fs.ErrNotExist) {
 			t.Fatalf("ipip is loaded before PrepareTunnel (stat: %v)", err)
 		}
-		if err := PrepareTunnel(); err != nil {
+		no6, err := PrepareTunnel()
+		if err != nil {
 			t.Fatalf("PrepareTunnel: %v", err)
+		}
+		if no6 != nil {
+			t.Errorf("PrepareTunnel says IPv6 VIPs keep one tier (%v), want sit0 readied", no6)
+		}
+		if _, err := os.Stat("/sys/class/net/" + Tunnel6Link); err != nil {
+			t.Errorf("no %s after PrepareTunnel (sit loaded by the kernel on request): %v", Tunnel6Link, err)
 		}
 		if _, err := os.Stat("/sys/class/net/" + TunnelLink); err != nil {
 			t.Errorf("no %s after PrepareTunnel (ipip loaded by the kernel on request): %v", TunnelLink, err)

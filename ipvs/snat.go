@@ -72,7 +72,7 @@ type nftTables struct {
 	snat   [2]*nftables.Set
 	vips   [2]*nftables.Set
 	allow  [2]*nftables.Set
-	tier2  *nftables.Set // the two-tier dataplane's map (ip only), once set up
+	tier2  [2]*nftables.Set // the two-tier dataplane's maps, once set up
 	// slowPaths counts the batches that failed and were redone one element
 	// at a time (for tests: a batch should fail only on drift).
 	slowPaths int

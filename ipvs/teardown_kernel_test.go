@@ -124,7 +124,7 @@ func (n *teardownNode) leftovers(t *testing.T, keys []Key) []string {
 				}
 				out = append(out, "table "+familyName(fam)+" "+snatTable)
 				if set, err := c.GetSetByName(tbl, tier2Map); err == nil && set != nil {
-					out = append(out, "map "+tier2Map)
+					out = append(out, "map "+familyName(fam)+" "+tier2Map)
 				}
 			}
 		}
@@ -250,11 +250,12 @@ func twoTierTeardownNode(t *testing.T) (*teardownNode, State, []string) {
 	desired := state(
 		Service{VIP: ip("192.0.2.80"), Port: 80, Protocol: TCP, Backends: nodes, Local: pods},
 		Service{VIP: ip("192.0.2.80"), Port: 53, Protocol: UDP, Backends: nodes, Local: pods[:1]},
-		Service{VIP: ip("2001:db8::80"), Port: 80, Protocol: TCP, SNAT: true, Backends: []Backend{{Addr: ip("fd00:70::2"), Port: 8080, Weight: 1}}},
+		// IPv6: tier 1 to the same IPv4 tunnel addresses (6in4).
+		Service{VIP: ip("2001:db8::80"), Port: 80, Protocol: TCP, Backends: nodes, Local: []Backend{{Addr: ip("fd00:70::2"), Port: 8080, Weight: 1}}},
 	)
 	syncOK(t, n.d, desired)
 	must(t, n.d.SetTunnelRoutes(map[netip.Addr]netip.Addr{ip("10.52.0.2"): ip("10.60.0.2")}))
-	want := append(wantOneTier(n.link, desired), "map "+tier2Map, "link "+LoopLink, "link "+LoopPeer,
+	want := append(wantOneTier(n.link, desired), "map ip "+tier2Map, "map ip6 "+tier2Map, "link "+LoopLink, "link "+LoopPeer,
 		fmt.Sprintf("rule priority %d table %d", TunnelRulePriority, TunnelTable),
 		fmt.Sprintf("route %s/32 table %d", self, TunnelTable), fmt.Sprintf("route 10.52.0.2/32 proto %d", TunnelRouteProtocol))
 	return n, desired, want
@@ -296,7 +297,7 @@ func testTeardownPartsMissing(t *testing.T) {
 	if _, err := n.d.Sync(desired); err == nil {
 		t.Errorf("Sync without the table ip %s succeeded: the test does not test what it says", snatTable)
 	}
-	gone := []string{"table ip " + snatTable, "map " + tier2Map, "link " + LoopLink, "link " + LoopPeer,
+	gone := []string{"table ip " + snatTable, "map ip " + tier2Map, "link " + LoopLink, "link " + LoopPeer,
 		fmt.Sprintf("rule priority %d table %d", TunnelRulePriority, TunnelTable),
 		// The loop's peer held the local route of the tunnel address.
 		fmt.Sprintf("route 10.52.0.9/32 table %d", TunnelTable)}

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/google/nftables"
 )
 
 func TestTier2SlotsOf(t *testing.T) {
@@ -192,8 +194,12 @@ func TestValidateTwoTier(t *testing.T) {
 		{"two tiers", Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Backends: []Backend{node}, Local: []Backend{pod}}, ""},
 		{"local endpoint tunnelled", Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Local: []Backend{node}}, "tier-1 backends only"},
 		{"local endpoint without port", Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Local: []Backend{{Addr: ip("10.1.0.1"), Weight: 1}}}, "local endpoint 10.1.0.1:0: port 0"},
-		{"IPv6 local endpoints", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Local: []Backend{{Addr: ip("2001:db8:1::1"), Port: 8080, Weight: 1}}}, "IPv6 is not supported yet"},
-		{"IPv6 tunnel backend", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Backends: []Backend{{Addr: ip("2001:db8:52::1"), Port: 80, Weight: 1, Tunnel: true}}}, "IPv6 is not supported yet"},
+		{"IPv6 two tiers over IPv4 tunnel addresses", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Backends: []Backend{node},
+			Local: []Backend{{Addr: ip("2001:db8:1::1"), Port: 8080, Weight: 1}}}, ""},
+		{"IPv6 tunnel backend", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Backends: []Backend{{Addr: ip("2001:db8:52::1"), Port: 80, Weight: 1, Tunnel: true}}},
+			"backend [2001:db8:52::1]:80: a tunnel real server (two-tier dataplane) must be an IPv4 tunnel address"},
+		{"IPv4 local endpoint of an IPv6 VIP", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Local: []Backend{pod}}, "local endpoint 10.1.0.1:8080: address family differs"},
+		{"IPv6 plain backend of an IPv4 VIP", Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Backends: []Backend{{Addr: ip("2001:db8:1::1"), Port: 80, Weight: 1}}}, "address family differs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.svc.Validate()
@@ -204,5 +210,36 @@ func TestValidateTwoTier(t *testing.T) {
 				t.Errorf("Validate: %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestTier2ElemRoundTrip: a tier-2 slot of either family encodes to the
+// map element's layout and decodes back; byFamily puts it in its family's
+// plan.
+func TestTier2ElemRoundTrip(t *testing.T) {
+	for _, s := range []Tier2Slot{
+		{Key: Key{VIP: ip("192.0.2.1"), Protocol: TCP, Port: 80}, Slot: 31, To: netip.MustParseAddrPort("10.1.0.1:8080")},
+		{Key: Key{VIP: ip("2001:db8::1"), Protocol: UDP, Port: 53}, Slot: 7, To: netip.MustParseAddrPort("[2001:db8:1::1]:5353")},
+	} {
+		e := tier2Elem(s)
+		wantKey, wantVal := 16, 8 // VIP . proto . port . slot, address . port (padded)
+		fam := 0
+		if s.Key.VIP.Is6() {
+			wantKey, wantVal, fam = 28, 20, 1
+		}
+		if len(e.Key) != wantKey || len(e.Val) != wantVal {
+			t.Errorf("%v: element of %d+%d bytes, want %d+%d", s, len(e.Key), len(e.Val), wantKey, wantVal)
+		}
+		got, ok := parseTier2Elem(e)
+		if !ok || got != s {
+			t.Errorf("parseTier2Elem(tier2Elem(%v)) = %v, %v", s, got, ok)
+		}
+		split := Tier2Plan{Add: []Tier2Slot{s}}.byFamily()
+		if len(split[fam].Add) != 1 || len(split[1-fam].Add) != 0 {
+			t.Errorf("byFamily put %v in %v", s, split)
+		}
+	}
+	if _, ok := parseTier2Elem(nftables.SetElement{Key: make([]byte, 16), Val: make([]byte, 20)}); ok {
+		t.Error("parseTier2Elem took a key of one family and a value of the other")
 	}
 }

@@ -39,11 +39,17 @@ import (
 //     its peer, to be decapsulated like any other node's.
 //   - The tunnel adds 20 bytes to every packet from the fabric: the pod's
 //     SYN-ACK to a client of a VIP offers at most MTU-60 (chain
-//     tunnel-mss), so that the client's segments fit.
+//     tunnel-mss), MTU-80 for an IPv6 VIP, so that the client's segments
+//     fit.
+//   - IPv6 VIPs go through the same IPv4 tunnel addresses: IPVS sends an
+//     IPv6 packet to an IPv4 tunnel-mode real server in IPv4 (protocol 41,
+//     6in4), which the kernel's sit0 decapsulates on the chosen node, and
+//     tier 2 is the same DNAT in table ip6 vipcast. A node without IPv6
+//     (no /proc/sys/net/ipv6) runs the two tiers for IPv4 only.
 //
 // Reaching the other nodes' tunnel addresses is the network's job (routes
 // through the fabric, or the speaker's); this package programs the node's
-// own side only. IPv4 only for now.
+// own side only.
 
 // Tunnel configures the two-tier dataplane.
 type Tunnel struct {
@@ -61,6 +67,9 @@ const (
 	// every network namespace once the ipip module is loaded and
 	// decapsulates IPIP packets addressed to a local address.
 	TunnelLink = "tunl0"
+	// Tunnel6Link is the kernel's 6in4 fallback device (module sit): the
+	// same for IPv6 packets in IPv4, those of IPv6 VIPs.
+	Tunnel6Link = "sit0"
 	// LoopLink and its peer LoopPeer are the veth pair a node's packets
 	// to its own tunnel address go round.
 	LoopLink = "vcloop0"
@@ -75,12 +84,14 @@ const (
 )
 
 // clampFor is the largest TCP segment that fits a link of MTU mtu inside
-// IPIP: mtu less the outer and inner IPv4 headers and the TCP header.
-func clampFor(mtu int) (uint16, error) {
+// the tunnel, for IPv4 VIPs and for IPv6 VIPs: mtu less the outer IPv4
+// header, the inner IPv4 or IPv6 header and the TCP header.
+func clampFor(mtu int) ([2]uint16, error) {
 	if mtu < 576 || mtu > 65535 {
-		return 0, fmt.Errorf("MTU %d out of 576..65535", mtu)
+		return [2]uint16{}, fmt.Errorf("MTU %d out of 576..65535", mtu)
 	}
-	return uint16(mtu - tunnelOverhead - 20 - 20), nil //nolint:gosec // checked above
+	//nolint:gosec // checked above
+	return [2]uint16{uint16(mtu - tunnelOverhead - 20 - 20), uint16(mtu - tunnelOverhead - 40 - 20)}, nil
 }
 
 // check validates t.
@@ -122,34 +133,46 @@ func isDefault(n *net.IPNet) bool {
 
 // PrepareTunnel does the part of readying a node for the two-tier
 // dataplane that needs privilege: it loads the ipip module (tunl0
-// appears), creates the loop, and sets the sysctls (sloppy_tcp and
+// appears) and, on a node with IPv6, the sit module (sit0), creates the
+// loop, and sets the sysctls (sloppy_tcp and
 // sloppy_sctp, accept_local on the loop, reverse-path filtering off on
 // tunl0 and the loop). It is the work of the chart's privileged init
 // container (vipcast-speaker prepare-node --tunnel); a speaker without
 // write access to /proc/sys then finds the sysctls set. New with
 // Options.Tunnel does the same, skipping what is already so, and adds
 // what depends on the node's tunnel address.
-func PrepareTunnel() error {
+//
+// An error err stops the two tiers; no6 only says why IPv6 VIPs will keep
+// one tier (no IPv6 on the node, no sit module).
+func PrepareTunnel() (no6, err error) {
 	nh, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
-		return fmt.Errorf("rtnetlink: %w", err)
+		return nil, fmt.Errorf("rtnetlink: %w", err)
 	}
 	defer nh.Close()
-	_, _, _, err = prepareTunnel(nh)
-	return err
+	p, err := prepareTunnel(nh)
+	return p.no6, err
 }
 
-// prepareTunnel is PrepareTunnel with a handle; it returns tunl0 and the
-// loop's two ends.
-func prepareTunnel(nh *netlink.Handle) (tunl, out, in netlink.Link, err error) {
-	if tunl, err = tunnelLink(nh); err != nil {
-		return nil, nil, nil, err
+// prepared is what prepareTunnel readied: the loop's two ends, and why
+// IPv6 VIPs cannot have the two tiers (nil: they can).
+type prepared struct {
+	out, in netlink.Link
+	no6     error
+}
+
+// prepareTunnel is PrepareTunnel with a handle.
+func prepareTunnel(nh *netlink.Handle) (p prepared, err error) {
+	tunl, err := tunnelLink(nh)
+	if err != nil {
+		return p, err
 	}
 	if err := nh.LinkSetUp(tunl); err != nil {
-		return nil, nil, nil, fmt.Errorf("set %s up: %w", TunnelLink, err)
+		return p, fmt.Errorf("set %s up: %w", TunnelLink, err)
 	}
-	if out, in, err = ensureLoop(nh); err != nil {
-		return nil, nil, nil, err
+	p.no6 = prepareSit(nh)
+	if p.out, p.in, err = ensureLoop(nh); err != nil {
+		return p, err
 	}
 	for _, s := range []struct{ name, value string }{
 		{"net/ipv4/vs/sloppy_tcp", "1"},
@@ -158,46 +181,80 @@ func prepareTunnel(nh *netlink.Handle) (tunl, out, in netlink.Link, err error) {
 		{"net/ipv4/conf/" + LoopPeer + "/accept_local", "1"},
 	} {
 		if err := setSysctl(s.name, s.value); err != nil {
-			return nil, nil, nil, err
+			return p, err
 		}
 	}
 	if err := exemptFromRPFilter(LoopPeer, TunnelLink); err != nil {
-		return nil, nil, nil, err
+		return p, err
 	}
-	return tunl, out, in, nil
+	return p, nil
 }
 
-// tunnelLink returns tunl0, loading the ipip module when it is missing: the
-// kernel loads it itself (request_module of rtnl-link-ipip, run by the
-// host's modprobe) when asked for a link of that kind, so neither modprobe
-// nor /lib/modules is needed in the container. The probe link is deleted
-// at once.
+// prepareSit readies sit0 for IPv6 VIPs, and returns why it cannot: no
+// IPv6 on the node, or no sit module.
+func prepareSit(nh *netlink.Handle) error {
+	if !hasIPv6() {
+		return errors.New("the node has no IPv6 (/proc/sys/net/ipv6)")
+	}
+	sit, err := fallbackLink(nh, &netlink.Sittun{LinkAttrs: netlink.LinkAttrs{Name: "vcsit-probe"}}, Tunnel6Link, "sit")
+	if err != nil {
+		return err
+	}
+	if err := nh.LinkSetUp(sit); err != nil {
+		return fmt.Errorf("set %s up: %w", Tunnel6Link, err)
+	}
+	return nil
+}
+
+// tunnelLink returns tunl0, loading the ipip module when it is missing.
 func tunnelLink(nh *netlink.Handle) (netlink.Link, error) {
-	if l, err := nh.LinkByName(TunnelLink); err == nil {
+	return fallbackLink(nh, &netlink.Iptun{LinkAttrs: netlink.LinkAttrs{Name: "vcipip-probe"}}, TunnelLink, "ipip")
+}
+
+// fallbackLink returns the tunnel module's fallback device name, loading
+// module when it is missing: the kernel loads it itself (request_module
+// of rtnl-link-<kind>, run by the host's modprobe) when asked for a link
+// of that kind, such as probe, so neither modprobe nor /lib/modules is
+// needed in the container. The probe link is deleted at once.
+func fallbackLink(nh *netlink.Handle, probe netlink.Link, name, module string) (netlink.Link, error) {
+	if l, err := nh.LinkByName(name); err == nil {
 		return l, nil
 	}
-	const probe = "vcipip-probe"
-	if err := nh.LinkAdd(&netlink.Iptun{LinkAttrs: netlink.LinkAttrs{Name: probe}}); err == nil {
-		if l, err := nh.LinkByName(probe); err == nil {
+	if err := nh.LinkAdd(probe); err == nil {
+		if l, err := nh.LinkByName(probe.Attrs().Name); err == nil {
 			_ = nh.LinkDel(l)
 		}
 	}
-	l, err := nh.LinkByName(TunnelLink)
+	l, err := nh.LinkByName(name)
 	if err != nil {
-		return nil, fmt.Errorf("link %s: %w (it appears when the ipip module is loaded: run vipcast-speaker %s --tunnel privileged, or put ipip in /etc/modules-load.d)", TunnelLink, err, PrepareNodeCommand)
+		return nil, fmt.Errorf("link %s: %w (it appears when the %s module is loaded: run vipcast-speaker %s --tunnel privileged, or put %s in /etc/modules-load.d)", name, err, module, PrepareNodeCommand, module)
 	}
 	return l, nil
+}
+
+// hasIPv6 reports whether the kernel runs IPv6 (it has no /proc/sys/net/ipv6
+// when booted with ipv6.disable=1).
+func hasIPv6() bool {
+	_, err := os.Stat("/proc/sys/net/ipv6")
+	return err == nil
 }
 
 // ensureTunnel readies this node for the two-tier dataplane:
 // prepareTunnel, then the routes and the rule for the node's tunnel
 // address. Each step is skipped when it is already so, and a tunnel
 // address of an earlier run is replaced.
-func ensureTunnel(nh *netlink.Handle, t Tunnel) error {
-	_, out, in, err := prepareTunnel(nh)
+func ensureTunnel(nh *netlink.Handle, t Tunnel) (no6, err error) {
+	p, err := prepareTunnel(nh)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return p.no6, ensureTunnelAddress(nh, t, p.out, p.in)
+}
+
+// ensureTunnelAddress routes the node's tunnel address: out of the loop
+// out for the node's own packets, local in TunnelTable for those that come
+// in on an interface (in, the fabric's), and replaces an earlier run's.
+func ensureTunnelAddress(nh *netlink.Handle, t Tunnel, out, in netlink.Link) error {
 	self := t.Self.Unmap()
 	host := prefixNet(netip.PrefixFrom(self, 32))
 	// The node's own packets to its tunnel address leave by the loop, to

@@ -184,7 +184,8 @@ func normalizeBackends(in []Backend) []Backend {
 }
 
 // Validate reports what the kernel would refuse: an invalid VIP, port 0,
-// an unknown protocol or scheduler, a backend of another address family,
+// an unknown protocol or scheduler, a backend of another address family
+// (but for a tunnel real server, which is IPv4 for every VIP),
 // a negative weight.
 func (s Service) Validate() error {
 	var errs []error
@@ -206,18 +207,10 @@ func (s Service) Validate() error {
 	}
 	errs = append(errs, s.validateBackends("backend", s.Backends)...)
 	errs = append(errs, s.validateBackends("local endpoint", s.Local)...)
-	for _, b := range s.Backends {
-		if b.Tunnel && !s.VIP.Unmap().Is4() {
-			errs = append(errs, fmt.Errorf("backend %s: tunnel forwarding (two-tier dataplane): IPv6 is not supported yet", b.AddrPort()))
-		}
-	}
 	for _, b := range s.Local {
 		if b.Tunnel {
 			errs = append(errs, fmt.Errorf("local endpoint %s: tunnel forwarding is for tier-1 backends only", b.AddrPort()))
 		}
-	}
-	if len(s.Local) > 0 && !s.VIP.Unmap().Is4() {
-		errs = append(errs, errors.New("local endpoints (two-tier dataplane): IPv6 is not supported yet"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("virtual server %s: %w", s.Key(), err)
@@ -232,7 +225,10 @@ func (s Service) validateBackends(what string, bs []Backend) []error {
 		switch {
 		case !b.Addr.IsValid():
 			errs = append(errs, fmt.Errorf("%s without address", what))
-		case b.Addr.Unmap().Is4() != s.VIP.Unmap().Is4():
+		case b.Tunnel && !b.Addr.Unmap().Is4():
+			// Tunnel addresses are IPv4, for IPv6 VIPs too (6in4).
+			errs = append(errs, fmt.Errorf("%s %s: a tunnel real server (two-tier dataplane) must be an IPv4 tunnel address", what, b.AddrPort()))
+		case !b.Tunnel && b.Addr.Unmap().Is4() != s.VIP.Unmap().Is4():
 			errs = append(errs, fmt.Errorf("%s %s: address family differs from the VIP's", what, b.AddrPort()))
 		case b.Port == 0:
 			errs = append(errs, fmt.Errorf("%s %s: port 0", what, b.AddrPort()))

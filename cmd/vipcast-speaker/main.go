@@ -258,9 +258,13 @@ func prepareNode(args []string) int {
 	}
 	fmt.Printf("vipcast-speaker %s: ip_vs is loaded and net.ipv4.vs.conntrack=1\n", ipvs.PrepareNodeCommand)
 	if *tunnel {
-		if err := ipvs.PrepareTunnel(); err != nil {
+		no6, err := ipvs.PrepareTunnel()
+		if err != nil {
 			fmt.Fprintf(os.Stderr, "vipcast-speaker %s --tunnel: %v\n", ipvs.PrepareNodeCommand, err)
 			return 1
+		}
+		if no6 != nil {
+			fmt.Printf("vipcast-speaker %s --tunnel: IPv6 VIPs will keep one tier: %v\n", ipvs.PrepareNodeCommand, no6)
 		}
 		fmt.Printf("vipcast-speaker %s: the two-tier dataplane's links and sysctls are ready\n", ipvs.PrepareNodeCommand)
 	}
