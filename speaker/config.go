@@ -33,6 +33,9 @@ type View struct {
 	// Tunnels turns on the two-tier dataplane for IPv4 VIPs (ipvs.Tunnel):
 	// each node's tunnel address by node name. Nil keeps one tier.
 	Tunnels map[string]netip.Addr
+	// TunnelIPv6, with Tunnels, gives IPv6 VIPs the two tiers too, through
+	// the same IPv4 tunnel addresses (ipvs.Dataplane.TwoTierIPv6).
+	TunnelIPv6 bool
 }
 
 // Pool is one admitted IPPool as the routing decisions need it.

@@ -625,3 +625,60 @@ func TestControllerTwoTier(t *testing.T) {
 		return fmt.Sprintf("routes %v, virtual server %+v", r, st.Services[key])
 	})
 }
+
+// twoTier6Dataplane is a tunnelDataplane that answers TwoTierIPv6 as
+// *ipvs.Dataplane does.
+type twoTier6Dataplane struct {
+	tunnelDataplane
+	on bool
+}
+
+func (d *twoTier6Dataplane) TwoTierIPv6() (bool, error) {
+	if d.on {
+		return true, nil
+	}
+	return false, errors.New("connection sync is on")
+}
+
+// TestControllerTwoTierIPv6: with TunnelPrefix, an IPv6 VIP goes through
+// the two tiers (tier 1 over the nodes' IPv4 tunnel addresses, no SNAT)
+// when the Dataplane's TwoTierIPv6 says so, and keeps one tier with SNAT
+// otherwise; the IPv4 VIP goes through two tiers either way.
+func TestControllerTwoTierIPv6(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("TwoTierIPv6=%v", on), func(t *testing.T) {
+			slice6 := testSlice("v")
+			slice6.AddressType = discoveryv1.AddressTypeIPv6
+			slice6.Endpoints[0].Addresses = []string{"fd00:244::1"}
+			n2 := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"},
+				Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.3"}}}}
+			client := fake.NewClientset(testNodeObject(), n2, testLBService("a", "10.100.0.1"), testSlice("a"),
+				testLBService("v", "2001:db8:100::1"), slice6)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			dp := &twoTier6Dataplane{on: on}
+			c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24", "2001:db8:100::/64"),
+				BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}, Resync: time.Hour, Dataplane: dp,
+				DataplaneResync: 300 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = c.Run(ctx) }()
+			a := netip.MustParseAddr
+			key4 := ipvs.Key{VIP: a("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}
+			key6 := ipvs.Key{VIP: a("2001:db8:100::1"), Port: 80, Protocol: ipvs.TCP}
+			want6 := "[[fd00:244::1]:8080 w1] SNAT true"
+			if on {
+				want6 = "[100.127.0.3:80 w1 ipip] SNAT false"
+			}
+			show := func(s ipvs.Service) string { return fmt.Sprintf("%v SNAT %v", s.Backends, s.SNAT) }
+			eventually(t, "the IPv4 VIP on two tiers, the IPv6 VIP as TwoTierIPv6 says", func() bool {
+				st, _ := dp.last()
+				return show(st.Services[key4]) == "[100.127.0.3:80 w1 ipip] SNAT false" && show(st.Services[key6]) == want6
+			}, func() string {
+				st, _ := dp.last()
+				return fmt.Sprintf("IPv4 %s, IPv6 %s, want %s", show(st.Services[key4]), show(st.Services[key6]), want6)
+			})
+		})
+	}
+}

@@ -74,8 +74,10 @@ const AnnotationScheduler = ipvs.SchedulerAnnotation
 //   - With view.Tunnels set (the two-tier dataplane), an IPv4 VIP's
 //     virtual servers take their real servers from twoTierBackends
 //     instead, for both policies: tier 1 over the nodes that host
-//     endpoints, tier 2 (Local) this node's endpoints, and SNAT false. IPv6
-//     VIPs keep the rules above.
+//     endpoints, tier 2 (Local) this node's endpoints, and SNAT false. An
+//     IPv6 VIP does the same with view.TunnelIPv6 (tier 1 over the same
+//     IPv4 tunnel addresses, weighted by the nodes' IPv6 endpoints), and
+//     keeps the rules above without it.
 //   - A virtual server without backend is kept, with no real server, as
 //     kube-proxy's IPVS mode does. IPVS then refuses new connections to
 //     VIP:port cleanly (ICMP port unreachable) instead of letting them reach
@@ -124,13 +126,18 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 	persistent := sessionPersistence(svc)
 	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
 	var twoTier [][2]tiers
-	if view.Tunnels != nil && fams[0] {
+	var twoTierFams [2]bool // the families whose VIPs go through two tiers
+	if view.Tunnels != nil {
 		// IPv4 VIPs go through two tiers, whatever the policy; IPv6 ones
-		// keep one.
+		// with TunnelIPv6.
+		twoTierFams = [2]bool{fams[0], fams[1] && view.TunnelIPv6}
+	}
+	if twoTierFams[0] || twoTierFams[1] {
 		var p []string
-		twoTier, p = twoTierBackends(svc, endpointSlices, ports, view)
+		twoTier, p = twoTierBackends(svc, endpointSlices, ports, view, twoTierFams)
 		problems = append(problems, p...)
-		fams[0] = false
+		fams[0] = fams[0] && !twoTierFams[0]
+		fams[1] = fams[1] && !twoTierFams[1]
 	}
 	backends := dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, local)
 
@@ -140,7 +147,7 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 		slot := famSlot(vip)
 		for i, p := range ports {
 			s := ipvs.Service{VIP: vip, Port: p.port, Protocol: p.proto, Scheduler: sched, Flags: flags, Persistent: persistent}
-			setRealServers(&s, backends[i][slot], twoTier, i, local, used[slot])
+			setRealServers(&s, backends[i][slot], twoTier, twoTierFams[slot], i, local, used[slot])
 			services = append(services, s)
 		}
 		used[slot] = true
@@ -149,12 +156,13 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 }
 
 // setRealServers gives s, the virtual server of port i, its real servers:
-// the two tiers for an IPv4 VIP with twoTier, else the backends, with SNAT
-// unless the policy is local. Once a family's backends were handed out
-// (used), s gets copies.
-func setRealServers(s *ipvs.Service, backends []ipvs.Backend, twoTier [][2]tiers, i int, local, used bool) {
-	if s.VIP.Is4() && twoTier != nil {
-		s.Backends, s.Local = twoTier[i][0].nodes, twoTier[i][0].local
+// the two tiers of its family with inTwoTiers, else the backends, with
+// SNAT unless the policy is local. Once a family's backends were handed
+// out (used), s gets copies.
+func setRealServers(s *ipvs.Service, backends []ipvs.Backend, twoTier [][2]tiers, inTwoTiers bool, i int, local, used bool) {
+	if inTwoTiers {
+		slot := famSlot(s.VIP)
+		s.Backends, s.Local = twoTier[i][slot].nodes, twoTier[i][slot].local
 		if used {
 			s.Backends, s.Local = slices.Clone(s.Backends), slices.Clone(s.Local)
 		}
@@ -166,49 +174,57 @@ func setRealServers(s *ipvs.Service, backends []ipvs.Backend, twoTier [][2]tiers
 	}
 }
 
-// tiers are one IPv4 virtual server's real servers in the two-tier
-// dataplane: the nodes (tier 1) and this node's endpoints (tier 2).
+// tiers are one virtual server's real servers in the two-tier dataplane:
+// the nodes (tier 1, IPv4 tunnel addresses for both families) and this
+// node's endpoints of the VIP's family (tier 2).
 type tiers struct {
 	nodes, local []ipvs.Backend
 }
 
-// twoTierBackends returns, per port, the two tiers of the IPv4 virtual
-// servers (index 0 of each pair; the pair keeps dataplaneBackends' shape):
+// twoTierBackends returns, per port, the two tiers of the virtual servers
+// of each family in fams (the pair is indexed by family, as
+// dataplaneBackends' result):
 //
-//   - tier 1: one IPIP real server per node that hosts an endpoint, at the
-//     node's tunnel address (view.Tunnels) and the Service's port, weighted
-//     by its count of ready endpoints (0 when all of them terminate: the
-//     node drains). The same for every node and for both traffic policies,
-//     so every node sends a flow to the same node, and that node keeps the
-//     client's address.
-//   - tier 2: this node's endpoints, as dataplaneBackends gives them.
+//   - tier 1: one IPIP real server per node that hosts an endpoint of the
+//     family, at the node's tunnel address (view.Tunnels, IPv4 for both
+//     families) and the Service's port, weighted by its count of ready
+//     endpoints (0 when all of them terminate: the node drains). The same
+//     for every node and for both traffic policies, so every node sends a
+//     flow to the same node, and that node keeps the client's address.
+//   - tier 2: this node's endpoints of the family, as dataplaneBackends
+//     gives them.
 //
 // An endpoint without nodeName, or on a node without tunnel address, has
 // no way in: it is left out and reported.
-func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, view *View) ([][2]tiers, []string) {
+func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, view *View, fams [2]bool) ([][2]tiers, []string) {
 	all := dataplaneBackendsByNode(svc, endpointSlices, ports)
 	out := make([][2]tiers, len(ports))
 	var problems []string
 	unreachable := map[string]bool{}
 	for i, p := range ports {
-		for node, bs := range all[i] {
-			if node == view.Node.Name {
-				out[i][0].local = sortBackends(bs)
-			}
-			tunnel, ok := view.Tunnels[node]
-			if !ok || node == "" {
-				unreachable[node] = true
+		for fam := range all[i] {
+			if !fams[fam] {
 				continue
 			}
-			ready := 0
-			for _, b := range sortBackends(bs) {
-				if b.Weight > 0 {
-					ready++
+			for node, bs := range all[i][fam] {
+				if node == view.Node.Name {
+					out[i][fam].local = sortBackends(bs)
 				}
+				tunnel, ok := view.Tunnels[node]
+				if !ok || node == "" {
+					unreachable[node] = true
+					continue
+				}
+				ready := 0
+				for _, b := range sortBackends(bs) {
+					if b.Weight > 0 {
+						ready++
+					}
+				}
+				out[i][fam].nodes = append(out[i][fam].nodes, ipvs.Backend{Addr: tunnel, Port: p.port, Weight: ready, Tunnel: true})
 			}
-			out[i][0].nodes = append(out[i][0].nodes, ipvs.Backend{Addr: tunnel, Port: p.port, Weight: ready, Tunnel: true})
+			out[i][fam].nodes = sortBackends(out[i][fam].nodes)
 		}
-		out[i][0].nodes = sortBackends(out[i][0].nodes)
 	}
 	for _, node := range slices.Sorted(maps.Keys(unreachable)) {
 		if node == "" {
@@ -220,24 +236,24 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 	return out, problems
 }
 
-// dataplaneBackendsByNode returns, per port, the IPv4 backends of every
-// node by node name ("" for endpoints without one), with the rules of
-// dataplaneBackends.
-func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort) []map[string][]ipvs.Backend {
-	out := make([]map[string][]ipvs.Backend, len(ports))
+// dataplaneBackendsByNode returns, per port and family, the backends of
+// every node by node name ("" for endpoints without one), with the rules
+// of dataplaneBackends.
+func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort) [][2]map[string][]ipvs.Backend {
+	out := make([][2]map[string][]ipvs.Backend, len(ports))
 	for i := range out {
-		out[i] = map[string][]ipvs.Backend{}
+		out[i] = [2]map[string][]ipvs.Backend{{}, {}}
 	}
 	targets := make([]uint16, len(ports))
 	for _, s := range endpointSlices {
 		slot, ok := sliceSlot(s)
-		if !ok || slot != 0 || len(s.Endpoints) == 0 || !ownSlice(svc, s) || !sliceTargets(s, ports, targets) {
+		if !ok || len(s.Endpoints) == 0 || !ownSlice(svc, s) || !sliceTargets(s, ports, targets) {
 			continue
 		}
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
 			addr, weight, ok := endpointBackend(e)
-			if !ok || famSlot(addr) != 0 {
+			if !ok || famSlot(addr) != slot {
 				continue
 			}
 			node := ""
@@ -246,7 +262,7 @@ func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.Endp
 			}
 			for j, tp := range targets {
 				if tp != 0 {
-					out[j][node] = append(out[j][node], ipvs.Backend{Addr: addr, Port: tp, Weight: weight})
+					out[j][slot][node] = append(out[j][slot][node], ipvs.Backend{Addr: addr, Port: tp, Weight: weight})
 				}
 			}
 		}

@@ -693,7 +693,8 @@ func dpBenchFixture(localPolicy, dual bool) (svcs []*v1.Service, eps [][]*discov
 // servers get tier 1 over the nodes that host endpoints (their tunnel
 // addresses, weighted by ready endpoints) and tier 2 from this node's
 // endpoints, the same for Cluster and Local, without SNAT; an IPv6 VIP
-// keeps one tier.
+// too with view.TunnelIPv6 (tier 1 over the same IPv4 tunnel addresses,
+// weighted by the IPv6 endpoints), and keeps one tier without it.
 func TestServiceDataplaneTwoTier(t *testing.T) {
 	tun := func(a string, w int) ipvs.Backend {
 		return ipvs.Backend{Addr: netip.MustParseAddr(a), Port: 80, Weight: w, Tunnel: true}
@@ -709,12 +710,16 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 	eps := dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
 		readyEP("10.1.0.1", "n1"), readyEP("10.1.0.2", "n1"), termEP("10.1.0.3", "n1"),
 		readyEP("10.2.0.1", "n2"), termEP("10.3.0.1", "n3"), readyEP("10.4.0.1", ""))
+	eps6 := dpSlice(discoveryv1.AddressTypeIPv6, httpPorts,
+		readyEP("2001:db8:1::1", "n1"), readyEP("2001:db8:2::1", "n2"), readyEP("2001:db8:2::2", "n2"), termEP("2001:db8:2::3", "n2"))
+	eps6.Name = "s-y"
 	tests := []struct {
-		name     string
-		svc      *v1.Service
-		slices   []*discoveryv1.EndpointSlice
-		want     []ipvs.Service
-		problems []string
+		name       string
+		svc        *v1.Service
+		slices     []*discoveryv1.EndpointSlice
+		tunnelIPv6 bool
+		want       []ipvs.Service
+		problems   []string
 	}{
 		{
 			name:   "cluster",
@@ -748,11 +753,44 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.2", 1)}, nil)},
 		},
 		{
-			name: "IPv6 keeps one tier",
+			name: "IPv6 keeps one tier without TunnelIPv6",
 			svc:  dpSvc("2001:db8::10"),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv6, httpPorts,
 				readyEP("2001:db8:1::1", "n1"), readyEP("2001:db8:2::1", "n2"))},
 			want: []ipvs.Service{vs("2001:db8::10", 80, ipvs.TCP, be("2001:db8:1::1", 8080, 1), be("2001:db8:2::1", 8080, 1))},
+		},
+		{
+			name:       "IPv6 with TunnelIPv6: tier 1 over the IPv4 tunnel addresses",
+			svc:        dpSvc("2001:db8::10"),
+			slices:     []*discoveryv1.EndpointSlice{eps6},
+			tunnelIPv6: true,
+			want: []ipvs.Service{twoTier("2001:db8::10", []ipvs.Backend{tun("10.52.0.1", 1), tun("10.52.0.2", 2)},
+				[]ipvs.Backend{be("2001:db8:1::1", 8080, 1)})},
+		},
+		{
+			name:       "dual stack with TunnelIPv6: each family weighted by its own endpoints",
+			svc:        dpSvc("192.0.2.10", "2001:db8::10"),
+			slices:     []*discoveryv1.EndpointSlice{eps, eps6},
+			tunnelIPv6: true,
+			want: []ipvs.Service{
+				twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 2), tun("10.52.0.2", 1)},
+					[]ipvs.Backend{be("10.1.0.1", 8080, 1), be("10.1.0.2", 8080, 1), be("10.1.0.3", 8080, 0)}),
+				twoTier("2001:db8::10", []ipvs.Backend{tun("10.52.0.1", 1), tun("10.52.0.2", 2)},
+					[]ipvs.Backend{be("2001:db8:1::1", 8080, 1)}),
+			},
+			problems: []string{"without nodeName", "node n3 get no traffic: that node has no tunnel address"},
+		},
+		{
+			name:   "dual stack without TunnelIPv6: IPv6 keeps one tier, with SNAT",
+			svc:    dpSvc("192.0.2.10", "2001:db8::10"),
+			slices: []*discoveryv1.EndpointSlice{eps, eps6},
+			want: []ipvs.Service{
+				twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 2), tun("10.52.0.2", 1)},
+					[]ipvs.Backend{be("10.1.0.1", 8080, 1), be("10.1.0.2", 8080, 1), be("10.1.0.3", 8080, 0)}),
+				vs("2001:db8::10", 80, ipvs.TCP, be("2001:db8:1::1", 8080, 1), be("2001:db8:2::1", 8080, 1),
+					be("2001:db8:2::2", 8080, 1), be("2001:db8:2::3", 8080, 0)),
+			},
+			problems: []string{"without nodeName", "node n3 get no traffic: that node has no tunnel address"},
 		},
 	}
 	for _, tc := range tests {
@@ -760,7 +798,7 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 			node := testNode()
 			node.Name = "n1"
 			view := dpView(t, node)
-			view.Tunnels = tunnels
+			view.Tunnels, view.TunnelIPv6 = tunnels, tc.tunnelIPv6
 			got, problems := ServiceDataplane(tc.svc, tc.slices, view)
 			checkDataplane(t, got, problems, tc.want, tc.problems)
 		})

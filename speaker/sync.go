@@ -75,9 +75,21 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 	view, poolErrs := Compile(c.watch.listPools(ctx), peers, n)
 	view.Classes = c.opts.Classes
 	view.Tunnels = tunnels
+	view.TunnelIPv6 = tunnels != nil && c.twoTierIPv6()
 	c.report.poolProblems(ctx, poolErrs)
 	c.view = view
 	return n, peers, nil
+}
+
+// twoTierIPv6 reports whether the Dataplane gives IPv6 VIPs the two tiers
+// too (*ipvs.Dataplane's TwoTierIPv6); otherwise they keep one.
+func (c *Controller) twoTierIPv6() bool {
+	d, ok := c.opts.Dataplane.(interface{ TwoTierIPv6() (bool, error) })
+	if !ok {
+		return false
+	}
+	on, _ := d.TwoTierIPv6()
+	return on
 }
 
 // tunnelRouter is what the two-tier dataplane needs of the kernel beyond
