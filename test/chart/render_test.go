@@ -607,6 +607,10 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		if _, ok := arg(def.Containers[0].Args, "--tunnel-prefix"); ok || !slices.Equal(def.InitContainers[0].Args, []string{"prepare-node"}) {
 			t.Errorf("default: args %q, init args %q: want one tier", def.Containers[0].Args, def.InitContainers[0].Args)
 		}
+		// Back to one tier with another sync ID: the speaker is told the
+		// ID, so it stops the daemons the two-tier run started.
+		back := checkSpeaker(t, render(t, "speaker: {ipvs: {enabled: true, connSync: {id: 7}}}"), "3s", 3).Spec.Template.Spec
+		wantArg(t, "speaker", back.Containers[0].Args, "--conn-sync-id", "7")
 		for bad, key := range map[string]string{"tunnelPrefix: 100.127.0.0": "tunnelPrefix", "tunnelPrefix: 100.127.0.0/31": "tunnelPrefix", "tunnelMTU: 100": "tunnelMTU",
 			"connSync: {id: 256}": "connSync", "connSync: {interface: a/b}": "connSync", "connSync: {interface: \"\"}": "connSync"} {
 			if _, err := Render(release, namespace, []byte("speaker: {ipvs: {enabled: true, "+bad+"}}")); err == nil || !strings.Contains(err.Error(), key) {
