@@ -326,7 +326,7 @@ func vethBetween(t testing.TB, x, y netns.NsHandle, nameX, nameY, cidrX, cidrY s
 // route sets the route to the host dst via gw, replacing the previous one.
 func route(t testing.TB, h *netlink.Handle, dst netip.Addr, gw string) {
 	t.Helper()
-	pfx := netip.PrefixFrom(dst, 32)
+	pfx := netip.PrefixFrom(dst, dst.BitLen())
 	if err := h.RouteReplace(&netlink.Route{Dst: prefixNet(pfx), Gw: net.ParseIP(gw)}); err != nil {
 		t.Fatalf("route %s via %s: %v", pfx, gw, err)
 	}

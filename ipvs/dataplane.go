@@ -41,7 +41,9 @@ type Options struct {
 	// ConnSync, when set, runs the kernel's IPVS sync daemons so that
 	// every node knows the other nodes' tier-1 connections (connsync.go;
 	// it needs Tunnel), or with ConnSync.Off stops those that run with its
-	// ID (an earlier run's). Nil leaves the daemons alone.
+	// ID (an earlier run's). Nil leaves the daemons alone. Daemons that
+	// cannot start (a link that does not exist) do not fail New: the
+	// Dataplane runs without them and ConnSyncProblem says why.
 	ConnSync *ConnSync
 }
 
@@ -75,7 +77,10 @@ type Dataplane struct {
 	// connSync is Options.ConnSync when on, with its link resolved, for
 	// Teardown and ConnSync.
 	connSync *ConnSync
-	cache    State // the kernel as last read, plus what was applied since
+	// connSyncErr is why the daemons Options.ConnSync asked for are not
+	// running.
+	connSyncErr error
+	cache       State // the kernel as last read, plus what was applied since
 	// filter is the VIP filter as last read, plus what was applied since
 	// (valid with cache).
 	filter Filter
@@ -157,6 +162,14 @@ func New(opts Options) (*Dataplane, error) {
 	return d, nil
 }
 
+// ConnSyncProblem is why the sync daemons Options.ConnSync asked for are
+// not running (nil: they run, or none were asked for).
+func (d *Dataplane) ConnSyncProblem() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.connSyncErr
+}
+
 // setupTunnel readies the node and the nftables chains for the two-tier
 // dataplane (t nil: takes the chains away).
 func (d *Dataplane) setupTunnel(t *Tunnel) error {
@@ -181,7 +194,11 @@ func (d *Dataplane) setupTunnel(t *Tunnel) error {
 }
 
 // setupConnSync starts or stops the IPVS sync daemons as c asks (nil:
-// leaves them alone).
+// leaves them alone). Daemons that cannot start fail nothing: the
+// Dataplane runs without them (ConnSyncProblem), since serving without
+// connection sync beats serving nothing (only flows that ECMP moves after
+// tier 1 changed are lost); a daemon that did start (the master, before
+// the backup failed) is stopped.
 func (d *Dataplane) setupConnSync(c *ConnSync) error {
 	switch {
 	case c == nil:
@@ -189,13 +206,21 @@ func (d *Dataplane) setupConnSync(c *ConnSync) error {
 	case c.Off:
 		return stopConnSyncID(c.ID)
 	}
+	if err := d.runConnSync(*c); err != nil {
+		d.connSyncErr = errors.Join(err, stopConnSyncID(c.ID))
+	}
+	return nil
+}
+
+// runConnSync starts c's daemons.
+func (d *Dataplane) runConnSync(c ConnSync) error {
 	// The kernel starts no sync daemon while a real server of another
 	// family than its virtual server exists: those of a run with
 	// connection sync off go first (this run keeps IPv6 VIPs on one tier).
 	if err := d.dropMixedDests(); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
-	on, err := ensureConnSync(d.nl, *c)
+	on, err := ensureConnSync(d.nl, c)
 	if err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}

@@ -409,16 +409,25 @@ func testMoveTerminating(t *testing.T) {
 				}))
 			}
 			if withSync {
-				// A link that does not exist is refused, naming it.
-				err := inNS(t, f.nodes[0], func() error {
+				// A link that does not exist: the Dataplane runs without
+				// the daemons, and ConnSyncProblem names the link and
+				// the fix.
+				must(t, inNS(t, f.nodes[0], func() error {
 					d, err := New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(0)}, ConnSync: &ConnSync{Interface: "nosuch0"}})
-					if err == nil {
-						d.Close()
+					if err != nil {
+						return fmt.Errorf("New with connection sync on a missing link: %w, want it to run without", err)
 					}
-					return err
-				})
-				if err == nil || !strings.Contains(err.Error(), "nosuch0") || !strings.Contains(err.Error(), "turn connection sync off") {
-					t.Errorf("New with connection sync on a missing link: %v, want an error naming it and the fix", err)
+					defer d.Close()
+					if p := d.ConnSyncProblem(); p == nil || !strings.Contains(p.Error(), "nosuch0") || !strings.Contains(p.Error(), "turn connection sync off") {
+						t.Errorf("ConnSyncProblem() = %v, want one naming nosuch0 and the fix", p)
+					}
+					if c := d.ConnSync(); c != nil {
+						t.Errorf("ConnSync() = %+v with no daemon started, want nil", c)
+					}
+					return nil
+				}))
+				if got := syncDaemons(t, f.nodes[0]); len(got) != 0 {
+					t.Errorf("sync daemons %v after a failed start, want none", got)
 				}
 			}
 			var dps [2]*Dataplane

@@ -32,7 +32,10 @@ import (
 //   - direct-rtt-us, onetier-rtt-us, twotier-rtt-us, twotiersync-rtt-us:
 //     the median round trip of one line on held connections (6
 //     connections × 200 lines), and twotier-added-us, two tiers less
-//     direct.
+//     direct;
+//   - direct6 and twotier6: the same for an IPv6 VIP through the two
+//     tiers (6in4 to the IPv4 tunnel addresses, no connection sync)
+//     against pod pa1's own IPv6 address, and twotier6/direct6.
 //
 // TCG figures say nothing about real speed; the ratios do.
 //
@@ -64,12 +67,22 @@ func BenchmarkTwoTier(b *testing.B) {
 	route(b, two.hClient, pa1.v4(), "10.51.0.1")
 	vip := netip.AddrPortFrom(moveVIP, movePort)
 	direct := netip.AddrPortFrom(pa1.v4(), backendPort)
+	// IPv6: two tiers (6in4), and pod pa1's own IPv6 address.
+	two6 := newMoveFabricFamily(b, true)
+	for n := range two6.nodes {
+		twoTierNode(b, two6, n)
+	}
+	two6.steer(b, 0)
+	pa16 := two6.pods[0][0]
+	route(b, two6.hClient, pa16.v6(), "fd00:51:0::1")
+	vip6 := netip.AddrPortFrom(moveVIP6, movePort)
+	direct6 := netip.AddrPortFrom(pa16.v6(), backendPort)
 
 	paths := []struct {
 		name string
 		f    *moveFabric
 		to   netip.AddrPort
-	}{{"direct", two, direct}, {"onetier", one, vip}, {"twotier", two, vip}, {"twotiersync", synced, vip}}
+	}{{"direct", two, direct}, {"onetier", one, vip}, {"twotier", two, vip}, {"twotiersync", synced, vip}, {"direct6", two6, direct6}, {"twotier6", two6, vip6}}
 	conns := map[string]float64{}
 	rtts := map[string]time.Duration{}
 	for _, p := range paths {
@@ -86,6 +99,8 @@ func BenchmarkTwoTier(b *testing.B) {
 	}
 	fmt.Fprintf(os.Stderr, "bench: connections/s direct %.0f, one tier %.0f, two tiers %.0f, two tiers with connection sync %.0f; median round trip direct %s, one tier %s, two tiers %s, with sync %s\n",
 		conns["direct"], conns["onetier"], conns["twotier"], conns["twotiersync"], rtts["direct"], rtts["onetier"], rtts["twotier"], rtts["twotiersync"])
+	fmt.Fprintf(os.Stderr, "bench: IPv6 connections/s direct %.0f, two tiers %.0f; median round trip direct %s, two tiers %s\n",
+		conns["direct6"], conns["twotier6"], rtts["direct6"], rtts["twotier6"])
 	for _, p := range paths {
 		b.ReportMetric(conns[p.name], p.name+"-conn/s")
 		b.ReportMetric(float64(rtts[p.name].Microseconds()), p.name+"-rtt-us")
@@ -93,6 +108,7 @@ func BenchmarkTwoTier(b *testing.B) {
 	b.ReportMetric(conns["onetier"]/conns["direct"], "onetier/direct")
 	b.ReportMetric(conns["twotier"]/conns["direct"], "twotier/direct")
 	b.ReportMetric(conns["twotiersync"]/conns["direct"], "twotiersync/direct")
+	b.ReportMetric(conns["twotier6"]/conns["direct6"], "twotier6/direct6")
 	b.ReportMetric(float64((rtts["twotier"] - rtts["direct"]).Microseconds()), "twotier-added-us")
 }
 
@@ -230,7 +246,7 @@ func medianRTT(b *testing.B, f *moveFabric, to netip.AddrPort) time.Duration {
 	for range 6 {
 		var c net.Conn
 		must(b, inNS(b, f.client, func() (err error) {
-			c, err = net.DialTimeout("tcp4", to.String(), 5*time.Second)
+			c, err = net.DialTimeout("tcp", to.String(), 5*time.Second)
 			return err
 		}))
 		r := bufio.NewReader(c)

@@ -682,3 +682,54 @@ func TestControllerTwoTierIPv6(t *testing.T) {
 		})
 	}
 }
+
+// syncProblemDataplane is a recordingDataplane whose sync daemons did not
+// start, as *ipvs.Dataplane reports it.
+type syncProblemDataplane struct {
+	recordingDataplane
+}
+
+func (d *syncProblemDataplane) ConnSyncProblem() error {
+	return errors.New("connection sync: link nosuch0: Link not found (name the link to the other nodes, or turn connection sync off)")
+}
+
+// TestControllerConnSyncProblem: a Dataplane running without the sync
+// daemons it was asked for still gets its virtual servers, and the speaker
+// puts a Warning Event on its Node that names the flag, the consequence
+// and the kernel's reason.
+func TestControllerConnSyncProblem(t *testing.T) {
+	client := fakeServices(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dp := &syncProblemDataplane{}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	key := ipvs.Key{VIP: netip.MustParseAddr("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}
+	eventually(t, "the virtual server programmed", func() bool {
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		if len(dp.syncs) == 0 {
+			return false
+		}
+		_, ok := dp.syncs[len(dp.syncs)-1].Services[key]
+		return ok
+	}, func() string { return "" })
+	eventually(t, "a Warning Event on the Node naming --conn-sync-interface and nosuch0", func() bool {
+		evs, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == "n1" && e.Type == v1.EventTypeWarning &&
+				strings.Contains(e.Message, "--conn-sync-interface") && strings.Contains(e.Message, "serves without them") &&
+				strings.Contains(e.Message, "nosuch0") {
+				return true
+			}
+		}
+		return false
+	}, func() string { return "" })
+}

@@ -70,6 +70,9 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 			nodeErrs = append(nodeErrs, errors.New(p))
 		}
 	}
+	if p := c.connSyncProblem(); p != nil {
+		nodeErrs = append(nodeErrs, p)
+	}
 	c.report.nodeProblems(ctx, node, nodeErrs)
 	peers := c.watch.listPeers(ctx)
 	view, poolErrs := Compile(c.watch.listPools(ctx), peers, n)
@@ -79,6 +82,20 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 	c.report.poolProblems(ctx, poolErrs)
 	c.view = view
 	return n, peers, nil
+}
+
+// connSyncProblem is why the Dataplane runs without the connection sync
+// it was asked for (*ipvs.Dataplane's ConnSyncProblem), as a problem of
+// this node's configuration.
+func (c *Controller) connSyncProblem() error {
+	d, ok := c.opts.Dataplane.(interface{ ConnSyncProblem() error })
+	if !ok {
+		return nil
+	}
+	if err := d.ConnSyncProblem(); err != nil {
+		return fmt.Errorf("--conn-sync-interface: the IPVS sync daemons did not start, and this node serves without them (a flow that ECMP moves here after the nodes' endpoints changed is reset): %w", err)
+	}
+	return nil
 }
 
 // twoTierIPv6 reports whether the Dataplane gives IPv6 VIPs the two tiers

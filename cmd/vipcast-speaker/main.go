@@ -424,6 +424,9 @@ func openDataplane(logger klog.Logger, f *flags, nodeIP netip.Addr) (*ipvs.Datap
 	if c := dp.ConnSync(); c != nil {
 		logger.Info("Sharing this node's tier-1 connections with the other nodes (IPVS sync daemons)", "interface", c.Interface, "syncID", c.ID)
 	}
+	if p := dp.ConnSyncProblem(); p != nil {
+		logger.Error(p, "The IPVS sync daemons did not start; serving without connection sync (a Warning Event on the Node says so too)")
+	}
 	if opts.Tunnel != nil {
 		if on, why := dp.TwoTierIPv6(); on {
 			logger.Info("IPv6 VIPs go through the two tiers too, 6in4 to the IPv4 tunnel addresses")
