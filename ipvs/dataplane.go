@@ -66,7 +66,7 @@ type Dataplane struct {
 	// read, plus what was applied since (valid with cache).
 	tunnel bool
 	// tunnel6 is on when the two tiers also serve IPv6 VIPs (Options.Tunnel
-	// on a node with IPv6).
+	// without connection sync, on a node with IPv6 and sit0).
 	tunnel6 bool
 	// genl is the generic netlink socket for real servers of another
 	// family than their virtual server (mixeddest.go), with tunnel.
