@@ -280,7 +280,8 @@ func oneTierNodes(t testing.TB, f *moveFabric) {
 	}
 }
 
-// testMoveTwoTier: the two-tier dataplane; every flow survives and every
+// testMoveTwoTier: the two-tier dataplane; a restarted Dataplane finds
+// its tiers in place and changes nothing; every flow survives and every
 // pod sees the client's own address.
 func testMoveTwoTier(t *testing.T) { moveTwoTier(t, false) }
 
@@ -288,11 +289,27 @@ func testMoveTwoTier(t *testing.T) { moveTwoTier(t, false) }
 // (through the same IPv4 tunnel addresses: 6in4).
 func moveTwoTier(t *testing.T, v6 bool) {
 	f := newMoveFabricFamily(t, v6)
+	var desired [2]State
 	for n, ns := range f.nodes {
 		// The two tiers set loose reverse-path filtering where they need
 		// it: a strict default does not break them.
 		nsSysctls(t, ns, map[string]string{"net/ipv4/conf/all/rp_filter": "1"})
-		twoTierNode(t, f, n)
+		_, desired[n] = twoTierNode(t, f, n)
+	}
+	// A restarted Dataplane reads back what it programmed (for an IPv6
+	// VIP, its IPv4 real servers and the ip6 tier-2 map) and changes
+	// nothing.
+	for n := range f.nodes {
+		var d *Dataplane
+		must(t, inNS(t, f.nodes[n], func() (err error) {
+			d, err = New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(n)}})
+			return err
+		}))
+		p, err := d.Sync(desired[n])
+		if err != nil || !p.Empty() {
+			t.Errorf("node %d: Sync after a restart: plan %v, %v; want nothing to change", n, p, err)
+		}
+		must(t, d.Close())
 	}
 	r := runMove(t, f)
 	r.log(t, "two tiers, VIP "+f.vip.String())
