@@ -243,3 +243,19 @@ func TestTier2ElemRoundTrip(t *testing.T) {
 		t.Error("parseTier2Elem took a key of one family and a value of the other")
 	}
 }
+
+// TestClampFor: the MSS clamp is the fabric's MTU less the outer IPv4
+// header, the inner header (IPv4 20, IPv6 40) and TCP's 20; MTUs outside
+// 576..65535 are refused.
+func TestClampFor(t *testing.T) {
+	for mtu, want := range map[int][2]uint16{1500: {1440, 1420}, 9000: {8940, 8920}, 576: {516, 496}} {
+		if got, err := clampFor(mtu); err != nil || got != want {
+			t.Errorf("clampFor(%d) = %v, %v; want %v", mtu, got, err, want)
+		}
+	}
+	for _, mtu := range []int{575, 65536, 0} {
+		if _, err := clampFor(mtu); err == nil {
+			t.Errorf("clampFor(%d) succeeded, want an error", mtu)
+		}
+	}
+}
