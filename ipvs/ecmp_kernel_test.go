@@ -441,6 +441,9 @@ func testMoveTerminating(t *testing.T) {
 					if c := d.ConnSync(); c != nil {
 						t.Errorf("ConnSync() = %+v with no daemon started, want nil", c)
 					}
+					if on, why := d.TwoTierIPv6(); on || why == nil || !strings.Contains(why.Error(), "did not start") {
+						t.Errorf("TwoTierIPv6() = %v, %v after a failed sync start, want false and a reason saying the daemons did not start", on, why)
+					}
 					return nil
 				}))
 				if got := syncDaemons(t, f.nodes[0]); len(got) != 0 {
