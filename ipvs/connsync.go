@@ -266,14 +266,37 @@ func syncState(d SyncDaemon) uint32 {
 // ipvsGenl sends one IPVS generic netlink command in the calling thread's
 // network namespace and returns the answers.
 func ipvsGenl(cmd uint8, flags int, attr *nl.RtAttr) ([][]byte, error) {
+	id, err := ipvsGenlFamilyID()
+	if err != nil {
+		return nil, err
+	}
+	var attrs []*nl.RtAttr
+	if attr != nil {
+		attrs = append(attrs, attr)
+	}
+	return ipvsGenlExec(id, nil, cmd, flags, attrs...)
+}
+
+// ipvsGenlFamilyID is the number of IPVS's generic netlink family.
+func ipvsGenlFamilyID() (int, error) {
 	fam, err := netlink.GenlFamilyGet(ipvsGenlFamily)
 	if err != nil {
-		return nil, fmt.Errorf("generic netlink family %s: %w (is the ip_vs module loaded?)", ipvsGenlFamily, err)
+		return 0, fmt.Errorf("generic netlink family %s: %w (is the ip_vs module loaded?)", ipvsGenlFamily, err)
 	}
-	req := nl.NewNetlinkRequest(int(fam.ID), flags)
+	return int(fam.ID), nil
+}
+
+// ipvsGenlExec sends the IPVS command cmd with attrs to family id over
+// sock (nil: a socket of the calling thread's namespace) and returns the
+// answers.
+func ipvsGenlExec(id int, sock *nl.SocketHandle, cmd uint8, flags int, attrs ...*nl.RtAttr) ([][]byte, error) {
+	req := nl.NewNetlinkRequest(id, flags)
+	if sock != nil {
+		req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_GENERIC: sock}
+	}
 	req.AddData(&nl.Genlmsg{Command: cmd, Version: ipvsGenlVersion})
-	if attr != nil {
-		req.AddData(attr)
+	for _, a := range attrs {
+		req.AddData(a)
 	}
 	return req.Execute(unix.NETLINK_GENERIC, 0)
 }

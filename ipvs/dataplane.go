@@ -13,7 +13,6 @@ import (
 
 	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -70,7 +69,7 @@ type Dataplane struct {
 	tunnel6 bool
 	// genl is the generic netlink socket for real servers of another
 	// family than their virtual server (mixeddest.go), with tunnel.
-	genl *nl.SocketHandle
+	genl *genlConn
 	// no6 says why IPv6 VIPs keep one tier with Options.Tunnel.
 	no6   error
 	tier2 Tier2
@@ -140,7 +139,7 @@ func New(opts Options) (*Dataplane, error) {
 		d.no6 = errors.New("connection sync is on, and the kernel does not sync the connections of an IPv6 VIP tunnelled to IPv4 tunnel addresses")
 	}
 	if d.tunnel {
-		if d.genl, err = genlSocket(); err != nil {
+		if d.genl, err = openGenl(); err != nil {
 			_ = d.Close()
 			return nil, fmt.Errorf("two-tier dataplane: %w", err)
 		}
@@ -297,7 +296,7 @@ func (d *Dataplane) close() {
 	d.ipvs.Close()
 	d.nl.Close()
 	if d.genl != nil {
-		d.genl.Socket.Close()
+		d.genl.close()
 	}
 	if d.nft != nil {
 		d.nft.close()

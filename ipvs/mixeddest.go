@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/vishvananda/netlink"
+	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -38,61 +38,60 @@ const (
 	ipvsDestAttrUThresh   = 5
 	ipvsDestAttrLThresh   = 6
 	ipvsDestAttrAF        = 11
-	ipvsFwdTunnel         = 2 // IP_VS_CONN_F_TUNNEL
 )
 
 // mixedFamily reports whether b is of another address family than the
 // virtual server k.
 func mixedFamily(k Key, b Backend) bool { return k.VIP.Unmap().Is4() != b.Addr.Unmap().Is4() }
 
-// genlSocket is a generic netlink socket in the calling thread's network
-// namespace, for the commands moby/ipvs cannot send.
-func genlSocket() (*nl.SocketHandle, error) {
+// genlConn is a generic netlink socket in the network namespace of the
+// Dataplane that opened it, with IPVS's family number, both found once.
+type genlConn struct {
+	sock *nl.SocketHandle
+	id   int
+}
+
+// openGenl opens a genlConn in the calling thread's network namespace.
+func openGenl() (*genlConn, error) {
+	id, err := ipvsGenlFamilyID()
+	if err != nil {
+		return nil, err
+	}
 	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_GENERIC)
 	if err != nil {
 		return nil, fmt.Errorf("generic netlink socket: %w", err)
 	}
-	return &nl.SocketHandle{Socket: s}, nil
+	return &genlConn{sock: &nl.SocketHandle{Socket: s}, id: id}, nil
 }
 
+func (g *genlConn) close() { g.sock.Socket.Close() }
+
 // mixedDest sends cmd (ipvsCmdNewDest, SetDest or DelDest) for the real
-// server b of another family than its virtual server k.
+// server b of another family than its virtual server k, with the
+// attributes kernelDest gives moby/ipvs and the family it leaves out.
 func (d *Dataplane) mixedDest(cmd uint8, k Key, b Backend) error {
 	if d.genl == nil {
-		return errors.New("no generic netlink socket")
+		return errors.New("no generic netlink socket (the two-tier dataplane is off)")
 	}
-	fam, err := netlink.GenlFamilyGet(ipvsGenlFamily)
-	if err != nil {
-		return fmt.Errorf("generic netlink family %s: %w (is the ip_vs module loaded?)", ipvsGenlFamily, err)
-	}
-	vip, addr := k.VIP.Unmap(), b.Addr.Unmap()
+	b.Addr = b.Addr.Unmap()
+	vip, kd := k.VIP.Unmap(), kernelDest(b)
 	svc := nl.NewRtAttr(ipvsCmdAttrService, nil)
 	svc.AddRtAttr(ipvsSvcAttrAF, nl.Uint16Attr(family(vip)))
 	svc.AddRtAttr(ipvsSvcAttrProtocol, nl.Uint16Attr(uint16(k.Protocol)))
 	svc.AddRtAttr(ipvsSvcAttrAddr, vip.AsSlice())
 	svc.AddRtAttr(ipvsSvcAttrPort, binary.BigEndian.AppendUint16(nil, k.Port))
 	dest := nl.NewRtAttr(ipvsCmdAttrDest, nil)
-	dest.AddRtAttr(ipvsDestAttrAF, nl.Uint16Attr(family(addr)))
-	dest.AddRtAttr(ipvsDestAttrAddr, addr.AsSlice())
-	dest.AddRtAttr(ipvsDestAttrPort, binary.BigEndian.AppendUint16(nil, b.Port))
+	dest.AddRtAttr(ipvsDestAttrAF, nl.Uint16Attr(kd.AddressFamily))
+	dest.AddRtAttr(ipvsDestAttrAddr, kd.Address)
+	dest.AddRtAttr(ipvsDestAttrPort, binary.BigEndian.AppendUint16(nil, kd.Port))
 	if cmd != ipvsCmdDelDest {
-		fwd := uint32(ipvsFwdTunnel)
-		if !b.Tunnel {
-			// Only tunnel mode crosses families: the kernel refuses
-			// this, and says so.
-			fwd = 0
-		}
-		dest.AddRtAttr(ipvsDestAttrFwdMethod, nl.Uint32Attr(fwd))
-		dest.AddRtAttr(ipvsDestAttrWeight, nl.Uint32Attr(uint32(b.Weight))) //nolint:gosec // Validate: 0..65535
-		dest.AddRtAttr(ipvsDestAttrUThresh, nl.Uint32Attr(0))
-		dest.AddRtAttr(ipvsDestAttrLThresh, nl.Uint32Attr(0))
+		// Only tunnel mode crosses families: the kernel refuses another.
+		dest.AddRtAttr(ipvsDestAttrFwdMethod, nl.Uint32Attr(kd.ConnectionFlags&libipvs.ConnectionFlagFwdMask))
+		dest.AddRtAttr(ipvsDestAttrWeight, nl.Uint32Attr(uint32(kd.Weight))) //nolint:gosec // Validate: 0..65535
+		dest.AddRtAttr(ipvsDestAttrUThresh, nl.Uint32Attr(kd.UpperThreshold))
+		dest.AddRtAttr(ipvsDestAttrLThresh, nl.Uint32Attr(kd.LowerThreshold))
 	}
-	req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_ACK)
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_GENERIC: d.genl}
-	req.AddData(&nl.Genlmsg{Command: cmd, Version: ipvsGenlVersion})
-	req.AddData(svc)
-	req.AddData(dest)
-	_, err = req.Execute(unix.NETLINK_GENERIC, 0)
+	_, err := ipvsGenlExec(d.genl.id, d.genl.sock, cmd, unix.NLM_F_ACK, svc, dest)
 	return err
 }
 
@@ -124,6 +123,6 @@ func (d *Dataplane) dropMixedDests() error {
 			}
 		}
 	}
-	d.stale = true // the in-memory state no longer matches the kernel
-	return errors.Join(errs...)
+	return errors.Join(errs...) // New's Dataplane is stale: its first Sync reads the kernel
+
 }
