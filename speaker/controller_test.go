@@ -333,17 +333,9 @@ func TestControllerProbesDataplane(t *testing.T) {
 		t.Errorf("the resync after drift had %d virtual servers, want both Services'", len(resynced.Services))
 	}
 	eventually(t, "a DataplaneDrift Warning Event on the Node", func() bool {
-		evs, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range evs.Items {
-			if e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == "n1" && e.Type == v1.EventTypeWarning &&
-				e.Reason == "DataplaneDrift" && strings.Contains(e.Message, "kube-proxy") {
-				return true
-			}
-		}
-		return false
+		return nodeWarning(ctx, t, client, "n1", func(e v1.Event) bool {
+			return e.Reason == "DataplaneDrift" && strings.Contains(e.Message, "kube-proxy")
+		})
 	}, state)
 	if got := testutil.ToFloat64(m.drift); got != 1 {
 		t.Errorf("vipcast_ipvs_drift_detected_total = %v, want 1", got)
@@ -719,17 +711,25 @@ func TestControllerConnSyncProblem(t *testing.T) {
 		return ok
 	}, func() string { return "" })
 	eventually(t, "a Warning Event on the Node naming --conn-sync-interface and nosuch0", func() bool {
-		evs, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range evs.Items {
-			if e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == "n1" && e.Type == v1.EventTypeWarning &&
-				strings.Contains(e.Message, "--conn-sync-interface") && strings.Contains(e.Message, "serves without them") &&
-				strings.Contains(e.Message, "nosuch0") {
-				return true
-			}
-		}
-		return false
+		return nodeWarning(ctx, t, client, "n1", func(e v1.Event) bool {
+			return strings.Contains(e.Message, "--conn-sync-interface") && strings.Contains(e.Message, "serves without them") &&
+				strings.Contains(e.Message, "nosuch0")
+		})
 	}, func() string { return "" })
+}
+
+// nodeWarning reports whether client holds a Warning Event on Node node
+// that match accepts.
+func nodeWarning(ctx context.Context, t *testing.T, client *fake.Clientset, node string, match func(v1.Event) bool) bool {
+	t.Helper()
+	evs, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs.Items {
+		if e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == node && e.Type == v1.EventTypeWarning && match(e) {
+			return true
+		}
+	}
+	return false
 }
