@@ -64,9 +64,12 @@ type Dataplane struct {
 	// tunnel is on with Options.Tunnel; tier2 is the tier-2 map as last
 	// read, plus what was applied since (valid with cache).
 	tunnel bool
-	// tunnel6 is on when the two tiers also serve IPv6 VIPs (Options.Tunnel
-	// without connection sync, on a node with IPv6 and sit0).
+	// tunnel6 is on when the two tiers also serve IPv6 VIPs: ip6ip6 to
+	// IPv6 tunnel addresses (Tunnel.Self6, tunnel6.go), or 6in4 to the IPv4
+	// ones without connection sync (on a node with IPv6 and sit0).
 	tunnel6 bool
+	// ip6ip6 is on when IPv6 VIPs go to IPv6 tunnel addresses.
+	ip6ip6 bool
 	// genl is the generic netlink socket for real servers of another
 	// family than their virtual server (mixeddest.go), with tunnel.
 	genl *genlConn
@@ -130,14 +133,7 @@ func New(opts Options) (*Dataplane, error) {
 	}
 	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true,
 		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, tier2: Tier2{}}
-	// The kernel refuses real servers of another family than their
-	// virtual server while a sync daemon runs (its sync protocol cannot
-	// carry their connections): IPv6 VIPs get the two tiers only with
-	// connection sync off.
-	d.tunnel6 = d.tunnel && !opts.ConnSync.on()
-	if d.tunnel && !d.tunnel6 {
-		d.no6 = errors.New("connection sync is on, and the kernel does not sync the connections of an IPv6 VIP tunnelled to IPv4 tunnel addresses")
-	}
+	d.chooseIPv6(opts)
 	if d.tunnel {
 		if d.genl, err = openGenl(); err != nil {
 			_ = d.Close()
@@ -161,6 +157,26 @@ func New(opts Options) (*Dataplane, error) {
 	return d, nil
 }
 
+// chooseIPv6 decides how IPv6 VIPs go with opts: ip6ip6 to IPv6 tunnel
+// addresses with Tunnel.Self6. Without, they go 6in4 to the IPv4 ones, and
+// the kernel refuses real servers of another family than their virtual
+// server while a sync daemon runs (its sync protocol cannot carry their
+// connections): then they get the two tiers only with connection sync off.
+// setupTunnel may still turn them off (no IPv6 on the node).
+func (d *Dataplane) chooseIPv6(opts Options) {
+	if !d.tunnel {
+		return
+	}
+	d.ip6ip6 = opts.Tunnel.Self6.IsValid()
+	d.tunnel6 = d.ip6ip6 || !opts.ConnSync.on()
+	switch {
+	case opts.Tunnel.OneTier6 != "":
+		d.tunnel6, d.ip6ip6, d.no6 = false, false, errors.New(opts.Tunnel.OneTier6)
+	case !d.tunnel6:
+		d.no6 = errors.New("connection sync is on, and the kernel does not sync the connections of an IPv6 VIP tunnelled to IPv4 tunnel addresses (give the nodes IPv6 tunnel addresses)")
+	}
+}
+
 // ConnSyncProblem is why the sync daemons Options.ConnSync asked for are
 // not running (nil: they run, or none were asked for).
 func (d *Dataplane) ConnSyncProblem() error {
@@ -180,13 +196,20 @@ func (d *Dataplane) setupTunnel(t *Tunnel) error {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
 	if no6 != nil && d.tunnel6 {
-		d.tunnel6, d.no6 = false, no6
+		d.tunnel6, d.ip6ip6, d.no6 = false, false, no6
 	}
-	mss, err := clampFor(tunnelMTU(d.nl, *t))
+	mss, err := clampFor(tunnelMTU(d.nl, *t), d.ip6ip6)
 	if err != nil {
 		return fmt.Errorf("two-tier dataplane: fabric %w", err)
 	}
-	if err := d.nft.setupTunnel(mss, [2]bool{true, d.tunnel6}); err != nil {
+	links := [2]string{TunnelLink}
+	switch {
+	case d.ip6ip6:
+		links[1] = IP6TunnelLink
+	case d.tunnel6:
+		links[1] = Tunnel6Link
+	}
+	if err := d.nft.setupTunnel(mss, links); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
 	return nil
@@ -207,7 +230,7 @@ func (d *Dataplane) setupConnSync(c *ConnSync) error {
 	}
 	if err := d.runConnSync(*c); err != nil {
 		d.connSyncErr = errors.Join(err, stopConnSyncID(c.ID))
-		if d.tunnel {
+		if d.tunnel && !d.ip6ip6 {
 			// IPv6 VIPs stay on one tier: the chains were set up so.
 			d.no6 = errors.New("connection sync was asked for (its daemons did not start: see the sync problem), and the kernel does not sync the connections of an IPv6 VIP tunnelled to IPv4 tunnel addresses")
 		}
@@ -303,10 +326,11 @@ func (d *Dataplane) close() {
 	}
 }
 
-// TwoTierIPv6 reports whether IPv6 VIPs go through the two tiers
-// (Options.Tunnel on a node with IPv6 and the sit module, connection sync
-// off); otherwise they keep one tier, and with Options.Tunnel why says
-// why.
+// TwoTierIPv6 reports whether IPv6 VIPs go through the two tiers:
+// Options.Tunnel with Tunnel.Self6 on a node with IPv6 (ip6ip6 to the
+// nodes' IPv6 tunnel addresses), or without Self6 on a node with IPv6 and
+// the sit module, connection sync off (6in4 to the IPv4 tunnel addresses).
+// Otherwise they keep one tier, and with Options.Tunnel why says why.
 func (d *Dataplane) TwoTierIPv6() (on bool, why error) { return d.tunnel6, d.no6 }
 
 // LinkName is the dummy link's name.
@@ -571,6 +595,12 @@ func (d *Dataplane) check(svc Service) error {
 		return fmt.Errorf("virtual server %s: source NAT wanted, but the two-tier dataplane keeps the client's address and does not use it", svc.Key())
 	case d.tunnel && !svc.VIP.Unmap().Is4() && !d.tunnel6 && (len(svc.Local) > 0 || slices.ContainsFunc(svc.Backends, func(b Backend) bool { return b.Tunnel })):
 		return fmt.Errorf("virtual server %s: IPv6 VIPs keep one tier on this node: %w", svc.Key(), d.no6)
+	case d.tunnel6 && !svc.VIP.Unmap().Is4() && slices.ContainsFunc(svc.Backends, func(b Backend) bool { return b.Tunnel && b.Addr.Unmap().Is4() == d.ip6ip6 }):
+		want := "IPv4 tunnel addresses (6in4): this node has no IPv6 tunnel address"
+		if d.ip6ip6 {
+			want = "IPv6 tunnel addresses (ip6ip6), as this node's is"
+		}
+		return fmt.Errorf("virtual server %s: an IPv6 VIP's tunnel real servers must be %s", svc.Key(), want)
 	case d.tunnel:
 		return nil
 	case len(svc.Local) > 0:

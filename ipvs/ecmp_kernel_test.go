@@ -73,7 +73,7 @@ func TestECMPMove(t *testing.T) {
 // top of the defaults: IPIP, 6in4 (sit), and nftables' numgen where it is
 // a module.
 func twoTierVMOptions(o vm.Options) vm.Options {
-	o.Modules = append(slices.Clone(vm.DefaultModules), "ipip", "sit")
+	o.Modules = append(slices.Clone(vm.DefaultModules), "ipip", "sit", "ip6_tunnel")
 	o.OptionalModules = append(slices.Clone(vm.OptionalModules), "nft_numgen")
 	return o
 }
@@ -99,13 +99,15 @@ var (
 //
 // With v6 the client is fd00:50::2 and the VIP moveVIP6; every link and
 // pod also has an IPv6 address (fd00:51:n::/64, fd00:6(n+1):k::/64), and
-// the tunnel addresses stay IPv4.
+// the tunnel addresses stay IPv4 (6in4), unless ip6ip6: then node n also
+// has the IPv6 tunnel address fd00:52::(n+1) (newMoveFabric6in6).
 type moveFabric struct {
 	client  netns.NsHandle
 	hClient *netlink.Handle
 	src     netip.Addr // the client's address in the VIP's family
 	vip     netip.Addr
 	v6      bool
+	ip6ip6  bool
 	nodes   [2]netns.NsHandle
 	hNode   [2]*netlink.Handle
 	pods    [2][]*backend
@@ -128,6 +130,45 @@ func (f *moveFabric) network(proto string) string {
 }
 
 func tunnelAddr(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 52, 0, byte(n + 1)}) }
+
+func tunnelAddr6(n int) netip.Addr { return ip(fmt.Sprintf("fd00:52::%d", n+1)) }
+
+// tunnelAddr is node n's tunnel address that tier 1 sends the VIP to.
+func (f *moveFabric) tunnelAddr(n int) netip.Addr {
+	if f.ip6ip6 {
+		return tunnelAddr6(n)
+	}
+	return tunnelAddr(n)
+}
+
+// tunnel is node n's Options.Tunnel.
+func (f *moveFabric) tunnel(n int) *Tunnel {
+	t := &Tunnel{Self: tunnelAddr(n)}
+	if f.ip6ip6 {
+		t.Self6 = tunnelAddr6(n)
+	}
+	return t
+}
+
+// overhead is what the tunnel adds to the VIP's packets.
+func (f *moveFabric) overhead() int {
+	if f.ip6ip6 {
+		return tunnel6Overhead
+	}
+	return tunnelOverhead
+}
+
+// newMoveFabric6in6 is newMoveFabricFamily for an IPv6 VIP whose tier 1
+// goes to IPv6 tunnel addresses: the ToR routes each node's.
+func newMoveFabric6in6(t testing.TB) *moveFabric {
+	t.Helper()
+	f := newMoveFabricFamily(t, true)
+	f.ip6ip6 = true
+	for n := range f.nodes {
+		route(t, f.hClient, tunnelAddr6(n), fmt.Sprintf("fd00:51:%d::1", n))
+	}
+	return f
+}
 
 func newMoveFabric(t testing.TB) *moveFabric { return newMoveFabricFamily(t, false) }
 
@@ -287,14 +328,20 @@ func testMoveTwoTier(t *testing.T) { moveTwoTier(t, false) }
 
 // moveTwoTier is testMoveTwoTier for an IPv4 VIP, or with v6 an IPv6 VIP
 // (through the same IPv4 tunnel addresses: 6in4).
-func moveTwoTier(t *testing.T, v6 bool) {
-	f := newMoveFabricFamily(t, v6)
+func moveTwoTier(t *testing.T, v6 bool) { moveTwoTierOn(t, newMoveFabricFamily(t, v6)) }
+
+// moveTwoTierOn is moveTwoTier on fabric f.
+func moveTwoTierOn(t *testing.T, f *moveFabric) {
 	var desired [2]State
 	for n, ns := range f.nodes {
 		// The two tiers set loose reverse-path filtering where they need
 		// it: a strict default does not break them.
 		nsSysctls(t, ns, map[string]string{"net/ipv4/conf/all/rp_filter": "1"})
-		_, desired[n] = twoTierNode(t, f, n)
+		var d *Dataplane
+		d, desired[n] = twoTierNode(t, f, n)
+		if on, why := d.TwoTierIPv6(); f.v6 && !on {
+			t.Fatalf("node %d: TwoTierIPv6() = false (%v), want true", n, why)
+		}
 	}
 	// A restarted Dataplane reads back what it programmed (for an IPv6
 	// VIP, its IPv4 real servers and the ip6 tier-2 map) and changes
@@ -302,7 +349,7 @@ func moveTwoTier(t *testing.T, v6 bool) {
 	for n := range f.nodes {
 		var d *Dataplane
 		must(t, inNS(t, f.nodes[n], func() (err error) {
-			d, err = New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(n)}})
+			d, err = New(Options{LinkName: "vip0", Tunnel: f.tunnel(n)})
 			return err
 		}))
 		p, err := d.Sync(desired[n])
@@ -339,6 +386,8 @@ func moveTwoTier(t *testing.T, v6 bool) {
 func testMoveIPv6(t *testing.T) {
 	t.Run("TwoTier", func(t *testing.T) { moveTwoTier(t, true) })
 	t.Run("SyncOn", testIPv6SyncOn)
+	t.Run("IP6IP6", func(t *testing.T) { moveTwoTierOn(t, newMoveFabric6in6(t)) })
+	t.Run("IP6IP6Terminating", func(t *testing.T) { moveTerminating(t, newMoveFabric6in6) })
 }
 
 // testIPv6SyncOn: a node whose IPv6 VIP went through the two tiers
@@ -400,11 +449,14 @@ func testIPv6SyncOn(t *testing.T) {
 // flows that node A tunnelled to itself: its mh now picks node B, whose pod
 // resets them (the control, which shows the event moved flows). With
 // Options.ConnSync node B has node A's connections and tunnels them to node A.
-func testMoveTerminating(t *testing.T) {
+func testMoveTerminating(t *testing.T) { moveTerminating(t, newMoveFabric) }
+
+// moveTerminating is testMoveTerminating on the fabrics fabric builds.
+func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 	const syncID = 96
 	for _, withSync := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sync=%v", withSync), func(t *testing.T) {
-			f := newMoveFabric(t)
+			f := fabric(t)
 			// Node A names the link, node B gives its address on it.
 			var sync [2]*ConnSync
 			if withSync {
@@ -416,7 +468,7 @@ func testMoveTerminating(t *testing.T) {
 					return startSyncDaemon(SyncDaemon{Interface: "peer", ID: 7})
 				}))
 			}
-			if withSync {
+			if withSync && !f.v6 {
 				// A link that does not exist: the Dataplane runs without
 				// the daemons, and ConnSyncProblem names the link and
 				// the fix.
@@ -606,16 +658,16 @@ func testTunnelMTU(t *testing.T, f *moveFabric) {
 	if err := sendLarge(t, f, 10*time.Second); err != nil {
 		t.Errorf("without the MSS clamp, ICMP taken: %v", err)
 	}
-	if mtu := pathMTU(t, f); mtu != 1500-tunnelOverhead {
-		t.Errorf("without the MSS clamp the client's path MTU to the VIP is %d, want %d (1500 less the tunnel's %d bytes)", mtu, 1500-tunnelOverhead, tunnelOverhead)
+	if mtu := pathMTU(t, f); mtu != 1500-f.overhead() {
+		t.Errorf("without the MSS clamp the client's path MTU to the VIP is %d, want %d (1500 less the tunnel's %d bytes)", mtu, 1500-f.overhead(), f.overhead())
 	}
-	clamp, _ := clampFor(1500)
+	clamp, _ := clampFor(1500, f.ip6ip6)
 	fam := 0
 	if f.v6 {
 		fam = 1
 	}
 	t.Logf("two tiers, VIP %s, 20000-byte messages: with the MSS clamp (%d) they arrive although the client drops ICMP; without it they are lost unless ICMP \"too big\" reaches the client, which then uses a path MTU of %d",
-		f.vip, clamp[fam], 1500-tunnelOverhead)
+		f.vip, clamp[fam], 1500-f.overhead())
 }
 
 // pathMTU is the path MTU f's client holds for the VIP (0: none learnt).
@@ -720,7 +772,7 @@ func twoTierNodeSync(t testing.TB, f *moveFabric, n int, sync *ConnSync) (*Datap
 	t.Helper()
 	var d *Dataplane
 	err := inNS(t, f.nodes[n], func() (err error) {
-		d, err = New(Options{LinkName: "vip0", Tunnel: &Tunnel{Self: tunnelAddr(n)}, ConnSync: sync})
+		d, err = New(Options{LinkName: "vip0", Tunnel: f.tunnel(n), ConnSync: sync})
 		return err
 	})
 	if err != nil {
@@ -748,7 +800,7 @@ func (f *moveFabric) twoTierStateTerminating(n, dead int) State {
 		if m == dead {
 			w = 0
 		}
-		nodes = append(nodes, Backend{Addr: tunnelAddr(m), Port: movePort, Weight: w, Tunnel: true})
+		nodes = append(nodes, Backend{Addr: f.tunnelAddr(m), Port: movePort, Weight: w, Tunnel: true})
 	}
 	var local []Backend
 	for _, p := range f.pods[n] {

@@ -33,18 +33,18 @@ var tunnelChains = []nftables.Chain{
 }
 
 // tier2Family is what the tier-2 map and the chains of one table (ip: 0,
-// ip6: 1) differ in.
+// ip6: 1) differ in, beside the tunnel link that delivers the family's
+// packets.
 type tier2Family struct {
 	addrType nftables.SetDatatype
 	addrLen  uint32 // bytes
-	link     string // the tunnel link that delivers this family's packets
 	nat      uint32 // NFPROTO_*
 	daddrOff uint32 // the destination address in the network header
 }
 
 var tier2Families = [2]tier2Family{
-	{addrType: nftables.TypeIPAddr, addrLen: 4, link: TunnelLink, nat: unix.NFPROTO_IPV4, daddrOff: 16},
-	{addrType: nftables.TypeIP6Addr, addrLen: 16, link: Tunnel6Link, nat: unix.NFPROTO_IPV6, daddrOff: 24},
+	{addrType: nftables.TypeIPAddr, addrLen: 4, nat: unix.NFPROTO_IPV4, daddrOff: 16},
+	{addrType: nftables.TypeIP6Addr, addrLen: 16, nat: unix.NFPROTO_IPV6, daddrOff: 24},
 }
 
 // keyType is VIP . protocol . port . slot; dataType is endpoint address .
@@ -61,13 +61,14 @@ func (f tier2Family) dataType() nftables.SetDatatype {
 // elements when they have the expected types) and writes their chains'
 // rules afresh, and takes the chains and map away from a family off, in
 // one transaction: a restart with another MSS, or a newer release's rules,
-// takes effect at once without touching the maps. mss is the clamp for
-// TCP segments from clients of each family (tunnel.go).
-func (n *nftTables) setupTunnel(mss [2]uint16, on [2]bool) error {
+// takes effect at once without touching the maps. links names each
+// family's tunnel link ("": the family is off); mss is the clamp for TCP
+// segments from clients of each family (tunnel.go).
+func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string) error {
 	var sets [2]*nftables.Set
 	for i, fam := range tier2Families {
 		t := n.tables[i]
-		if !on[i] {
+		if links[i] == "" {
 			n.queueRemoveTunnel(t)
 			continue
 		}
@@ -87,7 +88,7 @@ func (n *nftTables) setupTunnel(mss [2]uint16, on [2]bool) error {
 			c.Table = t
 			ch := n.conn.AddChain(&c)
 			n.conn.FlushChain(ch)
-			for _, r := range tunnelRules(c.Name, fam, n.vips[i], set, mss[i]) {
+			for _, r := range tunnelRules(c.Name, fam, links[i], n.vips[i], set, mss[i]) {
 				n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 			}
 		}
@@ -136,8 +137,9 @@ func (n *nftTables) queueRemoveTunnel(t *nftables.Table) bool {
 	return found
 }
 
-// tunnelRules returns the rules of chain name in the table of family fam
-// (ip shown; ip6 the same with sit0 and ip6 daddr):
+// tunnelRules returns the rules of chain name in the table of family fam,
+// whose packets tunnel link delivers (ip shown; ip6 the same with sit0 or
+// vcip6tnl and ip6 daddr):
 //
 //	tunnel-raw:   iifname != "tunl0" ip daddr @vips notrack
 //	tunnel-dnat:  iifname "tunl0" dnat ip to ip daddr . meta l4proto . th dport . numgen random mod Tier2Slots map @tier2
@@ -148,11 +150,11 @@ func (n *nftTables) queueRemoveTunnel(t *nftables.Table) bool {
 // tunnel-input drops what the tunnel delivers to a VIP without a tier-2
 // entry (a virtual server with no endpoint on this node): left alone, IPVS
 // would take it at LOCAL_IN and tunnel it again.
-func tunnelRules(name string, fam tier2Family, vips, tier2 *nftables.Set, mss uint16) [][]expr.Any {
+func tunnelRules(name string, fam tier2Family, link string, vips, tier2 *nftables.Set, mss uint16) [][]expr.Any {
 	iif := func(op expr.CmpOp) []expr.Any {
 		return []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-			&expr.Cmp{Op: op, Register: 1, Data: ifname(fam.link)},
+			&expr.Cmp{Op: op, Register: 1, Data: ifname(link)},
 		}
 	}
 	daddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.daddrOff, Len: fam.addrLen}

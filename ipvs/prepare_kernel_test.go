@@ -30,7 +30,7 @@ func TestKernelPrepareNode(t *testing.T) {
 				boot = append(boot, m)
 			}
 		}
-		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute, Modules: boot, OnDemandModules: []string{"ip_vs", "ipip", "sit"},
+		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute, Modules: boot, OnDemandModules: []string{"ip_vs", "ipip", "sit", "ip6_tunnel"},
 			OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen")})
 		return
 	}
@@ -97,10 +97,18 @@ func TestKernelPrepareNode(t *testing.T) {
 		if _, err := os.Stat("/sys/class/net/" + TunnelLink); err != nil {
 			t.Errorf("no %s after PrepareTunnel (ipip loaded by the kernel on request): %v", TunnelLink, err)
 		}
+		if _, err := os.Stat("/sys/module/ip6_tunnel"); err != nil {
+			t.Errorf("ip6_tunnel not loaded after PrepareTunnel (for IPv6 tunnel addresses): %v", err)
+		}
 		readOnlyProcSys(t)
-		d, err := New(Options{LinkName: "vipcast-p", Tunnel: &Tunnel{Self: netip.MustParseAddr("10.52.0.1")}})
+		// With an IPv6 tunnel address too: the unprivileged speaker's part
+		// (its ip6tnl link, address and routes) needs no sysctl write.
+		d, err := New(Options{LinkName: "vipcast-p", Tunnel: &Tunnel{Self: netip.MustParseAddr("10.52.0.1"), Self6: netip.MustParseAddr("fd00:52::1")}})
 		if err != nil {
 			t.Fatalf("New with Tunnel on a node prepared with --tunnel, /proc/sys read-only: %v", err)
+		}
+		if on, why := d.TwoTierIPv6(); !on {
+			t.Errorf("TwoTierIPv6() = false (%v) with an IPv6 tunnel address on a prepared node, want true", why)
 		}
 		d.Close()
 	})

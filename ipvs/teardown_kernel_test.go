@@ -66,6 +66,7 @@ func newTeardownNode(t *testing.T, opts Options) *teardownNode {
 	must(t, n.h.LinkAdd(fabric))
 	must(t, n.h.LinkSetUp(fabric))
 	must(t, n.h.AddrAdd(fabric, addr(t, "10.60.0.1/24")))
+	must(t, n.h.AddrAdd(fabric, addr(t, "fd00:60::1/64")))
 	must(t, n.h.RouteAdd(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix("10.52.0.7/32")), Gw: ip("10.60.0.9").AsSlice(),
 		Protocol: unix.RTPROT_STATIC}))
 	d, err := openIn(t, n.ns, opts)
@@ -103,7 +104,7 @@ func (n *teardownNode) leftovers(t *testing.T, keys []Key) []string {
 			out = append(out, "virtual server "+s.Key().String())
 		}
 	}
-	for _, name := range []string{n.link, LoopLink, LoopPeer} {
+	for _, name := range []string{n.link, LoopLink, LoopPeer, IP6TunnelLink} {
 		if _, err := n.h.LinkByName(name); err == nil {
 			out = append(out, "link "+name)
 		}
@@ -130,11 +131,13 @@ func (n *teardownNode) leftovers(t *testing.T, keys []Key) []string {
 		}
 		return nil
 	}))
-	rules, err := n.h.RuleList(unix.AF_INET)
-	must(t, err)
-	for _, r := range rules {
-		if r.Priority == TunnelRulePriority || r.Table == TunnelTable {
-			out = append(out, fmt.Sprintf("rule priority %d table %d", r.Priority, r.Table))
+	for fam, what := range map[int]string{unix.AF_INET: "rule", unix.AF_INET6: "rule6"} {
+		rules, err := n.h.RuleList(fam)
+		must(t, err)
+		for _, r := range rules {
+			if r.Priority == TunnelRulePriority || r.Table == TunnelTable {
+				out = append(out, fmt.Sprintf("%s priority %d table %d", what, r.Priority, r.Table))
+			}
 		}
 	}
 	for _, f := range []struct {
@@ -146,10 +149,12 @@ func (n *teardownNode) leftovers(t *testing.T, keys []Key) []string {
 		// Table unspecified: every table.
 		{fmt.Sprintf("proto %d", TunnelRouteProtocol), netlink.Route{Protocol: TunnelRouteProtocol}, netlink.RT_FILTER_TABLE | netlink.RT_FILTER_PROTOCOL},
 	} {
-		routes, err := n.h.RouteListFiltered(unix.AF_INET, &f.filter, f.mask)
-		must(t, err)
-		for _, r := range routes {
-			out = append(out, fmt.Sprintf("route %v %s", r.Dst, f.what))
+		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+			routes, err := n.h.RouteListFiltered(fam, &f.filter, f.mask)
+			must(t, err)
+			for _, r := range routes {
+				out = append(out, fmt.Sprintf("route %v %s", r.Dst, f.what))
+			}
 		}
 	}
 	return out
@@ -239,25 +244,30 @@ func testTeardownOneTier(t *testing.T) {
 	n.teardown(t, desired.keys(), wantOneTier(n.link, desired))
 }
 
-// twoTierTeardownNode is a two-tier Dataplane with desired synced and
-// tunnel routes set (one to 10.52.0.2 via 10.60.0.2 on fabric0).
+// twoTierTeardownNode is a two-tier Dataplane with IPv4 and IPv6 tunnel
+// addresses, desired synced and tunnel routes set (to 10.52.0.2 via
+// 10.60.0.2 and to fd00:52::2 via fd00:60::2, on fabric0).
 func twoTierTeardownNode(t *testing.T) (*teardownNode, State, []string) {
 	t.Helper()
-	self := ip("10.52.0.9")
-	n := newTeardownNode(t, Options{LinkName: "vip-t2", Tunnel: &Tunnel{Self: self, MTU: 9000}})
+	self, self6 := ip("10.52.0.9"), ip("fd00:52::9")
+	n := newTeardownNode(t, Options{LinkName: "vip-t2", Tunnel: &Tunnel{Self: self, Self6: self6, MTU: 9000}})
 	pods := []Backend{{Addr: ip("10.61.1.2"), Port: 8080, Weight: 1}, {Addr: ip("10.61.2.2"), Port: 8080, Weight: 1}}
 	nodes := []Backend{{Addr: self, Port: 80, Weight: 2, Tunnel: true}, {Addr: ip("10.52.0.2"), Port: 80, Weight: 1, Tunnel: true}}
+	nodes6 := []Backend{{Addr: self6, Port: 80, Weight: 1, Tunnel: true}, {Addr: ip("fd00:52::2"), Port: 80, Weight: 1, Tunnel: true}}
 	desired := state(
 		Service{VIP: ip("192.0.2.80"), Port: 80, Protocol: TCP, Backends: nodes, Local: pods},
 		Service{VIP: ip("192.0.2.80"), Port: 53, Protocol: UDP, Backends: nodes, Local: pods[:1]},
-		// IPv6: tier 1 to the same IPv4 tunnel addresses (6in4).
-		Service{VIP: ip("2001:db8::80"), Port: 80, Protocol: TCP, Backends: nodes, Local: []Backend{{Addr: ip("fd00:70::2"), Port: 8080, Weight: 1}}},
+		// IPv6: tier 1 to the IPv6 tunnel addresses (ip6ip6).
+		Service{VIP: ip("2001:db8::80"), Port: 80, Protocol: TCP, Backends: nodes6, Local: []Backend{{Addr: ip("fd00:70::2"), Port: 8080, Weight: 1}}},
 	)
 	syncOK(t, n.d, desired)
-	must(t, n.d.SetTunnelRoutes(map[netip.Addr]netip.Addr{ip("10.52.0.2"): ip("10.60.0.2")}))
+	must(t, n.d.SetTunnelRoutes(map[netip.Addr]netip.Addr{ip("10.52.0.2"): ip("10.60.0.2"), ip("fd00:52::2"): ip("fd00:60::2")}))
 	want := append(wantOneTier(n.link, desired), "map ip "+tier2Map, "map ip6 "+tier2Map, "link "+LoopLink, "link "+LoopPeer,
+		"link "+IP6TunnelLink,
 		fmt.Sprintf("rule priority %d table %d", TunnelRulePriority, TunnelTable),
-		fmt.Sprintf("route %s/32 table %d", self, TunnelTable), fmt.Sprintf("route 10.52.0.2/32 proto %d", TunnelRouteProtocol))
+		fmt.Sprintf("rule6 priority %d table %d", TunnelRulePriority, TunnelTable),
+		fmt.Sprintf("route %s/32 table %d", self, TunnelTable), fmt.Sprintf("route 10.52.0.2/32 proto %d", TunnelRouteProtocol),
+		fmt.Sprintf("route %s/128 table %d", self6, TunnelTable), fmt.Sprintf("route fd00:52::2/128 proto %d", TunnelRouteProtocol))
 	return n, desired, want
 }
 
@@ -299,8 +309,8 @@ func testTeardownPartsMissing(t *testing.T) {
 	}
 	gone := []string{"table ip " + snatTable, "map ip " + tier2Map, "link " + LoopLink, "link " + LoopPeer,
 		fmt.Sprintf("rule priority %d table %d", TunnelRulePriority, TunnelTable),
-		// The loop's peer held the local route of the tunnel address.
-		fmt.Sprintf("route 10.52.0.9/32 table %d", TunnelTable)}
+		// The loop's peer held the local routes of the tunnel addresses.
+		fmt.Sprintf("route 10.52.0.9/32 table %d", TunnelTable), fmt.Sprintf("route fd00:52::9/128 table %d", TunnelTable)}
 	want = slices.DeleteFunc(want, func(s string) bool { return slices.Contains(gone, s) })
 	n.teardown(t, desired.keys(), want)
 }

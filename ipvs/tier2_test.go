@@ -196,8 +196,10 @@ func TestValidateTwoTier(t *testing.T) {
 		{"local endpoint without port", Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Local: []Backend{{Addr: ip("10.1.0.1"), Weight: 1}}}, "local endpoint 10.1.0.1:0: port 0"},
 		{"IPv6 two tiers over IPv4 tunnel addresses", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Backends: []Backend{node},
 			Local: []Backend{{Addr: ip("2001:db8:1::1"), Port: 8080, Weight: 1}}}, ""},
-		{"IPv6 tunnel backend", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Backends: []Backend{{Addr: ip("2001:db8:52::1"), Port: 80, Weight: 1, Tunnel: true}}},
-			"backend [2001:db8:52::1]:80: a tunnel real server (two-tier dataplane) must be an IPv4 tunnel address"},
+		{"IPv6 two tiers over IPv6 tunnel addresses", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Backends: []Backend{{Addr: ip("2001:db8:52::1"), Port: 80, Weight: 1, Tunnel: true}},
+			Local: []Backend{{Addr: ip("2001:db8:1::1"), Port: 8080, Weight: 1}}}, ""},
+		{"IPv6 tunnel backend of an IPv4 VIP", Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Backends: []Backend{{Addr: ip("2001:db8:52::1"), Port: 80, Weight: 1, Tunnel: true}}},
+			"backend [2001:db8:52::1]:80: an IPv4 VIP's tunnel real server (two-tier dataplane) must be an IPv4 tunnel address"},
 		{"IPv4 local endpoint of an IPv6 VIP", Service{VIP: ip("2001:db8::1"), Port: 80, Protocol: TCP, Local: []Backend{pod}}, "local endpoint 10.1.0.1:8080: address family differs"},
 		{"IPv6 plain backend of an IPv4 VIP", Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Backends: []Backend{{Addr: ip("2001:db8:1::1"), Port: 80, Weight: 1}}}, "address family differs"},
 	} {
@@ -244,17 +246,22 @@ func TestTier2ElemRoundTrip(t *testing.T) {
 	}
 }
 
-// TestClampFor: the MSS clamp is the fabric's MTU less the outer IPv4
-// header, the inner header (IPv4 20, IPv6 40) and TCP's 20; MTUs outside
-// 576..65535 are refused.
+// TestClampFor: the MSS clamp is the fabric's MTU less the outer header
+// (IPv4 20; IPv6 40 for IPv6 VIPs with ip6ip6), the inner header (IPv4 20,
+// IPv6 40) and TCP's 20; MTUs outside 576..65535 are refused.
 func TestClampFor(t *testing.T) {
 	for mtu, want := range map[int][2]uint16{1500: {1440, 1420}, 9000: {8940, 8920}, 576: {516, 496}} {
-		if got, err := clampFor(mtu); err != nil || got != want {
-			t.Errorf("clampFor(%d) = %v, %v; want %v", mtu, got, err, want)
+		if got, err := clampFor(mtu, false); err != nil || got != want {
+			t.Errorf("clampFor(%d, false) = %v, %v; want %v", mtu, got, err, want)
+		}
+	}
+	for mtu, want := range map[int][2]uint16{1500: {1440, 1400}, 9000: {8940, 8900}} {
+		if got, err := clampFor(mtu, true); err != nil || got != want {
+			t.Errorf("clampFor(%d, true) = %v, %v; want %v", mtu, got, err, want)
 		}
 	}
 	for _, mtu := range []int{575, 65536, 0} {
-		if _, err := clampFor(mtu); err == nil {
+		if _, err := clampFor(mtu, false); err == nil {
 			t.Errorf("clampFor(%d) succeeded, want an error", mtu)
 		}
 	}

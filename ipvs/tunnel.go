@@ -41,11 +41,15 @@ import (
 //     SYN-ACK to a client of a VIP offers at most MTU-60 (chain
 //     tunnel-mss), MTU-80 for an IPv6 VIP, so that the client's segments
 //     fit.
-//   - IPv6 VIPs go through the same IPv4 tunnel addresses: IPVS sends an
+//   - IPv6 VIPs, with Tunnel.Self6, go to the nodes' IPv6 tunnel addresses
+//     (ip6ip6), decapsulated by IP6TunnelLink, an ip6tnl link local to
+//     Self6; the same loop, table and rule serve Self6 (tunnel6.go).
+//     Without Self6 they go to the IPv4 tunnel addresses: IPVS sends an
 //     IPv6 packet to an IPv4 tunnel-mode real server in IPv4 (protocol 41,
-//     6in4), which the kernel's sit0 decapsulates on the chosen node, and
-//     tier 2 is the same DNAT in table ip6 vipcast. A node without IPv6
-//     (no /proc/sys/net/ipv6) runs the two tiers for IPv4 only.
+//     6in4), which the kernel's sit0 decapsulates on the chosen node. The
+//     kernel syncs ip6ip6 connections, not 6in4 ones. Either way tier 2 is
+//     the same DNAT in table ip6 vipcast. A node without IPv6 (no
+//     /proc/sys/net/ipv6) runs the two tiers for IPv4 only.
 //
 // Reaching the other nodes' tunnel addresses is the network's job (routes
 // through the fabric, or the speaker's); this package programs the node's
@@ -56,6 +60,16 @@ type Tunnel struct {
 	// Self is this node's tunnel address: an IPv4 address of no interface,
 	// distinct per node, that the other nodes' tier 1 sends to by IPIP.
 	Self netip.Addr
+	// Self6, when valid, is this node's IPv6 tunnel address: an IPv6
+	// address distinct per node, that the other nodes' tier 1 sends IPv6
+	// VIPs' packets to in IPv6 (ip6ip6), which connection sync carries.
+	// Invalid (the zero Addr): IPv6 VIPs go 6in4 to Self, with connection
+	// sync off only.
+	Self6 netip.Addr
+	// OneTier6, when not empty, keeps IPv6 VIPs on one tier and says why
+	// (TwoTierIPv6): a node without IPv6 tunnel address while the other
+	// nodes have theirs, which 6in4 to this node's Self cannot reach.
+	OneTier6 string
 	// MTU is the fabric's MTU, for the MSS clamp; 0 is the MTU of the link
 	// that holds the node's default route (1500 when there is none).
 	MTU int
@@ -79,19 +93,27 @@ const (
 	// for packets from an interface.
 	TunnelTable        = 5200
 	TunnelRulePriority = 5200
-	// tunnelOverhead is what IPIP adds to a packet: an IPv4 header.
-	tunnelOverhead = 20
+	// tunnelOverhead is what IPIP adds to a packet: an IPv4 header;
+	// tunnel6Overhead what ip6ip6 adds: an IPv6 header (IPVS adds no
+	// encapsulation limit option).
+	tunnelOverhead  = 20
+	tunnel6Overhead = 40
 )
 
 // clampFor is the largest TCP segment that fits a link of MTU mtu inside
-// the tunnel, for IPv4 VIPs and for IPv6 VIPs: mtu less the outer IPv4
-// header, the inner IPv4 or IPv6 header and the TCP header.
-func clampFor(mtu int) ([2]uint16, error) {
+// the tunnel, for IPv4 VIPs and for IPv6 VIPs: mtu less the outer header
+// (IPv4; IPv6 for IPv6 VIPs with ip6ip6), the inner IPv4 or IPv6 header
+// and the TCP header.
+func clampFor(mtu int, ip6ip6 bool) ([2]uint16, error) {
 	if mtu < 576 || mtu > 65535 {
 		return [2]uint16{}, fmt.Errorf("MTU %d out of 576..65535", mtu)
 	}
+	outer6 := tunnelOverhead
+	if ip6ip6 {
+		outer6 = tunnel6Overhead
+	}
 	//nolint:gosec // checked above
-	return [2]uint16{uint16(mtu - tunnelOverhead - 20 - 20), uint16(mtu - tunnelOverhead - 40 - 20)}, nil
+	return [2]uint16{uint16(mtu - tunnelOverhead - 20 - 20), uint16(mtu - outer6 - 40 - 20)}, nil
 }
 
 // check validates t.
@@ -99,8 +121,11 @@ func (t Tunnel) check() error {
 	if !t.Self.IsValid() || !t.Self.Unmap().Is4() || t.Self.IsUnspecified() || t.Self.IsLoopback() || t.Self.IsMulticast() {
 		return fmt.Errorf("tunnel address %v: want a unicast IPv4 address", t.Self)
 	}
+	if s := t.Self6; s.IsValid() && (!s.Is6() || s.Is4In6() || s.IsUnspecified() || s.IsLoopback() || s.IsMulticast() || s.IsLinkLocalUnicast()) {
+		return fmt.Errorf("IPv6 tunnel address %v: want a global or unique local IPv6 address", s)
+	}
 	if t.MTU != 0 {
-		if _, err := clampFor(t.MTU); err != nil {
+		if _, err := clampFor(t.MTU, false); err != nil {
 			return fmt.Errorf("fabric %w", err)
 		}
 	}
@@ -133,10 +158,10 @@ func isDefault(n *net.IPNet) bool {
 
 // PrepareTunnel does the part of readying a node for the two-tier
 // dataplane that needs privilege: it loads the ipip module (tunl0
-// appears) and, on a node with IPv6, the sit module (sit0), creates the
-// loop, and sets the sysctls (sloppy_tcp and
-// sloppy_sctp, accept_local on the loop, reverse-path filtering off on
-// tunl0 and the loop). It is the work of the chart's privileged init
+// appears) and, on a node with IPv6, the sit and ip6_tunnel modules (sit0,
+// ip6tnl0), creates the loop, and sets the sysctls (sloppy_tcp and
+// sloppy_sctp, accept_local and IPv6 on the loop, reverse-path filtering
+// off on tunl0 and the loop). It is the work of the chart's privileged init
 // container (vipcast-speaker prepare-node --tunnel); a speaker without
 // write access to /proc/sys then finds the sysctls set. New with
 // Options.Tunnel does the same, skipping what is already so, and adds
@@ -173,6 +198,18 @@ func prepareTunnel(nh *netlink.Handle) (p prepared, err error) {
 	p.no6 = prepareSit(nh)
 	if p.out, p.in, err = ensureLoop(nh); err != nil {
 		return p, err
+	}
+	if hasIPv6() {
+		// For IPv6 tunnel addresses (Tunnel.Self6, tunnel6.go): IPv6 on
+		// the loop, and the ip6_tunnel module. Without it a Dataplane
+		// with Self6 fails to make its link and says so; 6in4 and IPv4 do
+		// not need it.
+		for _, l := range []string{LoopLink, LoopPeer} {
+			if err := setSysctl("net/ipv6/conf/"+l+"/disable_ipv6", "0"); err != nil {
+				return p, err
+			}
+		}
+		_, _ = fallbackLink(nh, &netlink.Ip6tnl{LinkAttrs: netlink.LinkAttrs{Name: "vcip6-probe"}}, "ip6tnl0", "ip6_tunnel")
 	}
 	for _, s := range []struct{ name, value string }{
 		{"net/ipv4/vs/sloppy_tcp", "1"},
@@ -241,30 +278,43 @@ func hasIPv6() bool {
 
 // ensureTunnel readies this node for the two-tier dataplane:
 // prepareTunnel, then the routes and the rule for the node's tunnel
-// address. Each step is skipped when it is already so, and a tunnel
-// address of an earlier run is replaced.
+// address, and with t.Self6 those of its IPv6 tunnel address. Each step is
+// skipped when it is already so, and a tunnel address of an earlier run is
+// replaced. no6 says why IPv6 VIPs cannot have the two tiers (ip6ip6 with
+// t.Self6, 6in4 without); it fails nothing.
 func ensureTunnel(nh *netlink.Handle, t Tunnel) (no6, err error) {
 	p, err := prepareTunnel(nh)
 	if err != nil {
 		return nil, err
 	}
-	return p.no6, ensureTunnelAddress(nh, t, p.out, p.in)
+	if err := ensureTunnelAddress(nh, t.Self, p.out, p.in); err != nil {
+		return nil, err
+	}
+	if !t.Self6.IsValid() {
+		return errors.Join(p.no6, dropTunnel6(nh)), nil
+	}
+	if err := ensureTunnel6(nh, t.Self6, p.out, p.in); err != nil {
+		return fmt.Errorf("IPv6 tunnel address %s: %w", t.Self6, err), nil
+	}
+	return nil, nil
 }
 
-// ensureTunnelAddress routes the node's tunnel address: out of the loop
-// out for the node's own packets, local in TunnelTable for those that come
-// in on an interface (in, the fabric's), and replaces an earlier run's.
-func ensureTunnelAddress(nh *netlink.Handle, t Tunnel, out, in netlink.Link) error {
-	self := t.Self.Unmap()
-	host := prefixNet(netip.PrefixFrom(self, 32))
+// ensureTunnelAddress routes the node's tunnel address self (IPv4, or
+// IPv6: Tunnel.Self6): out of the loop out for the node's own packets,
+// local in TunnelTable for those that come in on an interface (in, the
+// fabric's), and replaces an earlier run's of the same family.
+func ensureTunnelAddress(nh *netlink.Handle, self netip.Addr, out, in netlink.Link) error {
+	self = self.Unmap()
+	fam := int(family(self))
+	host := prefixNet(netip.PrefixFrom(self, self.BitLen()))
 	// The node's own packets to its tunnel address leave by the loop, to
 	// its peer's address (a permanent neighbour entry: nothing answers
-	// ARP for it).
+	// ARP or neighbour solicitations for it).
 	if err := nh.RouteReplace(&netlink.Route{LinkIndex: out.Attrs().Index, Dst: host, Scope: netlink.SCOPE_LINK}); err != nil {
 		return fmt.Errorf("route %s dev %s: %w", self, LoopLink, err)
 	}
 	if err := nh.NeighSet(&netlink.Neigh{LinkIndex: out.Attrs().Index, IP: self.AsSlice(), HardwareAddr: in.Attrs().HardwareAddr,
-		State: netlink.NUD_PERMANENT, Family: unix.AF_INET}); err != nil {
+		State: netlink.NUD_PERMANENT, Family: fam}); err != nil {
 		return fmt.Errorf("neighbour %s dev %s: %w", self, LoopLink, err)
 	}
 	// Packets from an interface (the loop's peer, the fabric) find it
@@ -273,10 +323,10 @@ func ensureTunnelAddress(nh *netlink.Handle, t Tunnel, out, in netlink.Link) err
 		LinkIndex: in.Attrs().Index, Scope: netlink.SCOPE_HOST}); err != nil {
 		return fmt.Errorf("local route %s in table %d: %w", self, TunnelTable, err)
 	}
-	if err := dropStaleTunnelRoutes(nh, out, self); err != nil {
+	if err := dropStaleTunnelRoutes(nh, out, fam, self); err != nil {
 		return err
 	}
-	return ensureTunnelRule(nh)
+	return ensureTunnelRule(nh, fam)
 }
 
 // exemptFromRPFilter turns reverse-path filtering off on links and leaves
@@ -344,19 +394,19 @@ func ensureLoop(nh *netlink.Handle) (out, in netlink.Link, err error) {
 	return out, in, nil
 }
 
-// dropStaleTunnelRoutes deletes the routes to another tunnel address than
-// self (invalid: every one) out of the loop and in TunnelTable: those of
-// an earlier run with another address. out nil: the routes in TunnelTable
-// only (the loop's go with it).
-func dropStaleTunnelRoutes(nh *netlink.Handle, out netlink.Link, self netip.Addr) error {
+// dropStaleTunnelRoutes deletes the routes of family fam to another
+// tunnel address than self (invalid: every one) out of the loop and in
+// TunnelTable: those of an earlier run with another address. out nil: the
+// routes in TunnelTable only (the loop's go with it).
+func dropStaleTunnelRoutes(nh *netlink.Handle, out netlink.Link, fam int, self netip.Addr) error {
 	var stale, viaLoop []netlink.Route
 	if out != nil {
 		var err error
-		if viaLoop, err = nh.RouteList(out, unix.AF_INET); err != nil {
+		if viaLoop, err = nh.RouteList(out, fam); err != nil {
 			return fmt.Errorf("routes of %s: %w", LoopLink, err)
 		}
 	}
-	inTable, err := nh.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: TunnelTable}, netlink.RT_FILTER_TABLE)
+	inTable, err := nh.RouteListFiltered(fam, &netlink.Route{Table: TunnelTable}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return fmt.Errorf("routes of table %d: %w", TunnelTable, err)
 	}
@@ -364,9 +414,11 @@ func dropStaleTunnelRoutes(nh *netlink.Handle, out netlink.Link, self netip.Addr
 		if r.Dst == nil {
 			continue
 		}
-		if a, ok := netip.AddrFromSlice(r.Dst.IP); ok && a.Unmap() != self {
-			stale = append(stale, r)
+		a, ok := netip.AddrFromSlice(r.Dst.IP)
+		if !ok || a.Unmap() == self.Unmap() || a.IsLinkLocalUnicast() || a.IsMulticast() {
+			continue // the loop's own IPv6 link-local and multicast routes stay
 		}
+		stale = append(stale, r)
 	}
 	for _, r := range stale {
 		if err := nh.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
@@ -376,11 +428,11 @@ func dropStaleTunnelRoutes(nh *netlink.Handle, out netlink.Link, self netip.Addr
 	return nil
 }
 
-// tunnelRule is the rule "not iif lo lookup TunnelTable".
-func tunnelRule() *netlink.Rule {
+// tunnelRule is the rule "not iif lo lookup TunnelTable" of family fam.
+func tunnelRule(fam int) *netlink.Rule {
 	rule := netlink.NewRule()
 	rule.IifName, rule.Invert, rule.Table, rule.Priority = "lo", true, TunnelTable, TunnelRulePriority
-	rule.Family = unix.AF_INET
+	rule.Family = fam
 	return rule
 }
 
@@ -388,25 +440,26 @@ func isTunnelRule(r netlink.Rule) bool {
 	return r.Table == TunnelTable && r.Priority == TunnelRulePriority && r.IifName == "lo" && r.Invert
 }
 
-// ensureTunnelRule adds the rule "not iif lo lookup TunnelTable" unless it
-// is there.
-func ensureTunnelRule(nh *netlink.Handle) error {
-	rules, err := nh.RuleList(unix.AF_INET)
+// ensureTunnelRule adds the rule "not iif lo lookup TunnelTable" of family
+// fam unless it is there.
+func ensureTunnelRule(nh *netlink.Handle, fam int) error {
+	rules, err := nh.RuleList(fam)
 	if err != nil {
 		return fmt.Errorf("list routing rules: %w", err)
 	}
 	if slices.ContainsFunc(rules, isTunnelRule) {
 		return nil
 	}
-	if err := nh.RuleAdd(tunnelRule()); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := nh.RuleAdd(tunnelRule(fam)); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("rule \"not iif lo lookup %d\": %w", TunnelTable, err)
 	}
 	return nil
 }
 
-// dropTunnelRule deletes the rule ensureTunnelRule adds, every copy of it.
-func dropTunnelRule(nh *netlink.Handle) error {
-	rules, err := nh.RuleList(unix.AF_INET)
+// dropTunnelRule deletes the rule ensureTunnelRule adds for family fam,
+// every copy of it.
+func dropTunnelRule(nh *netlink.Handle, fam int) error {
+	rules, err := nh.RuleList(fam)
 	if err != nil {
 		return fmt.Errorf("list routing rules: %w", err)
 	}
@@ -414,7 +467,7 @@ func dropTunnelRule(nh *netlink.Handle) error {
 		if !isTunnelRule(r) {
 			continue
 		}
-		if err := nh.RuleDel(tunnelRule()); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := nh.RuleDel(tunnelRule(fam)); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("delete rule \"not iif lo lookup %d\": %w", TunnelTable, err)
 		}
 	}
@@ -424,12 +477,14 @@ func dropTunnelRule(nh *netlink.Handle) error {
 // removeTunnelNode takes away what ensureTunnel and SetTunnelRoutes put
 // on the node (Teardown): the rule, the routes of TunnelTable, the routes
 // SetTunnelRoutes programmed and the loop (its routes and neighbour entry
-// go with it). It goes on past a failure and returns them all; what is
-// already gone is fine. tunl0 and the sysctls stay.
+// go with it), for both families, and IP6TunnelLink. It goes on past a
+// failure and returns them all; what is already gone is fine. tunl0, sit0
+// and the sysctls stay.
 func (d *Dataplane) removeTunnelNode() error {
 	return errors.Join(
-		dropTunnelRule(d.nl),
-		dropStaleTunnelRoutes(d.nl, nil, netip.Addr{}),
+		dropTunnelRule(d.nl, unix.AF_INET),
+		dropStaleTunnelRoutes(d.nl, nil, unix.AF_INET, netip.Addr{}),
+		dropTunnel6(d.nl),
 		d.setTunnelRoutes(nil),
 		deleteLink(d.nl, LoopLink, "veth"), // LoopPeer goes with it
 	)
@@ -446,8 +501,8 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 const TunnelRouteProtocol = 96
 
 // SetTunnelRoutes makes the main table's routes to the other nodes'
-// tunnel addresses exactly routes: tunnel address to the node address it
-// is reached through (an on-link gateway, such as the node's InternalIP on
+// tunnel addresses (IPv4, and IPv6 ones: Tunnel.Self6) exactly routes:
+// tunnel address to the node address of its family it is reached through (an on-link gateway, such as the node's InternalIP on
 // a shared subnet). Routes it programmed before to addresses no longer in
 // routes are deleted; any other route is left alone. One route the kernel
 // refuses (a gateway not on a connected subnet) does not stop the others:
@@ -467,32 +522,36 @@ func (d *Dataplane) SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
 // setTunnelRoutes is SetTunnelRoutes, also with the two-tier dataplane off
 // (Teardown: routes nil deletes every route it programmed).
 func (d *Dataplane) setTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
-	have, err := d.nl.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: TunnelRouteProtocol},
-		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
-	if err != nil {
-		return fmt.Errorf("list tunnel routes: %w", err)
-	}
 	var errs []error
-	for _, r := range have {
-		if r.Dst == nil {
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		have, err := d.nl.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: TunnelRouteProtocol},
+			netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list tunnel routes: %w", err))
 			continue
 		}
-		dst, ok := netip.AddrFromSlice(r.Dst.IP)
-		gw, gwOK := netip.AddrFromSlice(r.Gw)
-		if want, keep := routes[dst.Unmap()]; ok && keep && gwOK && gw.Unmap() == want.Unmap() {
-			continue
-		}
-		if err := d.nl.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, fmt.Errorf("delete tunnel route %s: %w", r.Dst, err))
+		for _, r := range have {
+			if r.Dst == nil {
+				continue
+			}
+			dst, ok := netip.AddrFromSlice(r.Dst.IP)
+			gw, gwOK := netip.AddrFromSlice(r.Gw)
+			if want, keep := routes[dst.Unmap()]; ok && keep && gwOK && gw.Unmap() == want.Unmap() {
+				continue
+			}
+			if err := d.nl.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("delete tunnel route %s: %w", r.Dst, err))
+			}
 		}
 	}
 	for _, dst := range slices.SortedFunc(maps.Keys(routes), netip.Addr.Compare) {
 		gw := routes[dst]
-		if !dst.Unmap().Is4() || !gw.Unmap().Is4() {
-			errs = append(errs, fmt.Errorf("tunnel route %s via %s: IPv4 only", dst, gw))
+		dst, gw = dst.Unmap(), gw.Unmap()
+		if !dst.IsValid() || !gw.IsValid() || dst.Is4() != gw.Is4() {
+			errs = append(errs, fmt.Errorf("tunnel route %s via %s: want both of one family", dst, gw))
 			continue
 		}
-		r := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(dst.Unmap(), 32)), Gw: gw.Unmap().AsSlice(), Protocol: TunnelRouteProtocol}
+		r := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(dst, dst.BitLen())), Gw: gw.AsSlice(), Protocol: TunnelRouteProtocol}
 		if err := d.nl.RouteReplace(r); err != nil {
 			errs = append(errs, fmt.Errorf("tunnel route %s via %s: %w", dst, gw, err))
 		}

@@ -35,7 +35,10 @@ import (
 //     direct;
 //   - direct6 and twotier6: the same for an IPv6 VIP through the two
 //     tiers (6in4 to the IPv4 tunnel addresses, no connection sync)
-//     against pod pa1's own IPv6 address, and twotier6/direct6.
+//     against pod pa1's own IPv6 address, and twotier6/direct6;
+//   - ip6ip6: the IPv6 VIP through the two tiers to IPv6 tunnel
+//     addresses with connection sync (the default with an IPv6 tunnel
+//     prefix), and ip6ip6/direct6.
 //
 // TCG figures say nothing about real speed; the ratios do.
 //
@@ -77,12 +80,18 @@ func BenchmarkTwoTier(b *testing.B) {
 	route(b, two6.hClient, pa16.v6(), "fd00:51:0::1")
 	vip6 := netip.AddrPortFrom(moveVIP6, movePort)
 	direct6 := netip.AddrPortFrom(pa16.v6(), backendPort)
+	// IPv6: two tiers to IPv6 tunnel addresses (ip6ip6), with sync.
+	in6 := newMoveFabric6in6(b)
+	for n, peer := range []string{"10.53.0.1", "10.53.0.2"} {
+		twoTierNodeSync(b, in6, n, &ConnSync{Address: ip(peer), ID: 96})
+	}
+	in6.steer(b, 0)
 
 	paths := []struct {
 		name string
 		f    *moveFabric
 		to   netip.AddrPort
-	}{{"direct", two, direct}, {"onetier", one, vip}, {"twotier", two, vip}, {"twotiersync", synced, vip}, {"direct6", two6, direct6}, {"twotier6", two6, vip6}}
+	}{{"direct", two, direct}, {"onetier", one, vip}, {"twotier", two, vip}, {"twotiersync", synced, vip}, {"direct6", two6, direct6}, {"twotier6", two6, vip6}, {"ip6ip6", in6, vip6}}
 	conns := map[string]float64{}
 	rtts := map[string]time.Duration{}
 	for _, p := range paths {
@@ -99,8 +108,8 @@ func BenchmarkTwoTier(b *testing.B) {
 	}
 	fmt.Fprintf(os.Stderr, "bench: connections/s direct %.0f, one tier %.0f, two tiers %.0f, two tiers with connection sync %.0f; median round trip direct %s, one tier %s, two tiers %s, with sync %s\n",
 		conns["direct"], conns["onetier"], conns["twotier"], conns["twotiersync"], rtts["direct"], rtts["onetier"], rtts["twotier"], rtts["twotiersync"])
-	fmt.Fprintf(os.Stderr, "bench: IPv6 connections/s direct %.0f, two tiers %.0f; median round trip direct %s, two tiers %s\n",
-		conns["direct6"], conns["twotier6"], rtts["direct6"], rtts["twotier6"])
+	fmt.Fprintf(os.Stderr, "bench: IPv6 connections/s direct %.0f, two tiers 6in4 %.0f, ip6ip6 with sync %.0f; median round trip direct %s, 6in4 %s, ip6ip6 %s\n",
+		conns["direct6"], conns["twotier6"], conns["ip6ip6"], rtts["direct6"], rtts["twotier6"], rtts["ip6ip6"])
 	for _, p := range paths {
 		b.ReportMetric(conns[p.name], p.name+"-conn/s")
 		b.ReportMetric(float64(rtts[p.name].Microseconds()), p.name+"-rtt-us")
@@ -109,6 +118,7 @@ func BenchmarkTwoTier(b *testing.B) {
 	b.ReportMetric(conns["twotier"]/conns["direct"], "twotier/direct")
 	b.ReportMetric(conns["twotiersync"]/conns["direct"], "twotiersync/direct")
 	b.ReportMetric(conns["twotier6"]/conns["direct6"], "twotier6/direct6")
+	b.ReportMetric(conns["ip6ip6"]/conns["direct6"], "ip6ip6/direct6")
 	b.ReportMetric(float64((rtts["twotier"] - rtts["direct"]).Microseconds()), "twotier-added-us")
 }
 

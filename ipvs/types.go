@@ -225,9 +225,10 @@ func (s Service) validateBackends(what string, bs []Backend) []error {
 		switch {
 		case !b.Addr.IsValid():
 			errs = append(errs, fmt.Errorf("%s without address", what))
-		case b.Tunnel && !b.Addr.Unmap().Is4():
-			// Tunnel addresses are IPv4, for IPv6 VIPs too (6in4).
-			errs = append(errs, fmt.Errorf("%s %s: a tunnel real server (two-tier dataplane) must be an IPv4 tunnel address", what, b.AddrPort()))
+		case b.Tunnel && !b.Addr.Unmap().Is4() && s.VIP.Unmap().Is4():
+			// An IPv4 VIP's tunnel addresses are IPv4; an IPv6 VIP's
+			// are IPv4 (6in4) or IPv6 (ip6ip6).
+			errs = append(errs, fmt.Errorf("%s %s: an IPv4 VIP's tunnel real server (two-tier dataplane) must be an IPv4 tunnel address", what, b.AddrPort()))
 		case !b.Tunnel && b.Addr.Unmap().Is4() != s.VIP.Unmap().Is4():
 			errs = append(errs, fmt.Errorf("%s %s: address family differs from the VIP's", what, b.AddrPort()))
 		case b.Port == 0:
