@@ -33,9 +33,13 @@ type View struct {
 	// Tunnels turns on the two-tier dataplane for IPv4 VIPs (ipvs.Tunnel):
 	// each node's tunnel address by node name. Nil keeps one tier.
 	Tunnels map[string]netip.Addr
-	// TunnelIPv6, with Tunnels, gives IPv6 VIPs the two tiers too, through
-	// the same IPv4 tunnel addresses (ipvs.Dataplane.TwoTierIPv6).
+	// TunnelIPv6, with Tunnels, gives IPv6 VIPs the two tiers too
+	// (ipvs.Dataplane.TwoTierIPv6): through the IPv6 tunnel addresses
+	// Tunnels6 when it is not nil, else through the IPv4 ones.
 	TunnelIPv6 bool
+	// Tunnels6 is each node's IPv6 tunnel address by node name (nil: none,
+	// IPv6 VIPs go 6in4 to the IPv4 ones).
+	Tunnels6 map[string]netip.Addr
 }
 
 // Pool is one admitted IPPool as the routing decisions need it.

@@ -89,6 +89,12 @@ type Options struct {
 	// be an *ipvs.Dataplane opened with the matching ipvs.Tunnel. The zero
 	// prefix keeps one tier.
 	TunnelPrefix netip.Prefix
+	// TunnelPrefix6, with TunnelPrefix, sends IPv6 VIPs to the nodes' IPv6
+	// tunnel addresses, derived from it and their IPv6 addresses (ip6ip6;
+	// the Dataplane's ipvs.Tunnel then has Self6). The zero prefix sends
+	// them to the IPv4 tunnel addresses (6in4), when the Dataplane gives
+	// them the two tiers at all (TwoTierIPv6).
+	TunnelPrefix6 netip.Prefix
 }
 
 // Controller is the speaker's reconciler: it watches Services,

@@ -635,42 +635,69 @@ func (d *twoTier6Dataplane) TwoTierIPv6() (bool, error) {
 // TestControllerTwoTierIPv6: with TunnelPrefix, an IPv6 VIP goes through
 // the two tiers (tier 1 over the nodes' IPv4 tunnel addresses, no SNAT)
 // when the Dataplane's TwoTierIPv6 says so, and keeps one tier with SNAT
-// otherwise; the IPv4 VIP goes through two tiers either way.
+// otherwise; with TunnelPrefix6 its tier 1 goes over the nodes' IPv6
+// tunnel addresses, routed through their IPv6 addresses. The IPv4 VIP goes
+// through two tiers either way.
 func TestControllerTwoTierIPv6(t *testing.T) {
-	for _, on := range []bool{true, false} {
-		t.Run(fmt.Sprintf("TwoTierIPv6=%v", on), func(t *testing.T) {
+	a := netip.MustParseAddr
+	for _, tc := range []struct {
+		name    string
+		on      bool
+		prefix6 string
+		want6   string
+		routes  map[netip.Addr]netip.Addr
+	}{
+		{name: "TwoTierIPv6=true", on: true, want6: "[100.127.0.3:80 w1 ipip] SNAT false",
+			routes: map[netip.Addr]netip.Addr{a("100.127.0.3"): a("10.0.0.3")}},
+		{name: "TwoTierIPv6=false", want6: "[[fd00:244::1]:8080 w1] SNAT true",
+			routes: map[netip.Addr]netip.Addr{a("100.127.0.3"): a("10.0.0.3")}},
+		{name: "IPv6 tunnel addresses", on: true, prefix6: "fd00:7f::/64", want6: "[[fd00:7f::3]:80 w1 ipip] SNAT false",
+			routes: map[netip.Addr]netip.Addr{a("100.127.0.3"): a("10.0.0.3"), a("fd00:7f::3"): a("fd00:10::3")}},
+		// A node whose Dataplane cannot take IPv6 tunnel addresses: one
+		// tier, and a Warning Event on its Node.
+		{name: "IPv6 tunnel addresses refused", prefix6: "fd00:7f::/64", want6: "[[fd00:244::1]:8080 w1] SNAT true",
+			routes: map[netip.Addr]netip.Addr{a("100.127.0.3"): a("10.0.0.3"), a("fd00:7f::3"): a("fd00:10::3")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			slice6 := testSlice("v")
 			slice6.AddressType = discoveryv1.AddressTypeIPv6
 			slice6.Endpoints[0].Addresses = []string{"fd00:244::1"}
 			n2 := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"},
-				Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.3"}}}}
+				Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.3"}, {Type: v1.NodeInternalIP, Address: "fd00:10::3"}}}}
 			client := fake.NewClientset(testNodeObject(), n2, testLBService("a", "10.100.0.1"), testSlice("a"),
 				testLBService("v", "2001:db8:100::1"), slice6)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			dp := &twoTier6Dataplane{on: on}
-			c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24", "2001:db8:100::/64"),
+			dp := &twoTier6Dataplane{on: tc.on}
+			opts := Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24", "2001:db8:100::/64"),
 				BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}, Resync: time.Hour, Dataplane: dp,
-				DataplaneResync: 300 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")})
+				DataplaneResync: 300 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")}
+			if tc.prefix6 != "" {
+				opts.TunnelPrefix6 = netip.MustParsePrefix(tc.prefix6)
+			}
+			c, err := NewController(opts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			go func() { _ = c.Run(ctx) }()
-			a := netip.MustParseAddr
 			key4 := ipvs.Key{VIP: a("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}
 			key6 := ipvs.Key{VIP: a("2001:db8:100::1"), Port: 80, Protocol: ipvs.TCP}
-			want6 := "[[fd00:244::1]:8080 w1] SNAT true"
-			if on {
-				want6 = "[100.127.0.3:80 w1 ipip] SNAT false"
-			}
 			show := func(s ipvs.Service) string { return fmt.Sprintf("%v SNAT %v", s.Backends, s.SNAT) }
-			eventually(t, "the IPv4 VIP on two tiers, the IPv6 VIP as TwoTierIPv6 says", func() bool {
-				st, _ := dp.last()
-				return show(st.Services[key4]) == "[100.127.0.3:80 w1 ipip] SNAT false" && show(st.Services[key6]) == want6
+			eventually(t, "the IPv4 VIP on two tiers, the IPv6 VIP as TwoTierIPv6 says, the routes", func() bool {
+				st, r := dp.last()
+				return show(st.Services[key4]) == "[100.127.0.3:80 w1 ipip] SNAT false" && show(st.Services[key6]) == tc.want6 &&
+					maps.Equal(r, tc.routes)
 			}, func() string {
-				st, _ := dp.last()
-				return fmt.Sprintf("IPv4 %s, IPv6 %s, want %s", show(st.Services[key4]), show(st.Services[key6]), want6)
+				st, r := dp.last()
+				return fmt.Sprintf("IPv4 %s, IPv6 %s, want %s; routes %v, want %v", show(st.Services[key4]), show(st.Services[key6]), tc.want6, r, tc.routes)
 			})
+			if tc.prefix6 != "" && !tc.on {
+				eventually(t, "a Warning Event on the Node saying IPv6 VIPs keep one tier, and why", func() bool {
+					return nodeWarning(ctx, t, client, "n1", func(e v1.Event) bool {
+						return strings.Contains(e.Message, "IPv6 VIPs keep one tier on this node, and flows the other nodes send to its IPv6 endpoints are lost: connection sync is on")
+					})
+				}, func() string { return "" })
+			}
 		})
 	}
 }

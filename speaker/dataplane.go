@@ -75,9 +75,10 @@ const AnnotationScheduler = ipvs.SchedulerAnnotation
 //     virtual servers take their real servers from twoTierBackends
 //     instead, for both policies: tier 1 over the nodes that host
 //     endpoints, tier 2 (Local) this node's endpoints, and SNAT false. An
-//     IPv6 VIP does the same with view.TunnelIPv6 (tier 1 over the same
-//     IPv4 tunnel addresses, weighted by the nodes' IPv6 endpoints), and
-//     keeps the rules above without it.
+//     IPv6 VIP does the same with view.TunnelIPv6 (tier 1 over the IPv6
+//     tunnel addresses of view.Tunnels6, or without them over the IPv4
+//     ones, weighted by the nodes' IPv6 endpoints), and keeps the rules
+//     above without it.
 //   - A virtual server without backend is kept, with no real server, as
 //     kube-proxy's IPVS mode does. IPVS then refuses new connections to
 //     VIP:port cleanly (ICMP port unreachable) instead of letting them reach
@@ -175,10 +176,19 @@ func setRealServers(s *ipvs.Service, backends []ipvs.Backend, twoTier [][2]tiers
 }
 
 // tiers are one virtual server's real servers in the two-tier dataplane:
-// the nodes (tier 1, IPv4 tunnel addresses for both families) and this
+// the nodes (tier 1, at their tunnel addresses: view.tunnelsOf) and this
 // node's endpoints of the VIP's family (tier 2).
 type tiers struct {
 	nodes, local []ipvs.Backend
+}
+
+// tunnelsOf returns the nodes' tunnel addresses that tier 1 sends the VIPs
+// of family slot fam to: IPv6 VIPs go to Tunnels6 when set.
+func (v *View) tunnelsOf(fam int) map[string]netip.Addr {
+	if fam == 1 && v.Tunnels6 != nil {
+		return v.Tunnels6
+	}
+	return v.Tunnels
 }
 
 // twoTierBackends returns, per port, the two tiers of the virtual servers
@@ -186,8 +196,8 @@ type tiers struct {
 // dataplaneBackends' result):
 //
 //   - tier 1: one IPIP real server per node that hosts an endpoint of the
-//     family, at the node's tunnel address (view.Tunnels, IPv4 for both
-//     families) and the Service's port, weighted by its count of ready
+//     family, at the node's tunnel address (view.tunnelsOf: IPv4, or for
+//     IPv6 VIPs IPv6 ones when there are) and the Service's port, weighted by its count of ready
 //     endpoints (0 when all of them terminate: the node drains). The same
 //     for every node and for both traffic policies, so every node sends a
 //     flow to the same node, and that node keeps the client's address.
@@ -210,7 +220,7 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 				if node == view.Node.Name {
 					out[i][fam].local = sortBackends(bs)
 				}
-				tunnel, ok := view.Tunnels[node]
+				tunnel, ok := view.tunnelsOf(fam)[node]
 				if !ok || node == "" {
 					unreachable[node] = true
 					continue

@@ -693,8 +693,9 @@ func dpBenchFixture(localPolicy, dual bool) (svcs []*v1.Service, eps [][]*discov
 // servers get tier 1 over the nodes that host endpoints (their tunnel
 // addresses, weighted by ready endpoints) and tier 2 from this node's
 // endpoints, the same for Cluster and Local, without SNAT; an IPv6 VIP
-// too with view.TunnelIPv6 (tier 1 over the same IPv4 tunnel addresses,
-// weighted by the IPv6 endpoints), and keeps one tier without it.
+// too with view.TunnelIPv6 (tier 1 over the IPv6 tunnel addresses of
+// view.Tunnels6, or without them over the IPv4 ones, weighted by the IPv6
+// endpoints), and keeps one tier without it.
 func TestServiceDataplaneTwoTier(t *testing.T) {
 	tun := func(a string, w int) ipvs.Backend {
 		return ipvs.Backend{Addr: netip.MustParseAddr(a), Port: 80, Weight: w, Tunnel: true}
@@ -713,14 +714,30 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 	eps6 := dpSlice(discoveryv1.AddressTypeIPv6, httpPorts,
 		readyEP("2001:db8:1::1", "n1"), readyEP("2001:db8:2::1", "n2"), readyEP("2001:db8:2::2", "n2"), termEP("2001:db8:2::3", "n2"))
 	eps6.Name = "s-y"
+	tunnels6 := map[string]netip.Addr{"n1": netip.MustParseAddr("fd00:52::1")} // n2 has none
 	tests := []struct {
 		name       string
 		svc        *v1.Service
 		slices     []*discoveryv1.EndpointSlice
 		tunnelIPv6 bool
+		tunnels6   map[string]netip.Addr
 		want       []ipvs.Service
 		problems   []string
 	}{
+		{
+			name:       "dual stack with IPv6 tunnel addresses: IPv6 tier 1 over them, IPv4 over the IPv4 ones",
+			svc:        dpSvc("192.0.2.10", "2001:db8::10"),
+			slices:     []*discoveryv1.EndpointSlice{eps, eps6},
+			tunnelIPv6: true,
+			tunnels6:   tunnels6,
+			want: []ipvs.Service{
+				twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 2), tun("10.52.0.2", 1)},
+					[]ipvs.Backend{be("10.1.0.1", 8080, 1), be("10.1.0.2", 8080, 1), be("10.1.0.3", 8080, 0)}),
+				twoTier("2001:db8::10", []ipvs.Backend{tun("fd00:52::1", 1)},
+					[]ipvs.Backend{be("2001:db8:1::1", 8080, 1)}),
+			},
+			problems: []string{"without nodeName", "node n2 get no traffic: that node has no tunnel address", "node n3 get no traffic"},
+		},
 		{
 			name:   "cluster",
 			svc:    dpSvc("192.0.2.10"),
@@ -798,7 +815,7 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 			node := testNode()
 			node.Name = "n1"
 			view := dpView(t, node)
-			view.Tunnels, view.TunnelIPv6 = tunnels, tc.tunnelIPv6
+			view.Tunnels, view.TunnelIPv6, view.Tunnels6 = tunnels, tc.tunnelIPv6, tc.tunnels6
 			got, problems := ServiceDataplane(tc.svc, tc.slices, view)
 			checkDataplane(t, got, problems, tc.want, tc.problems)
 		})

@@ -254,8 +254,8 @@ func (w *watched) slicesOf(svc *v1.Service) []*discoveryv1.EndpointSlice {
 	return slices
 }
 
-// sameNodeAddress reports whether a Node update leaves its IPv4 address,
-// the one its tunnel address derives from, as it was.
+// sameNodeAddress reports whether a Node update leaves its IPv4 and IPv6
+// addresses, those its tunnel addresses derive from, as they were.
 func sameNodeAddress(old, cur any) bool {
 	o, ok1 := old.(*v1.Node)
 	n, ok2 := cur.(*v1.Node)
@@ -264,23 +264,24 @@ func sameNodeAddress(old, cur any) bool {
 	}
 	a, _ := NodeFrom(o)
 	b, _ := NodeFrom(n)
-	return a.IPv4 == b.IPv4
+	return a.IPv4 == b.IPv4 && a.IPv6 == b.IPv6
 }
 
-// nodeAddresses returns every Node's IPv4 address by name (the zero Addr
-// for a node without one), from the all-nodes cache (nil with one tier).
-func (w *watched) nodeAddresses() map[string]netip.Addr {
+// nodeAddresses returns every Node's IPv4 and IPv6 addresses by name (the
+// zero Addr for a node without one), from the all-nodes cache (nil with one
+// tier).
+func (w *watched) nodeAddresses() (v4, v6 map[string]netip.Addr) {
 	if w.allNodes == nil {
-		return nil
+		return nil, nil
 	}
-	out := map[string]netip.Addr{}
+	v4, v6 = map[string]netip.Addr{}, map[string]netip.Addr{}
 	for _, obj := range w.allNodes.GetStore().List() {
 		if node, ok := obj.(*v1.Node); ok {
 			n, _ := NodeFrom(node)
-			out[node.Name] = n.IPv4
+			v4[node.Name], v6[node.Name] = n.IPv4, n.IPv6
 		}
 	}
-	return out
+	return v4, v6
 }
 
 // currentNode returns this node from the cache; a Node with only its name

@@ -69,3 +69,30 @@ func TestPasswordsFromSecretCache(t *testing.T) {
 		t.Errorf("no password namespaces: err = %v; want one saying the flag is empty", err)
 	}
 }
+
+// TestSameNodeAddress: a Node update wakes the speaker when the address
+// of either family its tunnel addresses derive from changes, and only
+// then.
+func TestSameNodeAddress(t *testing.T) {
+	node := func(addrs ...string) *v1.Node {
+		n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+		for _, a := range addrs {
+			n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: a})
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name     string
+		old, cur *v1.Node
+		same     bool
+	}{
+		{"unchanged", node("10.0.0.1", "fd00::1"), node("10.0.0.1", "fd00::1"), true},
+		{"IPv4 changed", node("10.0.0.1", "fd00::1"), node("10.0.0.2", "fd00::1"), false},
+		{"IPv6 changed", node("10.0.0.1", "fd00::1"), node("10.0.0.1", "fd00::2"), false},
+		{"IPv6 added", node("10.0.0.1"), node("10.0.0.1", "fd00::1"), false},
+	} {
+		if got := sameNodeAddress(tc.old, tc.cur); got != tc.same {
+			t.Errorf("%s: sameNodeAddress = %v, want %v", tc.name, got, tc.same)
+		}
+	}
+}

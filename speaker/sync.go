@@ -62,10 +62,10 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 		return Node{}, nil, err
 	}
 	n, nodeErrs := NodeFrom(node)
-	var tunnels map[string]netip.Addr
+	var tunnels, tunnels6 map[string]netip.Addr
 	if c.opts.TunnelPrefix.IsValid() {
 		var problems []string
-		tunnels, problems = c.syncTunnels(ctx, n.Name)
+		tunnels, tunnels6, problems = c.syncTunnels(ctx, n.Name)
 		for _, p := range problems {
 			nodeErrs = append(nodeErrs, errors.New(p))
 		}
@@ -73,12 +73,19 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 	if p := c.connSyncProblem(); p != nil {
 		nodeErrs = append(nodeErrs, p)
 	}
+	on6, why6 := c.twoTierIPv6()
+	if c.opts.TunnelPrefix6.IsValid() && !on6 && why6 != nil {
+		// The other nodes send this node's share of IPv6 VIP flows to its
+		// IPv6 tunnel address, which it cannot take.
+		nodeErrs = append(nodeErrs, fmt.Errorf("--tunnel-prefix has an IPv6 prefix, but IPv6 VIPs keep one tier on this node, and flows the other nodes send to its IPv6 endpoints are lost: %w", why6))
+	}
 	c.report.nodeProblems(ctx, node, nodeErrs)
 	peers := c.watch.listPeers(ctx)
 	view, poolErrs := Compile(c.watch.listPools(ctx), peers, n)
 	view.Classes = c.opts.Classes
 	view.Tunnels = tunnels
-	view.TunnelIPv6 = tunnels != nil && c.twoTierIPv6()
+	view.TunnelIPv6 = tunnels != nil && on6
+	view.Tunnels6 = tunnels6
 	c.report.poolProblems(ctx, poolErrs)
 	c.view = view
 	return n, peers, nil
@@ -99,14 +106,14 @@ func (c *Controller) connSyncProblem() error {
 }
 
 // twoTierIPv6 reports whether the Dataplane gives IPv6 VIPs the two tiers
-// too (*ipvs.Dataplane's TwoTierIPv6); otherwise they keep one.
-func (c *Controller) twoTierIPv6() bool {
+// too (*ipvs.Dataplane's TwoTierIPv6); otherwise they keep one, and why
+// says why (nil: a Dataplane that does not say).
+func (c *Controller) twoTierIPv6() (on bool, why error) {
 	d, ok := c.opts.Dataplane.(interface{ TwoTierIPv6() (bool, error) })
 	if !ok {
-		return false
+		return false, nil
 	}
-	on, _ := d.TwoTierIPv6()
-	return on
+	return d.TwoTierIPv6()
 }
 
 // tunnelRouter is what the two-tier dataplane needs of the kernel beyond
@@ -117,28 +124,39 @@ type tunnelRouter interface {
 	SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error
 }
 
-// syncTunnels derives every node's tunnel address and routes this node's
-// kernel to the others' through their node addresses; it returns the
+// syncTunnels derives every node's tunnel address (and with
+// TunnelPrefix6 its IPv6 one) and routes this node's kernel to the
+// others' through their node addresses of the family; it returns the
 // tunnel addresses by node name and the problems to report (nodes without
 // one, routes the kernel refused).
-func (c *Controller) syncTunnels(ctx context.Context, self string) (map[string]netip.Addr, []string) {
-	addrs := c.watch.nodeAddresses()
-	tunnels, problems := Tunnels(c.opts.TunnelPrefix, addrs)
+func (c *Controller) syncTunnels(ctx context.Context, self string) (tunnels, tunnels6 map[string]netip.Addr, problems []string) {
+	addrs, addrs6 := c.watch.nodeAddresses()
+	tunnels, problems = Tunnels(c.opts.TunnelPrefix, addrs)
+	if c.opts.TunnelPrefix6.IsValid() {
+		var p []string
+		tunnels6, p = Tunnels(c.opts.TunnelPrefix6, addrs6)
+		problems = append(problems, p...)
+	}
 	tr, ok := c.opts.Dataplane.(tunnelRouter)
 	if !ok {
-		return tunnels, problems
+		return tunnels, tunnels6, problems
 	}
-	routes := make(map[netip.Addr]netip.Addr, len(tunnels))
+	routes := make(map[netip.Addr]netip.Addr, len(tunnels)+len(tunnels6))
 	for name, t := range tunnels {
 		if name != self {
 			routes[t] = addrs[name]
 		}
 	}
+	for name, t := range tunnels6 {
+		if name != self {
+			routes[t] = addrs6[name]
+		}
+	}
 	if err := tr.SetTunnelRoutes(routes); err != nil {
 		problems = append(problems, fmt.Sprintf("routes to the other nodes' tunnel addresses: %v", err))
 	}
-	klog.FromContext(ctx).V(4).Info("Tunnel addresses", "nodes", len(tunnels), "routes", len(routes))
-	return tunnels, problems
+	klog.FromContext(ctx).V(4).Info("Tunnel addresses", "nodes", len(tunnels), "ipv6", len(tunnels6), "routes", len(routes))
+	return tunnels, tunnels6, problems
 }
 
 // syncDataplane programs every Service's virtual servers: with full, by a

@@ -18,7 +18,11 @@ func TestTunnelAddress(t *testing.T) {
 		{"100.127.0.0/16", "::ffff:10.0.0.11", "100.127.0.11", ""},
 		{"100.127.0.0/16", "10.0.0.0", "", "all zero"},
 		{"100.127.0.0/16", "2001:db8::1", "", "want IPv4"},
-		{"2001:db8::/64", "10.0.0.1", "", "want an IPv4 prefix"},
+		{"2001:db8::/64", "10.0.0.1", "", "want IPv6"},
+		{"fd00:7f::/64", "fd00:10::11", "fd00:7f::11", ""},
+		{"fd00:7f::/64", "2001:db8:1:2:a:b:c:d", "fd00:7f::a:b:c:d", ""},
+		{"fd00:7f::/100", "2001:db8::1234:5678", "fd00:7f::0234:5678", ""},
+		{"fd00:7f::/64", "2001:db8:1:2::", "", "all zero"},
 	} {
 		got, err := TunnelAddress(netip.MustParsePrefix(tc.prefix), netip.MustParseAddr(tc.node))
 		switch {
@@ -30,24 +34,44 @@ func TestTunnelAddress(t *testing.T) {
 	}
 }
 
+// TestTunnels: every node's tunnel address of the prefix's family; nodes
+// without an address of that family, or that would share one, get none.
 func TestTunnels(t *testing.T) {
 	a := netip.MustParseAddr
-	got, problems := Tunnels(netip.MustParsePrefix("100.127.0.0/16"), map[string]netip.Addr{
-		"n1": a("10.0.0.11"), "n2": a("10.0.0.12"),
-		"x1": a("10.1.0.20"), "x2": a("10.2.0.20"), // same low 16 bits
-		"v6": a("2001:db8::1"), "none": {},
-	})
-	want := map[string]netip.Addr{"n1": a("100.127.0.11"), "n2": a("100.127.0.12")}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("Tunnels = %v, want %v", got, want)
-	}
-	wantProblems := []string{"node none has no tunnel address", "node v6 has no tunnel address", "nodes [x1 x2] would share tunnel address 100.127.0.20"}
-	if len(problems) != len(wantProblems) {
-		t.Fatalf("problems %q, want %d", problems, len(wantProblems))
-	}
-	for i, w := range wantProblems {
-		if !strings.Contains(problems[i], w) {
-			t.Errorf("problem %d = %q, want it to contain %q", i, problems[i], w)
+	for _, tc := range []struct {
+		prefix       string
+		nodes, want  map[string]netip.Addr
+		wantProblems []string
+	}{
+		{
+			prefix: "100.127.0.0/16",
+			nodes: map[string]netip.Addr{"n1": a("10.0.0.11"), "n2": a("10.0.0.12"),
+				"x1": a("10.1.0.20"), "x2": a("10.2.0.20"), // same low 16 bits
+				"v6": a("2001:db8::1"), "none": {}},
+			want:         map[string]netip.Addr{"n1": a("100.127.0.11"), "n2": a("100.127.0.12")},
+			wantProblems: []string{"node none has no tunnel address", "node v6 has no tunnel address", "nodes [x1 x2] would share tunnel address 100.127.0.20"},
+		},
+		{
+			prefix: "fd00:7f::/64",
+			nodes: map[string]netip.Addr{"n1": a("fd00:10::11"), "n2": a("fd00:10::12"),
+				"x1": a("fd00:11::20"), "x2": a("fd00:12::20"), // same low 64 bits
+				"v4": a("10.0.0.1"), "none": {}},
+			want:         map[string]netip.Addr{"n1": a("fd00:7f::11"), "n2": a("fd00:7f::12")},
+			wantProblems: []string{"node none has no tunnel address", "node v4 has no tunnel address: node address 10.0.0.1: want IPv6", "nodes [x1 x2] would share tunnel address fd00:7f::20"},
+		},
+	} {
+		got, problems := Tunnels(netip.MustParsePrefix(tc.prefix), tc.nodes)
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: Tunnels = %v, want %v", tc.prefix, got, tc.want)
+		}
+		if len(problems) != len(tc.wantProblems) {
+			t.Errorf("%s: problems %q, want %d", tc.prefix, problems, len(tc.wantProblems))
+			continue
+		}
+		for i, w := range tc.wantProblems {
+			if !strings.Contains(problems[i], w) {
+				t.Errorf("%s: problem %d = %q, want it to contain %q", tc.prefix, i, problems[i], w)
+			}
 		}
 	}
 }

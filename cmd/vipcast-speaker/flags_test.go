@@ -58,20 +58,27 @@ func TestParseFlagsDataplaneProbe(t *testing.T) {
 }
 
 // TestParseFlagsTunnel checks --tunnel-prefix and --tunnel-mtu: off by
-// default, an IPv4 prefix of /8 to /30 (masked), and each bad value
-// refused naming the flag and the fix; and the dataplane options they give
-// a node.
+// default, an IPv4 prefix of /8 to /30 (masked) and optionally an IPv6
+// prefix of /32 to /124 after a comma, and each bad value refused naming
+// the flag and the fix; and the dataplane options they give a node.
 func TestParseFlagsTunnel(t *testing.T) {
 	base := []string{"--node-name", "n1"}
 	for _, tc := range []struct {
 		args    []string
 		want    string // the prefix; "" off
+		want6   string // the IPv6 prefix; "" none
 		wantErr string
 	}{
+		{args: []string{"--tunnel-prefix", "100.127.0.0/16,fd00:7f::9/64"}, want: "100.127.0.0/16", want6: "fd00:7f::/64"},
+		{args: []string{"--tunnel-prefix", "100.127.0.0/16, fd00:7f::/64"}, want: "100.127.0.0/16", want6: "fd00:7f::/64"},
+		{args: []string{"--tunnel-prefix", "100.127.0.0/16,10.0.0.0/8"}, wantErr: `"10.0.0.0/8" is not an IPv6 prefix: after the comma give the IPv6 tunnel prefix`},
+		{args: []string{"--tunnel-prefix", "100.127.0.0/16,"}, wantErr: `"" is not an IPv6 prefix`},
+		{args: []string{"--tunnel-prefix", "100.127.0.0/16,fd00:7f::/127"}, wantErr: "IPv6 prefix fd00:7f::/127: use a length of 32 to 124"},
+		{args: []string{"--tunnel-prefix", "fd00:7f::/64,100.127.0.0/16"}, wantErr: `"fd00:7f::/64" is not an IPv4 prefix`},
 		{args: nil, want: ""},
 		{args: []string{"--tunnel-prefix", "100.127.0.0/16"}, want: "100.127.0.0/16"},
 		{args: []string{"--tunnel-prefix", "100.127.9.9/16"}, want: "100.127.0.0/16"},
-		{args: []string{"--tunnel-prefix", "100.127.0.0"}, wantErr: `--tunnel-prefix="100.127.0.0" is not an IPv4 prefix`},
+		{args: []string{"--tunnel-prefix", "100.127.0.0"}, wantErr: `--tunnel-prefix="100.127.0.0": "100.127.0.0" is not an IPv4 prefix`},
 		{args: []string{"--tunnel-prefix", "fd00::/64"}, wantErr: "is not an IPv4 prefix"},
 		{args: []string{"--tunnel-prefix", "100.127.0.0/31"}, wantErr: "use a length of 8 to 30"},
 		{args: []string{"--tunnel-prefix", "100.127.0.0/16", "--ipvs=false"}, wantErr: "--tunnel-prefix needs the IPVS dataplane"},
@@ -89,6 +96,10 @@ func TestParseFlagsTunnel(t *testing.T) {
 			t.Errorf("%q: prefix %v, want none", tc.args, f.tunnelPrefix)
 		case tc.want != "" && f.tunnelPrefix != netip.MustParsePrefix(tc.want):
 			t.Errorf("%q: prefix %v, want %s", tc.args, f.tunnelPrefix, tc.want)
+		case tc.want6 == "" && f.tunnelPrefix6.IsValid():
+			t.Errorf("%q: IPv6 prefix %v, want none", tc.args, f.tunnelPrefix6)
+		case tc.want6 != "" && f.tunnelPrefix6 != netip.MustParsePrefix(tc.want6):
+			t.Errorf("%q: IPv6 prefix %v, want %s", tc.args, f.tunnelPrefix6, tc.want6)
 		}
 	}
 
@@ -96,12 +107,27 @@ func TestParseFlagsTunnel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts, err := dataplaneOptions(f, netip.MustParseAddr("10.0.0.11"))
-	if err != nil || opts.Tunnel == nil || opts.Tunnel.Self != netip.MustParseAddr("100.127.0.11") || opts.Tunnel.MTU != 9000 {
-		t.Errorf("dataplane options for node 10.0.0.11: %+v, %v; want tunnel address 100.127.0.11, MTU 9000", opts.Tunnel, err)
+	opts, err := dataplaneOptions(f, netip.MustParseAddr("10.0.0.11"), netip.MustParseAddr("fd00:10::11"))
+	if err != nil || opts.Tunnel == nil || opts.Tunnel.Self != netip.MustParseAddr("100.127.0.11") || opts.Tunnel.MTU != 9000 ||
+		opts.Tunnel.Self6.IsValid() || opts.Tunnel.OneTier6 != "" {
+		t.Errorf("dataplane options for node 10.0.0.11: %+v, %v; want tunnel address 100.127.0.11, MTU 9000, no IPv6 tunnel address", opts.Tunnel, err)
 	}
-	if _, err := dataplaneOptions(f, netip.Addr{}); err == nil || !strings.Contains(err.Error(), "IPv4 InternalIP") {
+	if _, err := dataplaneOptions(f, netip.Addr{}, netip.Addr{}); err == nil || !strings.Contains(err.Error(), "IPv4 InternalIP") {
 		t.Errorf("dataplane options for a node without IPv4 address: %v, want an error naming its InternalIP", err)
+	}
+	// With an IPv6 tunnel prefix: the node's IPv6 tunnel address, or, for
+	// a node without IPv6 address, IPv6 VIPs on one tier, saying why.
+	f6, err := parseFlags(append(slices.Clone(base), "--tunnel-prefix", "100.127.0.0/16,fd00:7f::/64"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err = dataplaneOptions(f6, netip.MustParseAddr("10.0.0.11"), netip.MustParseAddr("fd00:10::11"))
+	if err != nil || opts.Tunnel == nil || opts.Tunnel.Self6 != netip.MustParseAddr("fd00:7f::11") || opts.Tunnel.OneTier6 != "" {
+		t.Errorf("dataplane options for node 10.0.0.11, fd00:10::11 with an IPv6 tunnel prefix: %+v, %v; want IPv6 tunnel address fd00:7f::11", opts.Tunnel, err)
+	}
+	opts, err = dataplaneOptions(f6, netip.MustParseAddr("10.0.0.11"), netip.Addr{})
+	if err != nil || opts.Tunnel == nil || opts.Tunnel.Self6.IsValid() || !strings.Contains(opts.Tunnel.OneTier6, "no IPv6 tunnel address (from its IPv6 InternalIP)") {
+		t.Errorf("dataplane options for an IPv4-only node with an IPv6 tunnel prefix: %+v, %v; want no IPv6 tunnel address and OneTier6 saying why", opts.Tunnel, err)
 	}
 
 	// Connection sync: on by default with two tiers, on the link of the
@@ -122,7 +148,7 @@ func TestParseFlagsTunnel(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", tc.args, err)
 		}
-		opts, err := dataplaneOptions(f, node)
+		opts, err := dataplaneOptions(f, node, netip.Addr{})
 		if err != nil {
 			t.Fatalf("%q: %v", tc.args, err)
 		}

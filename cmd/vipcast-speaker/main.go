@@ -69,6 +69,7 @@ type flags struct {
 	classes          lbclass.Selector
 	tunnelPrefixFlag string
 	tunnelPrefix     netip.Prefix
+	tunnelPrefix6    netip.Prefix
 	tunnelMTU        int
 	connSyncLink     string
 	connSyncID       int
@@ -95,10 +96,10 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.prefixRestart, "bgp-prefix-limit-restart", bgp.DefaultPrefixLimitRestart, "How long a BGP session stays down after the router sent more prefixes than its limit; doubled for each consecutive time, up to 30m.")
 	fs.DurationVar(&f.dataplaneResync, "dataplane-resync-period", time.Minute, "How often the whole IPVS table is compared with the desired state, repairing drift.")
 	fs.DurationVar(&f.dataplaneProbe, "dataplane-probe-period", 2*time.Second, "How often the speaker asks the kernel for one of its virtual servers (one request): when it is gone, another program flushed IPVS (kube-proxy does when it starts in nftables mode) and the whole table is restored at once.")
-	fs.StringVar(&f.tunnelPrefixFlag, "tunnel-prefix", "", "Turns on the two-tier dataplane (established flows survive ECMP changes, the pods see the client) for IPv4 VIPs, and for IPv6 VIPs when --conn-sync-interface is none (6in4 to the same addresses): each node's tunnel address is this IPv4 prefix with the host bits of the node's InternalIP, such as 100.127.0.0/16. Every speaker of the cluster must have the same value. Empty keeps one tier.")
-	fs.StringVar(&f.connSyncLink, "conn-sync-interface", connSyncAuto, "With --tunnel-prefix: the link on which the kernel's IPVS sync daemons share each node's tier-1 connections with the other nodes (multicast 224.0.0.81, UDP 8848, not routed), so that a flow ECMP moves after the nodes' endpoints changed still reaches its pod. \""+connSyncAuto+"\" is the link holding the node's InternalIP; \""+connSyncOff+"\" turns it off, and gives IPv6 VIPs the two tiers too (the kernel does not sync their 6in4 connections: with sync on they keep one tier).")
+	fs.StringVar(&f.tunnelPrefixFlag, "tunnel-prefix", "", "Turns on the two-tier dataplane (established flows survive ECMP changes, the pods see the client): an IPv4 prefix, optionally followed by a comma and an IPv6 prefix, such as 100.127.0.0/16,fd00:7f::/64. Each node's tunnel address is the IPv4 prefix with the host bits of the node's IPv4 InternalIP, and its IPv6 tunnel address the IPv6 prefix with those of its IPv6 InternalIP. IPv6 VIPs go through the two tiers to the IPv6 tunnel addresses; without an IPv6 prefix, only when --conn-sync-interface is none (6in4 to the IPv4 ones). Every speaker of the cluster must have the same value. Empty keeps one tier.")
+	fs.StringVar(&f.connSyncLink, "conn-sync-interface", connSyncAuto, "With --tunnel-prefix: the link on which the kernel's IPVS sync daemons share each node's tier-1 connections with the other nodes (multicast 224.0.0.81, UDP 8848, not routed), so that a flow ECMP moves after the nodes' endpoints changed still reaches its pod. \""+connSyncAuto+"\" is the link holding the node's InternalIP; \""+connSyncOff+"\" turns it off. Without an IPv6 tunnel prefix, sync keeps IPv6 VIPs on one tier (the kernel does not sync their 6in4 connections).")
 	fs.IntVar(&f.connSyncID, "conn-sync-id", defaultConnSyncID, "The IPVS sync ID (0 to 255) of --conn-sync-interface: a node takes only messages with its own ID. Every speaker of the cluster must have the same value; another cluster (or keepalived pair) on the same link needs another one.")
-	fs.IntVar(&f.tunnelMTU, "tunnel-mtu", 0, "The fabric's MTU, for the two-tier dataplane's MSS clamp (MTU less 60, less 80 for IPv6 VIPs); 0 uses the MTU of the link of the node's default route.")
+	fs.IntVar(&f.tunnelMTU, "tunnel-mtu", 0, "The fabric's MTU, for the two-tier dataplane's MSS clamp (MTU less 60; for IPv6 VIPs less 100, or 80 through 6in4); 0 uses the MTU of the link of the node's default route.")
 	fs.Func("owner-daemonset", "namespace/name of the DaemonSet running this speaker (the chart sets it). At shutdown the speaker reads it: when it is gone or being deleted, or the API server refuses the speaker's credentials (helm uninstall), the speaker removes its virtual servers, VIPs, link and nftables tables from the node; otherwise (an upgrade, a restart, an API server outage) it leaves them for the next speaker. Empty: always leave them.", func(v string) (err error) {
 		f.owner, err = parseOwnerDaemonSet(v)
 		return err
@@ -281,11 +282,9 @@ func run(f *flags) error {
 	if err != nil {
 		return err
 	}
-	var nodeIP netip.Addr
-	if f.routerID == "" || f.tunnelPrefix.IsValid() {
-		if nodeIP, err = readNodeIPv4(ctx, f, calls); err != nil {
-			return err
-		}
+	nodeIP, nodeIP6, err := readNodeIPs(ctx, f, calls)
+	if err != nil {
+		return err
 	}
 	routerID := pickRouterID(f, nodeIP)
 	reg, metrics, err := newRegistry()
@@ -312,9 +311,10 @@ func run(f *flags) error {
 		DataplaneResync:    f.dataplaneResync,
 		DataplaneProbe:     f.dataplaneProbe,
 		TunnelPrefix:       f.tunnelPrefix,
+		TunnelPrefix6:      f.tunnelPrefix6,
 	}
 	if f.ipvs {
-		dp, err := openDataplane(logger, f, nodeIP)
+		dp, err := openDataplane(logger, f, nodeIP, nodeIP6)
 		if err != nil {
 			return err
 		}
@@ -372,23 +372,37 @@ func (f *flags) checkTunnel() error {
 	if f.tunnelPrefixFlag == "" {
 		return nil
 	}
-	p, err := netip.ParsePrefix(f.tunnelPrefixFlag)
+	v4, v6, two := strings.Cut(f.tunnelPrefixFlag, ",")
+	p, err := netip.ParsePrefix(strings.TrimSpace(v4))
 	switch {
 	case err != nil || !p.Addr().Is4():
-		return fmt.Errorf("--tunnel-prefix=%q is not an IPv4 prefix: use one such as 100.127.0.0/16", f.tunnelPrefixFlag)
+		return fmt.Errorf("--tunnel-prefix=%q: %q is not an IPv4 prefix: use one such as 100.127.0.0/16, or 100.127.0.0/16,fd00:7f::/64 for IPv6 tunnel addresses too", f.tunnelPrefixFlag, v4)
 	case p.Bits() < 8 || p.Bits() > 30:
 		return fmt.Errorf("--tunnel-prefix=%s: use a length of 8 to 30, at least as long as the nodes' subnet, such as /16", p)
 	case !f.ipvs:
 		return errors.New("--tunnel-prefix needs the IPVS dataplane: drop --ipvs=false, or --tunnel-prefix")
 	}
 	f.tunnelPrefix = p.Masked()
+	if !two {
+		return nil
+	}
+	p6, err := netip.ParsePrefix(strings.TrimSpace(v6))
+	switch {
+	case err != nil || !p6.Addr().Is6() || p6.Addr().Is4In6():
+		return fmt.Errorf("--tunnel-prefix=%q: %q is not an IPv6 prefix: after the comma give the IPv6 tunnel prefix, such as fd00:7f::/64, or nothing", f.tunnelPrefixFlag, v6)
+	case p6.Bits() < 32 || p6.Bits() > 124:
+		return fmt.Errorf("--tunnel-prefix: IPv6 prefix %s: use a length of 32 to 124, at least as long as the nodes' IPv6 subnet, such as /64", p6)
+	}
+	f.tunnelPrefix6 = p6.Masked()
 	return nil
 }
 
 // dataplaneOptions returns the options of the IPVS dataplane: with
 // --tunnel-prefix, the two-tier dataplane with this node's tunnel
-// address, derived from its IPv4 address nodeIP.
-func dataplaneOptions(f *flags, nodeIP netip.Addr) (ipvs.Options, error) {
+// address, derived from its IPv4 address nodeIP, and with an IPv6 tunnel
+// prefix its IPv6 tunnel address, derived from its IPv6 address nodeIP6
+// (a node without one keeps IPv6 VIPs on one tier).
+func dataplaneOptions(f *flags, nodeIP, nodeIP6 netip.Addr) (ipvs.Options, error) {
 	// Without connection sync the daemons of an earlier run with it stop.
 	opts := ipvs.Options{LinkName: f.ipvsLink, ConnSync: &ipvs.ConnSync{Off: true, ID: uint8(f.connSyncID)}} //nolint:gosec // checked: 0..255
 	if !f.tunnelPrefix.IsValid() {
@@ -399,6 +413,11 @@ func dataplaneOptions(f *flags, nodeIP netip.Addr) (ipvs.Options, error) {
 		return opts, fmt.Errorf("--tunnel-prefix: this node's tunnel address (from its IPv4 InternalIP): %w", err)
 	}
 	opts.Tunnel = &ipvs.Tunnel{Self: self, MTU: f.tunnelMTU}
+	if f.tunnelPrefix6.IsValid() {
+		if opts.Tunnel.Self6, err = speaker.TunnelAddress(f.tunnelPrefix6, nodeIP6); err != nil {
+			opts.Tunnel.OneTier6 = fmt.Sprintf("--tunnel-prefix: this node has no IPv6 tunnel address (from its IPv6 InternalIP): %v", err)
+		}
+	}
 	switch f.connSyncLink {
 	case connSyncOff:
 	case connSyncAuto:
@@ -412,8 +431,8 @@ func dataplaneOptions(f *flags, nodeIP netip.Addr) (ipvs.Options, error) {
 // openDataplane opens the IPVS dataplane. The kernel state outlives the
 // process on purpose: a restarted speaker takes it over without dropping a
 // connection.
-func openDataplane(logger klog.Logger, f *flags, nodeIP netip.Addr) (*ipvs.Dataplane, error) {
-	opts, err := dataplaneOptions(f, nodeIP)
+func openDataplane(logger klog.Logger, f *flags, nodeIP, nodeIP6 netip.Addr) (*ipvs.Dataplane, error) {
+	opts, err := dataplaneOptions(f, nodeIP, nodeIP6)
 	if err != nil {
 		return nil, err
 	}
@@ -428,9 +447,12 @@ func openDataplane(logger klog.Logger, f *flags, nodeIP netip.Addr) (*ipvs.Datap
 		logger.Error(p, "The IPVS sync daemons did not start; serving without connection sync (a Warning Event on the Node says so too)")
 	}
 	if opts.Tunnel != nil {
-		if on, why := dp.TwoTierIPv6(); on {
+		switch on, why := dp.TwoTierIPv6(); {
+		case on && opts.Tunnel.Self6.IsValid():
+			logger.Info("IPv6 VIPs go through the two tiers too, ip6ip6 to the IPv6 tunnel addresses", "self", opts.Tunnel.Self6)
+		case on:
 			logger.Info("IPv6 VIPs go through the two tiers too, 6in4 to the IPv4 tunnel addresses")
-		} else {
+		default:
 			logger.Info("IPv6 VIPs keep one tier", "reason", why.Error())
 		}
 	}
@@ -543,7 +565,7 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 // pickRouterID returns --router-id, else nodeIP (the Node's first IPv4
 // address), else an address derived from the node name (router IDs only
 // need to be unique among a router's peers). Without --router-id, run
-// waits for readNodeIPv4 — nothing is announced meanwhile — so that a
+// waits for readNodeIPs — nothing is announced meanwhile — so that a
 // speaker started during an API server outage does not come up with
 // another router ID than the one it would have had.
 func pickRouterID(f *flags, nodeIP netip.Addr) netip.Addr {
@@ -559,14 +581,19 @@ func pickRouterID(f *flags, nodeIP netip.Addr) netip.Addr {
 	return netip.AddrFrom4([4]byte(h.Sum(nil)))
 }
 
-// readNodeIPv4 reads this Node once, retrying while the API server does
-// not answer, and returns its IPv4 address (the first InternalIP; the zero
-// Addr when it has none or does not exist).
-func readNodeIPv4(ctx context.Context, f *flags, calls kubernetes.Interface) (netip.Addr, error) {
+// readNodeIPs reads this Node once, retrying while the API server does
+// not answer, and returns its IPv4 and IPv6 addresses (the first
+// InternalIP of each family; the zero Addr when it has none or does not
+// exist). It reads nothing when neither the router ID nor the tunnel
+// addresses need them.
+func readNodeIPs(ctx context.Context, f *flags, calls kubernetes.Interface) (v4, v6 netip.Addr, err error) {
+	if f.routerID != "" && !f.tunnelPrefix.IsValid() {
+		return v4, v6, nil
+	}
 	logger := klog.FromContext(ctx)
 	var node *v1.Node
 	logged := false
-	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
 		var err error
 		node, err = calls.CoreV1().Nodes().Get(ctx, f.nodeName, metav1.GetOptions{})
 		switch {
@@ -583,13 +610,13 @@ func readNodeIPv4(ctx context.Context, f *flags, calls kubernetes.Interface) (ne
 		return true, nil
 	})
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("reading Node %s for its address: %w", f.nodeName, err)
+		return v4, v6, fmt.Errorf("reading Node %s for its address: %w", f.nodeName, err)
 	}
 	if node == nil {
-		return netip.Addr{}, nil
+		return v4, v6, nil
 	}
 	n, _ := speaker.NodeFrom(node)
-	return n.IPv4, nil
+	return n.IPv4, n.IPv6, nil
 }
 
 // serve starts the metrics and health endpoints.

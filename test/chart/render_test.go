@@ -597,6 +597,8 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		wantArg(t, "speaker", spec.Containers[0].Args, "--tunnel-mtu", "9000")
 		wantArg(t, "speaker", spec.Containers[0].Args, "--conn-sync-interface", "auto")
 		wantArg(t, "speaker", spec.Containers[0].Args, "--conn-sync-id", "96")
+		dual := checkSpeaker(t, render(t, `speaker: {ipvs: {enabled: true, tunnelPrefix: "100.127.0.0/16,fd00:7f::/64"}}`), "3s", 3).Spec.Template.Spec
+		wantArg(t, "speaker", dual.Containers[0].Args, "--tunnel-prefix", "100.127.0.0/16,fd00:7f::/64")
 		named := checkSpeaker(t, render(t, "speaker: {ipvs: {enabled: true, tunnelPrefix: 100.127.0.0/16, connSync: {interface: none, id: 7}}}"), "3s", 3).Spec.Template.Spec
 		wantArg(t, "speaker", named.Containers[0].Args, "--conn-sync-interface", "none")
 		wantArg(t, "speaker", named.Containers[0].Args, "--conn-sync-id", "7")
@@ -612,6 +614,8 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		back := checkSpeaker(t, render(t, "speaker: {ipvs: {enabled: true, connSync: {id: 7}}}"), "3s", 3).Spec.Template.Spec
 		wantArg(t, "speaker", back.Containers[0].Args, "--conn-sync-id", "7")
 		for bad, key := range map[string]string{"tunnelPrefix: 100.127.0.0": "tunnelPrefix", "tunnelPrefix: 100.127.0.0/31": "tunnelPrefix", "tunnelMTU: 100": "tunnelMTU",
+			`tunnelPrefix: "100.127.0.0/16,10.0.0.0/8"`: "tunnelPrefix", `tunnelPrefix: "100.127.0.0/16,fd00:7f::"`: "tunnelPrefix",
+			`tunnelPrefix: "100.127.0.0/16,fd00:7f::/127"`: "tunnelPrefix", `tunnelPrefix: "fd00:7f::/64"`: "tunnelPrefix",
 			"connSync: {id: 256}": "connSync", "connSync: {interface: a/b}": "connSync", "connSync: {interface: \"\"}": "connSync"} {
 			if _, err := Render(release, namespace, []byte("speaker: {ipvs: {enabled: true, "+bad+"}}")); err == nil || !strings.Contains(err.Error(), key) {
 				t.Errorf("%s: err = %v, want one naming %s", bad, err, key)
