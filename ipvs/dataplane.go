@@ -70,6 +70,8 @@ type Dataplane struct {
 	tunnel6 bool
 	// ip6ip6 is on when IPv6 VIPs go to IPv6 tunnel addresses.
 	ip6ip6 bool
+	// tunnelCfg is Options.Tunnel, for the node's side of a full Sync.
+	tunnelCfg *Tunnel
 	// genl is the generic netlink socket for real servers of another
 	// family than their virtual server (mixeddest.go), with tunnel.
 	genl *genlConn
@@ -135,6 +137,8 @@ func New(opts Options) (*Dataplane, error) {
 		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, tier2: Tier2{}}
 	d.chooseIPv6(opts)
 	if d.tunnel {
+		t := *opts.Tunnel
+		d.tunnelCfg = &t
 		if d.genl, err = openGenl(); err != nil {
 			_ = d.Close()
 			return nil, fmt.Errorf("two-tier dataplane: %w", err)
@@ -571,7 +575,43 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	}
 	d.cache, d.filter, d.tier2, d.stale = actual, kern.filter, kern.tier2, false
 	f := d.applyPlan(p)
+	if d.tunnel {
+		if err := d.repairTunnelNode(); err != nil {
+			f.add("the two-tier dataplane's setup on the node", err)
+		}
+	}
 	return p, f.syncErrors(desired)
+}
+
+// repairTunnelNode puts back the node's side of the two tiers that
+// something took away since New (a rule or route deleted by hand; the
+// IPv6 tunnel address gone with its link set down, or its route in the
+// kernel's local table back): a full Sync's drift repair, as for the
+// virtual servers. It works through the Dataplane's rtnetlink handle only,
+// in whatever namespace it is called: a loop that is gone needs New again
+// (its sysctls are the init container's). Each step reads before it
+// writes, so a node as New left it costs reads only.
+func (d *Dataplane) repairTunnelNode() error {
+	out, err := d.nl.LinkByName(LoopLink)
+	if err != nil {
+		return fmt.Errorf("the loop %s is gone (%w): restart the speaker to make it again", LoopLink, err)
+	}
+	in, err := d.nl.LinkByName(LoopPeer)
+	if err != nil {
+		return fmt.Errorf("the loop's peer %s is gone (%w): restart the speaker to make it again", LoopPeer, err)
+	}
+	for _, l := range []netlink.Link{out, in} {
+		if err := setUp(d.nl, l); err != nil {
+			return err
+		}
+	}
+	if err := ensureTunnelAddress(d.nl, d.tunnelCfg.Self, out, in); err != nil {
+		return err
+	}
+	if d.ip6ip6 {
+		return ensureTunnel6(d.nl, d.tunnelCfg.Self6, out, in)
+	}
+	return nil
 }
 
 func (d *Dataplane) validate(desired State) error {

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,9 @@ import (
 //   - Sync programs tier 1 (IPIP real servers) and tier 2 (the map reads
 //     back as Tier2Of the desired state);
 //   - SyncService of one endpoint change touches the tier-2 map only;
-//   - a full Sync repairs a tier-2 element deleted by hand;
+//   - a full Sync repairs a tier-2 element deleted by hand, and the node's
+//     side: the rule and a route deleted by hand, the IPv6 tunnel address
+//     gone with its link set down and up;
 //   - a restarted Dataplane finds everything in place and changes nothing;
 //   - a new tunnel address replaces the old one's routes;
 //   - New without Tunnel takes the two-tier chains and map away, and
@@ -44,9 +47,9 @@ func TestKernelTwoTier(t *testing.T) {
 	nsSysctls(t, ns, map[string]string{
 		"net/ipv4/conf/all/rp_filter": "1", "net/ipv4/conf/default/rp_filter": "0", "net/ipv4/conf/lo/rp_filter": "2",
 	})
-	self := ip("10.52.0.9")
+	self, self6 := ip("10.52.0.9"), ip("fd00:52::9")
 	open := func(opts Options) (*Dataplane, error) { return openIn(t, ns, opts) }
-	tunnelOpts := Options{LinkName: "vip0", Tunnel: &Tunnel{Self: self, MTU: 9000}}
+	tunnelOpts := Options{LinkName: "vip0", Tunnel: &Tunnel{Self: self, Self6: self6, MTU: 9000}}
 	d, err := open(tunnelOpts)
 	if err != nil {
 		t.Fatalf("New with Tunnel: %v", err)
@@ -60,8 +63,9 @@ func TestKernelTwoTier(t *testing.T) {
 	}
 	loopOut, err := h.LinkByName(LoopLink)
 	must(t, err)
-	if _, err := h.LinkByName(LoopPeer); err != nil {
-		t.Errorf("loop peer %s: %v", LoopPeer, err)
+	loopIn, err := h.LinkByName(LoopPeer)
+	if err != nil {
+		t.Fatalf("loop peer %s: %v", LoopPeer, err)
 	}
 	wantTunnelRoutes(t, h, loopOut, self)
 	for name, want := range map[string]string{
@@ -143,6 +147,26 @@ func TestKernelTwoTier(t *testing.T) {
 		t.Errorf("Sync after a tier-2 element was deleted by hand: plan %v, err %v; want the one element added back", p, err)
 	}
 	wantTier2(t, d, desired)
+	wantTunnel6(t, h, self6)
+
+	// Drift on the node: the rule and the local route of the tunnel
+	// address deleted, the IPv6 tunnel link set down (its address goes)
+	// and up. A full Sync puts them back.
+	must(t, h.RuleDel(tunnelRule(unix.AF_INET)))
+	must(t, h.RouteDel(&netlink.Route{Table: TunnelTable, Type: unix.RTN_LOCAL, Dst: prefixNet(netip.PrefixFrom(self, 32)),
+		LinkIndex: loopIn.Attrs().Index, Scope: netlink.SCOPE_HOST}))
+	tun6, err := h.LinkByName(IP6TunnelLink)
+	must(t, err)
+	must(t, h.LinkSetDown(tun6))
+	must(t, h.LinkSetUp(tun6))
+	if addrs, err := h.AddrList(tun6, unix.AF_INET6); err != nil || slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IP.Equal(self6.AsSlice()) }) {
+		t.Errorf("%s set down and up still has %s (%v): the test does not test what it says", IP6TunnelLink, self6, err)
+	}
+	if _, err = d.Sync(desired); err != nil {
+		t.Errorf("Sync after the node's tunnel setup was damaged: %v", err)
+	}
+	wantTunnelRoutes(t, h, loopOut, self)
+	wantTunnel6(t, h, self6)
 
 	// Restart: nothing to do.
 	must(t, d.Close())
@@ -300,5 +324,35 @@ func testTunnelRoutes(t *testing.T, d *Dataplane, h *netlink.Handle) {
 	want = map[string]string{"10.52.0.7/32": "via 10.60.0.9 proto 4"}
 	if got := ours(); !reflect.DeepEqual(got, want) {
 		t.Errorf("routes after SetTunnelRoutes(nil): %v, want %v", got, want)
+	}
+}
+
+// wantTunnel6 checks the node's side of IPv6 tunnel address self6: the
+// address on IP6TunnelLink, no route to it in the kernel's local table,
+// a local route in TunnelTable, and the IPv6 rule.
+func wantTunnel6(t *testing.T, h *netlink.Handle, self6 netip.Addr) {
+	t.Helper()
+	tun, err := h.LinkByName(IP6TunnelLink)
+	if err != nil {
+		t.Errorf("link %s: %v", IP6TunnelLink, err)
+		return
+	}
+	addrs, err := h.AddrList(tun, unix.AF_INET6)
+	must(t, err)
+	if !slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IP.Equal(self6.AsSlice()) }) {
+		t.Errorf("%s addresses %v, want %s", IP6TunnelLink, addrs, self6)
+	}
+	host := prefixNet(netip.PrefixFrom(self6, 128))
+	for table, want := range map[int]int{unix.RT_TABLE_LOCAL: 0, TunnelTable: 1} {
+		rs, err := h.RouteListFiltered(unix.AF_INET6, &netlink.Route{Table: table, Dst: host}, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
+		must(t, err)
+		if len(rs) != want {
+			t.Errorf("routes to %s in table %d: %v, want %d", self6, table, rs, want)
+		}
+	}
+	rules, err := h.RuleList(unix.AF_INET6)
+	must(t, err)
+	if !slices.ContainsFunc(rules, isTunnelRule) {
+		t.Errorf("no IPv6 rule \"not iif lo lookup %d\"", TunnelTable)
 	}
 }
