@@ -210,7 +210,9 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 	all := dataplaneBackendsByNode(svc, endpointSlices, ports)
 	out := make([][2]tiers, len(ports))
 	var problems []string
-	unreachable := map[string]bool{}
+	// unreachable: nodes without a way in, each with the kind of tunnel
+	// address it lacks ("" or "IPv6 ").
+	unreachable := map[string]map[string]bool{}
 	for i, p := range ports {
 		for fam := range all[i] {
 			if !fams[fam] {
@@ -222,7 +224,14 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 				}
 				tunnel, ok := view.tunnelsOf(fam)[node]
 				if !ok || node == "" {
-					unreachable[node] = true
+					kind := ""
+					if fam == 1 && view.Tunnels6 != nil {
+						kind = "IPv6 "
+					}
+					if unreachable[node] == nil {
+						unreachable[node] = map[string]bool{}
+					}
+					unreachable[node][kind] = true
 					continue
 				}
 				ready := 0
@@ -241,7 +250,9 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 			problems = append(problems, "endpoints without nodeName get no traffic: the two-tier dataplane sends a flow to the node of its endpoint")
 			continue
 		}
-		problems = append(problems, fmt.Sprintf("endpoints on node %s get no traffic: that node has no tunnel address (is its speaker running with the two-tier dataplane?)", node))
+		for _, kind := range slices.Sorted(maps.Keys(unreachable[node])) {
+			problems = append(problems, fmt.Sprintf("endpoints on node %s get no traffic: that node has no %stunnel address (is its speaker running with the two-tier dataplane?)", node, kind))
+		}
 	}
 	return out, problems
 }

@@ -736,7 +736,7 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 				twoTier("2001:db8::10", []ipvs.Backend{tun("fd00:52::1", 1)},
 					[]ipvs.Backend{be("2001:db8:1::1", 8080, 1)}),
 			},
-			problems: []string{"without nodeName", "node n2 get no traffic: that node has no tunnel address", "node n3 get no traffic"},
+			problems: []string{"without nodeName", "node n2 get no traffic: that node has no IPv6 tunnel address", "node n3 get no traffic: that node has no tunnel address"},
 		},
 		{
 			name:   "cluster",
