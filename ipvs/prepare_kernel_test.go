@@ -111,6 +111,16 @@ func TestKernelPrepareNode(t *testing.T) {
 			t.Errorf("TwoTierIPv6() = false (%v) with an IPv6 tunnel address on a prepared node, want true", why)
 		}
 		d.Close()
+		// A node the speaker gives no IPv6 tunnel address (OneTier6):
+		// IPv6 VIPs keep one tier, saying why.
+		d, err = New(Options{LinkName: "vipcast-p", Tunnel: &Tunnel{Self: netip.MustParseAddr("10.52.0.1"), OneTier6: "no IPv6 InternalIP"}})
+		if err != nil {
+			t.Fatalf("New with OneTier6: %v", err)
+		}
+		if on, why := d.TwoTierIPv6(); on || why == nil || why.Error() != "no IPv6 InternalIP" {
+			t.Errorf("TwoTierIPv6() = %v, %v with OneTier6, want false and its reason", on, why)
+		}
+		d.Close()
 	})
 	t.Run("unprivileged prepare-node", func(t *testing.T) {
 		sysctl(t, "net/ipv4/vs/conntrack", "0")

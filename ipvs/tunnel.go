@@ -192,8 +192,8 @@ func prepareTunnel(nh *netlink.Handle) (p prepared, err error) {
 	if err != nil {
 		return p, err
 	}
-	if err := nh.LinkSetUp(tunl); err != nil {
-		return p, fmt.Errorf("set %s up: %w", TunnelLink, err)
+	if err := setUp(nh, tunl); err != nil {
+		return p, err
 	}
 	p.no6 = prepareSit(nh)
 	if p.out, p.in, err = ensureLoop(nh); err != nil {
@@ -237,10 +237,7 @@ func prepareSit(nh *netlink.Handle) error {
 	if err != nil {
 		return err
 	}
-	if err := nh.LinkSetUp(sit); err != nil {
-		return fmt.Errorf("set %s up: %w", Tunnel6Link, err)
-	}
-	return nil
+	return setUp(nh, sit)
 }
 
 // tunnelLink returns tunl0, loading the ipip module when it is missing.
