@@ -484,14 +484,39 @@ func (l *Lab) ccmState(ctx context.Context) string {
 }
 
 // WaitRollout runs `kubectl rollout status` for each workload in the
-// vipcast namespace.
+// vipcast namespace. Its error says where the rollout stands (see
+// rolloutState).
 func (l *Lab) WaitRollout(ctx context.Context, timeout time.Duration, workloads ...string) error {
 	for _, w := range workloads {
 		if _, err := l.Kubectl(ctx, "-n", VipcastNamespace, "rollout", "status", w, "--timeout", timeout.String()); err != nil {
-			return err
+			return fmt.Errorf("%w\n%s", err, l.rolloutState(context.WithoutCancel(ctx)))
 		}
 	}
 	return nil
+}
+
+// rolloutState describes vipcast's pods for a failed rollout: each pod's
+// phase, conditions and container states with their times, the
+// namespace's Events in order, and the last lines of every vipcast
+// container's log still on each node (old pods' included), so that the
+// step the rollout stuck on is told from the output alone.
+func (l *Lab) rolloutState(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var b strings.Builder
+	for _, args := range [][]string{
+		{"-n", VipcastNamespace, "get", "pods", "-o", "wide"},
+		{"-n", VipcastNamespace, "get", "pods", "-o", `jsonpath={range .items[*]}{.metadata.name} created {.metadata.creationTimestamp} deleted {.metadata.deletionTimestamp}{"\n"}  conditions {range .status.conditions[*]}{.type}={.status}@{.lastTransitionTime} {end}{"\n"}  init {.status.initContainerStatuses[*].state}{"\n"}  containers {.status.containerStatuses[*].state}{"\n"}{end}`},
+		{"-n", VipcastNamespace, "get", "events", "--sort-by=.lastTimestamp", "-o", "custom-columns=LAST:.lastTimestamp,COUNT:.count,OBJECT:.involvedObject.name,REASON:.reason,MESSAGE:.message"},
+	} {
+		out, err := l.Kubectl(ctx, args...)
+		fmt.Fprintf(&b, "kubectl %s: %v\n%s\n", strings.Join(args[:min(len(args), 4)], " "), err, out)
+	}
+	for _, n := range l.Nodes {
+		out, err := n.Exec(ctx, "sh", "-c", fmt.Sprintf("tail -n 40 /var/log/pods/%s_%s-*/*/*.log", VipcastNamespace, Release))
+		fmt.Fprintf(&b, "%s: vipcast's container logs: %v\n%s\n", n.Name, err, out)
+	}
+	return b.String()
 }
 
 // BackendsPerNode is how many replicas of the demo Deployment each node
