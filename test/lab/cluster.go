@@ -465,20 +465,28 @@ func (l *Lab) WaitInitialized(ctx context.Context, timeout time.Duration) error 
 // its Lease, the Nodes' taints and what each CCM pod logged about nodes,
 // leadership and errors.
 func (l *Lab) ccmState(ctx context.Context) string {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	var b strings.Builder
-	for _, args := range [][]string{
+	return l.clusterState(ctx, [][]string{
 		{"-n", VipcastNamespace, "get", "pods", "-o", "wide"},
 		{"get", "leases", "-A", "-o", "custom-columns=NAME:.metadata.name,HOLDER:.spec.holderIdentity,RENEWED:.spec.renewTime,TRANSITIONS:.spec.leaseTransitions"},
 		{"get", "nodes", "-o", "custom-columns=NAME:.metadata.name,PROVIDER:.spec.providerID,TAINTS:.spec.taints[*].key,CREATED:.metadata.creationTimestamp"},
-	} {
+	}, "the CCM's log (nodes, leadership, errors)",
+		fmt.Sprintf("grep -hE 'node|leader|lease|rror|E[0-9]{4} ' /var/log/pods/%s_%s-ccm*/*/*.log | tail -n 60", VipcastNamespace, Release))
+}
+
+// clusterState is a failure message's description of the cluster: what
+// each kubectl command printed, then what the shell command node printed
+// on each node, under the heading what. Bounded at a minute.
+func (l *Lab) clusterState(ctx context.Context, kubectl [][]string, what, node string) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var b strings.Builder
+	for _, args := range kubectl {
 		out, err := l.Kubectl(ctx, args...)
 		fmt.Fprintf(&b, "kubectl %s: %v\n%s\n", strings.Join(args, " "), err, out)
 	}
 	for _, n := range l.Nodes {
-		out, err := n.Exec(ctx, "sh", "-c", fmt.Sprintf("grep -hE 'node|leader|lease|rror|E[0-9]{4} ' /var/log/pods/%s_%s-ccm*/*/*.log | tail -n 60", VipcastNamespace, Release))
-		fmt.Fprintf(&b, "%s: the CCM's log (nodes, leadership, errors): %v\n%s\n", n.Name, err, out)
+		out, err := n.Exec(ctx, "sh", "-c", node)
+		fmt.Fprintf(&b, "%s: %s: %v\n%s\n", n.Name, what, err, out)
 	}
 	return b.String()
 }
@@ -496,27 +504,16 @@ func (l *Lab) WaitRollout(ctx context.Context, timeout time.Duration, workloads 
 }
 
 // rolloutState describes vipcast's pods for a failed rollout: each pod's
-// phase, conditions and container states with their times, the
-// namespace's Events in order, and the last lines of every vipcast
-// container's log still on each node (old pods' included), so that the
-// step the rollout stuck on is told from the output alone.
+// conditions and container states with their times, the namespace's
+// Events in order, and the last lines of every vipcast container's log
+// still on each node (old pods' included), so that the step the rollout
+// stuck on is told from the output alone.
 func (l *Lab) rolloutState(ctx context.Context) string {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	var b strings.Builder
-	for _, args := range [][]string{
+	return l.clusterState(ctx, [][]string{
 		{"-n", VipcastNamespace, "get", "pods", "-o", "wide"},
 		{"-n", VipcastNamespace, "get", "pods", "-o", `jsonpath={range .items[*]}{.metadata.name} created {.metadata.creationTimestamp} deleted {.metadata.deletionTimestamp}{"\n"}  conditions {range .status.conditions[*]}{.type}={.status}@{.lastTransitionTime} {end}{"\n"}  init {.status.initContainerStatuses[*].state}{"\n"}  containers {.status.containerStatuses[*].state}{"\n"}{end}`},
 		{"-n", VipcastNamespace, "get", "events", "--sort-by=.lastTimestamp", "-o", "custom-columns=LAST:.lastTimestamp,COUNT:.count,OBJECT:.involvedObject.name,REASON:.reason,MESSAGE:.message"},
-	} {
-		out, err := l.Kubectl(ctx, args...)
-		fmt.Fprintf(&b, "kubectl %s: %v\n%s\n", strings.Join(args[:min(len(args), 4)], " "), err, out)
-	}
-	for _, n := range l.Nodes {
-		out, err := n.Exec(ctx, "sh", "-c", fmt.Sprintf("tail -n 40 /var/log/pods/%s_%s-*/*/*.log", VipcastNamespace, Release))
-		fmt.Fprintf(&b, "%s: vipcast's container logs: %v\n%s\n", n.Name, err, out)
-	}
-	return b.String()
+	}, "vipcast's container logs", fmt.Sprintf("tail -n 40 /var/log/pods/%s_%s-*/*/*.log", VipcastNamespace, Release))
 }
 
 // BackendsPerNode is how many replicas of the demo Deployment each node
