@@ -526,7 +526,8 @@ func (d *Dataplane) readSNAT(st State) (orphans []Key, err error) {
 // It returns the plan it applied (empty when nothing differed), also when
 // Apply failed part way. It refreshes the in-memory state SyncService
 // works from, so a periodic Sync repairs drift (a virtual server deleted by
-// hand, a real server changed by someone else).
+// hand, a real server changed by someone else); the plan's Lost names the
+// virtual servers it had programmed and found gone.
 //
 // One virtual server the kernel refuses (a scheduler it does not have, an
 // IPv6 VIP with IPv6 off) does not stop the others: Sync applies the whole
@@ -554,6 +555,12 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	}
 	actual := kern.st
 	p := Diff(desired, actual)
+	if !d.stale {
+		p.Lost = lost(d.cache, actual, func(k Key) bool {
+			_, want := desired.Services[k]
+			return want // the read skipped other VIPs: nothing is known of them
+		})
+	}
 	for _, k := range kern.orphans {
 		if s, ok := desired.Services[k]; ok && s.SNAT {
 			// The element outlived its virtual server (deleted by hand),
@@ -656,7 +663,9 @@ func (d *Dataplane) check(svc Service) error {
 // kernel read, kernel work only for that service. When the kernel refuses a
 // change (it drifted from the in-memory state), SyncService reads the
 // kernel again and redoes the service once; the plan returned is the one of
-// the last attempt.
+// the last attempt, whose Lost then names every virtual server of the
+// in-memory state that read found gone (only key's is restored: the
+// caller runs Sync for the others).
 func (d *Dataplane) SyncService(key Key, desired *Service) (Plan, error) {
 	if desired != nil {
 		if err := desired.Validate(); err != nil {
@@ -678,11 +687,30 @@ func (d *Dataplane) SyncService(key Key, desired *Service) (Plan, error) {
 	}
 	// The kernel was not what the in-memory state said (a virtual server
 	// deleted by hand, say): read it again and redo this service once.
+	before := d.cache
 	if rerr := d.refresh(); rerr != nil {
 		return p, errors.Join(err, rerr)
 	}
+	deleted := p.DelServices // the failed apply may have done these
 	p = d.diffService(key, desired)
+	// Every virtual server found gone, not only this one: the read
+	// replaced the in-memory state, so neither Probe nor a later Sync
+	// would know them as lost.
+	p.Lost = lost(before, d.cache, func(k Key) bool { return !slices.Contains(deleted, k) })
 	return p, d.apply(p)
+}
+
+// lost returns, sorted, the virtual servers of before (the in-memory
+// state) that the kernel read after lacks, among those keep accepts.
+func lost(before, after State, keep func(Key) bool) []Key {
+	var out []Key
+	for k := range before.Services {
+		if _, ok := after.Services[k]; !ok && keep(k) {
+			out = append(out, k)
+		}
+	}
+	slices.SortFunc(out, Key.compare)
+	return out
 }
 
 // diffService is DiffService against the in-memory state, with the filter

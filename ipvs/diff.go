@@ -44,6 +44,14 @@ type Plan struct {
 	// filled in by the Dataplane like Filter; applied before the real
 	// servers change.
 	Tier2 Tier2Plan
+	// Lost are virtual servers the Dataplane had programmed (its in-memory
+	// state) that its kernel read found gone: removed by another program
+	// (kube-proxy flushes IPVS when it starts in nftables mode). Sync
+	// fills it with those it wants back, which AddServices restores;
+	// SyncService's second read (see SyncService) with all it found. It is
+	// a finding, not a kernel operation: Len does not count it. Diff and
+	// DiffService leave it empty.
+	Lost []Key
 }
 
 // Len is the number of kernel operations in p.

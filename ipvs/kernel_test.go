@@ -444,7 +444,9 @@ func testDriftAndForeign(t *testing.T) {
 	a := Service{VIP: ip("192.0.2.30"), Port: 80, Protocol: TCP, Backends: backends(1, b1)}
 	b := Service{VIP: ip("192.0.2.31"), Port: 80, Protocol: TCP, Backends: backends(1, b1)}
 	desired := state(a, b)
-	syncOK(t, d, desired)
+	if p := syncOK(t, d, desired); len(p.Lost) != 0 {
+		t.Errorf("first Sync of a new Dataplane (nothing programmed yet) reports lost virtual servers: %v", p.Lost)
+	}
 
 	// Drift: a deleted by hand, b's weight changed by hand.
 	must(t, h.DelService(kernelService(a)))
@@ -457,13 +459,16 @@ func testDriftAndForeign(t *testing.T) {
 		len(p.UpdateBackends) != 1 || p.Len() != 3 {
 		t.Errorf("repair: %+v", p)
 	}
+	if !slices.Equal(p.Lost, []Key{a.Key()}) {
+		t.Errorf("repair: Lost = %v, want [%s] (the virtual server deleted by hand; a changed weight is not lost)", p.Lost, a.Key())
+	}
 	if cn, err := cl.dial(t, netip.AddrPortFrom(a.VIP, 80)); err != nil {
 		t.Errorf("repaired virtual server: %v", err)
 	} else {
 		cn.Close()
 	}
-	if p := syncOK(t, d, desired); !p.Empty() {
-		t.Errorf("second Sync: %v", p)
+	if p := syncOK(t, d, desired); !p.Empty() || len(p.Lost) != 0 {
+		t.Errorf("second Sync: %v, lost %v", p, p.Lost)
 	}
 	if after := readForeign(); after != before {
 		t.Errorf("foreign virtual server changed:\n%s\n%s", before, after)
@@ -471,21 +476,33 @@ func testDriftAndForeign(t *testing.T) {
 
 	// The incremental path does not read the kernel: a change to a virtual
 	// server deleted by hand fails, SyncService reads the kernel again and
-	// repairs the service.
+	// repairs the service. Its Lost names b too, deleted by hand as well:
+	// the read replaced the in-memory state, so nothing else would know b
+	// as lost; the next Sync puts b back.
 	must(t, h.DelService(kernelService(a)))
+	must(t, h.DelService(kernelService(b)))
 	a.Backends[0].Weight = 2
 	p, err = d.SyncService(a.Key(), &a)
 	if err != nil || len(p.AddServices) != 1 || len(p.AddBackends) != 1 || p.Len() != 2 {
 		t.Errorf("SyncService on a virtual server deleted by hand: %+v, %v", p, err)
+	}
+	if !slices.Equal(p.Lost, []Key{a.Key(), b.Key()}) {
+		t.Errorf("SyncService on a virtual server deleted by hand: Lost = %v, want [%s %s]", p.Lost, a.Key(), b.Key())
 	}
 	if cn, err := cl.dial(t, netip.AddrPortFrom(a.VIP, 80)); err != nil {
 		t.Errorf("virtual server repaired by SyncService: %v", err)
 	} else {
 		cn.Close()
 	}
+	if drifted, err := d.Probe(); err != nil || drifted {
+		t.Errorf("Probe after SyncService's read: %v, %v (b is no longer in the in-memory state; SyncService's Lost reported it)", drifted, err)
+	}
 	desired.Add(a)
+	if p := syncOK(t, d, desired); len(p.AddServices) != 1 || p.AddServices[0].Key() != b.Key() || p.Len() != 2 || len(p.Lost) != 0 {
+		t.Errorf("Sync after SyncService repair: %v, lost %v; want b back (+svc 1, +rs 1) and nothing lost", p, p.Lost)
+	}
 	if p := syncOK(t, d, desired); !p.Empty() {
-		t.Errorf("Sync after SyncService repair: %v", p)
+		t.Errorf("Sync after the repairs: %v", p)
 	}
 
 	// A restarted speaker that wants nothing removes only its own.
