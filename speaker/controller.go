@@ -39,7 +39,8 @@ const contactInterval = 10 * time.Second
 const keyResync = "\x00resync"
 
 // keyDrift is the queue key for a full dataplane resync after a probe
-// (every Options.DataplaneProbe) found a programmed virtual server gone.
+// (every Options.DataplaneProbe) found a programmed virtual server gone:
+// keyResync's work, told apart in the log of what it finds.
 const keyDrift = "\x00drift"
 
 // keyStatus is the queue key for computing the node's SpeakerStatus,
@@ -236,6 +237,8 @@ func (c *Controller) tick(ctx context.Context) {
 			}
 			probeFailed = err != nil
 			if drifted {
+				// The resync's kernel read finds what is gone and
+				// reports it (reportLost).
 				c.queue.Add(keyDrift)
 			}
 		}
@@ -252,21 +255,14 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	switch key {
 	case keyConfig:
 		err = c.syncConfig(ctx, false)
-	case keyResync:
+	case keyResync, keyDrift:
 		err = c.syncConfig(ctx, true)
-	case keyDrift:
-		c.driftFound(ctx)
-		if err = c.syncConfig(ctx, true); err != nil {
-			// Retried as a plain resync: the drift is reported once.
-			klog.FromContext(ctx).Error(err, "Sync failed; retrying", "key", printableKey(key))
-			c.queue.AddRateLimited(keyResync)
-			return true
-		}
 	case keyStatus:
 		err = c.publishStatus(ctx)
 	default:
 		err = c.syncService(ctx, key)
 	}
+	c.reportLost(ctx, key)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Sync failed; retrying", "key", printableKey(key))
 		c.queue.AddRateLimited(key)
@@ -276,15 +272,28 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	return true
 }
 
-// driftFound reports that a probe found virtual servers gone from the
-// kernel: a log line, the metric, and a Warning Event on the Node.
-func (c *Controller) driftFound(ctx context.Context) {
+// reportLost reports the virtual servers the dataplane found gone from
+// the kernel during the sync of key (removed by another program: a
+// kube-proxy flush), whichever sync found them: a log line, the metric
+// and a Warning Event on the Node. Found by one Service's sync, which
+// restores that Service's only, they also queue a full resync.
+func (c *Controller) reportLost(ctx context.Context, key string) {
+	if c.prog == nil {
+		return
+	}
+	lost, needResync := c.prog.takeLost()
+	if len(lost) == 0 {
+		return
+	}
+	if needResync {
+		c.queue.Add(keyResync)
+	}
 	c.opts.Metrics.driftDetected()
 	node, err := c.watch.currentNode()
 	if err != nil {
 		node = nil
 	}
-	c.report.dataplaneDrift(ctx, node)
+	c.report.dataplaneDrift(ctx, node, lost, printableKey(key))
 }
 
 func printableKey(key string) string {
@@ -294,7 +303,7 @@ func printableKey(key string) string {
 	case keyResync:
 		return "resync"
 	case keyDrift:
-		return "drift"
+		return "probe"
 	case keyStatus:
 		return "status"
 	}

@@ -175,9 +175,14 @@ type recordingDataplane struct {
 	service   []ipvs.Key // SyncService calls, in order
 	deletes   []ipvs.Key // SyncService calls with nil
 	// drifted is what Probe reports until the next Sync (a kernel read
-	// that repairs the drift) clears it; probes counts Probe calls.
+	// that repairs the drift) clears it; that Sync's plan has every
+	// desired virtual server Lost, as after a flush. probes counts Probe
+	// calls.
 	drifted bool
 	probes  int
+	// lostOnService is the Lost of the next SyncService's plan, as when
+	// that call's second kernel read found these gone.
+	lostOnService []ipvs.Key
 }
 
 func (d *recordingDataplane) Probe() (bool, error) {
@@ -195,8 +200,12 @@ func (d *recordingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
 		return ipvs.Plan{}, errors.New("injected dataplane failure")
 	}
 	d.syncs = append(d.syncs, desired.Clone())
+	var p ipvs.Plan
+	if d.drifted {
+		p.Lost = slices.SortedFunc(maps.Keys(desired.Services), func(a, b ipvs.Key) int { return strings.Compare(a.String(), b.String()) })
+	}
 	d.drifted = false
-	return ipvs.Plan{}, nil
+	return p, nil
 }
 
 func (d *recordingDataplane) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error) {
@@ -207,7 +216,9 @@ func (d *recordingDataplane) SyncService(key ipvs.Key, desired *ipvs.Service) (i
 	} else {
 		d.service = append(d.service, key)
 	}
-	return ipvs.Plan{}, nil
+	p := ipvs.Plan{Lost: d.lostOnService}
+	d.lostOnService = nil
+	return p, nil
 }
 
 func (d *recordingDataplane) counts() (syncs, services, deletes int) {
@@ -288,26 +299,37 @@ func TestControllerProgramsDataplane(t *testing.T) {
 	}
 }
 
+// startDataplaneController runs a Controller on node n1 over two fake
+// Services with dp as its dataplane, its periodic syncs an hour away and
+// its probe every probe, until the test ends; it returns the fake API
+// and the Controller's metrics.
+func startDataplaneController(t *testing.T, dp *recordingDataplane, probe time.Duration) (*fake.Clientset, *Metrics) {
+	t.Helper()
+	client := fakeServices(2)
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour, DataplaneProbe: probe, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = c.Run(ctx) }()
+	return client, m
+}
+
 // TestControllerProbesDataplane: when the dataplane's probe finds a
 // programmed virtual server gone (kube-proxy flushed IPVS), the speaker
 // resyncs the whole table at once, long before the periodic resync (an
 // hour here), counts it and puts a Warning Event on its Node; a probe
 // that finds nothing changes nothing.
 func TestControllerProbesDataplane(t *testing.T) {
-	client := fakeServices(2)
 	dp := &recordingDataplane{}
-	m, err := NewMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
-		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour, DataplaneProbe: 20 * time.Millisecond, Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = c.Run(ctx) }()
+	client, m := startDataplaneController(t, dp, 20*time.Millisecond)
+	ctx := t.Context()
 	state := func() string {
 		dp.mu.Lock()
 		defer dp.mu.Unlock()
@@ -343,6 +365,53 @@ func TestControllerProbesDataplane(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // ten more probes, no drift
 	if s, _, _ := dp.counts(); s != 2 {
 		t.Errorf("%d full Syncs after the repair, want 2 (the drift repaired once)", s)
+	}
+	if got := testutil.ToFloat64(m.drift); got != 1 {
+		t.Errorf("vipcast_ipvs_drift_detected_total = %v after quiet probes, want still 1", got)
+	}
+}
+
+// TestControllerReportsLostFromServiceSync: when one Service's sync finds
+// virtual servers gone (SyncService's second kernel read, after a change
+// the kernel refused because another program had removed them), the
+// speaker reports it like a probe's finding and runs a full resync at
+// once for the others, which that read dropped from the dataplane's
+// in-memory state: with the periodic resync and the probe an hour away,
+// nothing else would put them back.
+func TestControllerReportsLostFromServiceSync(t *testing.T) {
+	dp := &recordingDataplane{}
+	client, m := startDataplaneController(t, dp, time.Hour)
+	ctx := t.Context()
+	state := func() string {
+		s, u, d := dp.counts()
+		return fmt.Sprintf("syncs %d, service syncs %d, deletes %d", s, u, d)
+	}
+	eventually(t, "the start-up Sync", func() bool { s, _, _ := dp.counts(); return s == 1 }, state)
+	if got := testutil.ToFloat64(m.drift); got != 0 {
+		t.Fatalf("vipcast_ipvs_drift_detected_total = %v after the start-up Sync, want 0", got)
+	}
+
+	a := ipvs.Key{VIP: netip.MustParseAddr("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}
+	b := ipvs.Key{VIP: netip.MustParseAddr("10.100.0.2"), Port: 80, Protocol: ipvs.TCP}
+	dp.mu.Lock()
+	dp.lostOnService = []ipvs.Key{a, b}
+	dp.mu.Unlock()
+	slice := testSlice("a")
+	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.244.0.9"}, NodeName: ptr.To("n3"),
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a full Sync after Service a's sync found a and b gone", func() bool { s, _, _ := dp.counts(); return s == 2 }, state)
+	eventually(t, "a DataplaneDrift Warning Event on the Node", func() bool {
+		return nodeWarning(ctx, t, client, "n1", func(e v1.Event) bool { return e.Reason == "DataplaneDrift" })
+	}, state)
+	if got := testutil.ToFloat64(m.drift); got != 1 {
+		t.Errorf("vipcast_ipvs_drift_detected_total = %v, want 1", got)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if s, _, _ := dp.counts(); s != 2 {
+		t.Errorf("%d full Syncs, want 2: the start-up one and one for the lost virtual servers", s)
 	}
 }
 

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	libipvs "github.com/moby/ipvs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -197,8 +199,14 @@ func TestControllerKernel(t *testing.T) {
 	closeDP := sync.OnceValue(dp.Close)
 	defer func() { _ = closeDP() }()
 	rec := &recordingKernel{dp: dp}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The probe is an hour away: the periodic resync alone finds c)'s
+	// drift, and must report it as the probe would.
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
-		Resync: time.Hour, Dataplane: rec, DataplaneResync: resync})
+		Resync: time.Hour, Dataplane: rec, DataplaneResync: resync, DataplaneProbe: time.Hour, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,6 +452,9 @@ func TestControllerKernel(t *testing.T) {
 	if st := read(); !matches(st) {
 		t.Fatalf("c) with the foreign virtual servers:%s", describe(st))
 	}
+	if got := testutil.ToFloat64(m.drift); got != 0 {
+		t.Errorf("c) vipcast_ipvs_drift_detected_total = %v before any drift (start-up and quiet resyncs), want 0", got)
+	}
 	n = rec.count()
 	for _, k := range []ipvs.Key{bKey, aTCP} {
 		ks := &libipvs.Service{Address: k.VIP.AsSlice(), Protocol: uint16(k.Protocol), Port: k.Port, AddressFamily: unix.AF_INET, Netmask: 0xffffffff}
@@ -471,6 +482,24 @@ func TestControllerKernel(t *testing.T) {
 	}
 	took = waitKernel("c) drift repaired", 5*resync)
 	t.Logf("c) kernel table complete again %s later", took.Round(time.Millisecond))
+	// The resyncs that put them back said what they found gone: the two
+	// deletions are two requests, so one resync or two.
+	calls, _ = rec.since(n)
+	lostSeen := map[ipvs.Key]int{}
+	for _, cl := range calls {
+		for _, k := range cl.plan.Lost {
+			lostSeen[k]++
+		}
+	}
+	if len(lostSeen) != 2 || lostSeen[bKey] != 1 || lostSeen[aTCP] != 1 {
+		t.Errorf("c) the repairing resyncs' Lost: %v, want %s and %s once each", lostSeen, bKey, aTCP)
+	}
+	if got := testutil.ToFloat64(m.drift); got < 1 || got > 2 {
+		t.Errorf("c) vipcast_ipvs_drift_detected_total = %v after the resync repaired the drift, want 1 or 2", got)
+	}
+	eventually(t, "c) a DataplaneDrift Warning Event on the Node after the resync repaired the drift", func() bool {
+		return nodeWarning(ctx, t, client, "n1", func(e v1.Event) bool { return e.Reason == "DataplaneDrift" })
+	}, func() string { return fmt.Sprintf("drift counter %v", testutil.ToFloat64(m.drift)) })
 	// Two more resyncs with the foreign virtual servers around.
 	for full := rec.fullSyncs(); rec.fullSyncs() < full+2; {
 		if time.Since(deleted) > 10*resync {

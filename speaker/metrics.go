@@ -60,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		drift: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vipcast_ipvs_drift_detected_total",
-			Help: "Times the speaker's probe (every --dataplane-probe-period) found a virtual server it programmed gone from the kernel, removed by another program (kube-proxy flushes IPVS when it starts in nftables mode), and resynced the whole table at once.",
+			Help: "Times the speaker found virtual servers it programmed gone from the kernel, removed by another program (kube-proxy flushes IPVS when it starts in nftables mode), and programmed them again: found by the resync its probe (every --dataplane-probe-period) asks for, by the periodic resync, or by a Service's sync.",
 		}),
 		serviceErrors: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vipcast_speaker_service_errors",

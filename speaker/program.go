@@ -45,6 +45,11 @@ type programmer struct {
 	// that Service's desired virtual servers: this node does not announce
 	// such a Service (see refusal).
 	refused map[string]error
+	// lost are the virtual servers the dataplane found gone from the
+	// kernel (ipvs.Plan's Lost) since takeLost last ran, and lostPartly
+	// whether a Service's sync found some: it restores only its own.
+	lost       []ipvs.Key
+	lostPartly bool
 }
 
 func newProgrammer(dp Dataplane, m *Metrics) *programmer {
@@ -134,7 +139,19 @@ func (p *programmer) program(key string, desired []ipvs.Service) error {
 func (p *programmer) syncOne(k ipvs.Key, desired *ipvs.Service) error {
 	plan, err := p.dp.SyncService(k, desired)
 	p.metrics.kernelChanges(plan.Len())
+	if len(plan.Lost) > 0 {
+		p.lost, p.lostPartly = append(p.lost, plan.Lost...), true
+	}
 	return err
+}
+
+// takeLost returns, and forgets, the virtual servers found gone from the
+// kernel since the last call, and whether only a full resync restores
+// them all (some were found by one Service's sync).
+func (p *programmer) takeLost() (lost []ipvs.Key, needResync bool) {
+	lost, needResync = p.lost, p.lostPartly
+	p.lost, p.lostPartly = nil, false
+	return lost, needResync
 }
 
 // resync has the dataplane compare the whole kernel table with every
@@ -153,6 +170,8 @@ func (p *programmer) resync(ctx context.Context, all []serviceServers) (refused 
 	desired, programmed, owner := p.plan(ctx, all)
 	plan, err := p.dp.Sync(desired)
 	p.metrics.kernelChanges(plan.Len())
+	// The read restores everything: lost ones a Service's sync found too.
+	p.lost, p.lostPartly = append(p.lost, plan.Lost...), false
 	perService, err := p.refusals(ctx, err, programmed, owner)
 	if err != nil {
 		return nil, fmt.Errorf("dataplane resync: %w", err)

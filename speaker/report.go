@@ -12,6 +12,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/ipvs"
 )
 
 // reporter tells users about problems and session changes: a log line and,
@@ -62,12 +63,22 @@ func (r *reporter) nodeProblems(ctx context.Context, node *v1.Node, errs []error
 	r.node = msg.Error()
 }
 
-// dataplaneDrift reports that virtual servers the speaker programmed went
-// missing from the kernel, with a Warning Event on the Node (nil: the log
-// line only).
-func (r *reporter) dataplaneDrift(ctx context.Context, node *v1.Node) {
-	const msg = "IPVS virtual servers vipcast programmed were removed by another program (kube-proxy flushes IPVS when it starts in nftables mode, as does kube-proxy --cleanup); restoring the whole table now"
-	klog.FromContext(ctx).Info("Dataplane drift: "+msg, "node", r.nodeName)
+// maxLostLogged bounds the virtual servers a drift log line names: a
+// flush takes them all, maybe thousands.
+const maxLostLogged = 10
+
+// dataplaneDrift reports that virtual servers the speaker programmed
+// (lost) went missing from the kernel, with a Warning Event on the Node
+// (nil: the log line only). The Event's message is the same every time, so
+// that repeats count up on one Event; the log line names them and the sync
+// that found them (foundBy: probe, resync, or a Service's key).
+func (r *reporter) dataplaneDrift(ctx context.Context, node *v1.Node, lost []ipvs.Key, foundBy string) {
+	const msg = "IPVS virtual servers vipcast programmed were removed by another program (kube-proxy flushes IPVS when it starts in nftables mode, as does kube-proxy --cleanup); the speaker programs them again"
+	names := make([]string, 0, min(len(lost), maxLostLogged))
+	for _, k := range lost[:min(len(lost), maxLostLogged)] {
+		names = append(names, k.String())
+	}
+	klog.FromContext(ctx).Info("Dataplane drift: "+msg, "node", r.nodeName, "foundBy", foundBy, "lost", len(lost), "virtualServers", names)
 	if node != nil {
 		r.recorder.Eventf(node, v1.EventTypeWarning, "DataplaneDrift", "%s", msg)
 	}

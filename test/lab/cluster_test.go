@@ -110,13 +110,14 @@ func kubeProxyMode(ctx context.Context, n *lab.Node) (string, error) {
 // kubeProxyFlush restarts kube-proxy (nftables mode) on node1, as a
 // rollout of its DaemonSet does: at its start it flushes every IPVS
 // virtual server of the node (its clean-up of the other modes). The
-// speaker's probe must find that and restore its virtual servers at once,
-// with a DataplaneDrift Event on the Node, not at its next full resync (a
-// minute). It logs what the client saw meanwhile: new connections refused
-// until the repair, and held connections through node1 reset by the
-// kernel.
+// speaker must find that and restore its virtual servers, with a
+// DataplaneDrift Event on the Node and a log line saying which sync found
+// them: mostly the resync its probe asks for within 2 s, sometimes the
+// periodic one (a minute) when it comes first. The test logs that line,
+// and what the client saw meanwhile: new connections refused until the
+// repair, and held connections through node1 reset by the kernel.
 //
-// What the probe found is told by the speaker's
+// What the speaker found is told by its
 // vipcast_ipvs_drift_detected_total and the Node's DataplaneDrift Events
 // counted before and after, never by comparing the Events' times with the
 // host's clock: those come from the VM's clock, which an emulated CPU lets
@@ -136,6 +137,15 @@ func kubeProxyFlush(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		t.Fatal(err)
 	}
 	eventsBefore, err := driftEvents(ctx, l, n.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	speakerLog := "/var/log/pods/" + lab.VipcastNamespace + "_" + lab.Release + "-speaker-*/*/*.log"
+	driftLines := func(ctx context.Context) ([]string, error) {
+		out, err := n.Exec(ctx, "sh", "-c", "grep -h 'Dataplane drift' "+speakerLog+" || true")
+		return strings.FieldsFunc(out, func(r rune) bool { return r == '\n' }), err
+	}
+	linesBefore, err := driftLines(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,10 +169,22 @@ func kubeProxyFlush(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		return err == nil && drifts > driftsBefore, nil
 	})
 	if err != nil {
-		out, _ := n.Exec(ctx, "sh", "-c", "ipvsadm -Ln; grep -hiE 'drift|resync' /var/log/pods/"+lab.VipcastNamespace+"_"+lab.Release+"-speaker-*/*/*.log | tail -n 20")
-		t.Fatalf("%s: vipcast_ipvs_drift_detected_total still %v (was %v) %s after kube-proxy's restart in nftables mode (which flushes IPVS): the speaker's probe did not notice; IPVS and the speaker's resyncs:\n%s", n.Name, drifts, driftsBefore, driftWait, out)
+		out, _ := n.Exec(ctx, "sh", "-c", "ipvsadm -Ln; grep -hiE 'drift|resync' "+speakerLog+" | tail -n 20")
+		t.Fatalf("%s: vipcast_ipvs_drift_detected_total still %v (was %v) %s after kube-proxy's restart in nftables mode (which flushes IPVS): the speaker did not notice; IPVS and the speaker's resyncs:\n%s", n.Name, drifts, driftsBefore, driftWait, out)
 	}
 	found := time.Since(start)
+	var driftLine string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		lines, _ := driftLines(ctx) // an error: retried
+		if len(lines) <= len(linesBefore) {
+			return false, nil
+		}
+		driftLine = lines[len(lines)-1]
+		return strings.Contains(driftLine, "foundBy=") && strings.Contains(driftLine, "lost="), nil
+	})
+	if err != nil {
+		t.Fatalf("%s: the drift counter rose, but the speaker's log has no new drift line naming the sync that found it and how many virtual servers were lost (%d such lines before); last: %q", n.Name, len(linesBefore), driftLine)
+	}
 	waitIPVS(t, n, vip, backendsOf(n.Pods...))
 	restored := time.Since(start)
 	var event string
@@ -177,14 +199,14 @@ func kubeProxyFlush(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("%s: the probe found the flush (vipcast_ipvs_drift_detected_total %v, was %v), but no new DataplaneDrift Event reached the Node within 30s", n.Name, drifts, driftsBefore)
+		t.Fatalf("%s: the speaker found the flush (vipcast_ipvs_drift_detected_total %v, was %v), but no new DataplaneDrift Event reached the Node within 30s", n.Name, drifts, driftsBefore)
 	}
 	time.Sleep(time.Second)
 	ok, failed := stream.Stop()
 	held.Settle(ctx)
 	alive, _, broken := held.Status()
-	t.Logf("kube-proxy restarted on %s in nftables mode (%s): the probe found the flush %s and the virtual server was back %s after the restart began; Event %q; new connections every 100 ms meanwhile: %d answered, %d failed %v; %d of %d held connections alive",
-		n.Name, restarted.Round(time.Millisecond), found.Round(time.Millisecond), restored.Round(time.Millisecond), event, ok, len(failed), failed[:min(3, len(failed))], alive, heldBefore)
+	t.Logf("kube-proxy restarted on %s in nftables mode (%s): the speaker found the flush %s and the virtual server was back %s after the restart began; Event %q; the speaker's log: %s; new connections every 100 ms meanwhile: %d answered, %d failed %v; %d of %d held connections alive",
+		n.Name, restarted.Round(time.Millisecond), found.Round(time.Millisecond), restored.Round(time.Millisecond), event, driftLine, ok, len(failed), failed[:min(3, len(failed))], alive, heldBefore)
 	if alive != heldBefore {
 		// The kernel resets the established connections through the
 		// flushed node (TestKernel/FlushHeld): docs/install.md says so.
