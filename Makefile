@@ -186,6 +186,7 @@ FUZZ_TARGETS := \
 	./api/v1alpha1/:FuzzBGPPeerSpecCheck \
 	./ccm/:FuzzRequestFor \
 	./ipvs/:FuzzDiff \
+	./ipvs/:FuzzCheckSyncMessage \
 	./speaker/:FuzzNodeFrom \
 	./speaker/:FuzzPeersForNode \
 	./speaker/:FuzzCompile \

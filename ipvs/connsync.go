@@ -52,6 +52,10 @@ type ConnSync struct {
 	// with connection sync on) instead of starting any; the other fields
 	// are then unused.
 	Off bool
+	// Relay, when set, carries the messages between the nodes by unicast
+	// (syncrelay.go) instead of multicast on a link they share: the
+	// daemons run on SyncLink, and Interface and Address are unused.
+	Relay *SyncRelay
 }
 
 // SyncDaemon is one IPVS sync daemon running in this network namespace.
@@ -93,6 +97,9 @@ const (
 func (c *ConnSync) on() bool { return c != nil && !c.Off }
 
 func (c ConnSync) check() error {
+	if c.Relay != nil {
+		return c.Relay.check()
+	}
 	if c.Interface == "" && c.Address.IsValid() {
 		return nil
 	}

@@ -84,7 +84,9 @@ type Dataplane struct {
 	// connSyncErr is why the daemons Options.ConnSync asked for are not
 	// running.
 	connSyncErr error
-	cache       State // the kernel as last read, plus what was applied since
+	// relay carries the daemons' messages with ConnSync.Relay.
+	relay *relay
+	cache State // the kernel as last read, plus what was applied since
 	// filter is the VIP filter as last read, plus what was applied since
 	// (valid with cache).
 	filter Filter
@@ -250,12 +252,49 @@ func (d *Dataplane) runConnSync(c ConnSync) error {
 	if err := d.dropMixedDests(); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
-	on, err := ensureConnSync(d.nl, c)
+	if c.Relay == nil {
+		on, err := ensureConnSync(d.nl, c)
+		if err != nil {
+			return fmt.Errorf("two-tier dataplane: %w", err)
+		}
+		d.connSync = &on
+		return nil
+	}
+	peer, err := prepareSyncRelay(d.nl)
 	if err != nil {
+		return fmt.Errorf("two-tier dataplane: connection sync relay: %w", err)
+	}
+	c.Interface = SyncLink
+	if err := startConnSync(c); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
-	d.connSync = &on
+	if d.relay, err = startRelay(peer, c.ID, *c.Relay); err != nil {
+		return fmt.Errorf("two-tier dataplane: %w", err)
+	}
+	d.connSync = &c
 	return nil
+}
+
+// SetSyncPeers replaces the other nodes' addresses the connection sync
+// relay (ConnSync.Relay) sends to and accepts from; without a relay it
+// does nothing.
+func (d *Dataplane) SetSyncPeers(peers []netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.relay != nil {
+		d.relay.setPeers(peers)
+	}
+}
+
+// RelayStats counts what the connection sync relay did; ok is false
+// without one.
+func (d *Dataplane) RelayStats() (s RelayStats, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.relay == nil {
+		return RelayStats{}, false
+	}
+	return d.relay.stats(), true
 }
 
 func ensureDummy(nh *netlink.Handle, name string) (netlink.Link, error) {
@@ -320,6 +359,9 @@ func (d *Dataplane) close() {
 		return
 	}
 	d.closed = true
+	if d.relay != nil {
+		d.relay.stop()
+	}
 	d.ipvs.Close()
 	d.nl.Close()
 	if d.genl != nil {

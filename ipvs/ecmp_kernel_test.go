@@ -452,14 +452,21 @@ func testIPv6SyncOn(t *testing.T) {
 func testMoveTerminating(t *testing.T) { moveTerminating(t, newMoveFabric) }
 
 // moveTerminating is testMoveTerminating on the fabrics fabric builds.
+//
+// With the relay (ConnSync.Relay, sync=relay) the daemons' link is each
+// node's own veth pair, and the nodes reach each other only through the
+// ToR (the client's namespace), each on its own subnet: the relay carries
+// the messages by unicast between the nodes' fabric addresses.
 func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 	const syncID = 96
-	for _, withSync := range []bool{false, true} {
-		t.Run(fmt.Sprintf("sync=%v", withSync), func(t *testing.T) {
+	for _, mode := range []string{"false", "true", "relay"} {
+		withSync, relayed := mode != "false", mode == "relay"
+		t.Run("sync="+mode, func(t *testing.T) {
 			f := fabric(t)
 			// Node A names the link, node B gives its address on it.
 			var sync [2]*ConnSync
-			if withSync {
+			switch mode {
+			case "true":
 				sync[0] = &ConnSync{Interface: "peer", ID: syncID}
 				sync[1] = &ConnSync{Address: ip("10.53.0.2"), ID: syncID}
 				// A daemon of another configuration on node B is
@@ -467,8 +474,16 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 				must(t, inNS(t, f.nodes[1], func() error {
 					return startSyncDaemon(SyncDaemon{Interface: "peer", ID: 7})
 				}))
+			case "relay":
+				for n := range f.nodes {
+					sync[n] = &ConnSync{ID: syncID, Relay: &SyncRelay{Address: f.fabricAddr(n)}}
+				}
+				// Node A knows node B from the start; node B learns of
+				// node A later (SetSyncPeers, as the speaker's Node
+				// watch does).
+				sync[0].Relay.Peers = []netip.Addr{f.fabricAddr(1)}
 			}
-			if withSync && !f.v6 {
+			if mode == "true" && !f.v6 {
 				// A link that does not exist: the Dataplane runs without
 				// the daemons, and ConnSyncProblem names the link and
 				// the fix.
@@ -497,11 +512,19 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 			for n := range f.nodes {
 				dps[n], _ = twoTierNodeSync(t, f, n, sync[n])
 			}
+			if relayed {
+				dps[1].SetSyncPeers([]netip.Addr{f.fabricAddr(0)})
+				relayRefusesStrangers(t, f, dps[1])
+			}
 			if withSync {
-				if c := dps[1].ConnSync(); c == nil || c.Interface != "peer" {
-					t.Errorf("node B's ConnSync() = %+v, want the link of 10.53.0.2, peer", c)
+				link := "peer"
+				if relayed {
+					link = SyncLink
 				}
-				want := []SyncDaemon{{Interface: "peer", ID: syncID}, {Backup: true, Interface: "peer", ID: syncID}}
+				if c := dps[1].ConnSync(); c == nil || c.Interface != link {
+					t.Errorf("node B's ConnSync() = %+v, want the link %s", c, link)
+				}
+				want := []SyncDaemon{{Interface: link, ID: syncID}, {Backup: true, Interface: link, ID: syncID}}
 				for n := range f.nodes {
 					if got := syncDaemons(t, f.nodes[n]); !slices.Equal(got, want) {
 						t.Fatalf("node %d: sync daemons %v, want %v", n, got, want)
@@ -518,7 +541,7 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 			// 3 s: the kernel sends a connection at its third packet and
 			// flushes its messages within about 2 s.
 			r := runMoveAfter(t, f, 3*time.Second, terminate)
-			r.log(t, fmt.Sprintf("two tiers, node A's pods terminating, sync %v", withSync))
+			r.log(t, "two tiers, node A's pods terminating, sync "+mode)
 			onA := r.perPod["pa1"] + r.perPod["pa2"]
 			if onA == 0 {
 				t.Fatalf("no flow reached node A's pods (per pod: %v): the event moves nothing", r.perPod)
@@ -540,10 +563,25 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 			if len(r.sources) != 1 || r.sources[0] != f.src.String() {
 				t.Errorf("pods saw clients %v, want only the client's own address %s", r.sources, f.src)
 			}
-			// Teardown stops the daemons it started.
+			if relayed {
+				a, _ := dps[0].RelayStats()
+				b, _ := dps[1].RelayStats()
+				t.Logf("relays: node A %+v, node B %+v", a, b)
+				if a.Sent == 0 || b.Received == 0 {
+					t.Errorf("node A's relay sent %d messages and node B's received %d: want both above 0", a.Sent, b.Received)
+				}
+			}
+			// Teardown stops the daemons it started (and the relay's
+			// veth pair goes).
 			must(t, inNS(t, f.nodes[0], dps[0].Teardown))
 			if got := syncDaemons(t, f.nodes[0]); len(got) != 0 {
 				t.Errorf("after Teardown node A runs sync daemons %v, want none", got)
+			}
+			if relayed {
+				if _, err := f.hNode[0].LinkByName(SyncLink); err == nil {
+					t.Errorf("after Teardown node A still has %s", SyncLink)
+				}
+				return
 			}
 			// A Dataplane with connection sync off stops the daemons of
 			// its ID (an earlier run's), and only those: node B's backup
@@ -567,6 +605,42 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 		})
 	}
 }
+
+// relayRefusesStrangers sends node B's relay, from the ToR's address on
+// node B's subnet (an address the relay does not know), a datagram shaped
+// like a sync message of its sync ID: the relay must drop it and send
+// nothing into its backup.
+func relayRefusesStrangers(t *testing.T, f *moveFabric, d *Dataplane) {
+	t.Helper()
+	before, _ := d.RelayStats()
+	msg := []byte{0, 96, 0, 8, 0, 1, 0, 0}
+	must(t, inNS(t, f.client, func() error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(f.fabricAddr(1), DefaultSyncRelayPort)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write(msg)
+		return err
+	}))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		after, _ := d.RelayStats()
+		if after.Dropped > before.Dropped {
+			if after.Received != before.Received {
+				t.Errorf("node B's relay passed on a message from an unknown address: %+v, before %+v", after, before)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node B's relay did not drop a message from an unknown address within 5s: %+v, before %+v", after, before)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// fabricAddr is node n's address on its link to the ToR.
+func (f *moveFabric) fabricAddr(n int) netip.Addr { return ip(fmt.Sprintf("10.51.%d.1", n)) }
 
 // testMoveReweighted: tier 1 changes while every pod stays ready (node B's
 // weight goes from 1 to 3, as when it gains endpoints), then the fabric

@@ -28,7 +28,8 @@ import (
 //     (TunnelRouteProtocol) and the loop LoopLink/LoopPeer. Also without
 //     Options.Tunnel (as New without it takes the two-tier chains away):
 //     an earlier run with it may have left them;
-//   - with Options.ConnSync on, the IPVS sync daemons that run with its ID.
+//   - with Options.ConnSync on, the IPVS sync daemons that run with its ID,
+//     and with ConnSync.Relay the relay's veth pair SyncLink/SyncPeer.
 //
 // It leaves alone tunl0, which belongs to the ipip module (other software
 // may use it), and every sysctl that New, PrepareNode or PrepareTunnel set
@@ -59,6 +60,9 @@ func (d *Dataplane) Teardown() error {
 	}
 	if d.connSync != nil {
 		errs = append(errs, stopConnSyncID(d.connSync.ID))
+		if d.connSync.Relay != nil {
+			errs = append(errs, deleteLink(d.nl, SyncLink, "veth")) // SyncPeer goes with it
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		d.stale = true
