@@ -232,7 +232,13 @@ func (d *Dataplane) setupConnSync(c *ConnSync) error {
 	case c == nil:
 		return nil
 	case c.Off:
-		return stopConnSyncID(c.ID)
+		// The relay's veth pair of an earlier run with it goes too.
+		return errors.Join(stopConnSyncID(c.ID), deleteLink(d.nl, SyncLink, "veth"))
+	case c.Relay == nil:
+		// Likewise when the daemons go back to a shared link.
+		if err := deleteLink(d.nl, SyncLink, "veth"); err != nil {
+			return fmt.Errorf("two-tier dataplane: %w", err)
+		}
 	}
 	if err := d.runConnSync(*c); err != nil {
 		d.connSyncErr = errors.Join(err, stopConnSyncID(c.ID))

@@ -581,6 +581,19 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 				if _, err := f.hNode[0].LinkByName(SyncLink); err == nil {
 					t.Errorf("after Teardown node A still has %s", SyncLink)
 				}
+				// Back to multicast on a shared link: the relay's veth
+				// pair goes.
+				must(t, inNS(t, f.nodes[1], func() error {
+					dps[1].Close()
+					d, err := New(Options{LinkName: "vip0", Tunnel: f.tunnel(1), ConnSync: &ConnSync{Interface: "peer", ID: syncID}})
+					if err != nil {
+						return err
+					}
+					return d.Close()
+				}))
+				if _, err := f.hNode[1].LinkByName(SyncLink); err == nil {
+					t.Errorf("node B still has %s with connection sync back on a shared link", SyncLink)
+				}
 				return
 			}
 			// A Dataplane with connection sync off stops the daemons of

@@ -212,9 +212,12 @@ func startRelay(peerIndex int, id uint8, c SyncRelay) (*relay, error) {
 }
 
 // listenGroup opens a socket that receives the sync group's datagrams
-// arriving on link ifindex only: bound to that link and taking no
-// multicast of groups it did not join itself, or it would read what the
-// relay injects for the backup (on the other end) and send it round.
+// arriving on link ifindex only: it joins the group there and takes no
+// multicast of memberships it does not hold itself (IP_MULTICAST_ALL
+// off, which also checks the link), or it would read what the relay
+// injects for the backup on the other end and send it round. (Not
+// SO_BINDTODEVICE: before Linux 5.7 that needs CAP_NET_RAW, which the
+// speaker does not have.)
 func listenGroup(ifindex int, group netip.AddrPort) (*net.UDPConn, error) {
 	ifi, err := net.InterfaceByIndex(ifindex)
 	if err != nil {
@@ -226,7 +229,6 @@ func listenGroup(ifindex int, group netip.AddrPort) (*net.UDPConn, error) {
 			s := int(fd)
 			serr = errors.Join(
 				unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1),
-				unix.SetsockoptString(s, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, ifi.Name),
 				unix.SetsockoptInt(s, unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0),
 			)
 		})
