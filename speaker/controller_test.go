@@ -606,6 +606,19 @@ func TestControllerRetriesRefusedService(t *testing.T) {
 type tunnelDataplane struct {
 	recordingDataplane
 	routes []map[netip.Addr]netip.Addr
+	peers  []netip.Addr // the last SetSyncPeers
+}
+
+func (d *tunnelDataplane) SetSyncPeers(peers []netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.peers = slices.Clone(peers)
+}
+
+func (d *tunnelDataplane) syncPeers() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return fmt.Sprint(d.peers)
 }
 
 func (d *tunnelDataplane) SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
@@ -633,7 +646,8 @@ func (d *tunnelDataplane) last() (ipvs.State, map[netip.Addr]netip.Addr) {
 // speaker watches every Node, routes the other nodes' tunnel addresses
 // through their InternalIPs, and programs tier 1 over the nodes hosting
 // endpoints (tier 2: this node's); a node joining adds its route, and a
-// Service's endpoint there adds it to tier 1.
+// Service's endpoint there adds it to tier 1. The connection sync relay's
+// peers follow the other nodes' InternalIPs.
 func TestControllerTwoTier(t *testing.T) {
 	client := fakeServices(1) // Service a, VIP 10.100.0.1, one endpoint on n2
 	ctx, cancel := context.WithCancel(context.Background())
@@ -656,10 +670,11 @@ func TestControllerTwoTier(t *testing.T) {
 	eventually(t, "the routes and tier 1 over n2", func() bool {
 		st, r := dp.last()
 		return reflect.DeepEqual(r, map[netip.Addr]netip.Addr{a("100.127.0.3"): a("10.0.0.3")}) &&
-			tier1(st) == "[100.127.0.3:80 w1 ipip]" && !st.Services[key].SNAT && len(st.Services[key].Local) == 0
+			tier1(st) == "[100.127.0.3:80 w1 ipip]" && !st.Services[key].SNAT && len(st.Services[key].Local) == 0 &&
+			dp.syncPeers() == "[10.0.0.3]"
 	}, func() string {
 		st, r := dp.last()
-		return fmt.Sprintf("routes %v, virtual server %+v", r, st.Services[key])
+		return fmt.Sprintf("routes %v, virtual server %+v, sync peers %s", r, st.Services[key], dp.syncPeers())
 	})
 
 	// Node n3 joins, and Service a gets an endpoint there and one here.
@@ -680,10 +695,10 @@ func TestControllerTwoTier(t *testing.T) {
 		st, r := dp.last()
 		return len(r) == 2 && r[a("100.127.0.4")] == a("10.0.0.4") &&
 			tier1(st) == "[100.127.0.2:80 w1 ipip 100.127.0.3:80 w1 ipip 100.127.0.4:80 w1 ipip]" &&
-			fmt.Sprint(st.Services[key].Local) == "[10.244.2.1:8080 w1]"
+			fmt.Sprint(st.Services[key].Local) == "[10.244.2.1:8080 w1]" && dp.syncPeers() == "[10.0.0.3 10.0.0.4]"
 	}, func() string {
 		st, r := dp.last()
-		return fmt.Sprintf("routes %v, virtual server %+v", r, st.Services[key])
+		return fmt.Sprintf("routes %v, virtual server %+v, sync peers %s", r, st.Services[key], dp.syncPeers())
 	})
 }
 
@@ -828,4 +843,42 @@ func nodeWarning(ctx context.Context, t *testing.T, client *fake.Clientset, node
 		}
 	}
 	return false
+}
+
+// TestRelayMetrics: the relay's counters are read at each scrape, by
+// direction, and a speaker without a relay has no samples.
+func TestRelayMetrics(t *testing.T) {
+	const name = "vipcast_ipvs_conn_sync_relay_messages_total"
+	stats, on := ipvs.RelayStats{Sent: 4, Received: 3, Dropped: 1}, true
+	reg := prometheus.NewRegistry()
+	if err := RegisterRelayMetrics(reg, func() (ipvs.RelayStats, bool) { return stats, on }); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := testutil.GatherAndLint(reg, name); err != nil || len(problems) != 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+	stats.Received = 5 // read again at the next scrape
+	want := fmt.Sprintf(`# HELP %[1]s %[2]s
+# TYPE %[1]s counter
+%[1]s{direction="dropped"} 1
+%[1]s{direction="received"} 5
+%[1]s{direction="sent"} 4
+`, name, relayHelp(t, reg))
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), name); err != nil {
+		t.Error(err)
+	}
+	on = false
+	if n := testutil.CollectAndCount(reg, name); n != 0 {
+		t.Errorf("%d samples without a relay, want none", n)
+	}
+}
+
+// relayHelp returns the relay metric's help text as reg gathers it.
+func relayHelp(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 {
+		t.Fatalf("gather: %d families, %v", len(mfs), err)
+	}
+	return mfs[0].GetHelp()
 }

@@ -133,3 +133,41 @@ func (m *Metrics) contacted(t time.Time) {
 		m.lastContact.Set(float64(t.UnixNano()) / 1e9)
 	}
 }
+
+// relayCollector reads the connection sync relay's counters at each
+// scrape (see RegisterRelayMetrics).
+type relayCollector struct {
+	desc  *prometheus.Desc
+	stats func() (ipvs.RelayStats, bool)
+}
+
+// RegisterRelayMetrics registers
+// vipcast_ipvs_conn_sync_relay_messages_total{direction}, read from stats
+// at each scrape: the sync daemons' messages the relay sent to other
+// nodes, received from them (and passed to the local backup), and dropped.
+// Without a relay (stats' ok false) it has no samples.
+func RegisterRelayMetrics(reg prometheus.Registerer, stats func() (ipvs.RelayStats, bool)) error {
+	return reg.Register(relayCollector{
+		desc: prometheus.NewDesc("vipcast_ipvs_conn_sync_relay_messages_total",
+			"IPVS sync messages the connection sync relay (--conn-sync-transport=relay) handled, by direction: sent (the local master's, once per other node), received (from other nodes, passed to the local backup) and dropped (from an address that is not a node's, not a sync message of this sync ID, or not sent on).",
+			[]string{"direction"}, nil),
+		stats: stats,
+	})
+}
+
+// Describe implements prometheus.Collector.
+func (c relayCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c relayCollector) Collect(ch chan<- prometheus.Metric) {
+	s, ok := c.stats()
+	if !ok {
+		return
+	}
+	for _, v := range []struct {
+		dir string
+		n   uint64
+	}{{"sent", s.Sent}, {"received", s.Received}, {"dropped", s.Dropped}} {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v.n), v.dir)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -100,7 +101,7 @@ func (c *Controller) connSyncProblem() error {
 		return nil
 	}
 	if err := d.ConnSyncProblem(); err != nil {
-		return fmt.Errorf("--conn-sync-interface: the IPVS sync daemons did not start, and this node serves without them (a flow that ECMP moves here after the nodes' endpoints changed is reset): %w", err)
+		return fmt.Errorf("--conn-sync-interface, --conn-sync-transport: the IPVS sync daemons (or their relay) did not start, and this node serves without them (a flow that ECMP moves here after the nodes' endpoints changed is reset): %w", err)
 	}
 	return nil
 }
@@ -122,6 +123,13 @@ type tunnelRouter interface {
 	// SetTunnelRoutes makes the routes to the other nodes' tunnel
 	// addresses exactly routes (tunnel address to node address).
 	SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error
+}
+
+// syncPeerSetter is what the connection sync relay needs: the other
+// nodes' addresses; *ipvs.Dataplane implements it (without a relay its
+// SetSyncPeers does nothing).
+type syncPeerSetter interface {
+	SetSyncPeers(peers []netip.Addr)
 }
 
 // syncTunnels derives every node's tunnel address (and with
@@ -154,6 +162,18 @@ func (c *Controller) syncTunnels(ctx context.Context, self string) (tunnels, tun
 	}
 	if err := tr.SetTunnelRoutes(routes); err != nil {
 		problems = append(problems, fmt.Sprintf("routes to the other nodes' tunnel addresses: %v", err))
+	}
+	if sp, ok := c.opts.Dataplane.(syncPeerSetter); ok {
+		// The relay's peers: every other node's IPv4 InternalIP, as the
+		// relay listens on this node's.
+		peers := make([]netip.Addr, 0, len(addrs))
+		for name, a := range addrs {
+			if name != self {
+				peers = append(peers, a)
+			}
+		}
+		slices.SortFunc(peers, netip.Addr.Compare)
+		sp.SetSyncPeers(peers)
 	}
 	klog.FromContext(ctx).V(4).Info("Tunnel addresses", "nodes", len(tunnels), "ipv6", len(tunnels6), "routes", len(routes))
 	return tunnels, tunnels6, problems

@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -88,6 +89,10 @@ func TestParseFlagsTunnel(t *testing.T) {
 		{args: []string{"--conn-sync-interface", ""}, wantErr: `--conn-sync-interface="" is not a link name: use "auto", "none"`},
 		{args: []string{"--conn-sync-interface", "a-very-long-link-name"}, wantErr: "is not a link name"},
 		{args: []string{"--conn-sync-interface", "eth0/1"}, wantErr: "is not a link name"},
+		{args: []string{"--conn-sync-transport", "unicast"}, wantErr: `--conn-sync-transport="unicast": use "multicast" (one L2 segment) or "relay"`},
+		{args: []string{"--conn-sync-transport", "relay", "--conn-sync-interface", "eth0"}, wantErr: "--conn-sync-interface=eth0 with --conn-sync-transport=relay: the relay's daemons run on their own veth pair"},
+		{args: []string{"--conn-sync-relay-port", "0"}, wantErr: "--conn-sync-relay-port=0 is out of 1..65535"},
+		{args: []string{"--conn-sync-relay-port", "65536"}, wantErr: "--conn-sync-relay-port=65536 is out of 1..65535"},
 	} {
 		f, ok := parseChecked(t, append(slices.Clone(base), tc.args...), tc.wantErr)
 		switch {
@@ -131,8 +136,9 @@ func TestParseFlagsTunnel(t *testing.T) {
 	}
 
 	// Connection sync: on by default with two tiers, on the link of the
-	// node's address, with ID 96; a named link; off, stopping the daemons
-	// of its ID; and off with one tier.
+	// node's address, with ID 96; a named link; the relay from the node's
+	// address, on the default port or another; off, stopping the daemons
+	// of its ID (also with the relay asked for); and off with one tier.
 	node := netip.MustParseAddr("10.0.0.11")
 	twoTiers := []string{"--tunnel-prefix", "100.127.0.0/16"}
 	for _, tc := range []struct {
@@ -142,6 +148,9 @@ func TestParseFlagsTunnel(t *testing.T) {
 		{args: twoTiers, want: ipvs.ConnSync{Address: node, ID: 96}},
 		{args: append(slices.Clone(twoTiers), "--conn-sync-interface", "eth1", "--conn-sync-id", "7"), want: ipvs.ConnSync{Interface: "eth1", ID: 7}},
 		{args: append(slices.Clone(twoTiers), "--conn-sync-interface", "none"), want: ipvs.ConnSync{Off: true, ID: 96}},
+		{args: append(slices.Clone(twoTiers), "--conn-sync-transport", "relay"), want: ipvs.ConnSync{ID: 96, Relay: &ipvs.SyncRelay{Address: node, Port: 8849}}},
+		{args: append(slices.Clone(twoTiers), "--conn-sync-transport", "relay", "--conn-sync-relay-port", "9000", "--conn-sync-id", "7"), want: ipvs.ConnSync{ID: 7, Relay: &ipvs.SyncRelay{Address: node, Port: 9000}}},
+		{args: append(slices.Clone(twoTiers), "--conn-sync-transport", "relay", "--conn-sync-interface", "none"), want: ipvs.ConnSync{Off: true, ID: 96}},
 		{args: []string{"--conn-sync-id", "7"}, want: ipvs.ConnSync{Off: true, ID: 7}},
 	} {
 		f, err := parseFlags(append(slices.Clone(base), tc.args...))
@@ -152,7 +161,7 @@ func TestParseFlagsTunnel(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", tc.args, err)
 		}
-		if got := opts.ConnSync; got == nil || *got != tc.want {
+		if got := opts.ConnSync; got == nil || !reflect.DeepEqual(*got, tc.want) {
 			t.Errorf("%q: connection sync %+v, want %+v", tc.args, got, tc.want)
 		}
 	}

@@ -73,6 +73,8 @@ type flags struct {
 	tunnelMTU        int
 	connSyncLink     string
 	connSyncID       int
+	connSyncVia      string
+	connSyncPort     int
 	owner            *ownerDaemonSet
 }
 
@@ -98,6 +100,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.dataplaneProbe, "dataplane-probe-period", 2*time.Second, "How often the speaker asks the kernel for one of its virtual servers (one request): when it is gone, another program flushed IPVS (kube-proxy does when it starts in nftables mode) and the whole table is restored at once.")
 	fs.StringVar(&f.tunnelPrefixFlag, "tunnel-prefix", "", "Turns on the two-tier dataplane (established flows survive ECMP changes, the pods see the client): an IPv4 prefix, optionally followed by a comma and an IPv6 prefix, such as 100.127.0.0/16,fd00:7f::/64. Each node's tunnel address is the IPv4 prefix with the host bits of the node's IPv4 InternalIP, and its IPv6 tunnel address the IPv6 prefix with those of its IPv6 InternalIP. IPv6 VIPs go through the two tiers to the IPv6 tunnel addresses; without an IPv6 prefix, only when --conn-sync-interface is none (6in4 to the IPv4 ones). Every speaker of the cluster must have the same value. Empty keeps one tier.")
 	fs.StringVar(&f.connSyncLink, "conn-sync-interface", connSyncAuto, "With --tunnel-prefix: the link on which the kernel's IPVS sync daemons share each node's tier-1 connections with the other nodes (multicast 224.0.0.81, UDP 8848, not routed), so that a flow ECMP moves after the nodes' endpoints changed still reaches its pod. \""+connSyncAuto+"\" is the link holding the node's InternalIP; \""+connSyncOff+"\" turns it off. Without an IPv6 tunnel prefix, sync keeps IPv6 VIPs on one tier (the kernel does not sync their 6in4 connections).")
+	fs.StringVar(&f.connSyncVia, "conn-sync-transport", connSyncMulticast, "How the IPVS sync daemons' messages reach the other nodes: \""+connSyncMulticast+"\" on the link --conn-sync-interface names (the nodes of one L2 segment), or \""+connSyncRelay+"\": the daemons run on a veth pair of the node's own (vcsync0/vcsync1) and the speaker passes their messages by unicast UDP (--conn-sync-relay-port) to every other node's InternalIP, for nodes on different subnets (a rack each, a /31 to the ToR each). With the relay, --conn-sync-interface is auto or none.")
+	fs.IntVar(&f.connSyncPort, "conn-sync-relay-port", ipvs.DefaultSyncRelayPort, "With --conn-sync-transport=relay: the UDP port the relays use on every node's InternalIP. Every speaker of the cluster must have the same value.")
 	fs.IntVar(&f.connSyncID, "conn-sync-id", defaultConnSyncID, "The IPVS sync ID (0 to 255) of --conn-sync-interface: a node takes only messages with its own ID. Every speaker of the cluster must have the same value; another cluster (or keepalived pair) on the same link needs another one.")
 	fs.IntVar(&f.tunnelMTU, "tunnel-mtu", 0, "The fabric's MTU, for the two-tier dataplane's MSS clamp (MTU less 60; for IPv6 VIPs less 100, or 80 through 6in4); 0 uses the MTU of the link of the node's default route.")
 	fs.Func("owner-daemonset", "namespace/name of the DaemonSet running this speaker (the chart sets it). At shutdown the speaker reads it: when it is gone or being deleted, or the API server refuses the speaker's credentials (helm uninstall), the speaker removes its virtual servers, VIPs, link and nftables tables from the node; otherwise (an upgrade, a restart, an API server outage) it leaves them for the next speaker. Empty: always leave them.", func(v string) (err error) {
@@ -239,8 +243,9 @@ func main() {
 func prepareNode(args []string) int {
 	fs := flag.NewFlagSet("vipcast-speaker "+ipvs.PrepareNodeCommand, flag.ContinueOnError)
 	tunnel := fs.Bool("tunnel", false, "Also prepare the two-tier dataplane (--tunnel-prefix): load ipip, create the vcloop0/vcloop1 loop, set sloppy_tcp/sloppy_sctp and the loop's and tunl0's reverse-path filtering.")
+	relay := fs.Bool("conn-sync-relay", false, "Also prepare the connection sync relay (--conn-sync-transport=relay): create the vcsync0/vcsync1 veth pair with its addresses, accept_local and reverse-path filtering.")
 	fs.Usage = func() {
-		_, _ = fmt.Fprintf(fs.Output(), "Usage: vipcast-speaker %s [--tunnel]\n\nLoads the ip_vs module (kernel autoloading) and sets net.ipv4.vs.conntrack=1,\nthen exits. Needs write access to /proc/sys: run it in a privileged init container.\n", ipvs.PrepareNodeCommand)
+		_, _ = fmt.Fprintf(fs.Output(), "Usage: vipcast-speaker %s [--tunnel] [--conn-sync-relay]\n\nLoads the ip_vs module (kernel autoloading) and sets net.ipv4.vs.conntrack=1,\nthen exits. Needs write access to /proc/sys: run it in a privileged init container.\n", ipvs.PrepareNodeCommand)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -268,6 +273,13 @@ func prepareNode(args []string) int {
 			fmt.Printf("vipcast-speaker %s --tunnel: IPv6 VIPs will keep one tier: %v\n", ipvs.PrepareNodeCommand, no6)
 		}
 		fmt.Printf("vipcast-speaker %s: the two-tier dataplane's links and sysctls are ready\n", ipvs.PrepareNodeCommand)
+	}
+	if *relay {
+		if err := ipvs.PrepareSyncRelay(); err != nil {
+			fmt.Fprintf(os.Stderr, "vipcast-speaker %s --conn-sync-relay: %v\n", ipvs.PrepareNodeCommand, err)
+			return 1
+		}
+		fmt.Printf("vipcast-speaker %s: the connection sync relay's veth pair and sysctls are ready\n", ipvs.PrepareNodeCommand)
 	}
 	return 0
 }
@@ -314,7 +326,7 @@ func run(f *flags) error {
 		TunnelPrefix6:      f.tunnelPrefix6,
 	}
 	if f.ipvs {
-		dp, err := openDataplane(logger, f, nodeIP, nodeIP6)
+		dp, err := openDataplane(logger, f, nodeIP, nodeIP6, reg)
 		if err != nil {
 			return err
 		}
@@ -355,6 +367,9 @@ const (
 	connSyncAuto      = "auto"
 	connSyncOff       = "none"
 	defaultConnSyncID = 96
+	// Values of --conn-sync-transport.
+	connSyncMulticast = "multicast"
+	connSyncRelay     = "relay"
 )
 
 // checkTunnel parses --tunnel-prefix and checks it, --tunnel-mtu and the
@@ -368,6 +383,18 @@ func (f *flags) checkTunnel() error {
 	}
 	if l := f.connSyncLink; l == "" || len(l) > 15 || strings.ContainsAny(l, "/ \t\n") {
 		return fmt.Errorf("--conn-sync-interface=%q is not a link name: use %q, %q or the name of the link to the other nodes, such as eth0", l, connSyncAuto, connSyncOff)
+	}
+	switch f.connSyncVia {
+	case connSyncMulticast:
+	case connSyncRelay:
+		if f.connSyncLink != connSyncAuto && f.connSyncLink != connSyncOff {
+			return fmt.Errorf("--conn-sync-interface=%s with --conn-sync-transport=relay: the relay's daemons run on their own veth pair; leave --conn-sync-interface at %q (or %q to turn sync off)", f.connSyncLink, connSyncAuto, connSyncOff)
+		}
+	default:
+		return fmt.Errorf("--conn-sync-transport=%q: use %q (one L2 segment) or %q (nodes on different subnets)", f.connSyncVia, connSyncMulticast, connSyncRelay)
+	}
+	if f.connSyncPort < 1 || f.connSyncPort > 65535 {
+		return fmt.Errorf("--conn-sync-relay-port=%d is out of 1..65535: use the same port on every speaker, such as %d", f.connSyncPort, ipvs.DefaultSyncRelayPort)
 	}
 	if f.tunnelPrefixFlag == "" {
 		return nil
@@ -418,9 +445,11 @@ func dataplaneOptions(f *flags, nodeIP, nodeIP6 netip.Addr) (ipvs.Options, error
 			opts.Tunnel.OneTier6 = fmt.Sprintf("--tunnel-prefix: this node has no IPv6 tunnel address (from its IPv6 InternalIP): %v", err)
 		}
 	}
-	switch f.connSyncLink {
-	case connSyncOff:
-	case connSyncAuto:
+	switch {
+	case f.connSyncLink == connSyncOff:
+	case f.connSyncVia == connSyncRelay:
+		opts.ConnSync = &ipvs.ConnSync{ID: opts.ConnSync.ID, Relay: &ipvs.SyncRelay{Address: nodeIP, Port: uint16(f.connSyncPort)}} //nolint:gosec // checked: 1..65535
+	case f.connSyncLink == connSyncAuto:
 		opts.ConnSync = &ipvs.ConnSync{Address: nodeIP, ID: opts.ConnSync.ID}
 	default:
 		opts.ConnSync = &ipvs.ConnSync{Interface: f.connSyncLink, ID: opts.ConnSync.ID}
@@ -431,7 +460,7 @@ func dataplaneOptions(f *flags, nodeIP, nodeIP6 netip.Addr) (ipvs.Options, error
 // openDataplane opens the IPVS dataplane. The kernel state outlives the
 // process on purpose: a restarted speaker takes it over without dropping a
 // connection.
-func openDataplane(logger klog.Logger, f *flags, nodeIP, nodeIP6 netip.Addr) (*ipvs.Dataplane, error) {
+func openDataplane(logger klog.Logger, f *flags, nodeIP, nodeIP6 netip.Addr, reg prometheus.Registerer) (*ipvs.Dataplane, error) {
 	opts, err := dataplaneOptions(f, nodeIP, nodeIP6)
 	if err != nil {
 		return nil, err
@@ -440,8 +469,12 @@ func openDataplane(logger klog.Logger, f *flags, nodeIP, nodeIP6 netip.Addr) (*i
 	if err != nil {
 		return nil, fmt.Errorf("opening IPVS (load the ip_vs modules and grant NET_ADMIN, or pass --ipvs=false to announce routes only): %w", err)
 	}
+	if err := speaker.RegisterRelayMetrics(reg, dp.RelayStats); err != nil {
+		_ = dp.Close()
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	if c := dp.ConnSync(); c != nil {
-		logger.Info("Sharing this node's tier-1 connections with the other nodes (IPVS sync daemons)", "interface", c.Interface, "syncID", c.ID)
+		logger.Info("Sharing this node's tier-1 connections with the other nodes (IPVS sync daemons)", "interface", c.Interface, "syncID", c.ID, "relay", c.Relay != nil)
 	}
 	if p := dp.ConnSyncProblem(); p != nil {
 		logger.Error(p, "The IPVS sync daemons did not start; serving without connection sync (a Warning Event on the Node says so too)")

@@ -368,10 +368,8 @@ func checkPatientProbes(t *testing.T, what string, c corev1.Container, patience 
 // /proc/sys), and nothing else: no probes, ports, env or mounts.
 func checkPrepareNode(t *testing.T, c corev1.Container, image string) {
 	t.Helper()
-	args := c.Args
-	if len(args) == 2 && args[1] == "--tunnel" { // the two-tier dataplane
-		args = args[:1]
-	}
+	// The two-tier dataplane, and its connection sync relay.
+	args := slices.DeleteFunc(slices.Clone(c.Args), func(a string) bool { return a == "--tunnel" || a == "--conn-sync-relay" })
 	if c.Name != "prepare-node" || c.Image != image || !slices.Equal(args, []string{"prepare-node"}) || len(c.Command) != 0 {
 		t.Errorf("init container %s image %q command %q args %q, want prepare-node running %q prepare-node", c.Name, c.Image, c.Command, c.Args, image)
 	}
@@ -605,6 +603,13 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		if len(spec.InitContainers) != 1 || !slices.Equal(spec.InitContainers[0].Args, []string{"prepare-node", "--tunnel"}) {
 			t.Errorf("init containers %+v: want one running prepare-node --tunnel", spec.InitContainers)
 		}
+		wantArg(t, "speaker", spec.Containers[0].Args, "--conn-sync-transport", "multicast")
+		relayed := checkSpeaker(t, render(t, "speaker: {ipvs: {enabled: true, tunnelPrefix: 100.127.0.0/16, connSync: {transport: relay, relayPort: 9000}}}"), "3s", 3).Spec.Template.Spec
+		wantArg(t, "speaker", relayed.Containers[0].Args, "--conn-sync-transport", "relay")
+		wantArg(t, "speaker", relayed.Containers[0].Args, "--conn-sync-relay-port", "9000")
+		if len(relayed.InitContainers) != 1 || !slices.Equal(relayed.InitContainers[0].Args, []string{"prepare-node", "--tunnel", "--conn-sync-relay"}) {
+			t.Errorf("relay: init containers %+v: want one running prepare-node --tunnel --conn-sync-relay", relayed.InitContainers)
+		}
 		def := checkSpeaker(t, render(t, ""), "3s", 3).Spec.Template.Spec
 		if _, ok := arg(def.Containers[0].Args, "--tunnel-prefix"); ok || !slices.Equal(def.InitContainers[0].Args, []string{"prepare-node"}) {
 			t.Errorf("default: args %q, init args %q: want one tier", def.Containers[0].Args, def.InitContainers[0].Args)
@@ -616,7 +621,9 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		for bad, key := range map[string]string{"tunnelPrefix: 100.127.0.0": "tunnelPrefix", "tunnelPrefix: 100.127.0.0/31": "tunnelPrefix", "tunnelMTU: 100": "tunnelMTU",
 			`tunnelPrefix: "100.127.0.0/16,10.0.0.0/8"`: "tunnelPrefix", `tunnelPrefix: "100.127.0.0/16,fd00:7f::"`: "tunnelPrefix",
 			`tunnelPrefix: "100.127.0.0/16,fd00:7f::/127"`: "tunnelPrefix", `tunnelPrefix: "fd00:7f::/64"`: "tunnelPrefix",
-			"connSync: {id: 256}": "connSync", "connSync: {interface: a/b}": "connSync", "connSync: {interface: \"\"}": "connSync"} {
+			"connSync: {id: 256}": "connSync", "connSync: {interface: a/b}": "connSync", "connSync: {interface: \"\"}": "connSync",
+			"connSync: {transport: unicast}": "transport", "connSync: {relayPort: 0}": "relayPort",
+			"connSync: {transport: relay, interface: eth0}": "interface"} {
 			if _, err := Render(release, namespace, []byte("speaker: {ipvs: {enabled: true, "+bad+"}}")); err == nil || !strings.Contains(err.Error(), key) {
 				t.Errorf("%s: err = %v, want one naming %s", bad, err, key)
 			}

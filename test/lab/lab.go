@@ -114,6 +114,9 @@ type Options struct {
 	// ConnSyncInterface, when set, is the speakers' --conn-sync-interface
 	// ("none": no connection sync between the nodes).
 	ConnSyncInterface string
+	// ConnSyncTransport, when set, is the speakers' --conn-sync-transport
+	// ("relay": unicast between the nodes' addresses).
+	ConnSyncTransport string
 	// UDP adds port 53/UDP (to the pods' UDP echo on
 	// nodeapi.BackendPort) to the demo Service and its endpoints.
 	UDP bool
@@ -625,6 +628,9 @@ func (n *Node) speakerArgs() []string {
 	}
 	if c := n.lab.Opts.ConnSyncInterface; c != "" {
 		args = append(args, "--conn-sync-interface", c)
+	}
+	if c := n.lab.Opts.ConnSyncTransport; c != "" {
+		args = append(args, "--conn-sync-transport", c)
 	}
 	return args
 }

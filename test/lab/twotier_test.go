@@ -47,11 +47,15 @@ func TestHeldAcrossECMP(t *testing.T) {
 		t.Skip("end-to-end lab: skipped with -short")
 	}
 	netns.Require(t)
-	t.Run("OneTier", func(t *testing.T) { heldAcrossECMP(t, "", "") })
-	t.Run("TwoTier", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16", "") })
+	t.Run("OneTier", func(t *testing.T) { heldAcrossECMP(t, "", "", "") })
+	t.Run("TwoTier", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16", "", "") })
 	// The control of the events that need connection sync: two tiers
 	// without it.
-	t.Run("TwoTierNoSync", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16", "none") })
+	t.Run("TwoTierNoSync", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16", "none", "") })
+	// Those events again with the sync daemons' messages carried by the
+	// speakers' relay (unicast between the nodes' addresses) instead of
+	// multicast on eth0.
+	t.Run("TwoTierRelay", func(t *testing.T) { heldAcrossECMP(t, "100.127.0.0/16", "", "relay") })
 }
 
 // The events whose pods' flows need the IPVS sync daemons: node1's
@@ -64,12 +68,14 @@ const (
 var needsSync = map[string]bool{drained: true, localTerminating: true}
 
 // heldAcrossECMP runs the events in a lab with the speakers'
-// --tunnel-prefix and --conn-sync-interface (each "" for the default);
-// with connSync "none", only those of needsSync.
-func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync string) {
-	l := lab.Up(t, lab.Options{TunnelPrefix: tunnelPrefix, ConnSyncInterface: connSync, UDP: true})
+// --tunnel-prefix, --conn-sync-interface and --conn-sync-transport (each
+// "" for the default); with connSync "none" or transport "relay", only
+// those of needsSync.
+func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync, transport string) {
+	l := lab.Up(t, lab.Options{TunnelPrefix: tunnelPrefix, ConnSyncInterface: connSync, ConnSyncTransport: transport, UDP: true})
 	twoTier := tunnelPrefix != ""
 	noSync := connSync == "none"
+	relayed := transport == "relay"
 	ctx := t.Context()
 	vip := demoVIP(t, l)
 	node1, node2 := l.Nodes[0], l.Nodes[1]
@@ -94,8 +100,11 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync string) {
 			waitIPVS(t, n, vip, []string{"100.127.0.11:80 w2 ipip", "100.127.0.12:80 w2 ipip"})
 			st, err := n.State(ctx)
 			want := []string{"backup on eth0, sync ID 96", "master on eth0, sync ID 96"}
-			if noSync {
+			switch {
+			case noSync:
 				want = nil
+			case relayed:
+				want = []string{"backup on vcsync0, sync ID 96", "master on vcsync0, sync ID 96"}
 			}
 			if err != nil || !slices.Equal(st.SyncDaemons, want) {
 				t.Fatalf("%s: IPVS sync daemons %q (%v), want %q", n.Name, st.SyncDaemons, err, want)
@@ -177,13 +186,16 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync string) {
 			func() error { return l.SetEndpoints(ctx, ready, nil) },
 			[]*lab.Node{node1, node2}, []*lab.Node{node2}, []*lab.Node{node1, node2}},
 	}
-	if noSync {
+	if noSync || relayed {
 		events = slices.DeleteFunc(events, func(e event) bool { return !needsSync[e.name] })
 	}
 	tiers := map[bool]string{false: "one tier", true: "two tiers"}[twoTier]
 	setup := tiers
-	if noSync {
+	switch {
+	case noSync:
 		setup += " without connection sync"
+	case relayed:
+		setup += " with connection sync through the relay"
 	}
 	for _, ev := range events {
 		if err := ev.prepare(); err != nil {
@@ -236,6 +248,20 @@ func heldAcrossECMP(t *testing.T, tunnelPrefix, connSync string) {
 				ev.name, alive, before, aliveU, beforeU, broken[:min(3, len(broken))], brokenU[:min(3, len(brokenU))])
 		case (!twoTier || noSync) && alive == before:
 			t.Errorf("%s with %s: all %d held connections survived, want some broken: the event moved no flow, so it proves nothing", ev.name, setup, before)
+		}
+	}
+	if relayed {
+		// The relays carried the messages: each node received some
+		// from the other.
+		for _, n := range l.Nodes {
+			series := `vipcast_ipvs_conn_sync_relay_messages_total{direction="received"}`
+			v, err := n.Metric(ctx, series)
+			if err != nil || v == 0 {
+				t.Errorf("%s: %s = %v (%v), want some", n.Name, series, v, err)
+			}
+			sent, _ := n.Metric(ctx, `vipcast_ipvs_conn_sync_relay_messages_total{direction="sent"}`)
+			dropped, _ := n.Metric(ctx, `vipcast_ipvs_conn_sync_relay_messages_total{direction="dropped"}`)
+			t.Logf("%s's relay: %v messages sent, %v received, %v dropped", n.Name, sent, v, dropped)
 		}
 	}
 }
