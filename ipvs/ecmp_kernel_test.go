@@ -478,10 +478,6 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 				for n := range f.nodes {
 					sync[n] = &ConnSync{ID: syncID, Relay: &SyncRelay{Address: f.fabricAddr(n)}}
 				}
-				// Node A knows node B from the start; node B learns of
-				// node A later (SetSyncPeers, as the speaker's Node
-				// watch does).
-				sync[0].Relay.Peers = []netip.Addr{f.fabricAddr(1)}
 			}
 			if mode == "true" && !f.v6 {
 				// A link that does not exist: the Dataplane runs without
@@ -513,7 +509,11 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 				dps[n], _ = twoTierNodeSync(t, f, n, sync[n])
 			}
 			if relayed {
-				dps[1].SetSyncPeers([]netip.Addr{f.fabricAddr(0)})
+				// Each relay learns of the other node as the speaker's
+				// Node watch tells it.
+				for n, d := range dps {
+					d.SetSyncPeers([]netip.Addr{f.fabricAddr(1 - n)})
+				}
 				relayRefusesStrangers(t, f, dps[1])
 			}
 			if withSync {

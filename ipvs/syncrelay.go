@@ -29,7 +29,7 @@ import (
 // so no message goes round.
 //
 // What the relay accepts: datagrams from the addresses Dataplane's peers
-// (SyncRelay.Peers, SetSyncPeers) that are IPVS sync messages of protocol
+// (Dataplane.SetSyncPeers; none until then) that are IPVS sync messages of protocol
 // version 1 with the Dataplane's sync ID (checkSyncMessage). The sync
 // protocol has no authentication, with or without a relay: anyone who can
 // send from a node's address can enter connections in the other nodes'
@@ -67,9 +67,6 @@ type SyncRelay struct {
 	// Port is the relays' UDP port, the same on every node (0:
 	// DefaultSyncRelayPort).
 	Port uint16
-	// Peers are the other nodes' addresses; Dataplane.SetSyncPeers
-	// replaces them.
-	Peers []netip.Addr
 }
 
 func (r SyncRelay) port() uint16 {
@@ -137,13 +134,9 @@ type relay struct {
 // prepareTunnel it skips what is already so, for a speaker without write
 // access to /proc/sys after the init container did the writing.
 func prepareSyncRelay(nh *netlink.Handle) (peerIndex int, err error) {
-	link, err := ensureLink(nh, &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: SyncLink}, PeerName: SyncPeer})
+	link, peer, err := ensureVethPair(nh, SyncLink, SyncPeer)
 	if err != nil {
 		return 0, err
-	}
-	peer, err := nh.LinkByName(SyncPeer)
-	if err != nil {
-		return 0, fmt.Errorf("link %s: %w", SyncPeer, err)
 	}
 	for _, la := range []struct {
 		l    netlink.Link
@@ -188,7 +181,7 @@ func PrepareSyncRelay() error {
 // namespace and starts carrying messages of sync ID id.
 func startRelay(peerIndex int, id uint8, c SyncRelay) (*relay, error) {
 	r := &relay{id: id, port: c.port(), group: netip.AddrPortFrom(netip.MustParseAddr(syncMcastGroup), syncMcastPort)}
-	r.setPeers(c.Peers)
+	r.setPeers(nil)
 	var err error
 	defer func() {
 		if err != nil {

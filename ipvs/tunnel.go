@@ -377,16 +377,26 @@ func exemptFromRPFilter(links ...string) error {
 }
 
 // ensureLoop creates the veth pair LoopLink/LoopPeer when missing and sets
-// both ends up.
+// its peer end up.
 func ensureLoop(nh *netlink.Handle) (out, in netlink.Link, err error) {
-	if out, err = ensureLink(nh, &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: LoopLink}, PeerName: LoopPeer}); err != nil {
+	out, in, err = ensureVethPair(nh, LoopLink, LoopPeer)
+	if err != nil {
 		return nil, nil, fmt.Errorf("loop: %w", err)
 	}
-	if in, err = nh.LinkByName(LoopPeer); err != nil {
-		return nil, nil, fmt.Errorf("link %s: %w", LoopPeer, err)
+	return out, in, nil
+}
+
+// ensureVethPair creates the veth pair name/peer when missing and sets the
+// peer end up; it returns both ends.
+func ensureVethPair(nh *netlink.Handle, name, peer string) (out, in netlink.Link, err error) {
+	if out, err = ensureLink(nh, &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+		return nil, nil, err
 	}
-	if err := nh.LinkSetUp(in); err != nil {
-		return nil, nil, fmt.Errorf("set %s up: %w", LoopPeer, err)
+	if in, err = nh.LinkByName(peer); err != nil {
+		return nil, nil, fmt.Errorf("link %s: %w", peer, err)
+	}
+	if err := setUp(nh, in); err != nil {
+		return nil, nil, err
 	}
 	return out, in, nil
 }
