@@ -117,9 +117,11 @@ func (c ConnSync) daemons() [ipvsSyncDaemonsPerNet]SyncDaemon {
 
 // ReadSyncDaemons lists the IPVS sync daemons of this network namespace.
 func ReadSyncDaemons() ([]SyncDaemon, error) {
-	msgs, err := ipvsGenl(ipvsCmdGetDaemon, unix.NLM_F_DUMP, nil)
+	msgs, err := dump("IPVS sync daemons", func() ([][]byte, error) {
+		return ipvsGenl(ipvsCmdGetDaemon, unix.NLM_F_DUMP, nil)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("list IPVS sync daemons: %w", err)
+		return nil, err
 	}
 	var out []SyncDaemon
 	for _, m := range msgs {
@@ -187,9 +189,11 @@ func ensureConnSync(nh *netlink.Handle, c ConnSync) (ConnSync, error) {
 
 // linkWithAddress names the link that holds a.
 func linkWithAddress(nh *netlink.Handle, a netip.Addr) (string, error) {
-	addrs, err := nh.AddrList(nil, unix.AF_UNSPEC)
+	addrs, err := dump("addresses", func() ([]netlink.Addr, error) {
+		return nh.AddrList(nil, unix.AF_UNSPEC)
+	})
 	if err != nil {
-		return "", fmt.Errorf("list addresses: %w", err)
+		return "", err
 	}
 	for _, ad := range addrs {
 		if got, ok := netip.AddrFromSlice(ad.IP); ok && got.Unmap() == a.Unmap() {

@@ -467,14 +467,11 @@ func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (
 
 // readVIPs adds the addresses bound to the dummy link to vips.
 func (d *Dataplane) readVIPs(vips map[netip.Addr]struct{}) error {
-	addrs, err := d.nl.AddrList(d.link, netlink.FAMILY_ALL)
-	// An address dump is interrupted (and may be incomplete) when any
-	// address of the namespace changes meanwhile: try again.
-	for try := 0; try < 10 && errors.Is(err, netlink.ErrDumpInterrupted); try++ {
-		addrs, err = d.nl.AddrList(d.link, netlink.FAMILY_ALL)
-	}
+	addrs, err := dump("addresses of "+d.name, func() ([]netlink.Addr, error) {
+		return d.nl.AddrList(d.link, netlink.FAMILY_ALL)
+	})
 	if err != nil {
-		return fmt.Errorf("list addresses of %s: %w", d.name, err)
+		return err
 	}
 	for _, a := range addrs {
 		ip, ok := netip.AddrFromSlice(a.IP)

@@ -137,7 +137,9 @@ func tunnelMTU(nh *netlink.Handle, t Tunnel) int {
 	if t.MTU != 0 {
 		return t.MTU
 	}
-	routes, err := nh.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	routes, err := dump("routes of the main table", func() ([]netlink.Route, error) {
+		return nh.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	})
 	if err == nil {
 		for _, r := range routes {
 			if r.Dst != nil && !isDefault(r.Dst) {
@@ -409,13 +411,17 @@ func dropStaleTunnelRoutes(nh *netlink.Handle, out netlink.Link, fam int, self n
 	var stale, viaLoop []netlink.Route
 	if out != nil {
 		var err error
-		if viaLoop, err = nh.RouteList(out, fam); err != nil {
-			return fmt.Errorf("routes of %s: %w", LoopLink, err)
+		if viaLoop, err = dump("routes of "+LoopLink, func() ([]netlink.Route, error) {
+			return nh.RouteList(out, fam)
+		}); err != nil {
+			return err
 		}
 	}
-	inTable, err := nh.RouteListFiltered(fam, &netlink.Route{Table: TunnelTable}, netlink.RT_FILTER_TABLE)
+	inTable, err := dump(fmt.Sprintf("routes of table %d", TunnelTable), func() ([]netlink.Route, error) {
+		return nh.RouteListFiltered(fam, &netlink.Route{Table: TunnelTable}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
-		return fmt.Errorf("routes of table %d: %w", TunnelTable, err)
+		return err
 	}
 	for _, r := range append(viaLoop, inTable...) {
 		if r.Dst == nil {
@@ -450,9 +456,9 @@ func isTunnelRule(r netlink.Rule) bool {
 // ensureTunnelRule adds the rule "not iif lo lookup TunnelTable" of family
 // fam unless it is there.
 func ensureTunnelRule(nh *netlink.Handle, fam int) error {
-	rules, err := nh.RuleList(fam)
+	rules, err := dump("routing rules", func() ([]netlink.Rule, error) { return nh.RuleList(fam) })
 	if err != nil {
-		return fmt.Errorf("list routing rules: %w", err)
+		return err
 	}
 	if slices.ContainsFunc(rules, isTunnelRule) {
 		return nil
@@ -466,9 +472,9 @@ func ensureTunnelRule(nh *netlink.Handle, fam int) error {
 // dropTunnelRule deletes the rule ensureTunnelRule adds for family fam,
 // every copy of it.
 func dropTunnelRule(nh *netlink.Handle, fam int) error {
-	rules, err := nh.RuleList(fam)
+	rules, err := dump("routing rules", func() ([]netlink.Rule, error) { return nh.RuleList(fam) })
 	if err != nil {
-		return fmt.Errorf("list routing rules: %w", err)
+		return err
 	}
 	for _, r := range rules {
 		if !isTunnelRule(r) {
@@ -531,10 +537,12 @@ func (d *Dataplane) SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
 func (d *Dataplane) setTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
 	var errs []error
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		have, err := d.nl.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: TunnelRouteProtocol},
-			netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+		have, err := dump("tunnel routes", func() ([]netlink.Route, error) {
+			return d.nl.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: TunnelRouteProtocol},
+				netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+		})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("list tunnel routes: %w", err))
+			errs = append(errs, err)
 			continue
 		}
 		for _, r := range have {

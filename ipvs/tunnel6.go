@@ -92,9 +92,11 @@ func setUp(nh *netlink.Handle, l netlink.Link) error {
 // ensureTunnel6Address makes self the only global address of tun, and
 // takes the kernel's local route for it away.
 func ensureTunnel6Address(nh *netlink.Handle, tun netlink.Link, self netip.Addr) error {
-	addrs, err := nh.AddrList(tun, unix.AF_INET6)
+	addrs, err := dump("addresses of "+IP6TunnelLink, func() ([]netlink.Addr, error) {
+		return nh.AddrList(tun, unix.AF_INET6)
+	})
 	if err != nil {
-		return fmt.Errorf("addresses of %s: %w", IP6TunnelLink, err)
+		return err
 	}
 	found := false
 	for _, a := range addrs {
@@ -120,10 +122,12 @@ func ensureTunnel6Address(nh *netlink.Handle, tun netlink.Link, self netip.Addr)
 	// address detection): wait for it, bounded, when the address is new.
 	deadline := time.Now().Add(localRouteWait)
 	for {
-		routes, err := nh.RouteListFiltered(unix.AF_INET6, &netlink.Route{Table: unix.RT_TABLE_LOCAL, Dst: host},
-			netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
+		routes, err := dump(fmt.Sprintf("local routes of %s", self), func() ([]netlink.Route, error) {
+			return nh.RouteListFiltered(unix.AF_INET6, &netlink.Route{Table: unix.RT_TABLE_LOCAL, Dst: host},
+				netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
+		})
 		if err != nil {
-			return fmt.Errorf("local routes of %s: %w", self, err)
+			return err
 		}
 		for _, r := range routes {
 			if err := nh.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
