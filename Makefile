@@ -170,11 +170,18 @@ test-routing: routers tools ## the speaker against real FRR and BIRD (loopback a
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./bgp/... ./speaker/...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run 'Speaker' ./test/e2e/ 2>&1 | tee _output/routing-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
 
+# hack/testreport prints what plain go test prints, keeps the verbose log in
+# _output/test.log and the events in _output/test.json, and ends with a failure
+# summary, the skipped tests and a table of wall times. It fails the run when
+# the tests take longer than TEST_MAX_TOTAL (default 60m) and, with CI=true,
+# when any test skipped.
 test: verify tools cluster-tools routers ## everything: unit, control-plane, routing, dataplane (VM), end-to-end and real-cluster tiers, and the image builder
 	@mkdir -p _output
 	$(GO) -C hack/image test -count=1 ./...
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./... 2>&1 | tee _output/test.log; rc=$${PIPESTATUS[0]}; \
-		if [ $$rc != 0 ]; then hack/failures.sh _output/test.log; fi; exit $$rc
+	$(GO) build -o _output/testreport ./hack/testreport
+	$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) ./... 2>&1 | _output/testreport -out _output $(if $(filter true,$(CI)),-fail-on-skip); \
+		rc=("$${PIPESTATUS[@]}"); if [ $${rc[0]} != 0 ] && [ $${rc[1]} = 0 ]; then echo "FAIL: go test exited with status $${rc[0]}"; fi; \
+		[ $${rc[0]} = 0 ] && [ $${rc[1]} = 0 ]
 
 # Every fuzz target of the repository, as package:target; go test runs
 # their seeds, make fuzz explores each for FUZZTIME.
