@@ -63,11 +63,13 @@ func (p *Provider) isForeign(owner string) bool {
 }
 
 // forgetForeign drops owner's foreign mark and, if it had one, the
-// reservation that came with it, so vipcast may allocate afresh.
+// reservation that came with it, so vipcast may allocate afresh; and
+// owner's displaced mark.
 func (p *Provider) forgetForeign(owner string) {
 	p.foreignMu.Lock()
 	_, ok := p.foreign[owner]
 	delete(p.foreign, owner)
+	delete(p.displaced, owner)
 	p.foreignMu.Unlock()
 	if ok {
 		p.alloc.Release(owner)
@@ -91,7 +93,9 @@ func (p *Provider) foreignStatus(ctx context.Context, client kubernetes.Interfac
 	held, _ := p.alloc.Assigned(owner)
 	marked := p.isForeign(owner)
 	if !marked {
-		if sameIPs(held.IPs, ips) {
+		if sameIPs(held.IPs, ips) || p.wasDisplaced(owner, ips) {
+			// vipcast's own: what it holds, or what restore found an
+			// older Service holding (the Service gets other addresses).
 			return svc, "", nil
 		}
 		live, err := client.CoreV1().Services(svc.Namespace).Get(ctx, svc.Name, metav1.GetOptions{})

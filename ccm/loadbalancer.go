@@ -2,6 +2,7 @@ package ccm
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 
@@ -41,7 +42,10 @@ func (p *Provider) GetLoadBalancerName(_ context.Context, _ string, svc *v1.Serv
 // out in the vipcast.io/allocated-from-pool annotation, and in
 // vipcast.io/pool when the Service did not ask for one, in the background
 // (poolAnnotator). Errors name their cause; the service controller turns
-// them into a SyncLoadBalancerFailed Event and retries.
+// them into a SyncLoadBalancerFailed Event and retries. With an allocation
+// error it may also return a status: what the Service still holds, when its
+// status lists an address it holds no more (see withdrawnStatus); the
+// service controller publishes that one before it retries.
 func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Service, _ []*v1.Node) (*v1.LoadBalancerStatus, error) {
 	if err := p.waitReady(ctx); err != nil {
 		return nil, err
@@ -73,7 +77,15 @@ func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Ser
 	a, err := p.alloc.Assign(req)
 	if err != nil {
 		p.metrics.errors.WithLabelValues(string(ipam.ReasonOf(err))).Inc()
-		return nil, p.pools.explain(req, err)
+		kept, _ := p.alloc.Assigned(req.Owner)
+		p.accountChange("", before.IPs, kept.IPs)
+		err = p.pools.explain(req, err)
+		status := withdrawnStatus(svc, kept.IPs)
+		if status != nil {
+			logger.Info("Withdrawing VIPs the Service no longer holds", "published", statusIPs(svc), "kept", kept.IPs, "reason", err)
+			err = fmt.Errorf("%w; meanwhile the Service stops publishing %v, which it no longer holds", err, newIPs(kept.IPs, statusIPs(svc)))
+		}
+		return status, err
 	}
 	if added := newIPs(before.IPs, a.IPs); len(added) > 0 {
 		// New Services are arriving: annotations wait until they stop.
@@ -134,6 +146,20 @@ func (p *Provider) namespaceLabels(name string) map[string]string {
 		return nil
 	}
 	return ns.Labels
+}
+
+// withdrawnStatus is the status a Service whose allocation failed must
+// publish: the addresses it still holds, when its status lists one it does
+// not hold (it gave up an address it may no longer share with the other
+// Services holding it, see ipam.Allocator.Assign; or a restart found an
+// older Service holding it); nil when its status may stay as it is. So two
+// Services that may not share a VIP never publish it together, and the
+// one that did not change keeps it.
+func withdrawnStatus(svc *v1.Service, kept []netip.Addr) *v1.LoadBalancerStatus {
+	if len(newIPs(kept, statusIPs(svc))) == 0 {
+		return nil
+	}
+	return lbStatus(kept)
 }
 
 // lbStatus builds the status the service controller publishes. ipMode Proxy

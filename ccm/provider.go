@@ -12,7 +12,9 @@ import (
 	"io"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,6 +58,10 @@ type Provider struct {
 	// the status of a Service vipcast serves: reserved, never overwritten.
 	foreignMu sync.Mutex
 	foreign   map[string][]netip.Addr
+	// displaced holds, by owner, the status addresses restore found held
+	// by an older Service that may not share them: vipcast wrote them, and
+	// the Service gets others (see restore). Guarded by foreignMu.
+	displaced map[string][]netip.Addr
 
 	// ready is closed once pools are loaded and every Service's status has
 	// been restored into the allocator: no allocation happens before.
@@ -95,7 +101,8 @@ func New(reg func(metrics.Registerable) error, classes lbclass.Selector) (*Provi
 		alloc:   ipam.New(),
 		metrics: newProviderMetrics(),
 		classes: classes,
-		foreign: map[string][]netip.Addr{},
+		foreign:   map[string][]netip.Addr{},
+		displaced: map[string][]netip.Addr{},
 		ready:   make(chan struct{}),
 	}
 	if err := p.metrics.register(reg); err != nil {
@@ -223,6 +230,13 @@ const speakerStatusSyncWait = 10 * time.Second
 // oldest Service first, so a VIP already published is never handed to
 // another Service. It returns how many Services were restored and how many
 // conflicted with an older holder.
+//
+// Two Services publish one VIP under requests that may not share it only
+// when one of them changed its request (sharing key, ports) while no CCM
+// ran to move it. Which one changed is not recorded, so the rule is
+// deterministic instead: the older Service (creation time, then
+// namespace/name) keeps the VIP, and the newer one is displaced: it gets a
+// Warning Event and another VIP, or, while none can be had, publishes none.
 func (p *Provider) restore(ctx context.Context) (restored, conflicts int) {
 	logger := klog.FromContext(ctx).WithName(clientName)
 	svcs, err := p.services.List(labels.Everything())
@@ -239,6 +253,9 @@ func (p *Provider) restore(ctx context.Context) (restored, conflicts int) {
 		if err := p.alloc.Restore(restoreRequest(svc), ips); err != nil {
 			conflicts++
 			logger.Error(err, "VIP in Service status conflicts with an older Service; this Service will get a new VIP", "service", klog.KObj(svc), "ips", ips)
+			if p.classes.Serves(svc) && p.heldByServed(ips) {
+				p.displace(svc, ips, err)
+			}
 			continue
 		}
 		if p.classes.Serves(svc) && !p.vipcastWrote(svc, ips) {
@@ -248,6 +265,51 @@ func (p *Provider) restore(ctx context.Context) (restored, conflicts int) {
 	}
 	p.reportLegacyShares(ctx, svcs)
 	return restored, conflicts
+}
+
+// ReasonDisplacedVIP is the reason of the Warning Event on a Service whose
+// status lists a VIP that an older Service holds under a request this one
+// may not share it with: the older keeps it, this one gets another.
+const ReasonDisplacedVIP = "DisplacedSharedVIP"
+
+// displace records that restore found svc's status addresses ips held by
+// an older Service that may not share them (why), so its next sync
+// replaces them instead of taking them for another writer's.
+func (p *Provider) displace(svc *v1.Service, ips []netip.Addr, why error) {
+	p.foreignMu.Lock()
+	p.displaced[Owner(svc)] = slices.Clone(ips)
+	p.foreignMu.Unlock()
+	if p.pools != nil && p.pools.recorder != nil {
+		p.pools.recorder.Eventf(svc, v1.EventTypeWarning, ReasonDisplacedVIP,
+			"its status lists %v, which an older Service publishes too under a request this one may not share it with "+
+				"(one of them changed its sharing key or ports while no vipcast-ccm ran); the older Service keeps it and this one gets another VIP: %v",
+			ips, why)
+	}
+}
+
+// heldByServed reports whether every holder of the addresses ips is a
+// Service vipcast serves: their statuses are vipcast's writes, not another
+// implementation's.
+func (p *Provider) heldByServed(ips []netip.Addr) bool {
+	for _, ip := range ips {
+		for _, owner := range p.alloc.Holders(ip) {
+			ns, name, _ := strings.Cut(owner, "/")
+			svc, err := p.services.Services(ns).Get(name)
+			if err != nil || !p.classes.Serves(svc) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// wasDisplaced reports whether restore displaced owner from exactly the
+// addresses ips (see displace).
+func (p *Provider) wasDisplaced(owner string, ips []netip.Addr) bool {
+	p.foreignMu.Lock()
+	defer p.foreignMu.Unlock()
+	d, ok := p.displaced[owner]
+	return ok && sameIPs(d, ips)
 }
 
 // ReasonLegacySharedVIP is the reason of the Warning Event on a Service that

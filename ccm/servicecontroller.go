@@ -200,6 +200,13 @@ func (c *ServiceController) ensure(ctx context.Context, svc *v1.Service) error {
 	}
 	status, err := c.p.EnsureLoadBalancer(ctx, "", svc, nil)
 	if err != nil {
+		if status != nil {
+			// The Service gave up VIPs it holds no more: they leave its
+			// status now, not once its request can be served.
+			if perr := c.patchStatus(ctx, svc, status); perr != nil {
+				return fmt.Errorf("failed to ensure load balancer: %w (and withdrawing VIPs it no longer holds: %w)", err, perr)
+			}
+		}
 		return fmt.Errorf("failed to ensure load balancer: %w", err)
 	}
 	c.recorder.Event(svc, v1.EventTypeNormal, "EnsuredLoadBalancer", "Ensured load balancer")

@@ -142,3 +142,40 @@ func TestLBStatus(t *testing.T) {
 		}
 	})
 }
+
+// TestWithdrawnStatus: a Service whose allocation failed withdraws from its
+// status every address it no longer holds (a VIP it may no longer share
+// with the Services holding it) and keeps the rest; a status that lists
+// only held addresses stays as it is.
+func TestWithdrawnStatus(t *testing.T) {
+	tests := []struct {
+		name      string
+		published []string
+		kept      []string
+		want      []string // nil: no change
+	}{
+		{name: "nothing published"},
+		{name: "keeps what it holds", published: []string{"192.0.2.1"}, kept: []string{"192.0.2.1"}},
+		{name: "holds more than it publishes", kept: []string{"192.0.2.1"}},
+		{name: "gave up its only VIP", published: []string{"192.0.2.1"}, want: []string{}},
+		{name: "gave up one family", published: []string{"192.0.2.1", "2001:db8::1"}, kept: []string{"2001:db8::1"}, want: []string{"2001:db8::1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var ing []v1.LoadBalancerIngress
+			for _, ip := range tc.published {
+				ing = append(ing, v1.LoadBalancerIngress{IP: ip})
+			}
+			got := withdrawnStatus(newService(withIngress(ing...)), addrs(t, tc.kept...))
+			switch {
+			case tc.want == nil && got != nil:
+				t.Fatalf("withdrawnStatus = %+v, want no change", got)
+			case tc.want == nil:
+			case got == nil:
+				t.Fatalf("withdrawnStatus = no change, want %v", tc.want)
+			case !reflect.DeepEqual(statusIPs(&v1.Service{Status: v1.ServiceStatus{LoadBalancer: *got}}), addrs(t, tc.want...)):
+				t.Fatalf("withdrawnStatus = %+v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -20,8 +20,14 @@ import (
 // its owner unless the request explicitly asks for something else.
 //
 // If the request needs different addresses, the new ones are obtained
-// first and the old ones released only on success: on error the previous
-// assignment is untouched. With a SharingKey and no requested IP, an
+// first and the old ones released only on success. On error the owner
+// keeps its previous addresses and is described by req from then on, with
+// one exception: an address it may no longer share with its other holders
+// under req (its sharing key, ports, traffic policy or pod selector
+// changed) it gives up even so, and the other holders keep it. So two
+// owners that may not share an address never hold it together, and an
+// owner that changed never takes an address from one that did not. With a
+// SharingKey and no requested IP, an
 // address already used under the same key with compatible ports and
 // selector, in an eligible pool, is preferred over a fresh one. Otherwise
 // the lowest free address of the first eligible pool is handed out.
@@ -34,25 +40,12 @@ func (a *Allocator) Assign(req Request) (Assignment, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 
-	var explicit *pool
-	if nr.Pool != "" {
-		explicit = a.pools[nr.Pool]
-		if explicit == nil {
-			return Assignment{}, newError(ReasonUnknownPool, "%s: pool %q does not exist; name an existing pool, or remove the pool request to choose one automatically", nr.Owner, nr.Pool)
-		}
-		if why := explicit.refuses(nr); why != "" {
-			return Assignment{}, newError(ReasonNoPool, "%s: %s; use a pool that admits this Service", nr.Owner, why)
-		}
-	}
 	o := a.owners[nr.Owner]
-	var ips []netip.Addr
-	var err error
-	if len(nr.IPs) > 0 {
-		ips, err = a.pickRequested(nr, o, explicit)
-	} else {
-		ips, err = a.pickAuto(nr, o, explicit)
-	}
+	ips, err := a.pick(nr, o)
 	if err != nil {
+		if o != nil {
+			a.keepCompatible(o, nr)
+		}
 		return Assignment{}, err
 	}
 	if o = a.commit(o, nr.Owner, nr.attrs, ips); o == nil {
@@ -61,6 +54,39 @@ func (a *Allocator) Assign(req Request) (Assignment, error) {
 	}
 	// ips is a fresh slice in the owner's family order, see the pickers.
 	return Assignment{Pool: o.pool(), IPs: ips}, nil
+}
+
+// pick chooses the addresses the owner o (nil if it holds nothing) gets
+// for nr, without changing anything.
+func (a *Allocator) pick(nr *normReq, o *owner) ([]netip.Addr, error) {
+	var explicit *pool
+	if nr.Pool != "" {
+		explicit = a.pools[nr.Pool]
+		if explicit == nil {
+			return nil, newError(ReasonUnknownPool, "%s: pool %q does not exist; name an existing pool, or remove the pool request to choose one automatically", nr.Owner, nr.Pool)
+		}
+		if why := explicit.refuses(nr); why != "" {
+			return nil, newError(ReasonNoPool, "%s: %s; use a pool that admits this Service", nr.Owner, why)
+		}
+	}
+	if len(nr.IPs) > 0 {
+		return a.pickRequested(nr, o, explicit)
+	}
+	return a.pickAuto(nr, o, explicit)
+}
+
+// keepCompatible is what a failed request leaves its owner: the addresses
+// it may still hold beside their other holders under nr, described by nr
+// from now on, so no newcomer joins it on what it asked before.
+func (a *Allocator) keepCompatible(o *owner, nr *normReq) {
+	var buf [2]netip.Addr
+	keep := buf[:0]
+	for _, st := range o.held {
+		if canShare(st, nr.Owner, &nr.attrs) == nil {
+			keep = append(keep, st.addr)
+		}
+	}
+	a.commit(o, nr.Owner, nr.attrs, keep)
 }
 
 // pickRequested checks that the owner may hold exactly the requested

@@ -233,8 +233,32 @@ func (w *fuzzWorld) step(r *byteReader) {
 				t.Fatalf("Assign(%+v): error without reason: %v", req, err)
 			}
 			after, has := w.a.Assigned(req.Owner)
-			if had != has || before.Pool != after.Pool || !slices.Equal(before.IPs, after.IPs) {
-				t.Fatalf("failed Assign(%+v) changed %v to %v: %v", req, before, after, err)
+			if ReasonOf(err) == ReasonInvalid {
+				if had != has || before.Pool != after.Pool || !slices.Equal(before.IPs, after.IPs) {
+					t.Fatalf("invalid Assign(%+v) changed %v to %v: %v", req, before, after, err)
+				}
+			} else {
+				// A failed request keeps the owner's addresses but those it
+				// may no longer share with their other holders; checkWorld
+				// checks what it keeps against req.
+				for _, ip := range after.IPs {
+					if !slices.Contains(before.IPs, ip) {
+						t.Fatalf("failed Assign(%+v) added %s: %v to %v: %v", req, ip, before, after, err)
+					}
+				}
+				for _, ip := range before.IPs {
+					if !slices.Contains(after.IPs, ip) && len(w.a.Holders(ip)) == 0 {
+						t.Fatalf("failed Assign(%+v) gave up %s, which nobody else holds: %v to %v: %v", req, ip, before, after, err)
+					}
+				}
+				if len(after.IPs) < len(before.IPs) {
+					w.counts["assign error, gave up a shared address"]++
+				}
+				if has {
+					w.attrs[req.Owner] = req
+				} else {
+					delete(w.attrs, req.Owner)
+				}
 			}
 			if fresh && wantOK && ReasonOf(err) != ReasonInvalid {
 				t.Fatalf("Assign(%+v) failed (%v) though %s is free", req, err, want)

@@ -119,9 +119,11 @@ func TestSharingTrafficPolicyMix(t *testing.T) {
 	mustAssign(t, a, req("ns/local3", false, 4), "p", "10.0.0.0")
 	mustHolders(t, a, "10.0.0.0", "ns/cluster", "ns/local3")
 	mustHolders(t, a, "10.0.0.1", "ns/local")
-	// ... and fails, keeping its VIP, when it asks for its address.
+	// ... and fails when it asks for its address, giving it up to the
+	// Service that did not change.
 	mustAssign(t, a, withIPs(req("ns/local4", true, 5), "10.0.0.1"), "p", "10.0.0.1")
-	mustFail(t, a, withIPs(req("ns/local4", false, 5), "10.0.0.1"), ReasonPolicyClash, "ns/local")
+	mustFailDropping(t, a, withIPs(req("ns/local4", false, 5), "10.0.0.1"), ReasonPolicyClash, "ns/local")
+	mustHolders(t, a, "10.0.0.1", "ns/local")
 	checkOK(t, a)
 }
 
@@ -421,4 +423,103 @@ func TestRestoreLegacyShareAcrossNamespaces(t *testing.T) {
 	}
 	mustAssign(t, a, withIPs(req("three/d", true, 8080), "10.0.0.4"), "p", "10.0.0.4")
 	checkOK(t, a)
+}
+
+// mustFailDropping assigns, checks the error like mustFail, and checks
+// that the owner gave up exactly the addresses it may no longer share with
+// their other holders: it keeps the rest, and gains nothing.
+func mustFailDropping(t testing.TB, a *Allocator, req Request, reason Reason, fragments ...string) {
+	t.Helper()
+	before, _ := a.Assigned(req.Owner)
+	got, err := a.Assign(req)
+	if err == nil {
+		t.Fatalf("Assign(%s) = %v, want %s error", req.Owner, got, reason)
+	}
+	checkErr(t, err, reason, fragments...)
+	after, _ := a.Assigned(req.Owner)
+	for _, ip := range after.IPs {
+		if !slices.Contains(before.IPs, ip) {
+			t.Fatalf("failed Assign(%s) gained %s: %v to %v", req.Owner, ip, before.IPs, after.IPs)
+		}
+	}
+	if len(after.IPs) == len(before.IPs) {
+		t.Fatalf("failed Assign(%s) kept %v, shared with holders it may no longer share with", req.Owner, after.IPs)
+	}
+	checkOK(t, a)
+}
+
+// TestSharerThatStopsSharing: when one of two Services sharing an address
+// changes its request so that they may no longer share it (it drops or
+// changes its sharing key, or its ports now clash), it is the one that
+// moves, and the other keeps the address. When it cannot move (it asks
+// for that very address, or no other address is free), its request fails
+// and it gives the address up all the same: two Services that may not
+// share an address never hold it together (model test seed
+// 1795762305012777268, step 145).
+func TestSharerThatStopsSharing(t *testing.T) {
+	const shared = "10.0.0.0"
+	for _, tc := range []struct {
+		name   string
+		next   Request // ns/b's new request
+		full   bool    // the pool's other address is taken
+		reason Reason  // "" moves to 10.0.0.1
+		frags  []string
+	}{
+		{name: "drops its key and moves", next: shareReq("ns/b", "", tcp(443))},
+		{name: "changes its key and moves", next: shareReq("ns/b", "k1", tcp(443))},
+		{name: "clashing ports and moves", next: shareReq("ns/b", "k2", tcp(80))},
+		{name: "drops its key, pool full", next: shareReq("ns/b", "", tcp(443)), full: true,
+			reason: ReasonExhausted, frags: []string{"ns/b: no free IPv4 address"}},
+		{name: "changes its key, pool full", next: shareReq("ns/b", "k1", tcp(443)), full: true,
+			reason: ReasonExhausted},
+		{name: "clashing ports, pool full", next: shareReq("ns/b", "k2", tcp(80)), full: true,
+			reason: ReasonExhausted},
+		{name: "drops its key, asking for the address", next: withIPs(shareReq("ns/b", "", tcp(443)), shared),
+			reason: ReasonInUse, frags: []string{"ns/b: address 10.0.0.0 is already in use by ns/a"}},
+		{name: "changes its key, asking for the address", next: withIPs(shareReq("ns/b", "k1", tcp(443)), shared),
+			reason: ReasonInUse, frags: []string{`sharing keys differ ("k1" vs "k2")`}},
+		{name: "clashing ports, asking for the address", next: withIPs(shareReq("ns/b", "k2", tcp(80)), shared),
+			reason: ReasonPortClash, frags: []string{"both use port TCP/80"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newAlloc(t, Pool{Name: "p", Addresses: []string{"10.0.0.0-10.0.0.1"}, AutoAssign: true})
+			mustAssign(t, a, shareReq("ns/a", "k2", tcp(80)), "p", shared)
+			mustAssign(t, a, withIPs(shareReq("ns/b", "k2", tcp(443)), shared), "p", shared)
+			if tc.full {
+				mustAssign(t, a, shareReq("ns/c", "", tcp(22)), "p", "10.0.0.1")
+			}
+			if tc.reason == "" {
+				mustAssign(t, a, tc.next, "p", "10.0.0.1")
+			} else {
+				mustFailDropping(t, a, tc.next, tc.reason, tc.frags...)
+				if as, ok := a.Assigned("ns/b"); ok {
+					t.Fatalf("ns/b still holds %v", as.IPs)
+				}
+			}
+			mustHolders(t, a, shared, "ns/a")
+			// The address is ns/a's under its own request: a newcomer with
+			// its key joins it; ns/b's old key and ports are forgotten.
+			mustAssign(t, a, shareReq("ns/d", "k2", tcp(443)), "p", shared)
+			mustHolders(t, a, shared, "ns/a", "ns/d")
+			if tc.reason != "" {
+				// Retried once the address is free to take, ns/b gets it.
+				a.Release("ns/a")
+				a.Release("ns/d")
+				mustAssign(t, a, tc.next, "p", shared)
+			}
+		})
+	}
+}
+
+// TestFailedRequestDescribesItsOwner: a sole holder whose new request
+// fails keeps its address, but under its new request: a newcomer with the
+// sharing key it dropped does not join it.
+func TestFailedRequestDescribesItsOwner(t *testing.T) {
+	a := newAlloc(t, Pool{Name: "p", Addresses: []string{"10.0.0.0/30"}, AutoAssign: true})
+	mustAssign(t, a, shareReq("ns/a", "k2", tcp(80)), "p", "10.0.0.0")
+	next := shareReq("ns/a", "", tcp(80))
+	next.Pool = "missing"
+	mustFail(t, a, next, ReasonUnknownPool, `pool "missing" does not exist`)
+	mustAssign(t, a, shareReq("ns/b", "k2", tcp(443)), "p", "10.0.0.1")
+	mustHolders(t, a, "10.0.0.0", "ns/a")
 }
