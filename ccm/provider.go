@@ -98,12 +98,12 @@ func Register(reg func(metrics.Registerable) error, classes *lbclass.Selector) {
 // leader lease.
 func New(reg func(metrics.Registerable) error, classes lbclass.Selector) (*Provider, error) {
 	p := &Provider{
-		alloc:   ipam.New(),
-		metrics: newProviderMetrics(),
-		classes: classes,
+		alloc:     ipam.New(),
+		metrics:   newProviderMetrics(),
+		classes:   classes,
 		foreign:   map[string][]netip.Addr{},
 		displaced: map[string][]netip.Addr{},
-		ready:   make(chan struct{}),
+		ready:     make(chan struct{}),
 	}
 	if err := p.metrics.register(reg); err != nil {
 		return nil, err
