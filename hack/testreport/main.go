@@ -160,12 +160,14 @@ type test struct {
 	elapsed  time.Duration
 	started  time.Time
 	output   strings.Builder
+	parent   *test
 	children []*test
+	level    int // 0 for a top-level test, 1 for its subtests, ...
 	printed  bool
 }
 
-// depth is the number of slashes in the test's name: 0 for a top-level test.
-func (t *test) depth() int { return strings.Count(t.name, "/") }
+// depth is 0 for a top-level test, 1 for its subtests, and so on.
+func (t *test) depth() int { return t.level }
 
 // pkg is one package of the run.
 type pkg struct {
@@ -321,6 +323,9 @@ func (r *reporter) pkg(name string) *pkg {
 }
 
 // test returns the package's test of that name, made on its first event.
+// Its parent is the longest test name before a slash that has run already:
+// a subtest's own name may hold a slash (t.Run("v4 /0") is "TestX/v4_/0"),
+// so not every prefix is a test.
 func (p *pkg) test(name string, at time.Time) *test {
 	t, ok := p.tests[name]
 	if ok {
@@ -329,9 +334,13 @@ func (p *pkg) test(name string, at time.Time) *test {
 	t = &test{pkg: p.name, name: name, started: at}
 	p.tests[name] = t
 	p.order = append(p.order, t)
-	if i := strings.LastIndex(name, "/"); i >= 0 {
-		parent := p.test(name[:i], at)
-		parent.children = append(parent.children, t)
+	for i := strings.LastIndex(name, "/"); i >= 0; i = strings.LastIndex(name[:i], "/") {
+		if parent, ok := p.tests[name[:i]]; ok {
+			parent.children = append(parent.children, t)
+			t.parent = parent
+			t.level = parent.level + 1
+			break
+		}
 	}
 	return t
 }
@@ -602,7 +611,9 @@ func anyChildFailed(t *test) bool {
 }
 
 // whyLines is what a failed test logged, or all its output when it logged
-// nothing in the file.go:NN form.
+// nothing in the file.go:NN form, and the panic its parents reported: the
+// testing package reports a subtest's panic in the output of the top-level
+// test.
 func whyLines(t *test) []string {
 	var why []string
 	own := ownLines(t)
@@ -612,7 +623,14 @@ func whyLines(t *test) []string {
 		}
 	}
 	if len(why) == 0 {
-		return own
+		why = own
+	}
+	for a := t.parent; a != nil; a = a.parent {
+		for _, l := range ownLines(a) {
+			if strings.HasPrefix(l, "panic: ") {
+				why = append(why, l)
+			}
+		}
 	}
 	return why
 }

@@ -339,6 +339,32 @@ func stream(events ...event) string {
 	return b.String()
 }
 
+// A subtest whose name holds a slash is not a grandchild of a test that
+// never ran.
+func TestSlashInSubtestName(t *testing.T) {
+	const p = "github.com/vipcast/vipcast/test/lab"
+	in := stream(
+		event{Action: "start", Package: p},
+		event{Action: "run", Package: p, Test: "TestParse"},
+		event{Action: "run", Package: p, Test: "TestParse/v4_/0"},
+		event{Action: "pass", Package: p, Test: "TestParse/v4_/0"},
+		event{Action: "run", Package: p, Test: "TestParse/v4_/32"},
+		event{Action: "pass", Package: p, Test: "TestParse/v4_/32"},
+		event{Action: "pass", Package: p, Test: "TestParse", Elapsed: 2},
+		event{Action: "pass", Package: p, Elapsed: 3},
+	)
+	r := runReport(t, in, nil, 0)
+	if r.code != 0 {
+		t.Errorf("exit status %d, want 0:\n%s", r.code, r.stdout)
+	}
+	if got, want := r.lastLine(), "2 passed, 0 failed"; got != want {
+		t.Errorf("closing line %q, want %q", got, want)
+	}
+	if got := names(r.section(t, "lab scenario")); strings.Join(got, " ") != "TestParse TestParse/v4_/0 TestParse/v4_/32" {
+		t.Errorf("lab scenarios %q: want TestParse and its two subtests", got)
+	}
+}
+
 func TestTimeoutPanic(t *testing.T) {
 	const p = "github.com/vipcast/vipcast/ipvs"
 	in := stream(
@@ -364,6 +390,36 @@ func TestTimeoutPanic(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("report lacks %q:\n%s", want, r.stdout)
 		}
+	}
+	if got, want := r.lastLine(), "0 passed, 1 failed"; got != want {
+		t.Errorf("closing line %q, want %q", got, want)
+	}
+}
+
+// A subtest's panic shows in the output of its top-level test, after the
+// subtest failed; the failure summary quotes it for the subtest.
+func TestSubtestPanic(t *testing.T) {
+	const p = "github.com/vipcast/vipcast/ccm"
+	in := stream(
+		event{Action: "start", Package: p},
+		event{Action: "run", Package: p, Test: "TestPanic"},
+		event{Action: "run", Package: p, Test: "TestPanic/deep"},
+		event{Action: "output", Package: p, Test: "TestPanic/deep", Output: "--- FAIL: TestPanic/deep (0.00s)\n"},
+		event{Action: "fail", Package: p, Test: "TestPanic/deep"},
+		event{Action: "output", Package: p, Test: "TestPanic", Output: "--- FAIL: TestPanic (0.00s)\n"},
+		event{Action: "output", Package: p, Test: "TestPanic", Output: "panic: assignment to entry in nil map [recovered, repanicked]\n"},
+		event{Action: "output", Package: p, Test: "TestPanic", Output: "\tp_test.go:6 +0x28\n"},
+		event{Action: "fail", Package: p, Test: "TestPanic"},
+		event{Action: "output", Package: p, Output: "FAIL\tgithub.com/vipcast/vipcast/ccm\t0.080s\n"},
+		event{Action: "fail", Package: p, Elapsed: 0.08},
+	)
+	r := runReport(t, in, nil, 0)
+	if r.code != 1 {
+		t.Errorf("exit status %d, want 1", r.code)
+	}
+	want := "--- FAIL: github.com/vipcast/vipcast/ccm TestPanic/deep (0.0s)\n    panic: assignment to entry in nil map [recovered, repanicked]\n"
+	if !strings.Contains(r.stdout, want) {
+		t.Errorf("report lacks %q:\n%s", want, r.stdout)
 	}
 	if got, want := r.lastLine(), "0 passed, 1 failed"; got != want {
 		t.Errorf("closing line %q, want %q", got, want)
