@@ -92,44 +92,78 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(s
 	c, err := parseFlags(args, stderr, getenv)
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stderr, "testreport:", err)
+			_, _ = fmt.Fprintln(stderr, "testreport:", err)
 		}
 		return 2
 	}
 	start := now()
-	var rawOut, logOut io.Writer = io.Discard, io.Discard
-	if c.outDir != "" {
-		if err := os.MkdirAll(c.outDir, 0o755); err != nil {
-			fmt.Fprintln(stderr, "testreport:", err)
-			return 2
-		}
-		jf, err := os.Create(filepath.Join(c.outDir, "test.json"))
-		if err != nil {
-			fmt.Fprintln(stderr, "testreport:", err)
-			return 2
-		}
-		defer jf.Close()
-		lf, err := os.Create(filepath.Join(c.outDir, "test.log"))
-		if err != nil {
-			fmt.Fprintln(stderr, "testreport:", err)
-			return 2
-		}
-		defer lf.Close()
-		rawOut, logOut = jf, lf
-	}
-	r := newReporter(stdout, logOut)
-	if err := r.consume(stdin, rawOut); err != nil {
-		fmt.Fprintln(stderr, "testreport:", err)
+	raw, log, closeFiles, err := openOutputs(c.outDir)
+	if err != nil {
+		_, _ = fmt.Fprintln(stderr, "testreport:", err)
 		return 2
 	}
+	r := newReporter(stdout, log)
+	readErr := r.consume(stdin, raw)
 	r.finish()
 	s := r.summarize(c, now().Sub(start))
-	s.write(stdout, c)
+	for _, err := range []error{readErr, raw.err, r.log.err, closeFiles()} {
+		if err != nil {
+			s.reasons = append(s.reasons, err.Error())
+		}
+	}
+	s.write(r.out, c)
+	if r.out.err != nil {
+		_, _ = fmt.Fprintln(stderr, "testreport:", r.out.err)
+		return 2
+	}
 	if s.fails() {
 		return 1
 	}
 	return 0
 }
+
+// openOutputs creates dir/test.json and dir/test.log; with no dir, what is
+// written to them goes nowhere. The returned function closes both files.
+func openOutputs(dir string) (raw, log *printer, closeFiles func() error, err error) {
+	if dir == "" {
+		return &printer{w: io.Discard}, &printer{w: io.Discard}, func() error { return nil }, nil
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, nil, nil, fmt.Errorf("make the output directory: %w", err)
+	}
+	jf, err := os.Create(filepath.Join(dir, "test.json"))
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("create test.json: %w", err)
+	}
+	lf, err := os.Create(filepath.Join(dir, "test.log"))
+	if err != nil {
+		_ = jf.Close()
+		return nil, nil, nil, fmt.Errorf("create test.log: %w", err)
+	}
+	closeFiles = func() error {
+		return errors.Join(jf.Close(), lf.Close())
+	}
+	return &printer{w: jf, name: jf.Name()}, &printer{w: lf, name: lf.Name()}, closeFiles, nil
+}
+
+// printer writes and keeps the first error, so that a report of many lines
+// checks once, at the end.
+type printer struct {
+	w    io.Writer
+	name string
+	err  error
+}
+
+func (p *printer) printf(format string, args ...any) {
+	if p.err != nil {
+		return
+	}
+	if _, err := fmt.Fprintf(p.w, format, args...); err != nil {
+		p.err = fmt.Errorf("write %s: %w", p.name, err)
+	}
+}
+
+func (p *printer) print(s string) { p.printf("%s", s) }
 
 // event is one line of `go test -json` (cmd/test2json's TestEvent, plus the
 // build events of Go 1.24 and later).
@@ -194,23 +228,22 @@ type build struct {
 
 // reporter follows the event stream.
 type reporter struct {
-	out        io.Writer // the live console
-	log        io.Writer // test.log
+	out        *printer // the live console
+	log        *printer // test.log
 	pkgs       map[string]*pkg
 	pkgOrder   []*pkg
 	builds     map[string]*build
 	buildOrder []*build
-	nonJSON    int
 	first      time.Time
 	last       time.Time
 }
 
-func newReporter(out, log io.Writer) *reporter {
-	return &reporter{out: out, log: log, pkgs: map[string]*pkg{}, builds: map[string]*build{}}
+func newReporter(out io.Writer, log *printer) *reporter {
+	return &reporter{out: &printer{w: out, name: "the standard output"}, log: log, pkgs: map[string]*pkg{}, builds: map[string]*build{}}
 }
 
 // consume reads events until the end of in, copying each JSON line to raw.
-func (r *reporter) consume(in io.Reader, raw io.Writer) error {
+func (r *reporter) consume(in io.Reader, raw *printer) error {
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 0, 64*1024), 16*1024*1024)
 	for sc.Scan() {
@@ -219,14 +252,11 @@ func (r *reporter) consume(in io.Reader, raw io.Writer) error {
 		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &e) != nil || e.Action == "" {
 			// Not an event: what go test printed outside the JSON stream
 			// (go command errors, downloads). Shown as it comes.
-			r.nonJSON++
-			fmt.Fprintf(r.out, "%s\n", line)
-			fmt.Fprintf(r.log, "%s\n", line)
+			r.out.printf("%s\n", line)
+			r.log.printf("%s\n", line)
 			continue
 		}
-		if _, err := fmt.Fprintf(raw, "%s\n", line); err != nil {
-			return fmt.Errorf("write test.json: %w", err)
-		}
+		raw.printf("%s\n", line)
 		r.handle(e)
 	}
 	if err := sc.Err(); err != nil {
@@ -245,43 +275,46 @@ func (r *reporter) handle(e event) {
 			r.last = e.Time
 		}
 	}
-	switch e.Action {
-	case "build-output":
-		b := r.build(e.ImportPath)
-		b.output.WriteString(e.Output)
-		return
-	case "build-fail":
+	switch {
+	case e.Action == "build-output":
+		r.build(e.ImportPath).output.WriteString(e.Output)
+	case e.Action == "build-fail":
 		b := r.build(e.ImportPath)
 		b.failed = true
 		r.flushBuild(b)
-		return
+	case e.Package == "":
+	case e.Test == "":
+		r.handlePackage(r.pkg(e.Package), e)
+	default:
+		r.handleTest(r.pkg(e.Package), e)
 	}
-	if e.Package == "" {
-		return
+}
+
+// handlePackage applies an event of the package as a whole.
+func (r *reporter) handlePackage(p *pkg, e event) {
+	switch e.Action {
+	case "start":
+		p.started = e.Time
+	case "output":
+		p.output.WriteString(e.Output)
+		p.verbose.WriteString(e.Output)
+	case statusPass, statusFail, statusSkip:
+		p.status = e.Action
+		p.elapsed = seconds(e.Elapsed)
+		p.ended = e.Time
+		p.failedBuild = e.FailedBuild
+		r.endPackage(p)
 	}
-	p := r.pkg(e.Package)
-	if e.Test == "" {
-		switch e.Action {
-		case "start":
-			p.started = e.Time
-		case "output":
-			p.output.WriteString(e.Output)
-			p.verbose.WriteString(e.Output)
-		case "pass", "fail", "skip":
-			p.status = e.Action
-			p.elapsed = seconds(e.Elapsed)
-			p.ended = e.Time
-			p.failedBuild = e.FailedBuild
-			r.endPackage(p)
-		}
-		return
-	}
+}
+
+// handleTest applies an event of one test.
+func (r *reporter) handleTest(p *pkg, e event) {
 	t := p.test(e.Test, e.Time)
 	switch e.Action {
 	case "output":
 		t.output.WriteString(e.Output)
 		p.verbose.WriteString(e.Output)
-	case "pass", "fail", "skip":
+	case statusPass, statusFail, statusSkip:
 		t.status = e.Action
 		t.elapsed = seconds(e.Elapsed)
 		if e.Action == statusFail && t.depth() == 0 {
@@ -308,8 +341,8 @@ func (r *reporter) flushBuild(b *build) {
 		return
 	}
 	b.logged = true
-	fmt.Fprint(r.out, b.output.String())
-	fmt.Fprint(r.log, b.output.String())
+	r.out.print(b.output.String())
+	r.log.print(b.output.String())
 }
 
 func (r *reporter) pkg(name string) *pkg {
@@ -349,13 +382,13 @@ func (p *pkg) test(name string, at time.Time) *test {
 // appends the package's verbose output to test.log.
 func (r *reporter) endPackage(p *pkg) {
 	p.finished = true
-	fmt.Fprint(r.log, p.verbose.String())
+	r.log.print(p.verbose.String())
 	switch p.status {
 	case statusPass, statusSkip:
 		// Plain go test shows only the "ok" or "no test files" line.
 		for _, l := range lines(p.output.String()) {
 			if strings.HasPrefix(l, "ok  ") || strings.HasPrefix(l, "?   ") {
-				fmt.Fprintln(r.out, l)
+				r.out.printf("%s\n", l)
 			}
 		}
 	default:
@@ -364,7 +397,7 @@ func (r *reporter) endPackage(p *pkg) {
 				r.printFailed(t)
 			}
 		}
-		fmt.Fprint(r.out, p.output.String())
+		r.out.print(p.output.String())
 	}
 }
 
@@ -378,13 +411,13 @@ func (r *reporter) finish() {
 	}
 	for _, p := range r.pkgOrder {
 		if !p.finished {
-			fmt.Fprint(r.log, p.verbose.String())
+			r.log.print(p.verbose.String())
 			for _, t := range p.order {
 				if t.depth() == 0 && !t.printed && (t.status == statusFail || t.status == statusRunning) {
 					r.printFailed(t)
 				}
 			}
-			fmt.Fprintf(r.out, "FAIL\t%s [did not finish]\n", p.name)
+			r.out.printf("FAIL\t%s [did not finish]\n", p.name)
 		}
 	}
 }
@@ -395,9 +428,9 @@ func (r *reporter) finish() {
 func (r *reporter) printFailed(t *test) {
 	t.printed = true
 	indent := strings.Repeat("    ", t.depth())
-	fmt.Fprintf(r.out, "%s%s\n", indent, resultLine(t))
+	r.out.printf("%s%s\n", indent, resultLine(t))
 	for _, l := range ownLines(t) {
-		fmt.Fprintf(r.out, "%s%s\n", indent, l)
+		r.out.printf("%s%s\n", indent, l)
 	}
 	for _, c := range t.children {
 		if c.status == statusFail || c.status == statusRunning {
@@ -449,15 +482,20 @@ type row struct {
 	wall   time.Duration
 }
 
+// skip is one skipped test and what it said.
+type skip struct {
+	name   string
+	reason string
+}
+
 // summary is what the run comes to.
 type summary struct {
 	passed, failed, skipped int
 	failures                []failure
-	skips                   []row
-	skipReasons             []string
+	skips                   []skip
 	packages                []row
 	scenarios               []row
-	slowest                 []row
+	tests                   []row // every test; the ten slowest after rank
 	noTestFiles             int
 	total                   time.Duration
 	reasons                 []string
@@ -477,71 +515,9 @@ var logLine = regexp.MustCompile(`^\s*([A-Za-z0-9_.-]+\.go:[0-9]+: |panic: )`)
 // reporter's own running time; the total is the larger of it and the span of
 // the event times (a replayed file has no wall time of its own).
 func (r *reporter) summarize(c config, wall time.Duration) summary {
-	var s summary
-	s.total = wall
-	if span := r.last.Sub(r.first); span > s.total {
-		s.total = span
-	}
-	var all []row
+	s := summary{total: max(wall, r.last.Sub(r.first))}
 	for _, p := range r.pkgOrder {
-		short := trimPkg(p.name, c.trim)
-		switch {
-		case !p.finished:
-			s.packages = append(s.packages, row{short, "did not finish", p.runTime(r.last)})
-			s.reasons = append(s.reasons, fmt.Sprintf("package %s did not finish", p.name))
-		case p.status == statusSkip && len(p.order) == 0:
-			s.noTestFiles++
-			continue
-		case p.failedBuild != "":
-			s.packages = append(s.packages, row{short, "build failed", p.elapsed})
-			s.reasons = append(s.reasons, fmt.Sprintf("package %s failed to build", p.name))
-			s.failures = append(s.failures, failure{
-				title: fmt.Sprintf("FAIL %s [build failed]", p.name),
-				lines: tail(r.buildLines(p.failedBuild)),
-			})
-		default:
-			s.packages = append(s.packages, row{short, statusWord(p.status), p.elapsed})
-		}
-		failedTests := 0
-		for _, t := range p.order {
-			wall := t.elapsed
-			st := t.status
-			if st == statusRunning {
-				wall = p.testEnd(r.last).Sub(t.started)
-				st = "did not finish"
-			}
-			all = append(all, row{short + " " + t.name, statusWord(st), wall})
-			if p.name == c.labPkg && t.depth() <= 1 {
-				s.scenarios = append(s.scenarios, row{t.name, statusWord(st), wall})
-			}
-			failedHere := (t.status == statusFail || t.status == statusRunning) && !anyChildFailed(t)
-			switch {
-			case failedHere:
-				s.failed++
-				failedTests++
-				title := fmt.Sprintf("--- FAIL: %s %s (%s)", p.name, t.name, fmtDur(wall))
-				if t.status == statusRunning {
-					title = fmt.Sprintf("--- FAIL: %s %s (did not finish)", p.name, t.name)
-				}
-				s.failures = append(s.failures, failure{title: title, lines: tail(whyLines(t))})
-			case len(t.children) > 0:
-			case t.status == statusPass:
-				s.passed++
-			case t.status == statusSkip:
-				s.skipped++
-				s.skips = append(s.skips, row{short + " " + t.name, "skip", 0})
-				s.skipReasons = append(s.skipReasons, skipReason(t))
-			}
-		}
-		if failedTests > 0 {
-			s.reasons = append(s.reasons, fmt.Sprintf("%d test(s) of %s failed", failedTests, p.name))
-		} else if p.finished && p.status == statusFail && p.failedBuild == "" {
-			s.reasons = append(s.reasons, fmt.Sprintf("package %s failed without a failing test", p.name))
-			s.failures = append(s.failures, failure{
-				title: fmt.Sprintf("FAIL %s (no test failed: TestMain, init or the test binary)", p.name),
-				lines: tail(lines(p.output.String())),
-			})
-		}
+		r.addPackage(&s, p, c)
 	}
 	for _, b := range r.buildOrder {
 		if b.failed && !r.reported(b.importPath) {
@@ -552,12 +528,7 @@ func (r *reporter) summarize(c config, wall time.Duration) summary {
 	if len(r.pkgOrder) == 0 {
 		s.reasons = append(s.reasons, "go test reported no package (see its output above)")
 	}
-	sort.SliceStable(s.packages, func(i, j int) bool { return s.packages[i].wall > s.packages[j].wall })
-	sort.SliceStable(all, func(i, j int) bool { return all[i].wall > all[j].wall })
-	if len(all) > 10 {
-		all = all[:10]
-	}
-	s.slowest = all
+	s.rank()
 	if c.maxTotal > 0 && s.total > c.maxTotal {
 		s.reasons = append(s.reasons, fmt.Sprintf("the run took %s, over the limit of %s (-max-total, TEST_MAX_TOTAL)", fmtDur(s.total), fmtDur(c.maxTotal)))
 	}
@@ -565,6 +536,86 @@ func (r *reporter) summarize(c config, wall time.Duration) summary {
 		s.reasons = append(s.reasons, fmt.Sprintf("%d test(s) skipped, and -fail-on-skip says nothing is skipped (CI=true)", s.skipped))
 	}
 	return s
+}
+
+// addPackage adds a package's row and its tests to the summary.
+func (r *reporter) addPackage(s *summary, p *pkg, c config) {
+	short := trimPkg(p.name, c.trim)
+	switch {
+	case !p.finished:
+		s.packages = append(s.packages, row{short, "did not finish", p.runTime(r.last)})
+		s.reasons = append(s.reasons, fmt.Sprintf("package %s did not finish", p.name))
+	case p.status == statusSkip && len(p.order) == 0:
+		s.noTestFiles++
+		return
+	case p.failedBuild != "":
+		s.packages = append(s.packages, row{short, "build failed", p.elapsed})
+		s.reasons = append(s.reasons, fmt.Sprintf("package %s failed to build", p.name))
+		s.failures = append(s.failures, failure{
+			title: fmt.Sprintf("FAIL %s [build failed]", p.name),
+			lines: tail(r.buildLines(p.failedBuild)),
+		})
+	default:
+		s.packages = append(s.packages, row{short, statusWord(p.status), p.elapsed})
+	}
+	failed := 0
+	for _, t := range p.order {
+		if s.addTest(t, short, p.testEnd(r.last), p.name == c.labPkg) {
+			failed++
+		}
+	}
+	switch {
+	case failed > 0:
+		s.reasons = append(s.reasons, fmt.Sprintf("%d test(s) of %s failed", failed, p.name))
+	case p.finished && p.status == statusFail && p.failedBuild == "":
+		s.reasons = append(s.reasons, fmt.Sprintf("package %s failed without a failing test", p.name))
+		s.failures = append(s.failures, failure{
+			title: fmt.Sprintf("FAIL %s (no test failed: TestMain, init or the test binary)", p.name),
+			lines: tail(lines(p.output.String())),
+		})
+	}
+}
+
+// addTest adds one test to the summary: its row, a lab scenario's row, and
+// the counts. A test counts when it has no subtests, or when it failed
+// though none of its subtests did (it failed on its own). end is when its
+// package stopped, for a test that did not finish. It reports whether the
+// test counts as failed.
+func (s *summary) addTest(t *test, short string, end time.Time, lab bool) bool {
+	wall, st := t.elapsed, statusWord(t.status)
+	if t.status == statusRunning {
+		wall, st = end.Sub(t.started), "did not finish"
+	}
+	s.tests = append(s.tests, row{short + " " + t.name, st, wall})
+	if lab && t.depth() <= 1 {
+		s.scenarios = append(s.scenarios, row{t.name, st, wall})
+	}
+	switch {
+	case (t.status == statusFail || t.status == statusRunning) && !anyChildFailed(t):
+		s.failed++
+		title := fmt.Sprintf("--- FAIL: %s %s (%s)", t.pkg, t.name, fmtDur(wall))
+		if t.status == statusRunning {
+			title = fmt.Sprintf("--- FAIL: %s %s (did not finish)", t.pkg, t.name)
+		}
+		s.failures = append(s.failures, failure{title: title, lines: tail(whyLines(t))})
+		return true
+	case len(t.children) > 0:
+	case t.status == statusPass:
+		s.passed++
+	case t.status == statusSkip:
+		s.skipped++
+		s.skips = append(s.skips, skip{short + " " + t.name, skipReason(t)})
+	}
+	return false
+}
+
+// rank puts the slowest packages first and keeps the ten slowest tests.
+func (s *summary) rank() {
+	sort.SliceStable(s.packages, func(i, j int) bool { return s.packages[i].wall > s.packages[j].wall })
+	sort.SliceStable(s.tests, func(i, j int) bool { return s.tests[i].wall > s.tests[j].wall })
+	if len(s.tests) > 10 {
+		s.tests = s.tests[:10]
+	}
 }
 
 // reported says whether a package's fail event already names this build.
@@ -710,55 +761,59 @@ func (s summary) closingLine() string {
 
 // write prints the report: failures, skips, the table, why the run fails,
 // and the closing line.
-func (s summary) write(w io.Writer, c config) {
+func (s summary) write(w *printer, c config) {
 	if len(s.failures) > 0 {
-		fmt.Fprintf(w, "\n==== failure summary (every line in %s) ====\n", logName(c))
+		w.printf("\n==== failure summary (every line in %s) ====\n", logName(c))
 		for _, f := range s.failures {
-			fmt.Fprintln(w, f.title)
+			w.printf("%s\n", f.title)
 			for _, l := range f.lines {
-				fmt.Fprintf(w, "    %s\n", strings.TrimLeft(l, " "))
+				w.printf("    %s\n", strings.TrimLeft(l, " "))
 			}
 		}
 	}
 	if len(s.skips) > 0 {
-		fmt.Fprintf(w, "\n==== skipped tests (%d) ====\n", len(s.skips))
-		for i, sk := range s.skips {
-			fmt.Fprintf(w, "SKIP %s: %s\n", sk.name, s.skipReasons[i])
+		w.printf("\n==== skipped tests (%d) ====\n", len(s.skips))
+		for _, sk := range s.skips {
+			w.printf("SKIP %s: %s\n", sk.name, sk.reason)
 		}
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "==== wall times ====")
-	width := 0
-	for _, rs := range [][]row{s.packages, s.scenarios, s.slowest} {
+	s.writeTable(w, c)
+	for _, r := range s.reasons {
+		w.printf("FAIL: %s\n", r)
+	}
+	w.printf("%s\n", s.closingLine())
+}
+
+// writeTable prints the wall times: packages, lab scenarios, the slowest
+// tests and the total.
+func (s summary) writeTable(w *printer, c config) {
+	w.printf("\n==== wall times ====\n")
+	width := len("slowest tests")
+	for _, rs := range [][]row{s.packages, s.scenarios, s.tests} {
 		for _, r := range rs {
 			width = max(width, len(r.name))
 		}
 	}
-	width = max(width, len("slowest tests"))
 	table := func(title string, rs []row) {
-		fmt.Fprintf(w, "%-*s  %-14s %10s\n", width, title, "result", "wall")
+		w.printf("%-*s  %-14s %10s\n", width, title, "result", "wall")
 		for _, r := range rs {
-			fmt.Fprintf(w, "%-*s  %-14s %10s\n", width, r.name, r.status, fmtDur(r.wall))
+			w.printf("%-*s  %-14s %10s\n", width, r.name, r.status, fmtDur(r.wall))
 		}
-		fmt.Fprintln(w)
+		w.printf("\n")
 	}
 	table("package", s.packages)
 	if s.noTestFiles > 0 {
-		fmt.Fprintf(w, "packages without test files: %d\n\n", s.noTestFiles)
+		w.printf("packages without test files: %d\n\n", s.noTestFiles)
 	}
 	if len(s.scenarios) > 0 {
 		table("lab scenario", indentScenarios(s.scenarios))
 	}
-	table("slowest tests", s.slowest)
+	table("slowest tests", s.tests)
 	limit := "no limit"
 	if c.maxTotal > 0 {
 		limit = "limit " + fmtDur(c.maxTotal)
 	}
-	fmt.Fprintf(w, "total wall time: %s (%s)\n", fmtDur(s.total), limit)
-	for _, r := range s.reasons {
-		fmt.Fprintln(w, "FAIL:", r)
-	}
-	fmt.Fprintln(w, s.closingLine())
+	w.printf("total wall time: %s (%s)\n", fmtDur(s.total), limit)
 }
 
 // indentScenarios indents subtests under their top-level test.
