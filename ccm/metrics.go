@@ -17,6 +17,11 @@ type providerMetrics struct {
 	allocations  *metrics.CounterVec
 	releases     *metrics.CounterVec
 	errors       *metrics.CounterVec
+	// statusPending is 1 while an IPPool status refresh is scheduled or
+	// running (markStatusDirty), 0 once one has finished after the last
+	// change: with the controllers' workqueues drained, the CCM has nothing
+	// left to write.
+	statusPending *metrics.Gauge
 }
 
 func newProviderMetrics() *providerMetrics {
@@ -47,12 +52,17 @@ func newProviderMetrics() *providerMetrics {
 			Help:           "Failed VIP allocations, by reason (UnknownPool, NotInPool, IPInUse, PortClash, TrafficPolicyClash, PoolExhausted, NoEligiblePool, InvalidRequest).",
 			StabilityLevel: metrics.ALPHA,
 		}, []string{"reason"}),
+		statusPending: metrics.NewGauge(&metrics.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "pool_status_refresh_pending",
+			Help:           "1 while a refresh of the IPPools' status is scheduled or running, 0 once the status reflects every change seen.",
+			StabilityLevel: metrics.ALPHA,
+		}),
 	}
 }
 
 // register adds every metric with reg (legacyregistry.Register in the binary).
 func (m *providerMetrics) register(reg func(metrics.Registerable) error) error {
-	for _, c := range []metrics.Registerable{m.poolCapacity, m.poolInUse, m.allocations, m.releases, m.errors} {
+	for _, c := range []metrics.Registerable{m.poolCapacity, m.poolInUse, m.allocations, m.releases, m.errors, m.statusPending} {
 		if err := reg(c); err != nil {
 			return fmt.Errorf("registering metric: %w", err)
 		}

@@ -57,6 +57,12 @@ type poolController struct {
 	known     map[string]bool             // pools with metrics exported
 	blocked   map[string]string           // pool name → the last DeletionBlocked message
 	services  corelisters.ServiceLister   // set by useServices before run
+
+	// dirty counts markStatusDirty calls; the status write that started
+	// at count n clears statusPending if none came since. Guarded by
+	// dirtyMu, which orders them with the gauge.
+	dirtyMu sync.Mutex
+	dirty   uint64
 }
 
 func newPoolController(alloc *ipam.Allocator, m *providerMetrics, dyn dynamic.Interface, client kubernetes.Interface, factory dynamicinformer.DynamicSharedInformerFactory) (*poolController, error) {
@@ -111,7 +117,29 @@ func (pc *poolController) useServices(l corelisters.ServiceLister) { pc.services
 // markStatusDirty schedules a status write; calls within statusDelay coalesce.
 func (pc *poolController) markStatusDirty() {
 	if pc != nil {
+		pc.dirtyMu.Lock()
+		pc.dirty++
+		pc.metrics.statusPending.Set(1)
+		pc.dirtyMu.Unlock()
 		pc.queue.AddAfter(keyStatus, statusDelay)
+	}
+}
+
+// statusWriteStarts returns the count of markStatusDirty calls a status
+// write about to start covers.
+func (pc *poolController) statusWriteStarts() uint64 {
+	pc.dirtyMu.Lock()
+	defer pc.dirtyMu.Unlock()
+	return pc.dirty
+}
+
+// statusWritten clears statusPending after a status write that started at
+// count n, unless another change came since.
+func (pc *poolController) statusWritten(n uint64) {
+	pc.dirtyMu.Lock()
+	defer pc.dirtyMu.Unlock()
+	if pc.dirty == n {
+		pc.metrics.statusPending.Set(0)
 	}
 }
 
@@ -128,7 +156,10 @@ func (pc *poolController) run(ctx context.Context) {
 		case keyPools:
 			pc.syncPools(ctx)
 		case keyStatus:
-			err = pc.writeStatuses(ctx)
+			n := pc.statusWriteStarts()
+			if err = pc.writeStatuses(ctx); err == nil {
+				pc.statusWritten(n)
+			}
 		}
 		switch {
 		case apierrors.IsConflict(err):
