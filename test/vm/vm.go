@@ -43,6 +43,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -308,7 +309,9 @@ func IsStatic(path string) bool {
 
 // TestBinary returns a static test binary of the package under test (the
 // current directory): os.Args[0] when it is already static, otherwise one
-// built with `CGO_ENABLED=0 go test -c` (once per package per process).
+// built with `CGO_ENABLED=0 go test -c` (once per package per process) with
+// the build tags of this binary, so that the guest has the same tests (the
+// kernel tier's tests are in files with a build tag).
 func TestBinary(ctx context.Context) (string, error) {
 	if IsStatic(os.Args[0]) {
 		return os.Args[0], nil
@@ -328,11 +331,27 @@ func TestBinary(ctx context.Context) (string, error) {
 	}
 	sum := sha256.Sum256([]byte(cwd))
 	out := filepath.Join(wd, "test-"+hex.EncodeToString(sum[:6]))
-	if err := goBuild(ctx, cwd, "test", "-c", "-vet=off", "-o", out, "."); err != nil {
+	bi, ok := debug.ReadBuildInfo()
+	if err := goBuild(ctx, cwd, testBuildArgs(bi, ok, out)...); err != nil {
 		return "", err
 	}
 	testBins[cwd] = out
 	return out, nil
+}
+
+// testBuildArgs returns the arguments of `go test -c` for a test binary at
+// out built with the same build tags as the binary whose build info is bi
+// (ok false: none known, no tags).
+func testBuildArgs(bi *debug.BuildInfo, ok bool, out string) []string {
+	args := []string{"test", "-c", "-vet=off"}
+	if ok {
+		for _, s := range bi.Settings {
+			if s.Key == "-tags" && s.Value != "" {
+				args = append(args, "-tags", s.Value)
+			}
+		}
+	}
+	return append(args, "-o", out, ".")
 }
 
 // RunContext boots a VM that runs opts.TestBinary and returns its output
