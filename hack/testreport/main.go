@@ -131,11 +131,17 @@ func openOutputs(dir string) (raw, log *printer, closeFiles func() error, err er
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, nil, nil, fmt.Errorf("make the output directory: %w", err)
 	}
-	jf, err := os.Create(filepath.Join(dir, "test.json"))
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("open the output directory: %w", err)
+	}
+	// The files stay open without the directory; closing it loses nothing.
+	defer func() { _ = root.Close() }()
+	jf, err := root.Create("test.json")
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("create test.json: %w", err)
 	}
-	lf, err := os.Create(filepath.Join(dir, "test.log"))
+	lf, err := root.Create("test.log")
 	if err != nil {
 		_ = jf.Close()
 		return nil, nil, nil, fmt.Errorf("create test.log: %w", err)
@@ -143,7 +149,7 @@ func openOutputs(dir string) (raw, log *printer, closeFiles func() error, err er
 	closeFiles = func() error {
 		return errors.Join(jf.Close(), lf.Close())
 	}
-	return &printer{w: jf, name: jf.Name()}, &printer{w: lf, name: lf.Name()}, closeFiles, nil
+	return &printer{w: jf, name: filepath.Join(dir, "test.json")}, &printer{w: lf, name: filepath.Join(dir, "test.log")}, closeFiles, nil
 }
 
 // printer writes and keeps the first error, so that a report of many lines
