@@ -1,3 +1,5 @@
+//go:build routing
+
 package bgp_test
 
 import (

@@ -1,3 +1,5 @@
+//go:build controlplane
+
 package controlplane_test
 
 import (

@@ -1,3 +1,5 @@
+//go:build controlplane
+
 package e2e
 
 import (

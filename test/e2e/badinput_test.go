@@ -1,3 +1,5 @@
+//go:build controlplane
+
 package e2e
 
 import (
@@ -40,45 +42,6 @@ spec:
   autoAssign: false
   allocation: {namespaces: ["elsewhere"]}
 `
-
-// waitEvent waits for a SyncLoadBalancerFailed Event on the Service whose
-// message contains every one of want.
-func (e *env) waitEvent(ns, name string, want ...string) {
-	e.t.Helper()
-	e.waitEventReason(ns, name, v1.EventTypeWarning, "SyncLoadBalancerFailed", want...)
-}
-
-// waitEventReason waits for an Event of type and reason on the object
-// called name (cluster-scoped objects' Events are in "default") whose
-// message contains every one of want.
-func (e *env) waitEventReason(ns, name, typ, reason string, want ...string) {
-	e.t.Helper()
-	var seen []string
-	e.eventually(60*time.Second, fmt.Sprintf("an Event on %s/%s mentioning %q", ns, name, want), func() (bool, error) {
-		evs, err := e.cp.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
-			FieldSelector: "involvedObject.name=" + name,
-		})
-		if err != nil {
-			return false, err
-		}
-		seen = seen[:0]
-		for _, ev := range evs.Items {
-			seen = append(seen, ev.Reason+": "+ev.Message)
-			if ev.Reason != reason || ev.Type != typ {
-				continue
-			}
-			ok := true
-			for _, w := range want {
-				ok = ok && strings.Contains(ev.Message, w)
-			}
-			if ok {
-				e.t.Logf("%s/%s: %s", ns, name, ev.Message)
-				return true, nil
-			}
-		}
-		return false, fmt.Errorf("events so far: %q", seen)
-	})
-}
 
 // TestBadInput: every kind of bad request yields an Event naming the cause
 // and a retry, and leaves every other Service's VIP alone.

@@ -1,3 +1,5 @@
+//go:build controlplane
+
 package e2e
 
 import (
@@ -90,39 +92,6 @@ func BenchmarkCCMAllocation(b *testing.B) {
 		b.ReportMetric(float64(p50.Milliseconds()), "ms-p50")
 		b.ReportMetric(float64(p99.Milliseconds()), "ms-p99")
 	}
-}
-
-// runWorkers calls fn(0..n-1) from workers goroutines and fails on error.
-func (e *env) runWorkers(n, workers int, fn func(int) error) {
-	e.t.Helper()
-	next := make(chan int)
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := fn(i); err != nil {
-					errs <- err
-				}
-			}
-		}()
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		e.t.Fatal(err)
-	}
-}
-
-func lbStatusFor(ip string) *v1.LoadBalancerStatus {
-	mode := v1.LoadBalancerIPModeProxy
-	return &v1.LoadBalancerStatus{Ingress: []v1.LoadBalancerIngress{{IP: ip, IPMode: &mode}}}
 }
 
 // allocationWatch times, per Service, creation to first status with an

@@ -1,3 +1,5 @@
+//go:build routing
+
 package e2e
 
 import (

@@ -1,9 +1,10 @@
+//go:build controlplane
+
 package e2e
 
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,137 +14,10 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/ccm"
-	"github.com/vipcast/vipcast/test/routers"
 )
-
-const classPool = `apiVersion: vipcast.io/v1alpha1
-kind: IPPool
-metadata: {name: vips}
-spec:
-  addresses: ["10.100.0.0/24"]`
-
-// foreignIP is an address another load-balancer implementation publishes:
-// in no vipcast pool.
-const foreignIP = "198.51.100.7"
-
-// writeStatus writes ips into the Service's status, as another controller
-// would.
-func (e *env) writeStatus(ns, name string, ips ...string) {
-	e.t.Helper()
-	ctx := context.Background()
-	svc, err := e.cp.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	svc.Status.LoadBalancer.Ingress = nil
-	for _, ip := range ips {
-		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
-	}
-	if _, err := e.cp.Client.CoreV1().Services(ns).UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatalf("status of %s/%s: %v", ns, name, err)
-	}
-}
-
-// patchService applies a JSON merge patch to a Service.
-func (e *env) patchService(ns, name, patch string) {
-	e.t.Helper()
-	if _, err := e.cp.Client.CoreV1().Services(ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		e.t.Fatalf("patching Service %s/%s with %s: %v", ns, name, patch, err)
-	}
-}
-
-// statusOf returns the status addresses of a Service.
-func (e *env) statusOf(ns, name string) []string {
-	e.t.Helper()
-	svc, err := e.cp.Client.CoreV1().Services(ns).Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var out []string
-	for _, ing := range svc.Status.LoadBalancer.Ingress {
-		out = append(out, ing.IP)
-	}
-	return out
-}
-
-// waitStatus waits until the Service's status satisfies ok.
-func (e *env) waitStatus(ns, name, what string, ok func([]string) bool) []string {
-	e.t.Helper()
-	var got []string
-	e.eventually(30*time.Second, fmt.Sprintf("%s/%s status %s", ns, name, what), func() (bool, error) {
-		got = e.statusOf(ns, name)
-		return ok(got), fmt.Errorf("status %v", got)
-	})
-	return got
-}
-
-func inVIPs(ips []string) bool {
-	if len(ips) != 1 {
-		return false
-	}
-	ip, err := netip.ParseAddr(ips[0])
-	return err == nil && netip.MustParsePrefix("10.100.0.0/24").Contains(ip)
-}
-
-// TestClassMove: a Service of another loadBalancerClass, whose status that
-// implementation wrote, moves to ClusterIP and then to a class-less
-// LoadBalancer. vipcast reserved its address while it was the other
-// implementation's, releases it on the move, and gives it a VIP of its own
-// pool that the speaker announces; an in-pool address the other
-// implementation had published is free again for a new Service.
-func TestClassMove(t *testing.T) {
-	e := newEnv(t)
-	speakerAddr := netip.MustParseAddr("127.0.0.2")
-	frr := routers.StartFRR(t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.1"),
-		Neighbors: []routers.FRRNeighbor{{Address: speakerAddr, ASN: 64501}}})
-	e.node("node-a", nil, "10.0.0.2")
-	e.mustApplyPools(classPool)
-	e.applyPeer(peerDoc("frr", frr.Address, frr.Port, 64500, 64501, ""))
-	e.namespace("web", nil)
-	e.startCCM("a")
-	e.startSpeaker("node-a")
-	if err := frr.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
-
-	// Two Services of another implementation: one publishes an address
-	// outside vipcast's pools, one an address inside them.
-	other := func(name string) *v1.Service {
-		s := lbService("web", name)
-		s.Spec.LoadBalancerClass = ptr.To("example.com/other")
-		return s
-	}
-	e.createService(other("moving"))
-	e.writeStatus("web", "moving", foreignIP)
-	e.createService(other("inpool"))
-	e.writeStatus("web", "inpool", "10.100.0.50")
-	// vipcast reserves 10.100.0.50: a Service asking for it is refused.
-	e.createService(lbService("web", "asks", withAnnotation(ccm.AnnotationIPs, "10.100.0.50")))
-	e.waitEvent("web", "asks", "10.100.0.50")
-
-	// Both leave their class through ClusterIP.
-	for _, name := range []string{"moving", "inpool"} {
-		e.patchService("web", name, `{"spec":{"type":"ClusterIP"}}`)
-		e.waitStatus("web", name, "cleared", func(ips []string) bool { return len(ips) == 0 })
-	}
-	// The in-pool address is free again.
-	e.waitStatus("web", "asks", "10.100.0.50", func(ips []string) bool { return len(ips) == 1 && ips[0] == "10.100.0.50" })
-
-	// "moving" becomes a class-less LoadBalancer: a VIP of vipcast's pool,
-	// announced by the speaker.
-	e.patchService("web", "moving", `{"spec":{"type":"LoadBalancer"}}`)
-	e.endpoints("web", "moving", endpoint{node: "node-a", ip: "10.244.1.7", ready: true})
-	e.endpoints("web", "asks", endpoint{node: "node-a", ip: "10.244.1.8", ready: true})
-	got := e.waitStatus("web", "moving", "a VIP of pool vips", inVIPs)
-	e.waitTable("FRR", frrTable(frr), map[string]route{
-		got[0] + "/32":   {nextHop: "10.0.0.2"},
-		"10.100.0.50/32": {nextHop: "10.0.0.2"},
-	})
-}
 
 // TestTwoClasses: two vipcast-ccm processes given different classes each
 // lead their own Lease and serve only their class's Services; a third given

@@ -1,3 +1,5 @@
+//go:build controlplane || routing
+
 package e2e
 
 import (

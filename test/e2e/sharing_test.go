@@ -1,3 +1,5 @@
+//go:build controlplane
+
 package e2e
 
 import (
@@ -19,10 +21,6 @@ metadata: {name: share}
 spec:
   addresses: ["10.70.0.0/28"]
 `
-
-func withLocal() svcOpt {
-	return func(s *v1.Service) { s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal }
-}
 
 func withSelector(sel map[string]string) svcOpt {
 	return func(s *v1.Service) { s.Spec.Selector = sel }

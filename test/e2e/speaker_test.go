@@ -1,8 +1,9 @@
+//go:build routing
+
 package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -17,7 +18,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
@@ -149,14 +149,6 @@ func (e *env) endpoints(ns, svc string, eps ...endpoint) {
 	}
 }
 
-// applyObject creates a vipcast object (IPPool or BGPPeer) from YAML.
-func (e *env) applyPeer(doc string) {
-	e.t.Helper()
-	if _, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Create(context.Background(), mustUnstructured(e.t, doc), metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating BGPPeer: %v", err)
-	}
-}
-
 // patchPeer applies a JSON merge patch to a BGPPeer.
 func (e *env) patchPeer(name, patch string) {
 	e.t.Helper()
@@ -176,24 +168,6 @@ func (e *env) secret(ns, name, key, value string) {
 	if err != nil {
 		e.t.Fatalf("secret %s/%s: %v", ns, name, err)
 	}
-}
-
-// peerDoc is the YAML of a BGPPeer towards a loopback router; the speaker
-// connects from 127.0.0.2. extra is appended to spec (indented two spaces).
-func peerDoc(name string, addr netip.Addr, port int, peerASN, localASN uint32, extra string) string {
-	return fmt.Sprintf(`apiVersion: vipcast.io/v1alpha1
-kind: BGPPeer
-metadata:
-  name: %s
-spec:
-  peerAddress: %s
-  port: %d
-  peerASN: %d
-  localASN: %d
-  sourceAddress: 127.0.0.2
-  holdTime: 9s
-  keepaliveTime: 3s
-%s`, name, addr, port, peerASN, localASN, extra)
 }
 
 // table reads a router's routes, both families.
@@ -569,32 +543,6 @@ func TestPeerAddressConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitPeerReady("dup-new", "True", vipcastv1alpha1.ReasonValid)
-}
-
-// waitPeerReady waits until a BGPPeer's Ready condition has status and
-// reason and its message contains every want.
-func (e *env) waitPeerReady(name, status, reason string, want ...string) {
-	e.t.Helper()
-	e.eventually(30*time.Second, fmt.Sprintf("BGPPeer %s to be Ready=%s (%s)", name, status, reason), func() (bool, error) {
-		u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-		for _, c := range conds {
-			m, _ := c.(map[string]any)
-			if m["type"] != vipcastv1alpha1.ConditionReady {
-				continue
-			}
-			msg := fmt.Sprint(m["message"])
-			ok := m["status"] == status && m["reason"] == reason
-			for _, w := range want {
-				ok = ok && strings.Contains(msg, w)
-			}
-			return ok, fmt.Errorf("Ready=%v reason=%v message=%q", m["status"], m["reason"], msg)
-		}
-		return false, errors.New("no Ready condition")
-	})
 }
 
 // patchSecret replaces the password key of a Secret.
