@@ -26,13 +26,19 @@ export SOURCE_DATE_EPOCH
 # Test timeouts, per package: test/lab (the real cluster and the VM labs)
 # took 19 to 28 minutes on 2 cores, and 30 cut it short on a loaded host.
 TEST_TIMEOUT ?= 60m
+# The test tiers beyond the unit tier, as build tags: a _test.go file with no
+# tag needs nothing but Go (make test-unit); the others carry exactly one of
+# these (README's Tests section), and make test runs them all.
+TEST_TAGS := controlplane,routing,kernel,lab
+# The packages with test files of a tier (its build tag), for make test-TIER.
+tier_pkgs = $(sort $(dir $(shell grep -rlE --include='*_test.go' --exclude-dir=hack --exclude-dir=_output '^//go:build .*\<$(1)\>' .)))
 # golangci-lint, built from its Go module into the cache once per version
 # (~3 min on 2 cores); .golangci.yml says what it checks.
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT_DIR := $(abspath $(VIPCAST_CACHE))/golangci-lint-$(GOLANGCI_LINT_VERSION)
 GOLANGCI_LINT := $(GOLANGCI_LINT_DIR)/golangci-lint
 
-.PHONY: all build images test test-unit test-controlplane test-routing bench generate verify tools cluster-tools routers lab lab-root lab-down lint fuzz model clean help
+.PHONY: all build images test test-unit test-controlplane test-routing test-kernel test-lab bench generate verify tools cluster-tools routers lab lab-root lab-down lint fuzz model clean help
 
 all: build
 
@@ -131,6 +137,7 @@ GO_MODULES := . hack/image test/tools test/tools/containerd test/tools/helm
 verify: $(GOLANGCI_LINT) ## gofmt, go vet, go mod tidy, golangci-lint, generated files up to date
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags $(TEST_TAGS) ./...
 	$(GO) -C hack/image vet ./...
 	@for m in $(GO_MODULES); do \
 		echo "$(GO) -C $$m mod tidy -diff"; \
@@ -155,20 +162,23 @@ $(GOLANGCI_LINT):
 	@echo ">> building golangci-lint $(GOLANGCI_LINT_VERSION) into $(GOLANGCI_LINT_DIR) (first time only, ~3 min)"
 	GOBIN=$(GOLANGCI_LINT_DIR)/tmp hack/progress.sh "building golangci-lint" $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) && mv $(GOLANGCI_LINT_DIR)/tmp/golangci-lint $@ && rmdir $(GOLANGCI_LINT_DIR)/tmp
 
-test-unit: ## pure-logic tests, no API server, router or VM (ipam, pool admission, CCM translation, CRD types, speaker decisions, the ipvs and bgp plans)
-	$(GO) test -count=1 ./ipam/... ./poolspec/... ./ccm/... ./api/... ./cmd/...
-	$(GO) test -count=1 -skip 'TestControllerKernel' ./speaker/
-	$(GO) test -count=1 -run 'TestDiff|TestValid|FuzzDiff' ./ipvs/
-	$(GO) test -count=1 -run 'TestPlan|TestRoutePlan|TestLogger' ./bgp/
-	$(GO) test -count=1 ./bfd/
+test-unit: ## every test that needs nothing but Go (no build tag): no root, API server, router, VM or cached binary
+	$(GO) test -count=1 ./...
 
-test-controlplane: tools ## tests against a real kube-apiserver + etcd
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v ./test/e2e/... 2>&1 | tee _output/controlplane-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
-
-test-routing: routers tools ## the speaker against real FRR and BIRD (loopback and, as root, network namespaces)
+test-controlplane: tools ## (tag controlplane) against a real kube-apiserver + etcd: vipcast-ccm, the CRDs, the chart applied
 	@mkdir -p _output
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./bgp/... ./speaker/...
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run 'Speaker' ./test/e2e/ 2>&1 | tee _output/routing-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
+	$(GO) test -tags controlplane -count=1 -timeout $(TEST_TIMEOUT) -v $(call tier_pkgs,controlplane) 2>&1 | tee _output/controlplane-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
+
+test-routing: routers tools ## (tag routing) bgp/ and vipcast-speaker against real FRR and BIRD (loopback and, as root, network namespaces)
+	@mkdir -p _output
+	$(GO) test -tags routing -count=1 -timeout $(TEST_TIMEOUT) -v $(call tier_pkgs,routing) 2>&1 | tee _output/routing-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
+
+test-kernel: ## (tag kernel) the dataplane in Debian's kernel under qemu: ipvs/, the speaker's controller, test/vm
+	$(GO) test -tags kernel -count=1 -timeout $(TEST_TIMEOUT) $(call tier_pkgs,kernel)
+
+test-lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl ## (tag lab, as root) test/lab: the VM labs and the real cluster
+	@mkdir -p _output
+	$(GO) test -tags lab -count=1 -timeout $(TEST_TIMEOUT) -v $(call tier_pkgs,lab) 2>&1 | tee _output/lab-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
 
 # hack/testreport prints what plain go test prints, keeps the verbose log in
 # _output/test.log and the events in _output/test.json, and ends with a failure
@@ -179,7 +189,7 @@ test: verify tools cluster-tools routers ## everything: unit, control-plane, rou
 	@mkdir -p _output
 	$(GO) -C hack/image test -count=1 ./...
 	$(GO) build -o _output/testreport ./hack/testreport
-	$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) ./... 2>&1 | _output/testreport -out _output $(if $(filter true,$(CI)),-fail-on-skip); \
+	$(GO) test -tags $(TEST_TAGS) -json -count=1 -timeout $(TEST_TIMEOUT) ./... 2>&1 | _output/testreport -out _output $(if $(filter true,$(CI)),-fail-on-skip); \
 		rc=("$${PIPESTATUS[@]}"); if [ $${rc[0]} != 0 ] && [ $${rc[1]} = 0 ]; then echo "FAIL: go test exited with status $${rc[0]}"; fi; \
 		[ $${rc[0]} = 0 ] && [ $${rc[1]} = 0 ]
 
@@ -205,7 +215,7 @@ FUZZ_TARGETS := \
 MODEL_STEPS ?= 2000
 MODEL_SEED ?= 0
 model: tools ## TestCCMModel for MODEL_STEPS steps (default 2000) from MODEL_SEED (0: the clock)
-	$(GO) test -count=1 -timeout 4h -run '^TestCCMModel$$' -v ./test/e2e/ -args -vipcast.model-steps=$(MODEL_STEPS) -vipcast.model-seed=$(MODEL_SEED) 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|model_test.go' ; exit $${PIPESTATUS[0]}
+	$(GO) test -tags controlplane -count=1 -timeout 4h -run '^TestCCMModel$$' -v ./test/e2e/ -args -vipcast.model-steps=$(MODEL_STEPS) -vipcast.model-seed=$(MODEL_SEED) 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|model_test.go' ; exit $${PIPESTATUS[0]}
 
 fuzz: ## run every fuzz target for a while each (FUZZTIME=60s)
 	@set -e; for t in $(FUZZ_TARGETS); do \
@@ -216,13 +226,13 @@ fuzz: ## run every fuzz target for a while each (FUZZTIME=60s)
 bench: tools routers ## print the ipam, CCM, speaker, dataplane (one tier and two) and BFD benchmarks (figures and ratios)
 	@mkdir -p _output
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ ./speaker/ | tee _output/bench-ipam.txt
-	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
-	$(GO) test -count=1 -timeout 10m -run '^$$' -bench BenchmarkAnnounce10k -benchtime 3x ./bgp/ 2>&1 | tee _output/bench-bgp.txt | grep -E '^Benchmark|^ok|FAIL'
-	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkSpeakerAnnounce -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-speaker.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
+	$(GO) test -tags controlplane -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
+	$(GO) test -tags routing -count=1 -timeout 10m -run '^$$' -bench BenchmarkAnnounce10k -benchtime 3x ./bgp/ 2>&1 | tee _output/bench-bgp.txt | grep -E '^Benchmark|^ok|FAIL'
+	$(GO) test -tags routing -count=1 -timeout 30m -run '^$$' -bench BenchmarkSpeakerAnnounce -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-speaker.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
 	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkDiff' -benchmem ./ipvs/ | tee _output/bench-ipvs-diff.txt
-	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkKernelDataplane -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-ipvs.txt | grep -E '^Benchmark|^ok|FAIL'
-	$(GO) test -count=1 -timeout 10m -run '^$$' -bench BenchmarkTwoTier -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-twotier.txt | grep -E '^Benchmark|^ok|FAIL'
-	$(GO) test -count=1 -timeout 30m -run '^TestSpeakerFabric(BFD)?$$' -v ./test/e2e/ -args -bfd-trials=50 2>&1 | tee _output/bench-bfd.txt | grep -E 'frozen|SIGSTOP|^--- |^ok|FAIL'
+	$(GO) test -tags kernel -count=1 -timeout 30m -run '^$$' -bench BenchmarkKernelDataplane -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-ipvs.txt | grep -E '^Benchmark|^ok|FAIL'
+	$(GO) test -tags kernel -count=1 -timeout 10m -run '^$$' -bench BenchmarkTwoTier -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-twotier.txt | grep -E '^Benchmark|^ok|FAIL'
+	$(GO) test -tags routing -count=1 -timeout 30m -run '^TestSpeakerFabric(BFD)?$$' -v ./test/e2e/ -args -bfd-trials=50 2>&1 | tee _output/bench-bfd.txt | grep -E 'frozen|SIGSTOP|^--- |^ok|FAIL'
 
 $(K8S_BIN)/kubectl:
 	@mkdir -p $(K8S_BIN)
