@@ -4,10 +4,13 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
 	"math/rand/v2"
+	"net/http"
 	"net/netip"
 	"slices"
 	"sort"
@@ -56,6 +59,31 @@ func TestCCMModel(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	t.Logf("TestCCMModel seed %d, %d steps (again: go test ./test/e2e/ -run TestCCMModel -args -vipcast.model-seed=%d)", seed, *modelSteps, seed)
+	runModel(t, seed, *modelSteps)
+}
+
+// TestCCMModelRegression replays seeds that once found a bug, for at least
+// as many steps as the bug needed.
+func TestCCMModelRegression(t *testing.T) {
+	for _, tc := range []struct {
+		seed  uint64
+		steps int
+		bug   string
+	}{
+		// Step 145: m1/s9, sharing 10.200.2.32 with m1/s11 under key k2,
+		// dropped its key; both kept the VIP.
+		{1795762305012777268, 150, "a Service whose request stops allowing a share kept the shared VIP"},
+	} {
+		t.Run(fmt.Sprint(tc.seed), func(t *testing.T) {
+			t.Logf("seed %d, %d steps: %s", tc.seed, tc.steps, tc.bug)
+			runModel(t, tc.seed, tc.steps)
+		})
+	}
+}
+
+// runModel runs the model from seed for steps steps against a control
+// plane of its own.
+func runModel(t *testing.T, seed uint64, steps int) {
 	m := &model{e: newEnv(t), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), seed: seed}
 	for _, ns := range modelNamespaces {
 		m.e.namespace(ns, nil)
@@ -63,7 +91,7 @@ func TestCCMModel(t *testing.T) {
 	m.ccms = []*ccmProcess{m.e.startCCM("model-0")}
 	m.waitLeader()
 	m.prev = m.snapshot()
-	for m.step = 1; m.step <= *modelSteps; m.step++ {
+	for m.step = 1; m.step <= steps; m.step++ {
 		what, touched := m.randomStep()
 		m.settle()
 		cur := m.snapshot()
@@ -73,7 +101,14 @@ func TestCCMModel(t *testing.T) {
 		m.history = append(m.history, fmt.Sprintf("%3d %s", m.step, what))
 		m.prev = cur
 	}
-	t.Logf("seed %d: %d steps, invariants held; %s", seed, *modelSteps, m.prev.summary())
+	// settle trusts the CCM's own account of its pending work; a final
+	// quiet period, longer than any of the CCM's delays, shows that nothing
+	// it had not accounted for changed a VIP or a count afterwards.
+	m.quiet(finalQuiet)
+	if err := checkInvariants(m.prev, m.snapshot(), nil); err != nil {
+		t.Fatalf("seed %d, after the last step and %v of quiet: %v\nhistory:\n%s", seed, finalQuiet, err, strings.Join(m.history, "\n"))
+	}
+	t.Logf("seed %d: %d steps, invariants held; %s", seed, steps, m.prev.summary())
 }
 
 // model drives the API server and the CCMs.
@@ -349,23 +384,93 @@ func (m *model) waitLeader() {
 	m.e.eventually(30*time.Second, "the new CCM to lead", func() (bool, error) { return c.isLeader(), nil })
 }
 
-// settle waits until the CCM has stopped writing: no Service or pool has
-// changed for longer than the CCM's own delays (the pool annotation after
-// 0.5s of quiet, pool status writes coalesced over 1s).
+// settle waits until the CCM has done everything the step gave it to do:
+// the leader reports no work queued, in flight or scheduled (ccmIdle), and
+// the Services and pools stayed unchanged from one idle report to the next
+// and for at least settleMin, in which the API server's watch brings the
+// step's writes to the CCM (on loopback, in milliseconds). Every write the
+// CCM makes in response goes through its workqueues or the pools' status
+// refresh, which ccmIdle covers; retries of a failed sync (5 s back-off and
+// more) are not waited for: they repeat what failed against unchanged input.
 func (m *model) settle() {
-	const quiet = 1500 * time.Millisecond
-	last, since := "", time.Now()
+	const settleMin = 300 * time.Millisecond
+	last, since, idleAt, why := "", time.Now(), "", ""
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		fp := m.fingerprint()
 		if fp != last {
 			last, since = fp, time.Now()
-		} else if time.Since(since) >= quiet {
+		}
+		var idle bool
+		if idle, why = m.ccmIdle(); idle && fp == idleAt && time.Since(since) >= settleMin {
+			return
+		}
+		idleAt = ""
+		if idle {
+			idleAt = fp
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	m.e.t.Fatalf("seed %d, step %d: the CCM did not settle in 30s (%s)", m.seed, m.step, why)
+}
+
+// finalQuiet is the quiet period at the end of a run: longer than the
+// CCM's own delays (pool annotations after 0.5 s without allocations, pool
+// status writes coalesced over 1 s, the first retry of a failed sync 5 s
+// later).
+const finalQuiet = 6 * time.Second
+
+// quiet waits until no Service or pool has changed for d.
+func (m *model) quiet(d time.Duration) {
+	last, since := "", time.Now()
+	deadline := time.Now().Add(d + 30*time.Second)
+	for time.Now().Before(deadline) {
+		fp := m.fingerprint()
+		if fp != last {
+			last, since = fp, time.Now()
+		} else if time.Since(since) >= d {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	m.e.t.Fatalf("seed %d, step %d: the CCM kept writing for 30s", m.seed, m.step)
+	m.e.t.Fatalf("seed %d: the CCM kept writing for %v after the last step", m.seed, d+30*time.Second)
+}
+
+// ccmQueues are the leader's workqueues whose work writes Services or
+// IPPools.
+var ccmQueues = []string{"service", "ippools", "pool-annotations"}
+
+// ccmIdle reads the leader's /metrics: it is idle when each of ccmQueues
+// has processed every item added to it (nothing queued or in flight:
+// workqueue_adds_total equals workqueue_work_duration_seconds_count, both
+// counted as the item enters and leaves) and no IPPool status refresh is
+// scheduled (vipcast_ipam_pool_status_refresh_pending). Otherwise it says
+// what is pending.
+func (m *model) ccmIdle() (bool, string) {
+	c := m.ccms[len(m.ccms)-1]
+	body, err := c.metrics(m.e.cp.Token)
+	if err != nil {
+		return false, err.Error()
+	}
+	values := map[string]string{}
+	for _, line := range strings.Split(body, "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok && !strings.HasPrefix(line, "#") {
+			values[k] = v
+		}
+	}
+	for _, q := range ccmQueues {
+		adds, done := values[`workqueue_adds_total{name="`+q+`"}`], values[`workqueue_work_duration_seconds_count{name="`+q+`"}`]
+		if adds == "" || done == "" {
+			return false, "no workqueue metrics for queue " + q
+		}
+		if adds != done {
+			return false, fmt.Sprintf("queue %s: %s added, %s done", q, adds, done)
+		}
+	}
+	if v := values["vipcast_ipam_pool_status_refresh_pending"]; v != "0" {
+		return false, "pool status refresh pending: " + v
+	}
+	return true, ""
 }
 
 // fingerprint is the resourceVersions of every Service and pool.
@@ -609,4 +714,30 @@ func poolCountsExact(st *modelState) error {
 		}
 	}
 	return nil
+}
+
+// metrics returns the CCM's /metrics, read with token.
+func (c *ccmProcess) metrics(token string) (string, error) {
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the CCM's self-signed loopback certificate
+	}}
+	defer client.CloseIdleConnections()
+	req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/metrics", c.port), nil)
+	if err != nil {
+		return "", fmt.Errorf("building the /metrics request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("reading the CCM's /metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("reading the CCM's /metrics: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("the CCM's /metrics: %s", resp.Status)
+	}
+	return string(body), nil
 }
