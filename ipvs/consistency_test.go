@@ -56,7 +56,7 @@ import (
 // real server. The rest (sh) is logged. About 7–10 s in a TCG VM.
 func TestSchedulerConsistency(t *testing.T) {
 	if !vm.InVM() {
-		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute})
+		kernelSuite.Run(t)
 		return
 	}
 	const (

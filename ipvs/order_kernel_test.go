@@ -6,7 +6,6 @@ import (
 	"net"
 	"slices"
 	"testing"
-	"time"
 
 	libipvs "github.com/moby/ipvs"
 	"golang.org/x/sys/unix"
@@ -23,7 +22,7 @@ import (
 // list; so does a node where a third one joins later.
 func TestKernelTier1Order(t *testing.T) {
 	if !vm.InVM() {
-		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 3 * time.Minute}))
+		kernelSuite.Run(t)
 		return
 	}
 	tier1 := func(nodes ...string) State {

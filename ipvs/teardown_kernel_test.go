@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/google/nftables"
 	libipvs "github.com/moby/ipvs"
@@ -29,7 +28,7 @@ import (
 // Teardown succeeds.
 func TestKernelTeardown(t *testing.T) {
 	if !vm.InVM() {
-		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 4 * time.Minute}))
+		kernelSuite.Run(t)
 		return
 	}
 	t.Run("OneTier", testTeardownOneTier)

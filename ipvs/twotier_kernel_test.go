@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -41,7 +40,7 @@ import (
 //     refused.
 func TestKernelTwoTier(t *testing.T) {
 	if !vm.InVM() {
-		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 3 * time.Minute}))
+		kernelSuite.Run(t)
 		return
 	}
 	ns := newNS(t)
