@@ -4,6 +4,7 @@ package ipvs
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,7 +33,7 @@ import (
 // the virtual servers) of one are foreign to the others.
 func TestKernel(t *testing.T) {
 	if !vm.InVM() {
-		vm.RunTest(t, vm.Options{Timeout: 6 * time.Minute})
+		kernelSuite.Run(t)
 		return
 	}
 	sysctl(t, "net/ipv4/ip_forward", "1")
@@ -250,7 +251,7 @@ func testSpreadRemoveDrain(t *testing.T) {
 }
 
 // testRestart: a restarted speaker is a new process on the same kernel.
-// The test binary is run again (TestHelperDataplaneSync, a separate
+// The test binary is run again (dataplaneSyncHelper, a separate
 // process inside the VM) with the same desired state: its fresh Dataplane
 // reads the kernel and its Sync changes nothing, the kernel table is
 // unchanged, an established connection survives and still exchanges data,
@@ -314,7 +315,7 @@ func testRestart(t *testing.T) {
 	syncOK(t, d1, NewState())
 }
 
-// envSyncHelper names the directory through which TestHelperDataplaneSync
+// envSyncHelper names the directory through which dataplaneSyncHelper
 // talks to its parent: it reads desired.json (a syncRequest) and writes
 // result.json (a syncResult).
 const envSyncHelper = "VIPCAST_TEST_SYNC_HELPER"
@@ -335,7 +336,7 @@ type syncResult struct {
 }
 
 // runSyncHelper runs Sync of desired on link in a new process (this test
-// binary, TestHelperDataplaneSync) and returns what it did.
+// binary, dataplaneSyncHelper through TestMain) and returns what it did.
 func runSyncHelper(t *testing.T, link string, desired State) syncResult {
 	t.Helper()
 	dir := t.TempDir()
@@ -352,15 +353,14 @@ func runSyncHelper(t *testing.T, link string, desired State) syncResult {
 	}
 	must(t, os.WriteFile(filepath.Join(dir, "desired.json"), b, 0o644))
 	start := time.Now()
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestHelperDataplaneSync$", "-test.v", "-test.count=1", "-test.timeout", "60s")
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0]) //nolint:gosec // this test binary, as the helper process
 	cmd.Env = append(os.Environ(), envSyncHelper+"="+dir)
 	out, err := cmd.CombinedOutput()
 	t.Logf("helper process (%s):\n%s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(string(out)))
 	if err != nil {
 		t.Fatalf("helper process: %v", err)
-	}
-	if !strings.Contains(string(out), "--- PASS: TestHelperDataplaneSync") {
-		t.Fatal("helper process did not pass")
 	}
 	b, err = os.ReadFile(filepath.Join(dir, "result.json"))
 	if err != nil {
@@ -377,20 +377,32 @@ func runSyncHelper(t *testing.T, link string, desired State) syncResult {
 	return res
 }
 
-// TestHelperDataplaneSync is not a test: runSyncHelper runs it in a child
-// process (a restarted speaker). It opens a new Dataplane on the link of
-// the request, runs one Sync and reports the plan.
-func TestHelperDataplaneSync(t *testing.T) {
-	dir := os.Getenv(envSyncHelper)
-	if dir == "" {
-		t.Skip("helper process for TestKernel/Restart")
+// TestMain runs dataplaneSyncHelper instead of the tests when
+// envSyncHelper names a directory: runSyncHelper starts this binary again
+// that way, as a restarted speaker.
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(envSyncHelper); dir != "" {
+		if err := dataplaneSyncHelper(dir); err != nil {
+			fmt.Fprintf(os.Stderr, "helper process: %v\n", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
+	os.Exit(m.Run())
+}
+
+// dataplaneSyncHelper is the helper process: it opens a new Dataplane on
+// the link of the request in dir, runs one Sync and writes what it did to
+// dir/result.json (a Sync's error included).
+func dataplaneSyncHelper(dir string) error {
 	b, err := os.ReadFile(filepath.Join(dir, "desired.json"))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	var req syncRequest
-	must(t, json.Unmarshal(b, &req))
+	if err := json.Unmarshal(b, &req); err != nil {
+		return err
+	}
 	desired := NewState()
 	for _, s := range req.Services {
 		desired.Add(s)
@@ -409,11 +421,10 @@ func TestHelperDataplaneSync(t *testing.T) {
 	}
 	res.Len, res.String = res.Plan.Len(), res.Plan.String()
 	fmt.Printf("helper pid %d: Sync of %d virtual servers on %s: %d changes (%s)\n", res.PID, res.Services, req.Link, res.Len, res.String)
-	b, err = json.Marshal(res)
-	if err != nil {
-		t.Fatal(err)
+	if b, err = json.Marshal(res); err != nil {
+		return err
 	}
-	must(t, os.WriteFile(filepath.Join(dir, "result.json"), b, 0o644))
+	return os.WriteFile(filepath.Join(dir, "result.json"), b, 0o644) //nolint:gosec // a test's temporary file
 }
 
 // testDriftAndForeign: a virtual server deleted by hand and a weight
