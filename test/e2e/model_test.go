@@ -609,14 +609,29 @@ func refusedSharing(s *v1.Service) bool {
 
 // mayShare reports whether two Services may hold one VIP: the same
 // sharing key; the same namespace, or both opted in to sharing across
-// namespaces; the same traffic policy, and for Local the same pods.
+// namespaces; no common port; the same traffic policy, and for Local the
+// same pods.
 func mayShare(a, b *v1.Service) bool {
 	key := a.Annotations[annSharingKey]
 	across := a.Annotations[annAcrossNamespaces] == "true" && b.Annotations[annAcrossNamespaces] == "true"
 	return key != "" && key == b.Annotations[annSharingKey] &&
 		(a.Namespace == b.Namespace || across) &&
+		!portsClash(a, b) &&
 		a.Spec.ExternalTrafficPolicy == b.Spec.ExternalTrafficPolicy &&
 		(a.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal || maps.Equal(a.Spec.Selector, b.Spec.Selector))
+}
+
+// portsClash reports whether a and b use a common port (protocol and
+// number).
+func portsClash(a, b *v1.Service) bool {
+	for _, p := range a.Spec.Ports {
+		for _, q := range b.Spec.Ports {
+			if p.Port == q.Port && p.Protocol == q.Protocol {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // The sharing annotations the model sets.
