@@ -387,13 +387,13 @@ func (m *model) waitLeader() {
 // settle waits until the CCM has done everything the step gave it to do:
 // the leader reports no work queued, in flight or scheduled (ccmIdle), and
 // the Services and pools stayed unchanged from one idle report to the next
-// and for at least settleMin, in which the API server's watch brings the
+// and for at least settleQuiet, in which the API server's watch brings the
 // step's writes to the CCM (on loopback, in milliseconds). Every write the
 // CCM makes in response goes through its workqueues or the pools' status
 // refresh, which ccmIdle covers; retries of a failed sync (5 s back-off and
 // more) are not waited for: they repeat what failed against unchanged input.
 func (m *model) settle() {
-	const settleMin = 300 * time.Millisecond
+	const settleQuiet = 300 * time.Millisecond
 	last, since, idleAt, why := "", time.Now(), "", ""
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
@@ -402,7 +402,7 @@ func (m *model) settle() {
 			last, since = fp, time.Now()
 		}
 		var idle bool
-		if idle, why = m.ccmIdle(); idle && fp == idleAt && time.Since(since) >= settleMin {
+		if idle, why = m.ccmIdle(); idle && fp == idleAt && time.Since(since) >= settleQuiet {
 			return
 		}
 		idleAt = ""

@@ -63,6 +63,7 @@ func (s *Suite) Run(t *testing.T) {
 	}
 	first := false
 	s.once.Do(func() {
+		t.Helper()
 		first = true
 		s.run = s.boot(t)
 	})
@@ -99,6 +100,7 @@ func (s *Suite) Run(t *testing.T) {
 
 // boot runs the selected members in one VM.
 func (s *Suite) boot(t *testing.T) suiteRun {
+	t.Helper()
 	runPat, skipPat := flagValue("test.run"), flagValue("test.skip")
 	selected, err := selectMembers(s.members, runPat, skipPat)
 	if err != nil {
@@ -134,7 +136,7 @@ func (s *Suite) boot(t *testing.T) suiteRun {
 		if err != nil {
 			return suiteRun{err: fmt.Errorf("console log: %w", err), selected: selected}
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }()
 		t.Logf("vm: one VM for %v; its console streams to %s", selected, f.Name())
 		var mu sync.Mutex
 		opts.Logf = func(format string, args ...any) {
