@@ -124,7 +124,7 @@ func planKeys(p ipvs.Plan) (keys map[ipvs.Key]bool, vips []netip.Addr) {
 // server, and Service deletion. One VM boot.
 func TestControllerKernel(t *testing.T) {
 	if !vm.InVM() {
-		kernelSuite.Run(t)
+		vm.RunTest(t, vm.Options{Timeout: 4 * time.Minute})
 		return
 	}
 	const link = "vipcast-k"
@@ -639,7 +639,7 @@ func sortedAddrs(m map[netip.Addr]struct{}) []netip.Addr {
 // and its route announced, and nothing else changes. One VM boot.
 func TestControllerKernelBadService(t *testing.T) {
 	if !vm.InVM() {
-		kernelSuite.Run(t)
+		vm.RunTest(t, vm.Options{Timeout: 4 * time.Minute})
 		return
 	}
 	const n = 100

@@ -63,7 +63,6 @@ func (s *Suite) Run(t *testing.T) {
 	}
 	first := false
 	s.once.Do(func() {
-		t.Helper()
 		first = true
 		s.run = s.boot(t)
 	})
