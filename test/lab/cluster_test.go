@@ -346,7 +346,10 @@ func podGet(t *testing.T, l *lab.Lab, url string) string {
 		t.Fatal(err)
 	}
 	var got *v1.Pod
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+	// The bound covers the pod's start too, which took 97 s on a node
+	// starved by CI's other tests (sandbox 70 s, container 27 s): a guard
+	// against a hang, not a figure.
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
 		p, err := pods.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil //nolint:nilerr // retry
