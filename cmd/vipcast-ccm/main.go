@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -56,15 +57,10 @@ type classFlags struct {
 }
 
 func main() {
-	opts, err := options.NewCloudControllerManagerOptions()
+	opts, err := newOptions()
 	if err != nil {
 		klog.Fatalf("Unable to initialize command options: %v", err)
 	}
-	opts.KubeCloudShared.CloudProvider.Name = ccm.ProviderName
-	opts.ServiceController.ConcurrentServiceSyncs = defaultServiceSyncs
-	opts.Generic.ClientConnection.QPS = defaultClientQPS
-	opts.Generic.ClientConnection.Burst = defaultClientBurst
-	opts.Generic.LeaderElection.ResourceName = leaseName
 
 	cf := &classFlags{}
 	var extra cliflag.NamedFlagSets
@@ -77,9 +73,34 @@ func main() {
 	cmd := app.NewCloudControllerManagerCommand(opts, initCloud, controllers(), names.CCMControllerAliases(), extra, wait.NeverStop)
 	cmd.Use = "vipcast-ccm"
 	cmd.PreRunE = func(*cobra.Command, []string) error {
-		return cf.complete(cmd, opts)
+		if err := cf.complete(cmd, opts); err != nil {
+			return err
+		}
+		dir, err := os.MkdirTemp("", "vipcast-ccm-serving-")
+		if err != nil {
+			return fmt.Errorf("a directory for the self-signed serving certificate: %w", err)
+		}
+		return useOwnServingCert(opts, dir, time.Now())
 	}
 	os.Exit(cli.Run(cmd))
+}
+
+// newOptions returns the cloud-provider app's options with vipcast's
+// defaults. The webhook port is off (--webhook-secure-port=0): vipcast
+// has no webhook, and the app would otherwise still make a certificate for
+// it at every start.
+func newOptions() (*options.CloudControllerManagerOptions, error) {
+	opts, err := options.NewCloudControllerManagerOptions()
+	if err != nil {
+		return nil, fmt.Errorf("cloud-provider options: %w", err)
+	}
+	opts.KubeCloudShared.CloudProvider.Name = ccm.ProviderName
+	opts.ServiceController.ConcurrentServiceSyncs = defaultServiceSyncs
+	opts.Generic.ClientConnection.QPS = defaultClientQPS
+	opts.Generic.ClientConnection.Burst = defaultClientBurst
+	opts.Generic.LeaderElection.ResourceName = leaseName
+	opts.WebhookServing.BindPort = 0
+	return opts, nil
 }
 
 // complete checks the class flags and, unless --leader-elect-resource-name
