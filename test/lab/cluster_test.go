@@ -284,9 +284,13 @@ func clusterWithKubeProxy(t *testing.T, l *lab.Lab, mode string, vip netip.Addr)
 	}
 	// From a pod: the VIP (vipcast's dataplane on the pod's node) and the
 	// ClusterIP (kube-proxy's).
-	for _, target := range []string{vip.String(), svc.Spec.ClusterIP} {
-		body := podGet(t, l, "http://"+netip.AddrPortFrom(netip.MustParseAddr(target), 80).String()+"/")
-		t.Logf("from a pod, %s answered %q", target, body)
+	targets := []string{vip.String(), svc.Spec.ClusterIP}
+	var urls []string
+	for _, target := range targets {
+		urls = append(urls, "http://"+netip.AddrPortFrom(netip.MustParseAddr(target), 80).String()+"/")
+	}
+	for i, body := range podGet(t, l, urls...) {
+		t.Logf("from a pod, %s answered %q", targets[i], body)
 	}
 	// From the client: the NodePort on each node (kube-proxy's).
 	// kube-proxy programs the NodePort within a sync of its start.
@@ -324,10 +328,10 @@ func clusterWithKubeProxy(t *testing.T, l *lab.Lab, mode string, vip netip.Addr)
 	return vip
 }
 
-// podGet runs a pod in the demo namespace that GETs url once (the backend
-// image's -get mode) and returns the answer it reported; it fails the test
-// if the pod failed.
-func podGet(t *testing.T, l *lab.Lab, url string) string {
+// podGet runs a pod in the demo namespace that GETs each of urls once (the
+// backend image's -get mode) and returns the answers it reported, in
+// order; it fails the test if any GET failed.
+func podGet(t *testing.T, l *lab.Lab, urls ...string) []string {
 	t.Helper()
 	ctx := t.Context()
 	name := fmt.Sprintf("get-%d", time.Now().UnixNano()%1e6)
@@ -337,7 +341,7 @@ func podGet(t *testing.T, l *lab.Lab, url string) string {
 			RestartPolicy: v1.RestartPolicyNever,
 			Containers: []v1.Container{{
 				Name: "get", Image: lab.BackendImage, ImagePullPolicy: v1.PullNever,
-				Args: []string{"-get", url},
+				Args: append([]string{"-get"}, urls...),
 			}},
 		},
 	}
@@ -358,7 +362,11 @@ func podGet(t *testing.T, l *lab.Lab, url string) string {
 		return p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed, nil
 	})
 	if err != nil {
-		t.Fatalf("pod %s getting %s did not finish: %v (status %+v)", name, url, err, got.Status)
+		var status v1.PodStatus
+		if got != nil {
+			status = got.Status
+		}
+		t.Fatalf("pod %s getting %v did not finish: %v (status %+v)", name, urls, err, status)
 	}
 	msg := ""
 	for _, cs := range got.Status.ContainerStatuses {
@@ -367,7 +375,11 @@ func podGet(t *testing.T, l *lab.Lab, url string) string {
 		}
 	}
 	if got.Status.Phase != v1.PodSucceeded {
-		t.Fatalf("from pod %s on %s, GET %s failed: %s", name, got.Spec.NodeName, url, msg)
+		t.Fatalf("from pod %s on %s, GET %v failed: %s", name, got.Spec.NodeName, urls, msg)
 	}
-	return msg
+	answers := strings.Split(msg, "\n")
+	if len(answers) != len(urls) {
+		t.Fatalf("from pod %s on %s, GET %v: %d answers %q, want one per URL", name, got.Spec.NodeName, urls, len(answers), msg)
+	}
+	return answers
 }

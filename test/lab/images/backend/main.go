@@ -5,10 +5,12 @@
 // clients read both alike. On SIGTERM it goes on serving for
 // $DRAIN_SECONDS, then stops.
 //
-// `backend -get URL` is the in-cluster client instead: one GET (5 s
-// timeout), the answer printed and written to the termination message, exit
-// status 0 only for 200 OK. A pod running it tells the lab, through its
-// status alone, what a pod inside the cluster reaches.
+// `backend -get URL...` is the in-cluster client instead: one GET of each
+// URL (5 s timeout each), the answers printed and written to the
+// termination message a line each, exit status 0 only when every one was
+// 200 OK. A pod running it tells the lab, through its status alone, what a
+// pod inside the cluster reaches; one pod for several URLs spares the
+// emulated nodes a pod start each.
 package main
 
 import (
@@ -26,8 +28,8 @@ import (
 )
 
 func main() {
-	if len(os.Args) == 3 && os.Args[1] == "-get" {
-		os.Exit(get(os.Args[2]))
+	if len(os.Args) >= 3 && os.Args[1] == "-get" {
+		os.Exit(getAll(os.Args[2:]))
 	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "backend:", err)
@@ -95,24 +97,37 @@ func run() error {
 	return nil
 }
 
-// get fetches url once and reports the answer (or the error) on standard
-// output and in /dev/termination-log.
-func get(url string) int {
-	msg, code := "", 0
-	c := &http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(url) //nolint:noctx,gosec // one bounded request to the URL the test gave
-	switch {
-	case err != nil:
-		msg, code = err.Error(), 1
-	default:
-		body, rerr := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		_ = resp.Body.Close()
-		msg = strings.TrimSpace(string(body))
-		if rerr != nil || resp.StatusCode != http.StatusOK {
-			msg, code = fmt.Sprintf("%s: %s %v", resp.Status, msg, rerr), 1
+// getAll fetches each of urls once and reports the answers (or errors), a
+// line each in order, on standard output and in /dev/termination-log; its
+// exit status is 1 if any failed.
+func getAll(urls []string) int {
+	lines, code := make([]string, 0, len(urls)), 0
+	for _, url := range urls {
+		msg, ok := get(url)
+		if !ok {
+			code = 1
 		}
+		lines = append(lines, msg)
 	}
+	msg := strings.Join(lines, "\n")
 	fmt.Println(msg)
 	_ = os.WriteFile("/dev/termination-log", []byte(msg), 0o644) //nolint:gosec // the kubelet's file
 	return code
+}
+
+// get fetches url once and returns the answer's body, or the error, on
+// one line, and whether it was 200 OK.
+func get(url string) (string, bool) {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url) //nolint:noctx,gosec // one bounded request to the URL the test gave
+	if err != nil {
+		return strings.ReplaceAll(err.Error(), "\n", " "), false
+	}
+	body, rerr := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	_ = resp.Body.Close()
+	msg := strings.ReplaceAll(strings.TrimSpace(string(body)), "\n", " ")
+	if rerr != nil || resp.StatusCode != http.StatusOK {
+		return fmt.Sprintf("%s: %s %v", resp.Status, msg, rerr), false
+	}
+	return msg, true
 }
