@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -372,7 +373,7 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 	defer func() { _ = os.RemoveAll(rd) }()
 
 	start := time.Now()
-	cmd, console, err := startQEMU(ctx, qemuArgv(env, opts, initrd))
+	cmd, console, err := startQEMU(ctx, qemuArgv(env, opts, initrd), opts.CPUs == 1)
 	if err != nil {
 		return nil, err
 	}
@@ -520,9 +521,10 @@ func qemuArgv(env *Env, opts Options, initrd string) []string {
 
 // startQEMU starts argv in its own process group, which dies with this
 // process and is killed when ctx ends, and returns the command and the read
-// end of its console (standard output and error). The caller closes the
-// console and waits for the command.
-func startQEMU(ctx context.Context, argv []string) (*exec.Cmd, *os.File, error) {
+// end of its console (standard output and error). With pin, qemu runs on
+// one host CPU (see pinCPU). The caller closes the console and waits for
+// the command.
+func startQEMU(ctx context.Context, argv []string, pin bool) (*exec.Cmd, *os.File, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -532,9 +534,18 @@ func startQEMU(ctx context.Context, argv []string) (*exec.Cmd, *os.File, error) 
 		return nil, nil, err
 	}
 	cmd.Stdout, cmd.Stderr = pw, pw
-	// Pdeathsig follows the thread that forked: keep it alive while starting.
+	// Pdeathsig follows the thread that forked: keep it alive while
+	// starting. The thread's affinity, when pinned, passes to qemu.
 	runtime.LockOSThread()
-	err = cmd.Start()
+	cpu, ok := 0, false
+	if pin {
+		cpu, ok = pinCPU(rand.IntN(1 << 20)) //nolint:gosec // a tie-break, not a secret
+	}
+	if ok {
+		err = withCPU(cpu, cmd.Start)
+	} else {
+		err = cmd.Start()
+	}
 	runtime.UnlockOSThread()
 	_ = pw.Close()
 	if err != nil {

@@ -85,11 +85,26 @@ func TestVMExitCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var mine unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &mine); err != nil {
+		t.Fatal(err)
+	}
+	var affinity []int
 	res := Run(t, Options{
 		TestBinary: bin,
-		Env:        []string{"VM_HELPER_EXIT=7"},
+		Env:        []string{"VM_HELPER_EXIT=7", "VM_HELPER_SLEEP=1s"},
 		Timeout:    3 * time.Minute,
+		Started: func(pid int) {
+			var set unix.CPUSet
+			if err := unix.SchedGetaffinity(pid, &set); err == nil {
+				affinity = cpusOf(&set)
+			}
+		},
 	})
+	// A single-vCPU VM runs on one host CPU (pinCPU), when there are two.
+	if mine.Count() > 1 && len(affinity) != 1 {
+		t.Errorf("qemu's CPU affinity is %v, want one CPU of %v", affinity, cpusOf(&mine))
+	}
 	env, _ := prepareOnce()
 	if res.ExitCode != 7 {
 		t.Errorf("exit code %d, want 7", res.ExitCode)
