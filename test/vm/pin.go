@@ -1,10 +1,13 @@
 package vm
 
 import (
+	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -62,6 +65,11 @@ func leastUsed(allowed, pinned []int, tiebreak int) (int, bool) {
 // pinnedQEMUs returns, for every running qemu process pinned to a single
 // CPU, that CPU.
 func pinnedQEMUs() []int {
+	return pinnedQEMUsBut(0)
+}
+
+// pinnedQEMUsBut is pinnedQEMUs without the process except.
+func pinnedQEMUsBut(except int) []int {
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	var out []int
 	for _, d := range dirs {
@@ -70,7 +78,7 @@ func pinnedQEMUs() []int {
 			continue
 		}
 		pid, err := strconv.Atoi(filepath.Base(d))
-		if err != nil {
+		if err != nil || pid == except {
 			continue
 		}
 		var set unix.CPUSet
@@ -93,6 +101,113 @@ func cpusOf(set *unix.CPUSet) []int {
 		}
 	}
 	return out
+}
+
+// hostLock takes the lock that every process on the host holds while it
+// places a VM; unlock releases it. ok is false when it cannot be had.
+func hostLock() (unlock func(), ok bool) {
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "vipcast-vm-pin.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, false
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		_ = f.Close()
+		return nil, false
+	}
+	return func() { _ = f.Close() }, true
+}
+
+// rebalance moves the pinned qemu pid, every thread of it, to a CPU with
+// fewer other pinned VMs than its own, until ctx ends: VMs come and go (a
+// kernel test's for seconds, a lab node's for most of an hour), and a lab
+// node placed beside a short one should not stay crowded after it went.
+// A VM moves only when that makes the counts more even, so two VMs never
+// chase each other.
+func rebalance(ctx context.Context, pid int) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !moveIfCrowded(pid) {
+			return
+		}
+	}
+}
+
+// moveIfCrowded moves pid to the least used CPU if its own has more other
+// pinned VMs than that one; false when pid is no longer a pinned qemu.
+func moveIfCrowded(pid int) bool {
+	unlock, ok := hostLock()
+	if !ok {
+		return false
+	}
+	defer unlock()
+	var set, mine unix.CPUSet
+	if unix.SchedGetaffinity(pid, &set) != nil || unix.SchedGetaffinity(0, &mine) != nil {
+		return false
+	}
+	cur := cpusOf(&set)
+	if len(cur) != 1 {
+		return false
+	}
+	others := pinnedQEMUsBut(pid)
+	best, ok := leastUsed(cpusOf(&mine), others, 0)
+	if !ok || best == cur[0] || count(others, cur[0]) <= count(others, best) {
+		return true
+	}
+	var one unix.CPUSet
+	one.Set(best)
+	tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*"))
+	for _, task := range tasks {
+		if tid, err := strconv.Atoi(filepath.Base(task)); err == nil {
+			_ = unix.SchedSetaffinity(tid, &one)
+		}
+	}
+	return true
+}
+
+// count is how many times v is in l.
+func count(l []int, v int) int {
+	n := 0
+	for _, x := range l {
+		if x == v {
+			n++
+		}
+	}
+	return n
+}
+
+// startPinned starts cmd, a qemu (or a command that execs one), pinned
+// to the CPU pinCPU picks. Picking and starting hold a lock shared by
+// every process on the host, released once the new process is qemu (its
+// exec done): until then the next VM's pick would not count it. Pinning
+// is best effort: without the lock, or on one CPU, cmd starts unpinned.
+// The caller has locked the OS thread.
+func startPinned(cmd *exec.Cmd, tiebreak int) error {
+	unlock, ok := hostLock()
+	if !ok {
+		return cmd.Start()
+	}
+	defer unlock()
+	cpu, ok := pinCPU(tiebreak)
+	if !ok {
+		return cmd.Start()
+	}
+	if err := withCPU(cpu, cmd.Start); err != nil {
+		return err
+	}
+	comm := filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "comm")
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		b, err := os.ReadFile(comm)
+		if err != nil || strings.HasPrefix(string(b), "qemu-system") {
+			break // gone, or qemu: counted from now on
+		}
+	}
+	return nil
 }
 
 // withCPU runs start on the calling OS thread pinned to cpu, so that the

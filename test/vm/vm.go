@@ -381,6 +381,9 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 	if opts.Started != nil {
 		opts.Started(cmd.Process.Pid)
 	}
+	if opts.CPUs == 1 {
+		go rebalance(ctx, cmd.Process.Pid)
+	}
 
 	res := readConsole(console, start, opts.Logf)
 	_ = console.Close()
@@ -537,12 +540,8 @@ func startQEMU(ctx context.Context, argv []string, pin bool) (*exec.Cmd, *os.Fil
 	// Pdeathsig follows the thread that forked: keep it alive while
 	// starting. The thread's affinity, when pinned, passes to qemu.
 	runtime.LockOSThread()
-	cpu, ok := 0, false
 	if pin {
-		cpu, ok = pinCPU(rand.IntN(1 << 20)) //nolint:gosec // a tie-break, not a secret
-	}
-	if ok {
-		err = withCPU(cpu, cmd.Start)
+		err = startPinned(cmd, rand.IntN(1<<20)) //nolint:gosec // a tie-break, not a secret
 	} else {
 		err = cmd.Start()
 	}

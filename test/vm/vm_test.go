@@ -6,12 +6,17 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vipcast/vipcast/test/netns"
 )
 
 func TestResolveModules(t *testing.T) {
@@ -113,6 +118,147 @@ func TestVMExitCode(t *testing.T) {
 		if !strings.Contains(res.Output, want) {
 			t.Errorf("guest output lacks %q", want)
 		}
+	}
+}
+
+// TestVMsSpreadOverCPUs boots two VMs at once from one process: each runs
+// pinned to one host CPU, and, with two CPUs or more, not the same one.
+func TestVMsSpreadOverCPUs(t *testing.T) {
+	if InVM() {
+		t.Skip("host side only")
+	}
+	skipIfDisabled(t)
+	var mine unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &mine); err != nil {
+		t.Fatal(err)
+	}
+	if mine.Count() < 2 {
+		t.Skip("one CPU: VMs run unpinned")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bin, err := TestBinary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := prepareOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Through ip netns exec, as the labs start their VMs: the window
+	// between the fork and qemu's exec is the widest.
+	netns.Require(t)
+	ns := netns.New(t, "pin")
+	var wg sync.WaitGroup
+	affinity := make([][]int, 2)
+	errs := make([]error, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = RunContext(ctx, env, Options{
+				TestBinary: bin,
+				Netns:      ns.Name,
+				Env:        []string{"VM_HELPER_EXIT=0", "VM_HELPER_SLEEP=2s"},
+				Timeout:    3 * time.Minute,
+				Started: func(pid int) {
+					var set unix.CPUSet
+					if err := unix.SchedGetaffinity(pid, &set); err == nil {
+						affinity[i] = cpusOf(&set)
+					}
+				},
+			})
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(affinity[0]) != 1 || len(affinity[1]) != 1 || affinity[0][0] == affinity[1][0] {
+		t.Errorf("two VMs started at once run on CPUs %v and %v, want one CPU each, not the same", affinity[0], affinity[1])
+	}
+}
+
+// TestVMLeavesACrowdedCPU: a VM pinned to the CPU another qemu process is
+// pinned to moves, every thread of it, to a free one within a few seconds.
+// The other is a stand-in: a copy of sleep named like qemu.
+func TestVMLeavesACrowdedCPU(t *testing.T) {
+	if InVM() {
+		t.Skip("host side only")
+	}
+	skipIfDisabled(t)
+	var mine unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &mine); err != nil {
+		t.Fatal(err)
+	}
+	if mine.Count() < 2 {
+		t.Skip("one CPU: VMs run unpinned")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bin, err := TestBinary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := prepareOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	standIn := filepath.Join(t.TempDir(), "qemu-system-standin")
+	if err := os.WriteFile(standIn, data, 0o755); err != nil { //nolint:gosec // an executable copy
+		t.Fatal(err)
+	}
+	crowded := cpusOf(&mine)[0]
+	var one unix.CPUSet
+	one.Set(crowded)
+	other := exec.CommandContext(ctx, standIn, "60")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+	if err := unix.SchedSetaffinity(other.Process.Pid, &one); err != nil {
+		t.Fatal(err)
+	}
+	moved := make(chan []int, 1)
+	_, err = RunContext(ctx, env, Options{
+		TestBinary: bin,
+		Env:        []string{"VM_HELPER_EXIT=0", "VM_HELPER_SLEEP=20s"},
+		Timeout:    3 * time.Minute,
+		Started: func(pid int) {
+			// Onto the stand-in's CPU, then watch it leave.
+			tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*"))
+			for _, task := range tasks {
+				tid, _ := strconv.Atoi(filepath.Base(task))
+				_ = unix.SchedSetaffinity(tid, &one)
+			}
+			go func() {
+				for range 150 {
+					var set unix.CPUSet
+					if unix.SchedGetaffinity(pid, &set) == nil && !set.IsSet(crowded) && set.Count() == 1 {
+						moved <- cpusOf(&set)
+						return
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				moved <- nil
+			}()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-moved; got == nil {
+		t.Errorf("the VM stayed on CPU %d beside another pinned qemu for 15s, with another CPU free", crowded)
 	}
 }
 
