@@ -95,6 +95,7 @@ func TestVMExitCode(t *testing.T) {
 		t.Fatal(err)
 	}
 	var affinity []int
+	nice := "?"
 	res := Run(t, Options{
 		TestBinary: bin,
 		Env:        []string{"VM_HELPER_EXIT=7", "VM_HELPER_SLEEP=1s"},
@@ -104,11 +105,23 @@ func TestVMExitCode(t *testing.T) {
 			if err := unix.SchedGetaffinity(pid, &set); err == nil {
 				affinity = cpusOf(&set)
 			}
+			// The 19th field of stat, after the command in parentheses.
+			if stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil {
+				if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
+					if f := strings.Fields(string(stat[i+1:])); len(f) > 16 {
+						nice = f[16]
+					}
+				}
+			}
 		},
 	})
-	// A single-vCPU VM runs on one host CPU (pinCPU), when there are two.
+	// A single-vCPU VM runs on one host CPU (pinCPU), when there are two,
+	// at nice vmNice.
 	if mine.Count() > 1 && len(affinity) != 1 {
 		t.Errorf("qemu's CPU affinity is %v, want one CPU of %v", affinity, cpusOf(&mine))
+	}
+	if nice != strconv.Itoa(vmNice) {
+		t.Errorf("qemu's nice is %s, want %d", nice, vmNice)
 	}
 	env, _ := prepareOnce()
 	if res.ExitCode != 7 {
