@@ -1,13 +1,17 @@
 package routers
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/user"
 	"strconv"
-	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/vipcast/vipcast/test/harness"
 )
@@ -58,54 +62,88 @@ func (f *FRR) inNetns(argv ...string) []string {
 	return append([]string{"ip", "netns", "exec", f.Netns}, argv...)
 }
 
-// KernelRoutes returns the BGP routes zebra installed in the kernel of
-// f's namespace, with their next hops (several for ECMP). It needs
-// FRRConfig.Zebra.
+// KernelRoutes returns the BGP routes zebra installed in the main table
+// of the kernel of f's namespace, with their next hops (several for
+// ECMP). It needs FRRConfig.Zebra. It reads them over netlink, in the
+// namespace, without starting a process: an `ip -n` per read (tests poll
+// every 10 ms) switched mount namespaces each time, and on a loaded host
+// one such read took over 5 s, which made a route's removal look seconds
+// late. A dump the kernel marks interrupted (the routes changed while it
+// answered) is read again.
 func (f *FRR) KernelRoutes(family Family) (map[netip.Prefix][]netip.Addr, error) {
-	flag := "-4"
+	fam := unix.AF_INET
 	if family == IPv6 {
-		flag = "-6"
+		fam = unix.AF_INET6
 	}
-	argv := []string{"ip", "-j", flag}
-	if f.Netns != "" {
-		argv = append(argv, "-n", f.Netns)
-	}
-	out, err := run(5*time.Second, append(argv, "route", "show", "proto", "bgp")...)
+	h, err := f.netlinkHandle()
 	if err != nil {
 		return nil, err
 	}
-	var routes []struct {
-		Dst      string `json:"dst"`
-		Gateway  string `json:"gateway"`
-		Nexthops []struct {
-			Gateway string `json:"gateway"`
-		} `json:"nexthops"`
-	}
-	if err := json.Unmarshal(out, &routes); err != nil {
-		return nil, fmt.Errorf("ip route: %w", err)
+	defer h.Close()
+	filter := &netlink.Route{Protocol: unix.RTPROT_BGP, Table: unix.RT_TABLE_MAIN}
+	var routes []netlink.Route
+	for attempt := 1; ; attempt++ {
+		routes, err = h.RouteListFiltered(fam, filter, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || attempt == 5 {
+			return nil, fmt.Errorf("routes of %s: %w", f.namespaceName(), err)
+		}
 	}
 	res := make(map[netip.Prefix][]netip.Addr, len(routes))
 	for _, r := range routes {
-		p, err := netip.ParsePrefix(r.Dst)
-		if err != nil {
-			a, aerr := netip.ParseAddr(r.Dst)
-			if aerr != nil {
-				return nil, fmt.Errorf("ip route dst %q: %w", r.Dst, err)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
+		if r.Dst == nil {
+			continue
 		}
-		gws := []string{r.Gateway}
-		if r.Gateway == "" {
+		a, ok := netip.AddrFromSlice(r.Dst.IP)
+		if !ok {
+			continue
+		}
+		bits, _ := r.Dst.Mask.Size()
+		p := netip.PrefixFrom(a.Unmap(), bits)
+		gws := []net.IP{r.Gw}
+		if r.Gw == nil {
 			gws = gws[:0]
-			for _, nh := range r.Nexthops {
-				gws = append(gws, nh.Gateway)
+			for _, nh := range r.MultiPath {
+				gws = append(gws, nh.Gw)
 			}
 		}
 		for _, g := range gws {
-			if a, err := netip.ParseAddr(g); err == nil {
-				res[p] = append(res[p], a)
+			if a, ok := netip.AddrFromSlice(g); ok {
+				res[p] = append(res[p], a.Unmap())
 			}
 		}
 	}
 	return res, nil
+}
+
+// netlinkHandle opens a netlink handle in f's namespace (the caller's
+// without one).
+func (f *FRR) netlinkHandle() (*netlink.Handle, error) {
+	if f.Netns == "" {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return nil, fmt.Errorf("netlink: %w", err)
+		}
+		return h, nil
+	}
+	ns, err := netns.GetFromName(f.Netns)
+	if err != nil {
+		return nil, fmt.Errorf("namespace %s: %w", f.Netns, err)
+	}
+	defer func() { _ = ns.Close() }()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in %s: %w", f.Netns, err)
+	}
+	return h, nil
+}
+
+// namespaceName names f's namespace for errors.
+func (f *FRR) namespaceName() string {
+	if f.Netns == "" {
+		return "the host namespace"
+	}
+	return "namespace " + f.Netns
 }
