@@ -386,10 +386,19 @@ func (l *Lab) Helm(ctx context.Context, args ...string) (string, error) {
 
 // HelmValuesFile writes the lab's values for charts/vipcast: its images
 // with tag, the lab's convergence delay and, when set, the speakers'
-// tunnelPrefix (the two-tier dataplane).
+// tunnelPrefix (the two-tier dataplane). One CCM replica (and so no
+// PodDisruptionBudget, which must stay below the replicas): each node is
+// one emulated CPU, and with the chart's two, a rollout restart placed
+// the new CCM pod beside the old one still running (preferred
+// anti-affinity ties while the other old pod terminates); both starting
+// on one starved node took 7.5 minutes to be Ready and the rollout passed
+// its bound (CI, twice). Leader election stays on; the handover between
+// two CCMs is test/e2e's TestLeaderChange.
 func (l *Lab) HelmValuesFile(tag, tunnelPrefix string) (string, error) {
 	values := fmt.Sprintf(`ccm:
   image: {repository: vipcast/vipcast-ccm, tag: %q}
+  replicas: 1
+  podDisruptionBudget: {enabled: false}
 speaker:
   image: {repository: vipcast/vipcast-speaker, tag: %q}
   convergenceDelay: 2s

@@ -24,7 +24,8 @@ import (
 // containerd, kube-proxy with the settings docs/install.md prescribes, and
 // vipcast installed by `helm install` of charts/vipcast (the CCM as the
 // chart's Deployment with leader election and in-cluster configuration,
-// the speakers as its DaemonSet). One cluster goes through the modes
+// one replica on the emulated nodes (Lab.HelmValuesFile), the speakers as
+// its DaemonSet). One cluster goes through the modes
 // nftables, IPVS and iptables, moving kube-proxy from one to the next the
 // way kube-proxy's documentation says (stop, kube-proxy --cleanup, start
 // in the new mode). In each mode:
