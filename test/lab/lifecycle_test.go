@@ -198,9 +198,11 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	}
 	l.WaitKubelet(ctx, n3)
 	ready := time.Now()
-	// Bounded generously: in CI, test/e2e runs beside this on two cores,
-	// and the node took 2m12s to be Ready there.
-	if err := l.WaitInitialized(ctx, 5*time.Minute); err != nil {
+	// Bounded generously, a guard against a hang: the drain evicted the
+	// lab's one CCM replica when it ran on node2, and it starts again on
+	// an emulated node beside node3's boot (three VMs on two cores); 5
+	// minutes once did not suffice.
+	if err := l.WaitInitialized(ctx, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("node3 initialized by vipcast-ccm %s after it was Ready", time.Since(ready).Round(time.Second))
