@@ -43,7 +43,7 @@ func pinCPU(tiebreak int) (cpu int, ok bool) {
 		return 0, false
 	}
 	allowed := cpusOf(&mine)
-	return leastUsed(allowed, pinnedQEMUs(), tiebreak)
+	return leastUsed(allowed, pinnedQEMUs(0), tiebreak)
 }
 
 // leastUsed picks, of allowed, the CPU that appears least in pinned, the
@@ -74,13 +74,8 @@ func leastUsed(allowed, pinned []int, tiebreak int) (int, bool) {
 }
 
 // pinnedQEMUs returns, for every running qemu process pinned to a single
-// CPU, that CPU.
-func pinnedQEMUs() []int {
-	return pinnedQEMUsBut(0)
-}
-
-// pinnedQEMUsBut is pinnedQEMUs without the process except.
-func pinnedQEMUsBut(except int) []int {
+// CPU other than the process except (0: none), that CPU.
+func pinnedQEMUs(except int) []int {
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	var out []int
 	for _, d := range dirs {
@@ -165,7 +160,7 @@ func moveIfCrowded(pid int) bool {
 	if len(cur) != 1 {
 		return false
 	}
-	others := pinnedQEMUsBut(pid)
+	others := pinnedQEMUs(pid)
 	best, ok := leastUsed(cpusOf(&mine), others, 0)
 	if !ok || best == cur[0] || count(others, cur[0]) <= count(others, best) {
 		return true

@@ -134,9 +134,11 @@ func TestVMExitCode(t *testing.T) {
 	}
 }
 
-// TestVMsSpreadOverCPUs boots two VMs at once from one process: each runs
-// pinned to one host CPU, and, with two CPUs or more, not the same one.
-func TestVMsSpreadOverCPUs(t *testing.T) {
+// pinningTest skips unless the host side runs with two CPUs or more, and
+// returns a context bounded for a few VMs, the VM environment, the test
+// binary for the guest and this process's CPUs.
+func pinningTest(t *testing.T) (context.Context, *Env, string, unix.CPUSet) {
+	t.Helper()
 	if InVM() {
 		t.Skip("host side only")
 	}
@@ -149,7 +151,7 @@ func TestVMsSpreadOverCPUs(t *testing.T) {
 		t.Skip("one CPU: VMs run unpinned")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	bin, err := TestBinary(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -158,6 +160,13 @@ func TestVMsSpreadOverCPUs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ctx, env, bin, mine
+}
+
+// TestVMsSpreadOverCPUs boots two VMs at once from one process: each runs
+// pinned to one host CPU, and, with two CPUs or more, not the same one.
+func TestVMsSpreadOverCPUs(t *testing.T) {
+	ctx, env, bin, _ := pinningTest(t)
 	// Through ip netns exec, as the labs start their VMs: the window
 	// between the fork and qemu's exec is the widest.
 	netns.Require(t)
@@ -198,27 +207,7 @@ func TestVMsSpreadOverCPUs(t *testing.T) {
 // pinned to moves, every thread of it, to a free one within a few seconds.
 // The other is a stand-in: a copy of sleep named like qemu.
 func TestVMLeavesACrowdedCPU(t *testing.T) {
-	if InVM() {
-		t.Skip("host side only")
-	}
-	skipIfDisabled(t)
-	var mine unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &mine); err != nil {
-		t.Fatal(err)
-	}
-	if mine.Count() < 2 {
-		t.Skip("one CPU: VMs run unpinned")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	bin, err := TestBinary(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, err := prepareOnce()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, env, bin, mine := pinningTest(t)
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
 		t.Fatal(err)
