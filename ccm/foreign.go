@@ -74,6 +74,7 @@ func (p *Provider) forgetForeign(owner string) {
 	if ok {
 		p.alloc.Release(owner)
 		p.pools.markStatusDirty()
+		p.freed()
 	}
 }
 

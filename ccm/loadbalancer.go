@@ -137,6 +137,9 @@ func (p *Provider) accountChange(pool string, before, after []netip.Addr) {
 	if len(added)+len(removed) > 0 {
 		p.pools.markStatusDirty()
 	}
+	if len(removed) > 0 {
+		p.freed()
+	}
 }
 
 // namespaceLabels returns the labels of a namespace, or nil if unknown.

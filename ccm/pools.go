@@ -57,6 +57,7 @@ type poolController struct {
 	known     map[string]bool             // pools with metrics exported
 	blocked   map[string]string           // pool name → the last DeletionBlocked message
 	services  corelisters.ServiceLister   // set by useServices before run
+	loaded    func()                      // called after each load of the pools; set before run
 
 	// dirty counts markStatusDirty calls; the status write that started
 	// at count n clears statusPending if none came since. Guarded by
@@ -250,6 +251,9 @@ func (pc *poolController) syncPools(ctx context.Context) {
 	}
 	logger.V(2).Info("IPPools loaded", "pools", len(pools), "rejected", len(refused))
 	pc.queue.Add(keyStatus)
+	if pc.loaded != nil {
+		pc.loaded()
+	}
 }
 
 // explain adds to an allocation error the reason why the pool the request

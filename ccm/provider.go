@@ -76,6 +76,12 @@ type Provider struct {
 	pools      *poolController
 	peers      *peerStatusController
 	annotator  *poolAnnotator
+
+	// retryFailed, set by the service controller, retries at once the
+	// Services whose last sync failed; freed calls it when addresses may
+	// have become available. Guarded by retryMu.
+	retryMu     sync.Mutex
+	retryFailed func()
 }
 
 var (
@@ -140,6 +146,7 @@ func (p *Provider) initClients(builder cloudprovider.ControllerClientBuilder) er
 	if p.pools, err = newPoolController(p.alloc, p.metrics, dyn, p.client, p.dynFactory); err != nil {
 		return err
 	}
+	p.pools.loaded = p.freed
 	p.peers, err = newPeerStatusController(dyn, p.dynFactory)
 	return err
 }
@@ -346,6 +353,27 @@ func (p *Provider) forgetDeleted(obj any) {
 	}
 	p.forgetForeign(Owner(svc))
 	p.release(svc)
+}
+
+// onFreed makes freed call retry.
+func (p *Provider) onFreed(retry func()) {
+	p.retryMu.Lock()
+	defer p.retryMu.Unlock()
+	p.retryFailed = retry
+}
+
+// freed says that addresses may have become available to Services that
+// could not get any: IPPools were loaded, or a Service released or moved
+// its VIPs. A Service whose sync failed for want of an address, a pool or
+// a free requested IP is then retried at once, not after its back-off
+// (up to 300 s), as MetalLB reprocesses every Service on such changes.
+func (p *Provider) freed() {
+	p.retryMu.Lock()
+	retry := p.retryFailed
+	p.retryMu.Unlock()
+	if retry != nil {
+		retry()
+	}
 }
 
 func (p *Provider) isReady() bool {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -52,6 +53,10 @@ type ServiceController struct {
 	synced   cache.InformerSynced
 	queue    workqueue.TypedRateLimitingInterface[string]
 	recorder record.EventRecorder
+
+	// failing holds the keys of the Services whose last sync failed.
+	failingMu sync.Mutex
+	failing   map[string]bool
 }
 
 // NewServiceController builds the controller on the Service informer the
@@ -65,7 +70,9 @@ func NewServiceController(p *Provider, client kubernetes.Interface, services cor
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](minRetryDelay, maxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "service"}),
+		failing: map[string]bool{},
 	}
+	p.onFreed(c.retryFailed)
 	_, err := services.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if svc, ok := obj.(*v1.Service); ok && (p.classes.Serves(svc) || needsCleanup(svc)) {
@@ -141,13 +148,32 @@ func (c *ServiceController) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer c.queue.Done(key)
-	if err := c.sync(ctx, key); err != nil {
+	err := c.sync(ctx, key)
+	c.failingMu.Lock()
+	if err != nil {
+		c.failing[key] = true
+	} else {
+		delete(c.failing, key)
+	}
+	c.failingMu.Unlock()
+	if err != nil {
 		klog.FromContext(ctx).Error(err, "Syncing Service failed; retrying with backoff", "service", key)
 		c.queue.AddRateLimited(key)
 		return true
 	}
 	c.queue.Forget(key)
 	return true
+}
+
+// retryFailed queues every Service whose last sync failed, at once; their
+// back-off delays still run and lead to another sync, which finds nothing
+// to do if this one succeeded.
+func (c *ServiceController) retryFailed() {
+	c.failingMu.Lock()
+	defer c.failingMu.Unlock()
+	for key := range c.failing {
+		c.queue.Add(key)
+	}
 }
 
 // sync brings one Service in line: it serves it, cleans up after it, or
