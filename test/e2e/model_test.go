@@ -93,8 +93,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 	m.prev = m.snapshot()
 	for m.step = 1; m.step <= steps; m.step++ {
 		what, touched := m.randomStep()
-		m.settle()
-		cur := m.snapshot()
+		cur := m.settle()
 		if err := checkInvariants(m.prev, cur, touched); err != nil {
 			t.Fatalf("seed %d, step %d (%s): %v\nhistory:\n%s", seed, m.step, what, err, strings.Join(m.history, "\n"))
 		}
@@ -104,8 +103,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 	// settle trusts the CCM's own account of its pending work; a final
 	// quiet period, longer than any of the CCM's delays, shows that nothing
 	// it had not accounted for changed a VIP or a count afterwards.
-	m.quiet(finalQuiet)
-	if err := checkInvariants(m.prev, m.snapshot(), nil); err != nil {
+	if err := checkInvariants(m.prev, m.quiet(finalQuiet), nil); err != nil {
 		t.Fatalf("seed %d, after the last step and %v of quiet: %v\nhistory:\n%s", seed, finalQuiet, err, strings.Join(m.history, "\n"))
 	}
 	t.Logf("seed %d: %d steps, invariants held; %s", seed, steps, m.prev.summary())
@@ -384,26 +382,32 @@ func (m *model) waitLeader() {
 	m.e.eventually(30*time.Second, "the new CCM to lead", func() (bool, error) { return c.isLeader(), nil })
 }
 
-// settle waits until the CCM has done everything the step gave it to do:
-// the leader reports no work queued, in flight or scheduled (ccmIdle), and
-// the Services and pools stayed unchanged from one idle report to the next
-// and for at least settleQuiet, in which the API server's watch brings the
-// step's writes to the CCM (on loopback, in milliseconds). Every write the
-// CCM makes in response goes through its workqueues or the pools' status
-// refresh, which ccmIdle covers; retries of a failed sync (5 s back-off and
-// more) are not waited for: they repeat what failed against unchanged input.
-func (m *model) settle() {
+// settle waits until the CCM has done everything the step gave it to do,
+// and returns the state it left: the leader reports no work queued, in
+// flight or scheduled (ccmIdle), and the Services and pools stayed
+// unchanged from one idle report to the next and for at least settleQuiet,
+// in which the API server's watch brings the step's writes to the CCM (on
+// loopback, in milliseconds). Every write the CCM makes in response goes
+// through its workqueues or the pools' status refresh, which ccmIdle
+// covers. The state returned is the one read between two idle reports, so
+// a write the CCM starts after settle returns (a back-off retry) cannot
+// tear it. Retries of a failed sync are not waited for: when a pool changes
+// or a VIP is released the CCM retries failed Services at once, through
+// its queue, and a back-off retry repeats what failed against unchanged
+// input.
+func (m *model) settle() *modelState {
 	const settleQuiet = 300 * time.Millisecond
 	last, since, idleAt, why := "", time.Now(), "", ""
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		fp := m.fingerprint()
+		st := m.snapshot()
+		fp := st.fingerprint()
 		if fp != last {
 			last, since = fp, time.Now()
 		}
 		var idle bool
 		if idle, why = m.ccmIdle(); idle && fp == idleAt && time.Since(since) >= settleQuiet {
-			return
+			return st
 		}
 		idleAt = ""
 		if idle {
@@ -412,6 +416,7 @@ func (m *model) settle() {
 		time.Sleep(50 * time.Millisecond)
 	}
 	m.e.t.Fatalf("seed %d, step %d: the CCM did not settle in 30s (%s)", m.seed, m.step, why)
+	return nil
 }
 
 // finalQuiet is the quiet period at the end of a run: longer than the
@@ -420,20 +425,23 @@ func (m *model) settle() {
 // later).
 const finalQuiet = 6 * time.Second
 
-// quiet waits until no Service or pool has changed for d.
-func (m *model) quiet(d time.Duration) {
+// quiet waits until no Service or pool has changed for d and returns that
+// state.
+func (m *model) quiet(d time.Duration) *modelState {
 	last, since := "", time.Now()
 	deadline := time.Now().Add(d + 30*time.Second)
 	for time.Now().Before(deadline) {
-		fp := m.fingerprint()
+		st := m.snapshot()
+		fp := st.fingerprint()
 		if fp != last {
 			last, since = fp, time.Now()
 		} else if time.Since(since) >= d {
-			return
+			return st
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	m.e.t.Fatalf("seed %d: the CCM kept writing for %v after the last step", m.seed, d+30*time.Second)
+	return nil
 }
 
 // ccmQueues are the leader's workqueues whose work writes Services or
@@ -474,24 +482,13 @@ func (m *model) ccmIdle() (bool, string) {
 }
 
 // fingerprint is the resourceVersions of every Service and pool.
-func (m *model) fingerprint() string {
-	ctx := context.Background()
+func (st *modelState) fingerprint() string {
 	var b strings.Builder
-	for _, ns := range modelNamespaces {
-		l, err := m.e.cp.Client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			m.e.t.Fatal(err)
-		}
-		for _, s := range l.Items {
-			b.WriteString(s.Name + s.ResourceVersion + ",")
-		}
+	for _, k := range slices.Sorted(maps.Keys(st.services)) {
+		b.WriteString(k + "@" + st.services[k].ResourceVersion + ",")
 	}
-	l, err := m.e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		m.e.t.Fatal(err)
-	}
-	for _, p := range l.Items {
-		b.WriteString(p.GetName() + p.GetResourceVersion() + ",")
+	for _, p := range st.pools {
+		b.WriteString(p.Name + "@" + p.ResourceVersion + ",")
 	}
 	return b.String()
 }
