@@ -272,7 +272,7 @@ func (l *Lab) bootKubeNodes(ctx context.Context, cancel context.CancelFunc, venv
 	l.boot = &kubeBoot{ctx: ctx, venv: venv, rootfs: rootfs, payload: payload, agent: agent, co: co, all: append(slices.Clone(l.Nodes), l.spare...)}
 	t.Cleanup(func() { cancel(); l.boot.wg.Wait() })
 	for _, n := range l.Nodes {
-		l.bootKubeNode(n)
+		l.bootKubeNode(n, false)
 	}
 }
 
@@ -286,13 +286,16 @@ func (l *Lab) BootSpare() (*Node, error) {
 	n := l.spare[0]
 	l.spare = l.spare[1:]
 	l.Opts.Logf("==> booting %s, joining the cluster", n.Name)
-	l.bootKubeNode(n)
+	l.bootKubeNode(n, true)
 	l.Nodes = append(l.Nodes, n)
 	return n, nil
 }
 
-// bootKubeNode boots one node VM of the real cluster on its tap.
-func (l *Lab) bootKubeNode(n *Node) {
+// bootKubeNode boots one node VM of the real cluster on its tap. A node
+// that joins a running cluster gives way (vm.Options.GiveWay) to the nodes
+// already serving: on the emulated host it shares a CPU with one of them,
+// which on real hardware it would not.
+func (l *Lab) bootKubeNode(n *Node, joining bool) {
 	t, b := l.t, l.boot
 	i := slices.Index(b.all, n)
 	tap := fmt.Sprintf("tap%d", i+1)
@@ -321,6 +324,7 @@ func (l *Lab) bootKubeNode(n *Node) {
 	opts.Modules = append(opts.Modules, "overlay", "br_netfilter", "veth", "nf_conntrack_netlink")
 	opts.OnDemandModules = netfilterModules(b.venv.Kernel)
 	opts.MemoryMB = max(l.Opts.NodeMemoryMB, 2048)
+	opts.GiveWay = joining
 	opts.QEMUArgs = append(opts.QEMUArgs, "-drive", "file="+b.payload+",if=virtio,format=raw,readonly=on")
 	b.wg.Add(1)
 	go func() {

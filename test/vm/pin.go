@@ -33,6 +33,15 @@ import (
 // speakers the tests time.
 const vmNice = 10
 
+// vmNiceGiveWay is the nice value of a pinned VM started with
+// Options.GiveWay: beside a VM at vmNice on its CPU it gets about a
+// quarter of it when both are busy (CFS weights 36 and 110), and all of
+// what the other leaves. A node VM that booted beside a serving one at
+// equal weight took half its CPU for minutes; the serving node's kubelet
+// and speaker then missed their deadlines (a BGP hold timer, readiness
+// probes) as no real node would.
+const vmNiceGiveWay = 15
+
 // pinCPU returns the host CPU to pin a new single-vCPU VM to: of the CPUs
 // this process may use, the one the fewest other pinned qemu processes run
 // on, ties broken by tiebreak (so that two test processes starting VMs at

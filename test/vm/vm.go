@@ -103,6 +103,11 @@ type Options struct {
 	// MemoryMB (default 512) and CPUs (default 1) of the guest.
 	MemoryMB int
 	CPUs     int
+	// GiveWay runs a pinned VM's qemu at nice vmNiceGiveWay instead of
+	// vmNice, so that VMs already serving on its CPU keep most of it: for
+	// a node that joins a running lab, whose boot on real hardware would
+	// take no CPU from the others.
+	GiveWay bool
 	// Logf receives every console line as it arrives.
 	Logf Logf
 	// Files are added to the initramfs: guest path (relative to /, such
@@ -373,7 +378,11 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 	defer func() { _ = os.RemoveAll(rd) }()
 
 	start := time.Now()
-	cmd, console, err := startQEMU(ctx, qemuArgv(env, opts, initrd), opts.CPUs == 1)
+	nice := vmNice
+	if opts.GiveWay {
+		nice = vmNiceGiveWay
+	}
+	cmd, console, err := startQEMU(ctx, qemuArgv(env, opts, initrd), opts.CPUs == 1, nice)
 	if err != nil {
 		return nil, err
 	}
@@ -525,11 +534,11 @@ func qemuArgv(env *Env, opts Options, initrd string) []string {
 // startQEMU starts argv in its own process group, which dies with this
 // process and is killed when ctx ends, and returns the command and the read
 // end of its console (standard output and error). With pin, qemu runs on
-// one host CPU (see pinCPU) at nice vmNice. The caller closes the console
+// one host CPU (see pinCPU) at nice nice. The caller closes the console
 // and waits for the command.
-func startQEMU(ctx context.Context, argv []string, pin bool) (*exec.Cmd, *os.File, error) {
+func startQEMU(ctx context.Context, argv []string, pin bool, nice int) (*exec.Cmd, *os.File, error) {
 	if pin {
-		argv = append([]string{"nice", "-n", strconv.Itoa(vmNice)}, argv...)
+		argv = append([]string{"nice", "-n", strconv.Itoa(nice)}, argv...)
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

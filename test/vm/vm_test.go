@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,14 +106,7 @@ func TestVMExitCode(t *testing.T) {
 			if err := unix.SchedGetaffinity(pid, &set); err == nil {
 				affinity = cpusOf(&set)
 			}
-			// The 19th field of stat, after the command in parentheses.
-			if stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil {
-				if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
-					if f := strings.Fields(string(stat[i+1:])); len(f) > 16 {
-						nice = f[16]
-					}
-				}
-			}
+			nice = niceOf(pid)
 		},
 	})
 	// A single-vCPU VM runs on one host CPU (pinCPU), when there are two,
@@ -132,6 +126,21 @@ func TestVMExitCode(t *testing.T) {
 			t.Errorf("guest output lacks %q", want)
 		}
 	}
+}
+
+// niceOf returns a process's nice value, "?" if unknown: the 19th field of
+// its stat, after the command in parentheses.
+func niceOf(pid int) string {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "?"
+	}
+	if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
+		if f := strings.Fields(string(stat[i+1:])); len(f) > 16 {
+			return f[16]
+		}
+	}
+	return "?"
 }
 
 // pinningTest skips unless the host side runs with two CPUs or more, and
@@ -165,6 +174,8 @@ func pinningTest(t *testing.T) (context.Context, *Env, string, unix.CPUSet) {
 
 // TestVMsSpreadOverCPUs boots two VMs at once from one process: each runs
 // pinned to one host CPU, and, with two CPUs or more, not the same one.
+// The second gives way (Options.GiveWay): it runs at nice vmNiceGiveWay,
+// the first at vmNice.
 func TestVMsSpreadOverCPUs(t *testing.T) {
 	ctx, env, bin, _ := pinningTest(t)
 	// Through ip netns exec, as the labs start their VMs: the window
@@ -173,6 +184,7 @@ func TestVMsSpreadOverCPUs(t *testing.T) {
 	ns := netns.New(t, "pin")
 	var wg sync.WaitGroup
 	affinity := make([][]int, 2)
+	nice := []string{"?", "?"}
 	errs := make([]error, 2)
 	for i := range 2 {
 		wg.Add(1)
@@ -183,11 +195,13 @@ func TestVMsSpreadOverCPUs(t *testing.T) {
 				Netns:      ns.Name,
 				Env:        []string{"VM_HELPER_EXIT=0", "VM_HELPER_SLEEP=2s"},
 				Timeout:    3 * time.Minute,
+				GiveWay:    i == 1,
 				Started: func(pid int) {
 					var set unix.CPUSet
 					if err := unix.SchedGetaffinity(pid, &set); err == nil {
 						affinity[i] = cpusOf(&set)
 					}
+					nice[i] = niceOf(pid)
 				},
 			})
 		}()
@@ -200,6 +214,9 @@ func TestVMsSpreadOverCPUs(t *testing.T) {
 	}
 	if len(affinity[0]) != 1 || len(affinity[1]) != 1 || affinity[0][0] == affinity[1][0] {
 		t.Errorf("two VMs started at once run on CPUs %v and %v, want one CPU each, not the same", affinity[0], affinity[1])
+	}
+	if want := []string{strconv.Itoa(vmNice), strconv.Itoa(vmNiceGiveWay)}; !slices.Equal(nice, want) {
+		t.Errorf("the VMs' qemu run at nice %v, want %v (the second gives way)", nice, want)
 	}
 }
 
