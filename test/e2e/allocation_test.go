@@ -225,6 +225,7 @@ func familyOf(ip netip.Addr) v1.IPFamily {
 // TestAllocation: pools plus 200 LoadBalancer Services of every kind all get
 // correct VIPs with ipMode Proxy; deleting them releases the addresses.
 func TestAllocation(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(mixPools)
 	e.startCCM("a")

@@ -46,6 +46,7 @@ spec:
 // TestBadInput: every kind of bad request yields an Event naming the cause
 // and a retry, and leaves every other Service's VIP alone.
 func TestBadInput(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(badInputPools)
 	e.startCCM("a")
@@ -183,6 +184,7 @@ func TestBadInput(t *testing.T) {
 // with a message naming the field; an overlapping pool (which only the CCM
 // can see) is reported Ready=False and takes nothing from the older pool.
 func TestPoolValidation(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	// The samples of api/v1alpha1/testdata: every invalid one must be
 	// rejected by the real API server with its field and message, every

@@ -23,6 +23,7 @@ import (
 // lead their own Lease and serve only their class's Services; a third given
 // the same class as the first waits for the first's Lease.
 func TestTwoClasses(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(classPool)
 	e.namespace("web", nil)
@@ -86,6 +87,7 @@ func TestTwoClasses(t *testing.T) {
 // Service carrying vipcast's pool annotations is taken as held by that pool
 // (poolspec's holding rule) until they go.
 func TestForeignStatus(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(classPool)
 	e.namespace("web", nil)

@@ -31,6 +31,14 @@ import (
 // vipcast binaries built once by TestMain.
 var ccmBinary, speakerBinary, pluginBinary string
 
+// TestMain builds the binaries once and runs the tests. Tests that run only
+// a control plane of their own and vipcast-ccm call t.Parallel: they wait
+// mostly on the API server and the CCM's queues (the model tests settle on
+// the CCM's metrics, not on time), so two at a time (go test's -parallel,
+// GOMAXPROCS) overlap one's waits with the other's work. go test runs them
+// after every other test has finished. The tests with routers, speakers or
+// BFD, whose timings are part of what they assert, run one at a time
+// before them.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "vipcast-e2e-bin")
 	if err != nil {

@@ -54,6 +54,7 @@ var modelNamespaces = []string{"m1", "m2"}
 // traffic policy) and delete; and CCM kills and leader changes. After each
 // step settles, the invariants hold (see checkInvariants).
 func TestCCMModel(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	seed := *modelSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
@@ -65,6 +66,7 @@ func TestCCMModel(t *testing.T) {
 // TestCCMModelRegression replays seeds that once found a bug, for at least
 // as many steps as the bug needed.
 func TestCCMModelRegression(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	for _, tc := range []struct {
 		seed  uint64
 		steps int

@@ -56,6 +56,7 @@ spec:
 // vipspeaker(s)) always name vipcast's, and the category vipcast lists
 // exactly vipcast's objects. The real kubectl resolves every name.
 func TestResourceNames(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	dir := t.TempDir()
 	var files []string // InstallCRDs reads one CRD per file

@@ -21,6 +21,7 @@ import (
 // provider's uninitialized taint is initialized (provider ID, addresses from
 // kubelet's --node-ip annotation, topology labels kept) and the taint removed.
 func TestNodeInitialization(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.startCCM("a")
 	node := &v1.Node{
@@ -73,6 +74,7 @@ func TestNodeInitialization(t *testing.T) {
 // TestMetricsAndHealth: the CCM serves /healthz and, to an authorized
 // client, /metrics with the pool gauges and allocation counters.
 func TestMetricsAndHealth(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: m}\nspec: {addresses: [10.80.0.0/28, '2001:db8:80::/64'], avoidBuggyIPs: true}\n")
 	c := e.startCCM("a")

@@ -23,6 +23,7 @@ import (
 // that name the holder; the Service keeps its VIP and no new VIP comes from
 // the pool. Once the last holder is deleted, the pool goes.
 func TestPoolDeletionProtection(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: prot}\nspec: {addresses: [10.100.3.0/28]}\n")
 	e.startCCM("a")

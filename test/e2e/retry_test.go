@@ -21,6 +21,7 @@ import (
 // its next back-off retry is 20 s away (5 s doubling); the test wants the
 // VIP well before that, which only the immediate retry gives.
 func TestFailedServicesRetriedOnChange(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	const (
 		failures = 3                // 5 s + 10 s of back-off; the next is 20 s
 		soon     = 10 * time.Second // half the next back-off

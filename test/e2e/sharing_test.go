@@ -41,6 +41,7 @@ func (e *env) snapshotAll(namespaces ...string) map[string][]netip.Addr {
 // gets an Event naming the holder and the fix when it asks for the VIP, and
 // another VIP when it does not; the holder's VIP never changes.
 func TestSharingRefusals(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(sharingPools)
 	e.startCCM("a")
@@ -109,6 +110,7 @@ func TestSharingRefusals(t *testing.T) {
 // CCM's restore, each gets a LegacySharedVIP Event naming the other, and a
 // newcomer cannot join them that way.
 func TestSharingUpgrade(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(sharingPools)
 	e.namespace("team-a", nil)

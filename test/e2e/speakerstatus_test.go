@@ -16,6 +16,7 @@ import (
 // release's SpeakerStatus CRD (helm upgrade does not apply crds/) still
 // writes the BGPPeers' Ready condition; the session counts stay 0.
 func TestPeerStatusWithoutSpeakerStatuses(t *testing.T) {
+	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	if err := e.cp.APIExtensions.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(),
 		"speakerstatuses.vipcast.io", metav1.DeleteOptions{}); err != nil {
