@@ -348,7 +348,10 @@ func (l *Lab) WaitKubelet(ctx context.Context, n *Node) {
 	t.Helper()
 	start := time.Now()
 	{
-		err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		// A guard against a node that never comes up, not a figure (the
+		// log gives each node's time): a joining node gives way to the
+		// serving ones and may take longer than the first two.
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
 			select {
 			case <-n.done:
 				return false, fmt.Errorf("the VM ended: %v", n.err) //nolint:errorlint // n.err may be nil
