@@ -392,9 +392,8 @@ func (l *Lab) waitNodes(ctx context.Context) {
 	}
 }
 
-// build compiles the binaries into Dir/bin.
+// build compiles the binaries (once per process: vm.StaticBinary).
 func (l *Lab) build(ctx context.Context) (map[string]string, error) {
-	dir := filepath.Join(l.Opts.Dir, "bin")
 	out := map[string]string{}
 	for name, pkg := range map[string]string{
 		"vipcast-ccm":     "github.com/vipcast/vipcast/cmd/vipcast-ccm",
@@ -406,10 +405,11 @@ func (l *Lab) build(ctx context.Context) (map[string]string, error) {
 		"lab-backend": "github.com/vipcast/vipcast/test/lab/images/backend",
 		"pause":       "github.com/vipcast/vipcast/test/lab/images/pause",
 	} {
-		out[name] = filepath.Join(dir, name)
-		if err := vm.BuildStatic(ctx, "", pkg, out[name]); err != nil {
+		bin, err := vm.StaticBinary(ctx, pkg, name)
+		if err != nil {
 			return nil, err
 		}
+		out[name] = bin
 	}
 	return out, nil
 }

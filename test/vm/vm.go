@@ -287,12 +287,40 @@ func BuildStatic(ctx context.Context, dir, pkg, out string) error {
 	return goBuild(ctx, dir, "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
 }
 
+// StaticBinary returns pkg built as BuildStatic builds it, named name, in
+// the process's work directory: each package is built once per process,
+// so that the labs a test binary boots one after another share one build.
+func StaticBinary(ctx context.Context, pkg, name string) (string, error) {
+	staticBinMu.Lock()
+	defer staticBinMu.Unlock()
+	if p, ok := staticBins[pkg]; ok {
+		return p, nil
+	}
+	wd, err := workDir()
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256([]byte(pkg))
+	out := filepath.Join(wd, "static-"+hex.EncodeToString(sum[:6]), name)
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return "", err
+	}
+	if err := BuildStatic(ctx, "", pkg, out); err != nil {
+		return "", err
+	}
+	staticBins[pkg] = out
+	return out, nil
+}
+
 // BuildInit builds the guest /init (once per process).
 func BuildInit() (string, error) { return initOnce() }
 
 var (
 	testBinMu sync.Mutex
 	testBins  = map[string]string{}
+
+	staticBinMu sync.Mutex
+	staticBins  = map[string]string{}
 )
 
 // IsStatic reports whether the ELF file at path has no program interpreter.
