@@ -131,7 +131,7 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	}
 	l.Nodes, l.spare = all[:boot], all[boot:]
 	l.startToR()
-	payload, err := l.payload(ctx, images)
+	payload, err := l.payload(ctx, images, bins["lab-backend"])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,8 +176,9 @@ func (l *Lab) buildImages(ctx context.Context, bins map[string]string, tags []st
 }
 
 // payload writes the nodes' second disk: an ext4 image holding the node
-// binaries, the images and the nodes' kubeconfig.
-func (l *Lab) payload(ctx context.Context, images []string) (string, error) {
+// binaries, the images, the nodes' kubeconfig and the backend binary
+// (bin/lab-backend, for GETs from inside a pod's network namespace).
+func (l *Lab) payload(ctx context.Context, images []string, backend string) (string, error) {
 	dir := filepath.Join(l.Opts.Dir, "payload")
 	files := map[string]string{
 		"bin/kubelet":                 filepath.Join(controlplane.BinDir(), "kubelet"),
@@ -185,6 +186,7 @@ func (l *Lab) payload(ctx context.Context, images []string) (string, error) {
 		"bin/containerd":              filepath.Join(containerdDir(), "containerd"),
 		"bin/ctr":                     filepath.Join(containerdDir(), "ctr"),
 		"bin/containerd-shim-runc-v2": filepath.Join(containerdDir(), "containerd-shim-runc-v2"),
+		"bin/lab-backend":             backend,
 		"kubeconfig":                  l.clusterKubeconfig(),
 	}
 	for i, img := range images {

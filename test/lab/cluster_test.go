@@ -12,6 +12,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -68,6 +69,8 @@ func TestCluster(t *testing.T) {
 			return
 		}
 	}
+	// The lifecycle's drain would refuse a pod that no controller owns.
+	deleteClientPod(t, l)
 	t.Run("lifecycle", func(t *testing.T) { clusterLifecycle(t, l, vip) })
 }
 
@@ -329,58 +332,113 @@ func clusterWithKubeProxy(t *testing.T, l *lab.Lab, mode string, vip netip.Addr)
 	return vip
 }
 
-// podGet runs a pod in the demo namespace that GETs each of urls once (the
-// backend image's -get mode) and returns the answers it reported, in
-// order; it fails the test if any GET failed.
+// clientPod is the lab's in-cluster client: a pod of the demo namespace
+// running the backend image, outside the demo Service's selector.
+const clientPod = "client"
+
+// podGet GETs each of urls once from inside the cluster and returns the
+// answers, in order; it fails the test if any GET failed. The GETs leave
+// from the client pod's network namespace (the pod is started on first
+// use and deleted by deleteClientPod): the backend binary's -get mode,
+// run on the pod's node inside the namespace of the pod's container, as
+// kubectl exec would reach it (the API server cannot reach the kubelets
+// here, and the image has no shell).
 func podGet(t *testing.T, l *lab.Lab, urls ...string) []string {
 	t.Helper()
 	ctx := t.Context()
-	name := fmt.Sprintf("get-%d", time.Now().UnixNano()%1e6)
+	p := runClientPod(t, l)
+	var node *lab.Node
+	for _, n := range l.Nodes {
+		if n.Name == p.Spec.NodeName {
+			node = n
+		}
+	}
+	if node == nil || len(p.Status.ContainerStatuses) == 0 {
+		t.Fatalf("client pod on node %q with containers %+v: not one of the lab's nodes, or no container", p.Spec.NodeName, p.Status.ContainerStatuses)
+	}
+	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	tasks, err := node.Exec(ctx, "/opt/vipcast/bin/ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io", "tasks", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := ""
+	for _, line := range strings.Split(tasks, "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == id && f[2] == "RUNNING" {
+			pid = f[1]
+		}
+	}
+	if pid == "" {
+		t.Fatalf("client pod's container %s is not among the running tasks on %s:\n%s", id, node.Name, tasks)
+	}
+	out, err := node.Exec(ctx, append([]string{"nsenter", "--target", pid, "--net", "/opt/vipcast/bin/lab-backend", "-get"}, urls...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers := strings.Split(strings.TrimSpace(out), "\n")
+	if len(answers) != len(urls) {
+		t.Fatalf("from pod %s on %s, GET %v: %d lines %q, want one answer per URL", p.Name, p.Spec.NodeName, urls, len(answers), out)
+	}
+	for i, a := range answers {
+		if !strings.HasPrefix(a, "web-") {
+			t.Fatalf("from pod %s on %s, GET %s failed: %s", p.Name, p.Spec.NodeName, urls[i], a)
+		}
+	}
+	return answers
+}
+
+// runClientPod starts the client pod unless it runs, and returns it once
+// it is Running.
+func runClientPod(t *testing.T, l *lab.Lab) *v1.Pod {
+	t.Helper()
+	ctx := t.Context()
+	pods := l.CP.Client.CoreV1().Pods(lab.DemoNamespace)
 	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: lab.DemoNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: clientPod, Namespace: lab.DemoNamespace, Labels: map[string]string{"app": clientPod}},
 		Spec: v1.PodSpec{
-			RestartPolicy: v1.RestartPolicyNever,
 			Containers: []v1.Container{{
-				Name: "get", Image: lab.BackendImage, ImagePullPolicy: v1.PullNever,
-				Args: append([]string{"-get"}, urls...),
+				Name: "client", Image: lab.BackendImage, ImagePullPolicy: v1.PullNever,
+				Env: []v1.EnvVar{{Name: "POD_NAME", Value: clientPod}},
 			}},
 		},
 	}
-	pods := l.CP.Client.CoreV1().Pods(lab.DemoNamespace)
-	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	var got *v1.Pod
-	// The bound covers the pod's start too, which took 97 s on a node
+	// The bound covers the pod's start, which took 97 s on a node
 	// starved by CI's other tests (sandbox 70 s, container 27 s): a guard
 	// against a hang, not a figure.
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
-		p, err := pods.Get(ctx, name, metav1.GetOptions{})
+		p, err := pods.Get(ctx, clientPod, metav1.GetOptions{})
 		if err != nil {
 			return false, nil //nolint:nilerr // retry
 		}
 		got = p
-		return p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed, nil
+		return p.Status.Phase == v1.PodRunning && len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Running != nil, nil
 	})
 	if err != nil {
 		var status v1.PodStatus
 		if got != nil {
 			status = got.Status
 		}
-		t.Fatalf("pod %s getting %v did not finish: %v (status %+v)", name, urls, err, status)
+		t.Fatalf("client pod did not run: %v (status %+v)", err, status)
 	}
-	msg := ""
-	for _, cs := range got.Status.ContainerStatuses {
-		if cs.State.Terminated != nil {
-			msg = cs.State.Terminated.Message
-		}
+	return got
+}
+
+// deleteClientPod deletes the client pod and waits until it is gone.
+func deleteClientPod(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	ctx := t.Context()
+	pods := l.CP.Client.CoreV1().Pods(lab.DemoNamespace)
+	if err := pods.Delete(ctx, clientPod, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
 	}
-	if got.Status.Phase != v1.PodSucceeded {
-		t.Fatalf("from pod %s on %s, GET %v failed: %s", name, got.Spec.NodeName, urls, msg)
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := pods.Get(ctx, clientPod, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("client pod not gone: %v", err)
 	}
-	answers := strings.Split(msg, "\n")
-	if len(answers) != len(urls) {
-		t.Fatalf("from pod %s on %s, GET %v: %d answers %q, want one per URL", name, got.Spec.NodeName, urls, len(answers), msg)
-	}
-	return answers
 }
