@@ -46,7 +46,8 @@ type ClusterOptions struct {
 	// beside ImageTag: a `helm upgrade` to a new tag needs no registry.
 	ExtraTags []string
 	// Boot is how many of the Options.Nodes nodes boot with the cluster
-	// (default all); the others boot with Lab.BootSpare, joining it.
+	// (default all); the others boot with them but start their kubelet
+	// only when Lab.JoinSpare has them join.
 	Boot int
 }
 
@@ -264,40 +265,92 @@ type kubeBoot struct {
 	all     []*Node
 }
 
-// bootKubeNodes boots the node VMs of the real cluster (l.Nodes; the spare
-// ones wait for BootSpare).
+// bootKubeNodes boots every node VM of the real cluster: l.Nodes, and the
+// spare ones held before their kubelet until JoinSpare.
 func (l *Lab) bootKubeNodes(ctx context.Context, cancel context.CancelFunc, venv *vm.Env, rootfs *vm.Rootfs, payload, agent string, co *ClusterOptions) {
 	t := l.t
 	t.Helper()
 	l.Opts.Logf("==> booting %d node VMs (Debian %s userland, kubelet and kube-proxy %s in %s mode, containerd %s)",
 		len(l.Nodes), rootfs.Suite, controlplane.KubernetesVersion, co.ProxyMode, ContainerdVersion)
+	if len(l.spare) > 0 {
+		l.Opts.Logf("    and %d more, held before their kubelet until they join", len(l.spare))
+	}
 	l.boot = &kubeBoot{ctx: ctx, venv: venv, rootfs: rootfs, payload: payload, agent: agent, co: co, all: append(slices.Clone(l.Nodes), l.spare...)}
 	t.Cleanup(func() { cancel(); l.boot.wg.Wait() })
 	for _, n := range l.Nodes {
 		l.bootKubeNode(n, false)
 	}
+	// The spare nodes start once the others have their CPUs (vm pins each
+	// new VM to the CPU fewest VMs use): a spare one must not leave two
+	// serving nodes on one CPU.
+	for _, n := range l.Nodes {
+		select {
+		case <-n.started:
+		case <-n.done:
+		}
+	}
+	for _, n := range l.spare {
+		l.bootKubeNode(n, true)
+	}
 }
 
-// BootSpare boots the next node planned but not booted yet (see
-// ClusterOptions.Boot), adds it to Nodes and returns it; its kubelet
-// registers it with the cluster.
-func (l *Lab) BootSpare() (*Node, error) {
+// spareHeld is what test/lab/kubenode prints once it holds a spare node
+// before its kubelet.
+const spareHeld = "kubenode: held before the kubelet"
+
+// JoinSpare has the next spare node (see ClusterOptions.Boot) join the
+// cluster: its kubelet starts and registers it. It adds the node to Nodes
+// and returns it.
+//
+// A spare node boots in the background (vm.Options.Background: the idle
+// scheduling policy) and waits before its kubelet, with nothing but the
+// node agent running. To join, it gives way (vm.GiveWay) to the nodes
+// serving: on the emulated host it shares a CPU with one of them, which
+// on real hardware it would not. Its join then takes the time its
+// kubelet takes, not a VM's boot.
+func (l *Lab) JoinSpare(ctx context.Context) (*Node, error) {
 	if len(l.spare) == 0 || l.boot == nil {
-		return nil, fmt.Errorf("no spare node to boot (ClusterOptions.Boot)")
+		return nil, fmt.Errorf("no spare node (ClusterOptions.Boot)")
 	}
 	n := l.spare[0]
+	select {
+	case <-n.done:
+		return nil, fmt.Errorf("%s: the VM ended before it joined: %v (console %s)", n.Name, n.err, n.Console) //nolint:errorlint // n.err may be nil
+	default:
+	}
+	if err := vm.GiveWay(n.pid); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	// A guard against a VM that never comes up, not a figure.
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(context.Context) (bool, error) {
+		select {
+		case <-n.done:
+			return false, fmt.Errorf("the VM ended: %v", n.err) //nolint:errorlint // n.err may be nil
+		default:
+		}
+		lines, err := n.ConsoleLines(spareHeld)
+		return err == nil && len(lines) > 0, nil
+	})
+	if err != nil {
+		l.dumpConsoles()
+		return nil, fmt.Errorf("%s: not held before its kubelet: %w (console %s)", n.Name, err, n.Console)
+	}
+	if d := time.Since(start); d > time.Second {
+		l.Opts.Logf("    %s was still booting: held before its kubelet %s later", n.Name, d.Round(time.Second))
+	}
+	l.Opts.Logf("==> %s joins the cluster: its kubelet starts", n.Name)
+	if _, err := n.post(ctx, "/join", nil, 10*time.Second); err != nil {
+		return nil, err
+	}
 	l.spare = l.spare[1:]
-	l.Opts.Logf("==> booting %s, joining the cluster", n.Name)
-	l.bootKubeNode(n, true)
 	l.Nodes = append(l.Nodes, n)
 	return n, nil
 }
 
-// bootKubeNode boots one node VM of the real cluster on its tap. A node
-// that joins a running cluster gives way (vm.Options.GiveWay) to the nodes
-// already serving: on the emulated host it shares a CPU with one of them,
-// which on real hardware it would not.
-func (l *Lab) bootKubeNode(n *Node, joining bool) {
+// bootKubeNode boots one node VM of the real cluster on its tap; a spare
+// one in the background, to wait before its kubelet until JoinSpare.
+func (l *Lab) bootKubeNode(n *Node, spare bool) {
 	t, b := l.t, l.boot
 	i := slices.Index(b.all, n)
 	tap := fmt.Sprintf("tap%d", i+1)
@@ -326,13 +379,24 @@ func (l *Lab) bootKubeNode(n *Node, joining bool) {
 	opts.Modules = append(opts.Modules, "overlay", "br_netfilter", "veth", "nf_conntrack_netlink")
 	opts.OnDemandModules = netfilterModules(b.venv.Kernel)
 	opts.MemoryMB = max(l.Opts.NodeMemoryMB, 2048)
-	opts.GiveWay = joining
+	if spare {
+		opts.Args = append(opts.Args, "-hold")
+		opts.Background = true
+	}
 	opts.QEMUArgs = append(opts.QEMUArgs, "-drive", "file="+b.payload+",if=virtio,format=raw,readonly=on")
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
 		defer close(n.done)
-		_, n.err = vm.RunContext(b.ctx, b.venv, opts)
+		res, err := vm.RunContext(b.ctx, b.venv, opts)
+		n.err = err
+		if b.ctx.Err() == nil {
+			code := -1
+			if res != nil {
+				code = res.ExitCode
+			}
+			l.Opts.Logf("    %s: its VM ended (exit code %d, %v); console %s", n.Name, code, err, n.Console)
+		}
 	}()
 }
 

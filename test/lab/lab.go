@@ -150,8 +150,8 @@ type Lab struct {
 	ccmBin string
 	// binDir holds the binaries the lab built, kubectl-vipcast among them.
 	binDir string
-	// spare are the real cluster's nodes planned but not booted yet
-	// (ClusterOptions.Boot); boot boots them (BootSpare).
+	// spare are the real cluster's nodes booted but not joined yet
+	// (ClusterOptions.Boot); JoinSpare has them join.
 	spare []*Node
 	boot  *kubeBoot
 }
@@ -177,10 +177,12 @@ type Node struct {
 	Pods    []Pod
 	Console string // console log file
 
-	lab  *Lab
-	pid  int // qemu
-	done chan struct{}
-	err  error
+	lab *Lab
+	pid int // qemu
+	// started is closed once qemu runs (pid is set), done once the VM
+	// has ended.
+	started, done chan struct{}
+	err           error
 }
 
 // Pod is a backend serving HTTP on nodeapi.BackendPort.
@@ -323,6 +325,7 @@ func (l *Lab) planNodes() []*Node {
 			PodCIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24),
 			lab:     l,
 			done:    make(chan struct{}),
+			started: make(chan struct{}),
 		}
 		for j := 1; j <= l.Opts.PodsPerNode; j++ {
 			n.Pods = append(n.Pods, Pod{
@@ -599,7 +602,7 @@ func (l *Lab) vmBase(n *Node, i int, tap string) vm.Options {
 			"-netdev", "tap,id=rack,ifname=" + tap + ",script=no,downscript=no",
 			"-device", fmt.Sprintf("virtio-net-pci,netdev=rack,mac=52:54:00:00:00:%02x", 0x11+i),
 		},
-		Started: func(pid int) { n.pid = pid },
+		Started: func(pid int) { n.pid = pid; close(n.started) },
 		Logf: func(format string, args ...any) {
 			mu.Lock()
 			defer mu.Unlock()

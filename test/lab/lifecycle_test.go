@@ -192,7 +192,7 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	time.Sleep(2 * time.Second)
 	before2, _, _ := held2.Status()
 	start := time.Now()
-	n3, err := l.BootSpare()
+	n3, err := l.JoinSpare(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	ready := time.Now()
 	// Bounded generously, a guard against a hang: the drain evicted the
 	// lab's one CCM replica when it ran on node2, and it starts again on
-	// an emulated node beside node3's boot (three VMs on two cores); 5
+	// an emulated node beside node3's start (three VMs on two cores); 5
 	// minutes once did not suffice.
 	if err := l.WaitInitialized(ctx, 10*time.Minute); err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	time.Sleep(3 * time.Second)
 	held2.Settle(ctx)
 	alive2, _, broken2 := held2.Status()
-	t.Logf("node3 joined: initialized, its speaker peered and the ToR's route has %d next hops %s after boot (route change seen %s after the rollout); %d of %d held connections alive (%s)",
+	t.Logf("node3 joined: initialized, its speaker peered and the ToR's route has %d next hops %s after its kubelet started (route change seen %s after the rollout); %d of %d held connections alive (%s)",
 		len(l.Nodes), time.Since(start).Round(time.Second), took.Round(time.Millisecond), alive2, before2, held2.Stalls())
 	if alive2 != before2 {
 		dumpNodes(t, l)

@@ -2,6 +2,8 @@ package vm
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,14 +35,36 @@ import (
 // speakers the tests time.
 const vmNice = 10
 
-// vmNiceGiveWay is the nice value of a pinned VM started with
-// Options.GiveWay: beside a VM at vmNice on its CPU it gets about a
+// vmNiceGiveWay is the nice value GiveWay gives a VM's qemu: beside a VM at vmNice on its CPU it gets about a
 // quarter of it when both are busy (CFS weights 36 and 110), and all of
 // what the other leaves. A node VM that booted beside a serving one at
 // equal weight took half its CPU for minutes; the serving node's kubelet
 // and speaker then missed their deadlines (a BGP hold timer, readiness
 // probes) as no real node would.
 const vmNiceGiveWay = 15
+
+// GiveWay moves the qemu process pid (Options.Started gives it), every
+// thread of it, to the normal scheduling policy at nice vmNiceGiveWay, so
+// that the VMs serving on its CPU keep most of it: for a node that joins
+// a running lab, whose start on real hardware would take no CPU from the
+// others. A VM started in the Background leaves the idle policy.
+func GiveWay(pid int) error {
+	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
+	if err != nil {
+		return fmt.Errorf("threads of %d: %w", pid, err)
+	}
+	attr := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: 0 /* SCHED_OTHER */, Nice: vmNiceGiveWay}
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(task.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.SchedSetAttr(tid, attr, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("scheduling of thread %d of %d: %w", tid, pid, err)
+		}
+	}
+	return nil
+}
 
 // pinCPU returns the host CPU to pin a new single-vCPU VM to: of the CPUs
 // this process may use, the one the fewest other pinned qemu processes run

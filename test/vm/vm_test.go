@@ -174,8 +174,9 @@ func pinningTest(t *testing.T) (context.Context, *Env, string, unix.CPUSet) {
 
 // TestVMsSpreadOverCPUs boots two VMs at once from one process: each runs
 // pinned to one host CPU, and, with two CPUs or more, not the same one.
-// The second gives way (Options.GiveWay): it runs at nice vmNiceGiveWay,
-// the first at vmNice.
+// The second starts in the Background (the idle scheduling policy), then
+// gives way (GiveWay): it runs at the normal policy and nice
+// vmNiceGiveWay, the first at vmNice.
 func TestVMsSpreadOverCPUs(t *testing.T) {
 	ctx, env, bin, _ := pinningTest(t)
 	// Through ip netns exec, as the labs start their VMs: the window
@@ -186,6 +187,8 @@ func TestVMsSpreadOverCPUs(t *testing.T) {
 	affinity := make([][]int, 2)
 	nice := []string{"?", "?"}
 	errs := make([]error, 2)
+	var giveWay error
+	idle := false
 	for i := range 2 {
 		wg.Add(1)
 		go func() {
@@ -195,11 +198,17 @@ func TestVMsSpreadOverCPUs(t *testing.T) {
 				Netns:      ns.Name,
 				Env:        []string{"VM_HELPER_EXIT=0", "VM_HELPER_SLEEP=2s"},
 				Timeout:    3 * time.Minute,
-				GiveWay:    i == 1,
+				Background: i == 1,
 				Started: func(pid int) {
 					var set unix.CPUSet
 					if err := unix.SchedGetaffinity(pid, &set); err == nil {
 						affinity[i] = cpusOf(&set)
+					}
+					if i == 1 {
+						if a, err := unix.SchedGetAttr(pid, 0); err == nil {
+							idle = a.Policy == unix.SCHED_IDLE
+						}
+						giveWay = GiveWay(pid)
 					}
 					nice[i] = niceOf(pid)
 				},
@@ -207,13 +216,16 @@ func TestVMsSpreadOverCPUs(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
+	for _, err := range append(errs, giveWay) {
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
 	if len(affinity[0]) != 1 || len(affinity[1]) != 1 || affinity[0][0] == affinity[1][0] {
 		t.Errorf("two VMs started at once run on CPUs %v and %v, want one CPU each, not the same", affinity[0], affinity[1])
+	}
+	if !idle {
+		t.Error("the VM started in the Background does not run at the idle scheduling policy")
 	}
 	if want := []string{strconv.Itoa(vmNice), strconv.Itoa(vmNiceGiveWay)}; !slices.Equal(nice, want) {
 		t.Errorf("the VMs' qemu run at nice %v, want %v (the second gives way)", nice, want)

@@ -12,7 +12,9 @@
 //     (a flat "host-gw" pod network: the bridge CNI plugin on each node);
 //   - containerd starts, the payload's images are imported, then the
 //     kubelet (--cloud-provider=external: the node registers with the
-//     uninitialized taint) and kube-proxy in the mode given;
+//     uninitialized taint) and kube-proxy in the mode given; with -hold,
+//     the kubelet waits for POST /join, so that a node booted ahead joins
+//     the cluster when a test says;
 //   - a control server on the node's address (nodeapi.Port) lets the host
 //     read the node's IPVS table, VIPs, nftables tables and links (GET
 //     /state), to check what vipcast leaves behind, its logs (GET /logs/,
@@ -65,6 +67,9 @@ type config struct {
 	name      string
 	payload   string
 	proxyMode string
+	// hold: wait for POST /join before starting the kubelet (a node
+	// booted ahead of the moment it joins the cluster).
+	hold bool
 	// clusterCIDR covers every node's pod range (kube-proxy's
 	// clusterCIDR); excludeCIDRs are kube-proxy's ipvs.excludeCIDRs and
 	// nodePortAddresses its nodePortAddresses.
@@ -96,6 +101,7 @@ func parse(args []string) (*config, error) {
 	fs.StringVar(&cfg.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "kube-proxy's clusterCIDR")
 	fs.StringVar(&exclude, "ipvs-exclude-cidrs", "", "kube-proxy's ipvs.excludeCIDRs, comma-separated")
 	fs.StringVar(&nodePorts, "node-port-addresses", "", "kube-proxy's nodePortAddresses, comma-separated")
+	fs.BoolVar(&cfg.hold, "hold", false, "start containerd and import the images, then wait for POST /join before starting the kubelet and kube-proxy")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -131,21 +137,16 @@ func run(cfg *config) error {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("subreaper: %w", err)
 	}
-	if err := vm.MountRootfs(root); err != nil {
+	if err := mountDisks(cfg); err != nil {
 		return err
-	}
-	if err := os.MkdirAll(root+payloadDir, 0o755); err != nil {
-		return err
-	}
-	if err := unix.Mount(cfg.payload, root+payloadDir, "ext4", unix.MS_RDONLY, ""); err != nil {
-		return fmt.Errorf("mount payload %s: %w", cfg.payload, err)
 	}
 	if err := network(cfg); err != nil {
 		return err
 	}
 	env := []string{"PATH=" + binDir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 	d := newDaemons(env)
-	serveControl(cfg, d)
+	join := make(chan struct{})
+	serveControl(cfg, d, join)
 	if err := unix.Sethostname([]byte(cfg.name)); err != nil {
 		return fmt.Errorf("hostname: %w", err)
 	}
@@ -167,6 +168,11 @@ func run(cfg *config) error {
 		return err
 	}
 	fmt.Printf("kubenode: containerd up, images imported, %s after start\n", time.Since(start).Round(time.Millisecond))
+	if cfg.hold {
+		if joined, err := holdUntilJoin(ctx, d, join, start); err != nil || !joined {
+			return err
+		}
+	}
 	if err := d.start("kubelet", binDir+"/kubelet",
 		"--config", "/etc/kubernetes/kubelet.yaml",
 		"--kubeconfig", kubeconfig,
@@ -188,6 +194,38 @@ func run(cfg *config) error {
 	return d.reap(ctx)
 }
 
+// mountDisks mounts the root filesystem at root and the payload on
+// payloadDir inside it.
+func mountDisks(cfg *config) error {
+	if err := vm.MountRootfs(root); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(root+payloadDir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(cfg.payload, root+payloadDir, "ext4", unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("mount payload %s: %w", cfg.payload, err)
+	}
+	return nil
+}
+
+// holdUntilJoin holds the node before its kubelet, running nothing but
+// this agent (containerd stops), until POST /join closes join; then
+// containerd starts again. joined is false when ctx ended first.
+func holdUntilJoin(ctx context.Context, d *daemons, join <-chan struct{}, start time.Time) (joined bool, err error) {
+	if err := d.stop("containerd"); err != nil {
+		return false, err
+	}
+	fmt.Println("kubenode: held before the kubelet until POST /join")
+	select {
+	case <-join:
+	case <-ctx.Done():
+		return false, nil
+	}
+	fmt.Printf("kubenode: joining, %s after start\n", time.Since(start).Round(time.Millisecond))
+	return true, d.start("containerd", binDir+"/containerd", "--config", "/etc/containerd/config.toml")
+}
+
 // network configures eth0, the default route and the routes to the other
 // nodes' pod ranges.
 func network(cfg *config) error {
@@ -200,10 +238,17 @@ func network(cfg *config) error {
 }
 
 // serveControl serves the lab's view of the node (GET /state: IPVS, VIPs,
-// nftables tables, links), its logs, commands and kube-proxy's restart on
-// the node's address.
-func serveControl(cfg *config, d *daemons) {
+// nftables tables, links), its logs, commands, kube-proxy's restart and,
+// for a node booted with -hold, the start of its kubelet (POST /join
+// closes join) on the node's address.
+func serveControl(cfg *config, d *daemons, join chan struct{}) {
 	mux := http.NewServeMux()
+	var joinOnce sync.Once
+	mux.HandleFunc("POST /join", func(w http.ResponseWriter, _ *http.Request) {
+		joinOnce.Do(func() { close(join) })
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = fmt.Fprintln(w, "joining")
+	})
 	mux.HandleFunc("GET /state", nodeapi.StateHandler)
 	// The node's logs (/var/log/pods holds the containers'): the API
 	// server on the host cannot reach the kubelets for kubectl logs.
@@ -528,6 +573,37 @@ func (d *daemons) reap(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// stop stops the daemon name (SIGTERM, SIGKILL after 30 s) and waits for
+// it; only before reap runs.
+func (d *daemons) stop(name string) error {
+	d.mu.Lock()
+	pid := 0
+	for p, n := range d.started {
+		if n == name {
+			pid = p
+			delete(d.started, p)
+		}
+	}
+	d.mu.Unlock()
+	if pid == 0 {
+		return fmt.Errorf("%s is not running", name)
+	}
+	_ = unix.Kill(pid, unix.SIGTERM)
+	kill := time.AfterFunc(30*time.Second, func() { _ = unix.Kill(pid, unix.SIGKILL) })
+	defer kill.Stop()
+	for {
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(pid, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("wait for %s: %w", name, err)
+		}
+		return nil
+	}
 }
 
 // restart stops the daemon name (SIGTERM, SIGKILL after 30 s), runs
