@@ -370,18 +370,35 @@ func podGet(t *testing.T, l *lab.Lab, urls ...string) []string {
 	if pid == "" {
 		t.Fatalf("client pod's container %s is not among the running tasks on %s:\n%s", id, node.Name, tasks)
 	}
-	out, err := node.Exec(ctx, append([]string{"nsenter", "--target", pid, "--net", "/opt/vipcast/bin/lab-backend", "-get"}, urls...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	answers := strings.Split(strings.TrimSpace(out), "\n")
-	if len(answers) != len(urls) {
-		t.Fatalf("from pod %s on %s, GET %v: %d lines %q, want one answer per URL", p.Name, p.Spec.NodeName, urls, len(answers), out)
-	}
-	for i, a := range answers {
-		if !strings.HasPrefix(a, "web-") {
-			t.Fatalf("from pod %s on %s, GET %s failed: %s", p.Name, p.Spec.NodeName, urls[i], a)
+	// kube-proxy's mode shows in the kernel before its first sync has
+	// programmed every Service: the GETs are tried again, as the
+	// NodePort's are, for up to 30 s (a pod started for them used to
+	// hide that wait in its own start), and a GET that fails throughout
+	// fails the test.
+	var answers []string
+	var last, firstFailure string
+	start := time.Now()
+	err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		out, err := node.Exec(ctx, append([]string{"nsenter", "--target", pid, "--net", "/opt/vipcast/bin/lab-backend", "-get"}, urls...)...)
+		if err != nil {
+			return false, err
 		}
+		last = out
+		answers = strings.Split(strings.TrimSpace(out), "\n")
+		ok := len(answers) == len(urls)
+		for _, a := range answers {
+			ok = ok && strings.HasPrefix(a, "web-")
+		}
+		if !ok && firstFailure == "" {
+			firstFailure = out
+		}
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("from pod %s on %s, GET %v did not answer within 30s (%v); last: %q", p.Name, p.Spec.NodeName, urls, err, last)
+	}
+	if firstFailure != "" {
+		t.Logf("from pod %s on %s, the GETs answered %s after the first try, which failed: %q", p.Name, p.Spec.NodeName, time.Since(start).Round(time.Second), firstFailure)
 	}
 	return answers
 }
