@@ -290,24 +290,31 @@ func BuildStatic(ctx context.Context, dir, pkg, out string) error {
 // the process's work directory: each package is built once per process,
 // so that the labs a test binary boots one after another share one build.
 func StaticBinary(ctx context.Context, pkg, name string) (string, error) {
-	staticBinMu.Lock()
-	defer staticBinMu.Unlock()
-	if p, ok := staticBins[pkg]; ok {
+	return buildOnce("static", pkg, name, func(out string) error { return BuildStatic(ctx, "", pkg, out) })
+}
+
+// buildOnce returns the file build wrote for key, building it on the
+// first call for (kind, key) in this process: at <work dir>/<kind>-<hash
+// of key>/<name>.
+func buildOnce(kind, key, name string, build func(out string) error) (string, error) {
+	builtMu.Lock()
+	defer builtMu.Unlock()
+	if p, ok := built[kind+" "+key]; ok {
 		return p, nil
 	}
 	wd, err := workDir()
 	if err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256([]byte(pkg))
-	out := filepath.Join(wd, "static-"+hex.EncodeToString(sum[:6]), name)
+	sum := sha256.Sum256([]byte(key))
+	out := filepath.Join(wd, kind+"-"+hex.EncodeToString(sum[:6]), name)
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return "", err
 	}
-	if err := BuildStatic(ctx, "", pkg, out); err != nil {
+	if err := build(out); err != nil {
 		return "", err
 	}
-	staticBins[pkg] = out
+	built[kind+" "+key] = out
 	return out, nil
 }
 
@@ -315,11 +322,9 @@ func StaticBinary(ctx context.Context, pkg, name string) (string, error) {
 func BuildInit() (string, error) { return initOnce() }
 
 var (
-	testBinMu sync.Mutex
-	testBins  = map[string]string{}
-
-	staticBinMu sync.Mutex
-	staticBins  = map[string]string{}
+	// builtMu guards built: what buildOnce built in this process.
+	builtMu sync.Mutex
+	built   = map[string]string{}
 )
 
 // IsStatic reports whether the ELF file at path has no program interpreter.
@@ -353,23 +358,10 @@ func TestBinary(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	testBinMu.Lock()
-	defer testBinMu.Unlock()
-	if p, ok := testBins[cwd]; ok {
-		return p, nil
-	}
-	wd, err := workDir()
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256([]byte(cwd))
-	out := filepath.Join(wd, "test-"+hex.EncodeToString(sum[:6]))
 	bi, ok := debug.ReadBuildInfo()
-	if err := goBuild(ctx, cwd, testBuildArgs(bi, ok, out)...); err != nil {
-		return "", err
-	}
-	testBins[cwd] = out
-	return out, nil
+	return buildOnce("test", cwd, "test.bin", func(out string) error {
+		return goBuild(ctx, cwd, testBuildArgs(bi, ok, out)...)
+	})
 }
 
 // testBuildArgs returns the arguments of `go test -c` for a test binary at
@@ -409,7 +401,7 @@ func RunContext(ctx context.Context, env *Env, opts Options) (*Result, error) {
 	if opts.Background {
 		argv = append([]string{"chrt", "--idle", "0"}, argv...)
 	}
-	cmd, console, err := startQEMU(ctx, argv, opts.CPUs == 1, vmNice)
+	cmd, console, err := startQEMU(ctx, argv, opts.CPUs == 1)
 	if err != nil {
 		return nil, err
 	}
@@ -565,11 +557,11 @@ func qemuArgv(env *Env, opts Options, initrd string) []string {
 // startQEMU starts argv in its own process group, which dies with this
 // process and is killed when ctx ends, and returns the command and the read
 // end of its console (standard output and error). With pin, qemu runs on
-// one host CPU (see pinCPU) at nice nice. The caller closes the console
+// one host CPU (see pinCPU) at nice vmNice. The caller closes the console
 // and waits for the command.
-func startQEMU(ctx context.Context, argv []string, pin bool, nice int) (*exec.Cmd, *os.File, error) {
+func startQEMU(ctx context.Context, argv []string, pin bool) (*exec.Cmd, *os.File, error) {
 	if pin {
-		argv = append([]string{"nice", "-n", strconv.Itoa(nice)}, argv...)
+		argv = append([]string{"nice", "-n", strconv.Itoa(vmNice)}, argv...)
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
