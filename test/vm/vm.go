@@ -277,13 +277,15 @@ var initOnce = sync.OnceValues(func() (string, error) {
 	out := filepath.Join(wd, "init")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	return out, goBuild(ctx, "", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/vipcast/vipcast/test/vm/init")
+	return out, goBuild(ctx, "", "build", "-ldflags=-s -w", "-o", out, "github.com/vipcast/vipcast/test/vm/init")
 })
 
 // BuildStatic builds the Go package pkg (an import path or ./relative to
-// dir) into out as a static binary for the guest.
+// dir) into out as a static binary for the guest. It compiles as go test
+// does under make test (CGO_ENABLED=0, no -trimpath), so that the two share
+// their compiled packages.
 func BuildStatic(ctx context.Context, dir, pkg, out string) error {
-	return goBuild(ctx, dir, "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	return goBuild(ctx, dir, "build", "-ldflags=-s -w", "-o", out, pkg)
 }
 
 // StaticBinary returns pkg built as BuildStatic builds it, named name, in
