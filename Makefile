@@ -240,7 +240,7 @@ fuzz: ## run every fuzz target for a while each (FUZZTIME=60s)
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $${FUZZTIME:-60s} $${t%%:*}; \
 	done
 
-bench: tools routers ## print the ipam, CCM, speaker, dataplane (one tier and two) and BFD benchmarks (figures and ratios)
+bench: tools routers ## print the ipam, CCM, speaker, dataplane (one tier and two), BFD and test-VM benchmarks (figures and ratios)
 	@mkdir -p _output
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ ./speaker/ | tee _output/bench-ipam.txt
 	$(GO) test -tags controlplane -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
@@ -249,6 +249,7 @@ bench: tools routers ## print the ipam, CCM, speaker, dataplane (one tier and tw
 	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkDiff' -benchmem ./ipvs/ | tee _output/bench-ipvs-diff.txt
 	$(GO) test -tags kernel -count=1 -timeout 30m -run '^$$' -bench BenchmarkKernelDataplane -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-ipvs.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -tags kernel -count=1 -timeout 10m -run '^$$' -bench BenchmarkTwoTier -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-twotier.txt | grep -E '^Benchmark|^ok|FAIL'
+	$(GO) test -tags kernel -count=1 -timeout 10m -run '^$$' -bench BenchmarkGuestCopy -benchtime 1x ./test/vm/ 2>&1 | tee _output/bench-guest-copy.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -tags routing -count=1 -timeout 30m -run '^TestSpeakerFabric(BFD)?$$' -v ./test/e2e/ -args -bfd-trials=50 2>&1 | tee _output/bench-bfd.txt | grep -E 'frozen|SIGSTOP|^--- |^ok|FAIL'
 
 $(K8S_BIN)/kubectl:

@@ -71,6 +71,23 @@ func guestHelper() int {
 			fmt.Println("guest has module ip_vs")
 		}
 	}
+	if cpuinfo, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(cpuinfo), "\n") {
+			if strings.HasPrefix(l, "flags") {
+				var fast []string
+				for _, f := range strings.Fields(l) {
+					if f == "erms" || f == "fsrm" {
+						fast = append(fast, f)
+					}
+				}
+				fmt.Printf("guest fast string flags %q\n", fast)
+				break
+			}
+		}
+	}
+	if mib, err := strconv.Atoi(os.Getenv("VM_HELPER_COPY_MIB")); err == nil {
+		copyWorkload(mib)
+	}
 	if d, err := time.ParseDuration(os.Getenv("VM_HELPER_SLEEP")); err == nil {
 		time.Sleep(d)
 	}
@@ -121,7 +138,12 @@ func TestVMExitCode(t *testing.T) {
 	if res.ExitCode != 7 {
 		t.Errorf("exit code %d, want 7", res.ExitCode)
 	}
-	for _, want := range []string{"guest uname release " + env.Kernel.Release, "guest has module ip_vs"} {
+	wants := []string{"guest uname release " + env.Kernel.Release, "guest has module ip_vs"}
+	if env.Accel == "tcg" {
+		// TCGCPU: TCG runs rep movsb/stosb a byte at a time.
+		wants = append(wants, `guest fast string flags []`)
+	}
+	for _, want := range wants {
 		if !strings.Contains(res.Output, want) {
 			t.Errorf("guest output lacks %q", want)
 		}
