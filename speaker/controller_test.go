@@ -882,3 +882,115 @@ func relayHelp(t *testing.T, reg *prometheus.Registry) string {
 	}
 	return mfs[0].GetHelp()
 }
+
+// orderLog is the order in which a dataplane and a BGP engine saw VIPs:
+// "dp VIP" when the dataplane was asked for a virtual server of VIP,
+// "bgp VIP" when VIP's route was announced.
+type orderLog struct {
+	mu      sync.Mutex
+	entries []string
+}
+
+func (o *orderLog) add(e string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.entries = append(o.entries, e)
+}
+
+func (o *orderLog) index(e string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Index(o.entries, e)
+}
+
+// orderedBGP is flakyBGP that logs each announced VIP in an orderLog.
+type orderedBGP struct {
+	flakyBGP
+	log *orderLog
+}
+
+func (b *orderedBGP) Apply(ctx context.Context, announce []bgp.Route, withdraw []netip.Prefix) error {
+	for _, r := range announce {
+		b.log.add("bgp " + r.Prefix.Addr().String())
+	}
+	return b.flakyBGP.Apply(ctx, announce, withdraw)
+}
+
+// racingDataplane is recordingDataplane that logs each VIP it is asked to
+// program in an orderLog and, during its first Sync, has Service z (VIP
+// 10.100.0.9, one ready endpoint) created and waits until the
+// controller's caches hold it: a Service that arrives while a full sync
+// programs the others.
+type racingDataplane struct {
+	recordingDataplane
+	log    *orderLog
+	client *fake.Clientset
+	c      *Controller
+	once   sync.Once
+}
+
+func (d *racingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
+	for k := range desired.Services {
+		d.log.add("dp " + k.VIP.String())
+	}
+	d.once.Do(func() {
+		ctx := context.Background()
+		_, _ = d.client.CoreV1().Services("ns").Create(ctx, testLBService("z", "10.100.0.9"), metav1.CreateOptions{})
+		_, _ = d.client.DiscoveryV1().EndpointSlices("ns").Create(ctx, testSlice("z"), metav1.CreateOptions{})
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			for _, svc := range d.c.watch.listServices() {
+				if svc.Name == "z" && len(d.c.watch.slicesOf(svc)) > 0 {
+					return
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	return d.recordingDataplane.Sync(desired)
+}
+
+func (d *racingDataplane) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error) {
+	if desired != nil {
+		d.log.add("dp " + key.VIP.String())
+	}
+	return d.recordingDataplane.SyncService(key, desired)
+}
+
+// TestControllerAnnouncesOnlyWhatItProgrammed: a full sync announces the
+// routes of the Services whose virtual servers it programmed, not of a
+// Service that reached the caches meanwhile; that one is announced once
+// its own sync has programmed it. (A full sync once read the Services
+// twice, for the dataplane and then for the routes, and announced a VIP
+// the node had not bound yet: the fabric sent its traffic to a node that
+// routed it back, and a new Service's first connections failed with "no
+// route to host".)
+func TestControllerAnnouncesOnlyWhatItProgrammed(t *testing.T) {
+	client := fakeServices(2)
+	log := &orderLog{}
+	engine := &orderedBGP{flakyBGP: flakyBGP{routes: map[netip.Prefix]bgp.Route{}}, log: log}
+	dp := &racingDataplane{log: log, client: client}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.c = c
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = c.Run(ctx) }()
+	z := netip.MustParsePrefix("10.100.0.9/32")
+	eventually(t, "Service z announced", func() bool { return engine.prefixes()[z] }, func() string {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		return fmt.Sprint(log.entries)
+	})
+	for _, vip := range []string{"10.100.0.1", "10.100.0.2", "10.100.0.9"} {
+		programmed, announced := log.index("dp "+vip), log.index("bgp "+vip)
+		if programmed < 0 || programmed > announced {
+			log.mu.Lock()
+			t.Errorf("VIP %s announced (at %d) before its virtual server was programmed (at %d): %v", vip, announced, programmed, log.entries)
+			log.mu.Unlock()
+		}
+	}
+}

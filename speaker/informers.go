@@ -224,12 +224,6 @@ func (w *watched) service(key string) (*v1.Service, error) {
 	return svc, nil
 }
 
-// hasService reports whether the Service with the given key is in the cache.
-func (w *watched) hasService(key string) bool {
-	_, exists, _ := w.services.GetStore().GetByKey(key)
-	return exists
-}
-
 // listServices returns every Service in the cache.
 func (w *watched) listServices() []*v1.Service {
 	objs := w.services.GetStore().List()

@@ -31,14 +31,19 @@ func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 	}
 	// Until a first full sync has succeeded every sync is a full one.
 	full = full || !c.HasSynced()
-	dpErr := c.syncDataplane(ctx, full)
+	// One read of the caches for both the dataplane and the routes: a
+	// Service (or an endpoint) that arrives in between is programmed and
+	// announced by its own sync, queued by its event, never announced
+	// here before its virtual servers exist.
+	snap := c.snapshot()
+	dpErr := c.syncDataplane(ctx, full, snap)
 	if dpErr != nil && full && !c.HasSynced() {
 		// Announcing VIPs this node cannot forward would black-hole
 		// their traffic: no routes and no sessions until the dataplane
 		// works.
 		return dpErr
 	}
-	announced, withdrawn, err := c.ann.syncAll(ctx, c.allRoutes)
+	announced, withdrawn, err := c.ann.syncAll(ctx, c.routesOf(snap))
 	if err != nil {
 		return err
 	}
@@ -187,22 +192,21 @@ func (c *Controller) syncTunnels(ctx context.Context, self string) (tunnels, tun
 // a Warning Event, is not announced (see serviceRoutes) and its key is
 // queued with backoff, which retries it alone. The error returned is what
 // failed beyond single Services.
-func (c *Controller) syncDataplane(ctx context.Context, full bool) error {
+func (c *Controller) syncDataplane(ctx context.Context, full bool, snap []serviceSnapshot) error {
 	if c.prog == nil {
 		return nil
 	}
-	services := c.watch.listServices()
 	if full {
-		all := make([]serviceServers, 0, len(services))
-		for _, svc := range services {
-			all = append(all, serviceServers{ServiceKey(svc), c.desiredFor(ctx, svc, c.watch.slicesOf(svc))})
+		all := make([]serviceServers, 0, len(snap))
+		for _, s := range snap {
+			all = append(all, serviceServers{ServiceKey(s.svc), c.desiredFor(ctx, s.svc, s.slices)})
 		}
 		refused, err := c.prog.resync(ctx, all)
 		if err != nil {
 			return err
 		}
-		for _, svc := range services {
-			c.report.dataplaneRefused(ctx, svc, c.prog.refusal(ServiceKey(svc)))
+		for _, s := range snap {
+			c.report.dataplaneRefused(ctx, s.svc, c.prog.refusal(ServiceKey(s.svc)))
 		}
 		for _, key := range refused {
 			c.queue.AddRateLimited(key)
@@ -210,36 +214,57 @@ func (c *Controller) syncDataplane(ctx context.Context, full bool) error {
 		return nil
 	}
 	var errs []error
-	for _, svc := range services {
-		key := ServiceKey(svc)
-		err := c.prog.program(key, c.desiredFor(ctx, svc, c.watch.slicesOf(svc)))
-		c.report.dataplaneRefused(ctx, svc, c.prog.refusal(key))
+	inSnap := make(map[string]bool, len(snap))
+	for _, s := range snap {
+		key := ServiceKey(s.svc)
+		inSnap[key] = true
+		err := c.prog.program(key, c.desiredFor(ctx, s.svc, s.slices))
+		c.report.dataplaneRefused(ctx, s.svc, c.prog.refusal(key))
 		if err != nil {
 			c.queue.AddRateLimited(key) // retried alone
 		}
 	}
 	for key := range c.prog.programmed {
-		if !c.watch.hasService(key) {
+		if !inSnap[key] {
 			errs = append(errs, c.prog.program(key, nil))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// allRoutes yields every Service in the cache with its routes, and
-// records anew why this node announces none for some (notAnnounced).
-func (c *Controller) allRoutes(yield func(string, []bgp.Route) bool) {
-	fresh := map[string]string{}
-	for _, svc := range c.watch.listServices() {
-		routes, why := c.serviceRoutes(svc, c.watch.slicesOf(svc))
-		if c.unannounced(svc, why) {
-			fresh[ServiceKey(svc)] = why
-		}
-		if !yield(ServiceKey(svc), routes) {
-			return
-		}
+// serviceSnapshot is one Service and its EndpointSlices as the caches held
+// them at one moment.
+type serviceSnapshot struct {
+	svc    *v1.Service
+	slices []*discoveryv1.EndpointSlice
+}
+
+// snapshot reads every Service and its EndpointSlices from the caches.
+func (c *Controller) snapshot() []serviceSnapshot {
+	services := c.watch.listServices()
+	out := make([]serviceSnapshot, 0, len(services))
+	for _, svc := range services {
+		out = append(out, serviceSnapshot{svc, c.watch.slicesOf(svc)})
 	}
-	c.notAnnounced = fresh
+	return out
+}
+
+// routesOf yields every Service of snap with its routes, and records anew
+// why this node announces none for some (notAnnounced).
+func (c *Controller) routesOf(snap []serviceSnapshot) func(yield func(string, []bgp.Route) bool) {
+	return func(yield func(string, []bgp.Route) bool) {
+		fresh := map[string]string{}
+		for _, s := range snap {
+			routes, why := c.serviceRoutes(s.svc, s.slices)
+			if c.unannounced(s.svc, why) {
+				fresh[ServiceKey(s.svc)] = why
+			}
+			if !yield(ServiceKey(s.svc), routes) {
+				return
+			}
+		}
+		c.notAnnounced = fresh
+	}
 }
 
 // unannounced reports whether svc belongs in the SpeakerStatus's
