@@ -8,7 +8,7 @@
 //
 // At the end it prints a summary of the failures, every skipped test with its
 // reason, and a table of wall times: each package, each lab scenario (the
-// top-level tests of the lab package and their first-level subtests), the
+// top-level tests of the lab package and two levels of their subtests), the
 // total, and the ten slowest tests. The last line counts the tests that have
 // no subtests: "N passed, N failed", with ", N skipped" when any skipped.
 //
@@ -76,7 +76,7 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (co
 	fs.StringVar(&c.outDir, "out", "_output", "directory for test.json and test.log (empty: write neither)")
 	fs.DurationVar(&c.maxTotal, "max-total", def, "fail the run when its total wall time passes this (default from TEST_MAX_TOTAL, else 60m; 0: no guard)")
 	fs.BoolVar(&c.failOnSkip, "fail-on-skip", false, "fail the run when any test skipped (CI: nothing is skipped)")
-	fs.StringVar(&c.labPkg, "lab", "github.com/vipcast/vipcast/test/lab", "package whose top-level tests and first-level subtests are the lab scenarios")
+	fs.StringVar(&c.labPkg, "lab", "github.com/vipcast/vipcast/test/lab", "package whose top-level tests and two levels of subtests are the lab scenarios")
 	fs.StringVar(&c.trim, "trim", "github.com/vipcast/vipcast/", "prefix left out of package names in the table")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -593,7 +593,7 @@ func (s *summary) addTest(t *test, short string, end time.Time, lab bool) bool {
 		wall, st = end.Sub(t.started), "did not finish"
 	}
 	s.tests = append(s.tests, row{short + " " + t.name, st, wall})
-	if lab && t.depth() <= 1 {
+	if lab && t.depth() <= 2 {
 		s.scenarios = append(s.scenarios, row{t.name, st, wall})
 	}
 	switch {
@@ -826,9 +826,7 @@ func (s summary) writeTable(w *printer, c config) {
 func indentScenarios(rs []row) []row {
 	out := make([]row, len(rs))
 	for i, r := range rs {
-		if strings.Contains(r.name, "/") {
-			r.name = "  " + r.name
-		}
+		r.name = strings.Repeat("  ", strings.Count(r.name, "/")) + r.name
 		out[i] = r
 	}
 	return out

@@ -175,8 +175,8 @@ func TestFixtureRun(t *testing.T) {
 		t.Errorf("broken's row %q does not say the build failed", pkgs[3])
 	}
 	scen := r.section(t, "lab scenario")
-	if got := names(scen); strings.Join(got, " ") != "TestCluster TestCluster/nftables TestCluster/lifecycle TestCluster/bfd TestEndToEnd" {
-		t.Errorf("lab scenarios %q: want the top-level tests and first-level subtests in run order", got)
+	if got := names(scen); strings.Join(got, " ") != "TestCluster TestCluster/nftables TestCluster/nftables/held TestCluster/lifecycle TestCluster/bfd TestEndToEnd" {
+		t.Errorf("lab scenarios %q: want the top-level tests and two levels of subtests in run order", got)
 	}
 	if !strings.Contains(scen[0], "0.6s") || !strings.Contains(scen[1], "0.4s") {
 		t.Errorf("scenario wall times: %q", scen)
