@@ -48,10 +48,12 @@ func (cp *ControlPlane) StartKubeControllers() error {
 		"--service-account-private-key-file", filepath.Join(cp.Dir, "sa.key"),
 		"--cluster-name", "lab",
 		"--leader-elect=false",
-		// A lab node that stops answering is NotReady after 20 s, and
-		// its pods are evicted 30 s later: the defaults (40 s and 5 min)
-		// are longer than a test waits.
-		"--node-monitor-grace-period", "20s",
+		// A node whose lease is older than this when the controller
+		// looks is unreachable, its pods not ready. test/lab freezes the
+		// API server for 25 s, during which no kubelet can renew its
+		// lease (every 10 s): the default, 50 s, is too close to it on
+		// emulated nodes that renew late.
+		"--node-monitor-grace-period", "90s",
 		"--v", "1",
 	)
 	if err := cp.launch(filepath.Join(bin, "kube-controller-manager"), "kube-controller-manager", kcm...); err != nil {

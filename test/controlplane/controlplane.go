@@ -78,6 +78,7 @@ type ControlPlane struct {
 	procs   []*proc.Process
 	apiURL  string
 	apiArgs []string
+	nice    int
 }
 
 // Start launches etcd and kube-apiserver on loopback, waits until the API
@@ -99,6 +100,15 @@ type Options struct {
 	// pods get their service account's token (the default leaves it off:
 	// tests without kubelets create pods no one runs).
 	ServiceAccounts bool
+	// Nice, when above zero, is the nice value every component runs at
+	// (etcd, kube-apiserver and, started later, the controllers), so that
+	// a control plane serving VMs at the same nice value shares the CPU
+	// with them as equals: the real cluster's node VMs run at nice 10
+	// (test/vm), and beside them a restarting kube-apiserver at nice 0
+	// took both host CPUs for seconds, starved a node's speaker past its
+	// BGP hold timer and flapped a session, which on separate machines
+	// no API server restart can do.
+	Nice int
 }
 
 // StartWith is Start with options.
@@ -124,7 +134,7 @@ func start(dir string, logf func(string, ...any), opts Options) (*ControlPlane, 
 			return nil, fmt.Errorf("%s not found in %s (run `make tools` to build it): %w", name, bin, err)
 		}
 	}
-	cp := &ControlPlane{Dir: dir}
+	cp := &ControlPlane{Dir: dir, nice: opts.Nice}
 	ports, err := proc.FreePorts("127.0.0.1", 3)
 	if err != nil {
 		return cp, err
@@ -281,7 +291,7 @@ current-context: test
 }
 
 func (cp *ControlPlane) launch(path, name string, args ...string) error {
-	p, err := startLogged(cp.Dir, name, path, args...)
+	p, err := cp.startLogged(name, path, args...)
 	if err != nil {
 		return err
 	}
@@ -290,13 +300,30 @@ func (cp *ControlPlane) launch(path, name string, args ...string) error {
 }
 
 // startLogged starts the component name from path with its output in
-// dir/name.log.
-func startLogged(dir, name, path string, args ...string) (*proc.Process, error) {
-	p, err := proc.Start(filepath.Join(dir, name+".log"), path, args...)
+// the control plane's directory as name.log, at the control plane's nice
+// value (nice(1) execs path: the process is the component's).
+func (cp *ControlPlane) startLogged(name, path string, args ...string) (*proc.Process, error) {
+	if cp.nice > 0 {
+		args = append([]string{"-n", strconv.Itoa(cp.nice), path}, args...)
+		path = "nice"
+	}
+	p, err := proc.Start(filepath.Join(cp.Dir, name+".log"), path, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return p, nil
+}
+
+// Pids returns the process IDs of the running components, in start
+// order (etcd, kube-apiserver, then the controllers if started).
+func (cp *ControlPlane) Pids() []int {
+	var pids []int
+	for _, p := range cp.procs {
+		if !p.Exited() {
+			pids = append(pids, p.Pid())
+		}
+	}
+	return pids
 }
 
 // Stop terminates the API server and etcd (in reverse start order), waiting

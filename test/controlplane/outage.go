@@ -65,7 +65,7 @@ func (cp *ControlPlane) RestartAPIServer() error {
 	if h, err := cp.apiServer(); err != nil || !h.Exited() {
 		return errors.New("kube-apiserver is still running (or was never started): kill it first")
 	}
-	p, err := startLogged(cp.Dir, "kube-apiserver", filepath.Join(BinDir(), "kube-apiserver"), cp.apiArgs...)
+	p, err := cp.startLogged("kube-apiserver", filepath.Join(BinDir(), "kube-apiserver"), cp.apiArgs...)
 	if err != nil {
 		return err
 	}

@@ -24,23 +24,24 @@ import (
 // Everything else (the API server, the tests, other VMs) still runs on any
 // CPU.
 
-// vmNice is the nice value of a pinned VM's qemu. A pinned qemu at nice 0
-// keeps its CPU from the host's other tasks: a task sleeping 20 ms at a
-// time, beside the real cluster's two pinned VMs and the rest of make
-// test, woke up to 1.4 s late at the 99th percentile and 4.4 s at worst,
-// which took a 100 ms x 3 BFD session and a 5 s read of the ToR's routes
-// down in test/e2e. At nice 10: 15-80 ms and 0.1-0.5 s (unpinned at nice
-// 0, as before pinning: 180 ms and 0.7 s). The VM still has every cycle
-// the host's tasks leave, and they are the API servers, routers and
-// speakers the tests time.
-const vmNice = 10
+// Nice is the nice value of a pinned VM's qemu (and of the real cluster's
+// control plane in test/lab, which shares the CPU with its VMs). A pinned
+// qemu at nice 0 keeps its CPU from the host's other tasks: a task
+// sleeping 20 ms at a time, beside the real cluster's two pinned VMs and
+// the rest of make test, woke up to 1.4 s late at the 99th percentile and
+// 4.4 s at worst, which took a 100 ms x 3 BFD session and a 5 s read of
+// the ToR's routes down in test/e2e. At nice 10: 15-80 ms and 0.1-0.5 s
+// (unpinned at nice 0, as before pinning: 180 ms and 0.7 s). The VM still
+// has every cycle the host's tasks leave, and they are the API servers,
+// routers and speakers the tests time.
+const Nice = 10
 
-// vmNiceGiveWay is the nice value GiveWay gives a VM's qemu: beside a VM at vmNice on its CPU it gets about a
-// quarter of it when both are busy (CFS weights 36 and 110), and all of
-// what the other leaves. A node VM that booted beside a serving one at
-// equal weight took half its CPU for minutes; the serving node's kubelet
-// and speaker then missed their deadlines (a BGP hold timer, readiness
-// probes) as no real node would.
+// vmNiceGiveWay is the nice value GiveWay gives a VM's qemu: beside a VM
+// at Nice on its CPU it gets about a quarter of it when both are busy (CFS
+// weights 36 and 110), and all of what the other leaves. A node VM that
+// booted beside a serving one at equal weight took half its CPU for
+// minutes; the serving node's kubelet and speaker then missed their
+// deadlines (a BGP hold timer, readiness probes) as no real node would.
 const vmNiceGiveWay = 15
 
 // GiveWay moves the qemu process pid (Options.Started gives it), every

@@ -574,11 +574,11 @@ func qemuArgv(env *Env, opts Options, initrd string) []string {
 // startQEMU starts argv in its own process group, which dies with this
 // process and is killed when ctx ends, and returns the command and the read
 // end of its console (standard output and error). With pin, qemu runs on
-// one host CPU (see pinCPU) at nice vmNice. The caller closes the console
+// one host CPU (see pinCPU) at nice Nice. The caller closes the console
 // and waits for the command.
 func startQEMU(ctx context.Context, argv []string, pin bool) (*exec.Cmd, *os.File, error) {
 	if pin {
-		argv = append([]string{"nice", "-n", strconv.Itoa(vmNice)}, argv...)
+		argv = append([]string{"nice", "-n", strconv.Itoa(Nice)}, argv...)
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

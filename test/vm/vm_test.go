@@ -127,12 +127,12 @@ func TestVMExitCode(t *testing.T) {
 		},
 	})
 	// A single-vCPU VM runs on one host CPU (pinCPU), when there are two,
-	// at nice vmNice.
+	// at nice Nice.
 	if mine.Count() > 1 && len(affinity) != 1 {
 		t.Errorf("qemu's CPU affinity is %v, want one CPU of %v", affinity, cpusOf(&mine))
 	}
-	if nice != strconv.Itoa(vmNice) {
-		t.Errorf("qemu's nice is %s, want %d", nice, vmNice)
+	if nice != strconv.Itoa(Nice) {
+		t.Errorf("qemu's nice is %s, want %d", nice, Nice)
 	}
 	env, _ := prepareOnce()
 	if res.ExitCode != 7 {
@@ -198,7 +198,7 @@ func pinningTest(t *testing.T) (context.Context, *Env, string, unix.CPUSet) {
 // pinned to one host CPU, and, with two CPUs or more, not the same one.
 // The second starts in the Background (the idle scheduling policy), then
 // gives way (GiveWay): it runs at the normal policy and nice
-// vmNiceGiveWay, the first at vmNice.
+// vmNiceGiveWay, the first at Nice.
 func TestVMsSpreadOverCPUs(t *testing.T) {
 	ctx, env, bin, _ := pinningTest(t)
 	// Through ip netns exec, as the labs start their VMs: the window
@@ -249,7 +249,7 @@ func TestVMsSpreadOverCPUs(t *testing.T) {
 	if !idle {
 		t.Error("the VM started in the Background does not run at the idle scheduling policy")
 	}
-	if want := []string{strconv.Itoa(vmNice), strconv.Itoa(vmNiceGiveWay)}; !slices.Equal(nice, want) {
+	if want := []string{strconv.Itoa(Nice), strconv.Itoa(vmNiceGiveWay)}; !slices.Equal(nice, want) {
 		t.Errorf("the VMs' qemu run at nice %v, want %v (the second gives way)", nice, want)
 	}
 }
