@@ -30,7 +30,7 @@ export SOURCE_DATE_EPOCH
 # without, the kubelet's cold build took 13 minutes after kube-apiserver's,
 # compiling again most of what kube-apiserver had compiled).
 export CGO_ENABLED := 0
-# Test timeouts, per package: test/lab (the real cluster and the VM labs)
+# Test timeouts, per package: test/lab (the real cluster)
 # took 19 to 28 minutes on 2 cores, and 30 cut it short on a loaded host.
 TEST_TIMEOUT ?= 60m
 # The test tiers beyond the unit tier, as build tags: a _test.go file with no
@@ -183,7 +183,7 @@ test-routing: routers tools ## (tag routing) bgp/ and vipcast-speaker against re
 test-kernel: ## (tag kernel) the dataplane in Debian's kernel under qemu: ipvs/, the speaker's controller, test/vm
 	$(GO) test -tags kernel -count=1 -timeout $(TEST_TIMEOUT) $(call tier_pkgs,kernel)
 
-test-lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl ## (tag lab, as root) test/lab: the VM labs and the real cluster
+test-lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl ## (tag lab, as root) test/lab: every cluster-level scenario in one real cluster
 	@mkdir -p _output
 	$(GO) test -tags lab -count=1 -timeout $(TEST_TIMEOUT) -v $(call tier_pkgs,lab) 2>&1 | tee _output/lab-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
 
@@ -195,13 +195,14 @@ test-lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl ## (tag lab, a
 # (test/vm), so that the API servers, routers and speakers that other tests
 # time get the CPU when they need it; beside test/e2e's busiest tests they got
 # so little that a kube-proxy restart in a node VM timed out, and at nice 0
-# beside test/lab a 100 ms BFD session in test/e2e went down. The other
-# packages run two at a time, the longest first (FIRST_PKGS: go test starts
-# packages in the order it is given them), so that test/e2e's ten minutes
-# overlap the rest rather than follow it.
+# beside test/lab a 100 ms BFD session in test/e2e went down. (The real
+# cluster's control plane runs at nice 10 too, as an equal of its VMs.) The
+# other packages run two at a time, the longest first (FIRST_PKGS: go test
+# starts packages in the order it is given them), so that test/e2e's ten
+# minutes overlap the rest rather than follow it.
 LAB_PKGS := ./test/lab/...
 FIRST_PKGS := ./test/e2e ./ipvs
-test: verify tools cluster-tools routers ## everything: unit, control-plane, routing, dataplane (VM), end-to-end and real-cluster tiers, and the image builder
+test: verify tools cluster-tools routers ## everything: unit, control-plane, routing, dataplane (VM) and real-cluster tiers, and the image builder
 	@mkdir -p _output
 	$(GO) -C hack/image test -count=1 ./...
 	$(GO) build -o _output/testreport ./hack/testreport
@@ -260,8 +261,7 @@ $(K8S_BIN)/kubectl:
 lab-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make lab needs root: it creates network namespaces, tap devices and VMs. Run it as root."; exit 1; }
 
-# LAB_FLAGS: -proxy-mode nftables|ipvs, or -agents for the agent-based
-# topology (no kubelet, vipcast-ccm on the host).
+# LAB_FLAGS: -proxy-mode nftables|ipvs.
 LAB_FLAGS ?=
 lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl ## as root: a real cluster (control plane, 2 node VMs with kubelet, containerd, kube-proxy), vipcast by helm install, an FRR ToR and a client; Ctrl-C tears down
 	@mkdir -p _output

@@ -29,7 +29,7 @@ import (
 	"github.com/vipcast/vipcast/test/vm"
 )
 
-// ClusterOptions make the lab a real cluster (Options.Cluster): each node
+// ClusterOptions configure the real cluster (Options.Cluster): each node
 // VM boots a Debian userland (vm.Rootfs) with containerd, runc, the bridge
 // CNI plugin, a kubelet started with --cloud-provider=external and
 // kube-proxy; kube-controller-manager and kube-scheduler run beside the API
@@ -92,7 +92,7 @@ func containerdDir() string {
 func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	t, logf := l.t, l.Opts.Logf
 	t.Helper()
-	co := l.Opts.Cluster
+	co := &l.Opts.Cluster
 	co.withDefaults()
 	bins, venv := l.prepare(ctx)
 	l.binDir = filepath.Dir(bins["kubectl-vipcast"])
@@ -106,7 +106,7 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 		t.Fatalf("node root filesystem: %v", err)
 	}
 	logf("==> starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler %s", controlplane.KubernetesVersion)
-	l.CP = controlplane.StartWith(t, controlplane.Options{AdvertiseAddress: torAddr.String(), ServiceAccounts: true})
+	l.CP = controlplane.StartWith(t, controlplane.Options{AdvertiseAddress: torAddr.String(), ServiceAccounts: true, Nice: vm.Nice})
 	if err := l.CP.StartKubeControllers(); err != nil {
 		t.Fatal(err)
 	}
@@ -132,11 +132,22 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	}
 	l.Nodes, l.spare = all[:boot], all[boot:]
 	l.startToR()
-	payload, err := l.payload(ctx, images, bins["lab-backend"])
+	payload, err := l.payload(ctx, bins["lab-backend"])
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.bootKubeNodes(ctx, cancel, venv, rootfs, payload, bins["kubenode"], co)
+	ctrRoot, err := l.containerdRoot(ctx, images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.bootKubeNodes(ctx, cancel, venv, rootfs, payload, ctrRoot, bins["kubenode"], co)
+	// After the VMs' cleanup, so before it: the nodes still answer.
+	t.Cleanup(func() {
+		if t.Failed() {
+			l.dumpConsoles()
+			l.dumpNodes()
+		}
+	})
 	l.waitKubelets(ctx)
 	l.helmInstall(ctx, co)
 }
@@ -177,9 +188,9 @@ func (l *Lab) buildImages(ctx context.Context, bins map[string]string, tags []st
 }
 
 // payload writes the nodes' second disk: an ext4 image holding the node
-// binaries, the images, the nodes' kubeconfig and the backend binary
-// (bin/lab-backend, for GETs from inside a pod's network namespace).
-func (l *Lab) payload(ctx context.Context, images []string, backend string) (string, error) {
+// binaries, the nodes' kubeconfig and the backend binary (bin/lab-backend,
+// for GETs from inside a pod's network namespace).
+func (l *Lab) payload(ctx context.Context, backend string) (string, error) {
 	dir := filepath.Join(l.Opts.Dir, "payload")
 	files := map[string]string{
 		"bin/kubelet":                 filepath.Join(controlplane.BinDir(), "kubelet"),
@@ -189,9 +200,6 @@ func (l *Lab) payload(ctx context.Context, images []string, backend string) (str
 		"bin/containerd-shim-runc-v2": filepath.Join(containerdDir(), "containerd-shim-runc-v2"),
 		"bin/lab-backend":             backend,
 		"kubeconfig":                  l.clusterKubeconfig(),
-	}
-	for i, img := range images {
-		files[fmt.Sprintf("images/%02d-%s", i, filepath.Base(img))] = img
 	}
 	for dst, src := range files {
 		if err := copyFile(src, filepath.Join(dir, dst)); err != nil {
@@ -260,6 +268,8 @@ type kubeBoot struct {
 	venv    *vm.Env
 	rootfs  *vm.Rootfs
 	payload string
+	// ctrRoot is the ext4 image of containerd's root (containerdRoot).
+	ctrRoot string
 	agent   string
 	co      *ClusterOptions
 	all     []*Node
@@ -267,7 +277,7 @@ type kubeBoot struct {
 
 // bootKubeNodes boots every node VM of the real cluster: l.Nodes, and the
 // spare ones held before their kubelet until JoinSpare.
-func (l *Lab) bootKubeNodes(ctx context.Context, cancel context.CancelFunc, venv *vm.Env, rootfs *vm.Rootfs, payload, agent string, co *ClusterOptions) {
+func (l *Lab) bootKubeNodes(ctx context.Context, cancel context.CancelFunc, venv *vm.Env, rootfs *vm.Rootfs, payload, ctrRoot, agent string, co *ClusterOptions) {
 	t := l.t
 	t.Helper()
 	l.Opts.Logf("==> booting %d node VMs (Debian %s userland, kubelet and kube-proxy %s in %s mode, containerd %s)",
@@ -275,7 +285,7 @@ func (l *Lab) bootKubeNodes(ctx context.Context, cancel context.CancelFunc, venv
 	if len(l.spare) > 0 {
 		l.Opts.Logf("    and %d more, held before their kubelet until they join", len(l.spare))
 	}
-	l.boot = &kubeBoot{ctx: ctx, venv: venv, rootfs: rootfs, payload: payload, agent: agent, co: co, all: append(slices.Clone(l.Nodes), l.spare...)}
+	l.boot = &kubeBoot{ctx: ctx, venv: venv, rootfs: rootfs, payload: payload, ctrRoot: ctrRoot, agent: agent, co: co, all: append(slices.Clone(l.Nodes), l.spare...)}
 	t.Cleanup(func() { cancel(); l.boot.wg.Wait() })
 	for _, n := range l.Nodes {
 		l.bootKubeNode(n, false)
@@ -378,12 +388,15 @@ func (l *Lab) bootKubeNode(n *Node, spare bool) {
 	opts.Disk = b.rootfs.Image
 	opts.Modules = append(opts.Modules, "overlay", "br_netfilter", "veth", "nf_conntrack_netlink")
 	opts.OnDemandModules = netfilterModules(b.venv.Kernel)
-	opts.MemoryMB = max(l.Opts.NodeMemoryMB, 2048)
+	opts.MemoryMB = 2048
 	if spare {
 		opts.Args = append(opts.Args, "-hold")
 		opts.Background = true
 	}
-	opts.QEMUArgs = append(opts.QEMUArgs, "-drive", "file="+b.payload+",if=virtio,format=raw,readonly=on")
+	// /dev/vdb: the payload, read-only; /dev/vdc: containerd's root, a
+	// copy of its own (snapshot=on; cache=unsafe: it is thrown away).
+	opts.QEMUArgs = append(opts.QEMUArgs, "-drive", "file="+b.payload+",if=virtio,format=raw,readonly=on",
+		"-drive", "file="+b.ctrRoot+",if=virtio,format=raw,snapshot=on,cache=unsafe")
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
@@ -457,17 +470,45 @@ func (l *Lab) Helm(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// HelmValuesFile writes the lab's values for charts/vipcast: its images
-// with tag, the lab's convergence delay and, when set, the speakers'
-// tunnelPrefix (the two-tier dataplane). One CCM replica (and so no
-// PodDisruptionBudget, which must stay below the replicas): each node is
-// one emulated CPU, and with the chart's two, a rollout restart placed
-// the new CCM pod beside the old one still running (preferred
-// anti-affinity ties while the other old pod terminates); both starting
-// on one starved node took 7.5 minutes to be Ready and the rollout passed
-// its bound (CI, twice). Leader election stays on; the handover between
-// two CCMs is test/e2e's TestLeaderChange.
-func (l *Lab) HelmValuesFile(tag, tunnelPrefix string) (string, error) {
+// SpeakerValues are the chart values the lab sets for a helm install or
+// upgrade: the tag of both images and the speakers' dataplane.
+type SpeakerValues struct {
+	// Tag of vipcast's images (ClusterOptions.ImageTag or ExtraTags).
+	Tag string
+	// TunnelPrefix, when set, is speaker.ipvs.tunnelPrefix: two tiers.
+	TunnelPrefix string
+	// ConnSyncInterface and ConnSyncTransport, when set, are
+	// speaker.ipvs.connSync's interface ("none": no connection sync) and
+	// transport ("relay").
+	ConnSyncInterface, ConnSyncTransport string
+}
+
+// HelmValuesFile writes the lab's values for charts/vipcast: v, the lab's
+// convergence delay and, with Options.Resync, the speakers' resync
+// periods. One CCM replica (and so no PodDisruptionBudget, which must stay
+// below the replicas): each node is one emulated CPU, and with the chart's
+// two, a rollout restart placed the new CCM pod beside the old one still
+// running (preferred anti-affinity ties while the other old pod
+// terminates); both starting on one starved node took 7.5 minutes to be
+// Ready and the rollout passed its bound (CI, twice). Leader election stays
+// on; the handover between two CCMs is test/e2e's TestLeaderChange.
+func (l *Lab) HelmValuesFile(v SpeakerValues) (string, error) {
+	ipvs := fmt.Sprintf("{tunnelPrefix: %q", v.TunnelPrefix)
+	if v.ConnSyncInterface != "" || v.ConnSyncTransport != "" {
+		sync := map[string]string{"interface": "auto", "transport": "multicast"}
+		if v.ConnSyncInterface != "" {
+			sync["interface"] = v.ConnSyncInterface
+		}
+		if v.ConnSyncTransport != "" {
+			sync["transport"] = v.ConnSyncTransport
+		}
+		ipvs += fmt.Sprintf(", connSync: {interface: %q, transport: %q}", sync["interface"], sync["transport"])
+	}
+	speaker := ""
+	if r := l.Opts.Resync; r > 0 {
+		speaker = fmt.Sprintf("  resyncPeriod: %s\n", r)
+		ipvs += fmt.Sprintf(", resyncPeriod: %s", r)
+	}
 	values := fmt.Sprintf(`ccm:
   image: {repository: vipcast/vipcast-ccm, tag: %q}
   replicas: 1
@@ -475,10 +516,38 @@ func (l *Lab) HelmValuesFile(tag, tunnelPrefix string) (string, error) {
 speaker:
   image: {repository: vipcast/vipcast-speaker, tag: %q}
   convergenceDelay: 2s
-  ipvs: {tunnelPrefix: %q}
-`, tag, tag, tunnelPrefix)
-	path := filepath.Join(l.Opts.Dir, "values-"+tag+".yaml")
+%s  ipvs: %s}
+`, v.Tag, v.Tag, speaker, ipvs)
+	l.values++
+	path := filepath.Join(l.Opts.Dir, fmt.Sprintf("values-%d-%s.yaml", l.values, v.Tag))
 	return path, os.WriteFile(path, []byte(values), 0o600)
+}
+
+// UpgradeSpeakers runs helm upgrade of the release with v and waits until
+// the speakers' DaemonSet and then the CCM's Deployment have rolled out
+// (each within bound, a guard against a rollout that hangs); it returns
+// how long the speakers took, and the CCM after them.
+func (l *Lab) UpgradeSpeakers(ctx context.Context, v SpeakerValues, bound time.Duration) (speakers, ccm time.Duration, err error) {
+	chart, err := ChartDir()
+	if err != nil {
+		return 0, 0, err
+	}
+	values, err := l.HelmValuesFile(v)
+	if err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	if _, err := l.Helm(ctx, "upgrade", Release, chart, "-n", VipcastNamespace, "-f", values); err != nil {
+		return 0, 0, err
+	}
+	if err := l.WaitRollout(ctx, bound, "daemonset/"+Release+"-speaker"); err != nil {
+		return 0, 0, err
+	}
+	speakers = time.Since(start)
+	if err := l.WaitRollout(ctx, bound, "deployment/"+Release+"-ccm"); err != nil {
+		return 0, 0, err
+	}
+	return speakers, time.Since(start) - speakers, nil
 }
 
 // ChartDir is charts/vipcast.
@@ -497,7 +566,7 @@ func (l *Lab) helmInstall(ctx context.Context, co *ClusterOptions) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	values, err := l.HelmValuesFile(co.ImageTag, l.Opts.TunnelPrefix)
+	values, err := l.HelmValuesFile(SpeakerValues{Tag: co.ImageTag})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -669,8 +738,22 @@ func (l *Lab) refreshPods(ctx context.Context) error {
 	return nil
 }
 
-// Exec runs a command on the node through its agent (real cluster only)
-// and returns its output.
+// speakerLogs are the files of the node's speaker pod's logs: one per run
+// of its container the kubelet keeps (all of them, in the lab's nodes).
+const speakerLogs = "/var/log/pods/" + VipcastNamespace + "_" + Release + "-speaker-*/vipcast-speaker/*.log"
+
+// SpeakerLogLines returns the lines of the node's speaker pod's logs that
+// contain substr.
+func (n *Node) SpeakerLogLines(ctx context.Context, substr string) ([]string, error) {
+	out, err := n.Exec(ctx, "sh", "-c", `grep -hF -- "$0" `+speakerLogs+` || true`, substr)
+	if err != nil {
+		return nil, err
+	}
+	return strings.FieldsFunc(out, func(r rune) bool { return r == '\n' }), nil
+}
+
+// Exec runs a command on the node through its agent and returns its
+// output.
 func (n *Node) Exec(ctx context.Context, argv ...string) (string, error) {
 	out, err := n.post(ctx, "/exec", strings.NewReader(strings.Join(argv, "\n")), 40*time.Second)
 	if err != nil {

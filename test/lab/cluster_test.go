@@ -20,40 +20,47 @@ import (
 	"github.com/vipcast/vipcast/test/netns"
 )
 
-// TestCluster runs vipcast the way its users do, beside kube-proxy in each
-// of its modes: real kubelets started with --cloud-provider=external,
-// containerd, kube-proxy with the settings docs/install.md prescribes, and
-// vipcast installed by `helm install` of charts/vipcast (the CCM as the
-// chart's Deployment with leader election and in-cluster configuration,
-// one replica on the emulated nodes (Lab.HelmValuesFile), the speakers as
-// its DaemonSet). One cluster goes through the modes
-// nftables, IPVS and iptables, moving kube-proxy from one to the next the
-// way kube-proxy's documentation says (stop, kube-proxy --cleanup, start
-// in the new mode). In each mode:
+// TestCluster runs every cluster-level scenario of the suite in one real
+// cluster, booted once: real kubelets started with
+// --cloud-provider=external, containerd, kube-proxy with the settings
+// docs/install.md prescribes, and vipcast installed by `helm install` of
+// charts/vipcast (the CCM as the chart's Deployment with leader election
+// and in-cluster configuration, one replica on the emulated nodes
+// (Lab.HelmValuesFile), the speakers as its DaemonSet), peered with the
+// ToR over TCP MD5, the ToR running BFD, the speakers resyncing every
+// clusterResync. The scenarios run in this order, each leaving the
+// cluster as the next expects it (the demo Service keeps its VIP
+// throughout):
 //
-//   - kube-proxy runs in that mode (its nftables table, its kube-ipvs0
-//     link, or its iptables chains);
-//   - the in-cluster vipcast-ccm initialized the nodes the kubelets
-//     registered (provider ID, no uninitialized taint);
-//   - a Deployment's LoadBalancer Service has its VIP, the ToR routes it
-//     over both nodes, and the client behind the ToR reaches every pod
-//     through both;
-//   - a pod inside the cluster reaches the VIP;
-//   - kube-proxy's own Services keep working beside vipcast's: the
-//     Service's ClusterIP from a pod, its NodePort from the client;
-//   - externalTrafficPolicy Local keeps the client's address.
+//  1. nftables, ipvs, iptables: kube-proxy in each of its modes, moved
+//     from one to the next the way its documentation says (stop, kube-proxy
+//     --cleanup, start in the new mode) — clusterWithKubeProxy and, in
+//     nftables mode, kubeProxyFlush;
+//  2. fabric: the fabric's view of a Service's life, its endpoints, a
+//     speaker's SIGTERM and BFD under frozen nodes (fabric);
+//  3. outage: the API server frozen and killed (outage);
+//  4. held: held connections across ECMP changes in each dataplane of
+//     heldSetups, the chart upgraded from one to the next
+//     (heldAcrossECMP); the last turns on the chart's default two tiers,
+//     which the cluster keeps;
+//  5. lifecycle: an upgrade and a CCM restart under traffic, a drain, a
+//     node joining, helm uninstall (clusterLifecycle).
 //
-// kube-proxy flushes every IPVS virtual server of the node when it starts
-// in nftables mode, and so does kube-proxy --cleanup: each move, and a
-// restart of kube-proxy in nftables mode (kubeProxyFlush), takes vipcast's
-// virtual servers away, and the speakers must put them back at once. The
-// cluster then goes through its life (clusterLifecycle) in iptables mode.
+// A scenario that fails stops the ones after it: each needs the cluster
+// the previous one left.
 func TestCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real cluster: skipped with -short")
 	}
 	netns.Require(t)
-	l := lab.Up(t, lab.Options{Nodes: 3, Cluster: &lab.ClusterOptions{ProxyMode: "nftables", Boot: 2, ExtraTags: []string{upgradeTag}}})
+	bfd := lab.DefaultBFD
+	l := lab.Up(t, lab.Options{
+		Nodes:    3,
+		Cluster:  lab.ClusterOptions{ProxyMode: "nftables", Boot: 2, ExtraTags: []string{upgradeTag}},
+		Password: "lab-md5-password",
+		Resync:   clusterResync,
+		BFD:      &bfd,
+	})
 	var vip netip.Addr
 	for i, mode := range []string{"nftables", "ipvs", "iptables"} {
 		ok := t.Run(mode, func(t *testing.T) {
@@ -71,18 +78,53 @@ func TestCluster(t *testing.T) {
 	}
 	// The lifecycle's drain would refuse a pod that no controller owns.
 	deleteClientPod(t, l)
-	t.Run("lifecycle", func(t *testing.T) { clusterLifecycle(t, l, vip) })
+	scenarios := []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"fabric", func(t *testing.T) { fabric(t, l) }},
+		{"outage", func(t *testing.T) { outage(t, l, vip) }},
+		{"held", func(t *testing.T) {
+			for _, setup := range heldSetups {
+				if !t.Run(setup.name, func(t *testing.T) { heldAcrossECMP(t, l, setup.values) }) {
+					return
+				}
+			}
+		}},
+		{"lifecycle", func(t *testing.T) { clusterLifecycle(t, l, vip) }},
+	}
+	for _, sc := range scenarios {
+		if !t.Run(sc.name, sc.run) {
+			return
+		}
+	}
 }
 
-// switchKubeProxy moves kube-proxy on every node to mode, node by node.
+// clusterResync is the speakers' --resync-period and
+// --dataplane-resync-period in TestCluster: outage needs an outage longer
+// than two of them.
+const clusterResync = 5 * time.Second
+
+// switchKubeProxy moves kube-proxy on every node to mode, on all nodes at
+// once, as a rollout of its DaemonSet with every node unavailable at once
+// would.
 func switchKubeProxy(t *testing.T, l *lab.Lab, mode string) {
 	t.Helper()
+	errs := make(chan error, len(l.Nodes))
 	for _, n := range l.Nodes {
-		start := time.Now()
-		if err := n.RestartKubeProxy(t.Context(), mode); err != nil {
+		go func() {
+			start := time.Now()
+			err := n.RestartKubeProxy(t.Context(), mode)
+			if err == nil {
+				t.Logf("%s: kube-proxy stopped, cleaned up (kube-proxy --cleanup) and started in %s mode in %s", n.Name, mode, time.Since(start).Round(time.Millisecond))
+			}
+			errs <- err
+		}()
+	}
+	for range l.Nodes {
+		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%s: kube-proxy stopped, cleaned up (kube-proxy --cleanup) and started in %s mode in %s", n.Name, mode, time.Since(start).Round(time.Millisecond))
 	}
 }
 
@@ -275,7 +317,7 @@ func clusterWithKubeProxy(t *testing.T, l *lab.Lab, mode string, vip netip.Addr)
 	addr := netip.AddrPortFrom(vip, 80)
 	// Cluster policy (the previous mode ended with Local): every node
 	// programs every pod.
-	patchService(t, l, `{"spec":{"externalTrafficPolicy":"Cluster"}}`)
+	patchService(t, l, lab.DemoService, `{"spec":{"externalTrafficPolicy":"Cluster"}}`)
 	for _, n := range l.Nodes {
 		waitIPVS(t, n, vip, backendsOf(l.Pods()...))
 	}
@@ -313,7 +355,7 @@ func clusterWithKubeProxy(t *testing.T, l *lab.Lab, mode string, vip netip.Addr)
 	}
 
 	// Local: the pods see the client itself, with kube-proxy present.
-	patchService(t, l, `{"spec":{"externalTrafficPolicy":"Local"}}`)
+	patchService(t, l, lab.DemoService, `{"spec":{"externalTrafficPolicy":"Local"}}`)
 	// Every node programs its own pods only (and no SNAT) before the
 	// client's requests count.
 	for _, n := range l.Nodes {

@@ -295,7 +295,7 @@ func (n *Node) Metric(ctx context.Context, series string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	resp, err := httpClient(n.lab.TorNS).Do(req)
+	resp, err := controlClient(n.lab.TorNS).Do(req)
 	if err != nil {
 		return 0, err
 	}

@@ -1,23 +1,21 @@
 // Package lab builds the end-to-end topology that `make lab` shows and the
-// end-to-end tests assert: a real control plane (etcd + kube-apiserver) and
-// vipcast-ccm on the host; two nodes, each a VM running Debian's kernel
-// (test/vm) with the real vipcast-speaker programming IPVS and announcing
-// over BGP; an FRR ToR (zebra + bgpd) in a network namespace whose kernel
-// gets the ECMP routes; and a client namespace behind the ToR.
+// end-to-end tests assert: a real cluster — etcd, kube-apiserver,
+// kube-controller-manager and kube-scheduler on the host, node VMs running
+// Debian's kernel (test/vm) with containerd, a kubelet started with
+// --cloud-provider=external and kube-proxy — with vipcast installed by
+// `helm install` (see ClusterOptions), an FRR ToR (zebra + bgpd) in a
+// network namespace whose kernel gets the ECMP routes, and a client
+// namespace behind the ToR.
 //
 //	 client ns              ToR ns (FRR, AS 64500)                 VMs (AS 64501)
 //	192.168.50.2 ── veth ── 192.168.50.1
 //	                        10.0.0.1 on bridge "rack" ─┬─ tap ── node1 10.0.0.11  pods 10.244.1.0/24
-//	                        relay :6443 → API server   └─ tap ── node2 10.0.0.12  pods 10.244.2.0/24
-//
-// There is no kubelet: a small agent in each VM (test/lab/node) plays the
-// kubelet's and the CNI's parts (pods are network namespaces serving HTTP,
-// routed between nodes over the rack), and the lab writes the EndpointSlices
-// the endpoint controller would. Everything else is the real thing.
+//	                        relay → API server         └─ tap ── node2 10.0.0.12  pods 10.244.2.0/24
 //
 // Up needs root, qemu (installed by test/vm when missing), FRR and the
-// control-plane binaries (`make tools routers`). Everything it starts is
-// stopped by the T's cleanups: the VMs, daemons, namespaces and files.
+// cluster binaries (`make tools cluster-tools routers`). Everything it
+// starts is stopped by the T's cleanups: the VMs, daemons, namespaces and
+// files.
 package lab
 
 import (
@@ -28,7 +26,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,19 +39,14 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
-	"github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/test/controlplane"
 	"github.com/vipcast/vipcast/test/harness"
 	"github.com/vipcast/vipcast/test/lab/nodeapi"
 	"github.com/vipcast/vipcast/test/netns"
-	"github.com/vipcast/vipcast/test/proc"
 	"github.com/vipcast/vipcast/test/routers"
 	"github.com/vipcast/vipcast/test/vm"
 )
@@ -86,44 +78,31 @@ var (
 
 // Options configure a lab.
 type Options struct {
-	// Dir holds binaries and logs (consoles, CCM, routers); default: a
+	// Dir holds binaries and logs (consoles, routers); default: a
 	// temporary directory of the T.
 	Dir string
 	// Logf shows progress; default the T's Logf.
 	Logf func(format string, args ...any)
-	// Nodes (default 2) and PodsPerNode (default 3).
-	Nodes, PodsPerNode int
+	// Nodes (default 2).
+	Nodes int
 	// HoldTime and KeepaliveTime of the BGP sessions (default 6s and 2s:
 	// emulated VMs on two shared cores miss tighter keepalives).
 	HoldTime, KeepaliveTime time.Duration
-	// NodeMemoryMB per VM (default 768).
-	NodeMemoryMB int
 	// Password, when set, is the TCP MD5 password of the ToR sessions:
 	// FRR's neighbors get it and the demo BGPPeer names a Secret holding
 	// it in PasswordNamespace.
 	Password string
 	// Resync, when set, is the speakers' --resync-period and
-	// --dataplane-resync-period (default 5m and 30s).
+	// --dataplane-resync-period (default the chart's, 5m and 1m).
 	Resync time.Duration
-	// BFD, when set, runs BFD with these timers on the ToR's sessions and
-	// in the demo BGPPeer.
-	BFD *routers.BFD
-	// TunnelPrefix, when set, is the speakers' --tunnel-prefix: the
-	// two-tier dataplane.
-	TunnelPrefix string
-	// ConnSyncInterface, when set, is the speakers' --conn-sync-interface
-	// ("none": no connection sync between the nodes).
-	ConnSyncInterface string
-	// ConnSyncTransport, when set, is the speakers' --conn-sync-transport
-	// ("relay": unicast between the nodes' addresses).
-	ConnSyncTransport string
-	// UDP adds port 53/UDP (to the pods' UDP echo on
-	// nodeapi.BackendPort) to the demo Service and its endpoints.
-	UDP bool
-	// Cluster, when set, makes the lab a real cluster (kubelets,
-	// containerd, kube-proxy, vipcast by helm install): see
-	// ClusterOptions.
-	Cluster *ClusterOptions
+	// BFD, when set, runs FRR's bfdd with these timers on the ToR's
+	// sessions; the demo BGPPeer asks for BFD too when PeerBFD is set, and
+	// SetPeerBFD turns it on and off.
+	BFD     *routers.BFD
+	PeerBFD bool
+	// Cluster configures the real cluster (kubelets, containerd,
+	// kube-proxy, vipcast by helm install): see ClusterOptions.
+	Cluster ClusterOptions
 }
 
 // DefaultBFD is the lab's BFD: FRR's default timers, 300 ms x 3. Emulated
@@ -143,13 +122,12 @@ type Lab struct {
 	// ClientNS is the client behind the ToR.
 	ClientNS *netns.NS
 	Nodes    []*Node
-	CCMLog   string
 
-	t      harness.T
-	ccm    *proc.Process
-	ccmBin string
+	t harness.T
 	// binDir holds the binaries the lab built, kubectl-vipcast among them.
 	binDir string
+	// values counts the chart values files HelmValuesFile wrote.
+	values int
 	// spare are the real cluster's nodes booted but not joined yet
 	// (ClusterOptions.Boot); JoinSpare has them join.
 	spare []*Node
@@ -185,15 +163,16 @@ type Node struct {
 	err           error
 }
 
-// Pod is a backend serving HTTP on nodeapi.BackendPort.
+// Pod is a backend serving HTTP and UDP on nodeapi.BackendPort: a pod of
+// the demo Deployment.
 type Pod struct {
 	Name string
 	Node string
 	Addr netip.Addr
 }
 
-// Up builds the binaries, starts everything and waits until both nodes'
-// agents answer; Demo then creates the pool, peer and Service.
+// Up builds the binaries, boots the cluster and installs vipcast (see
+// ClusterOptions); ApplyDemo then creates the pool, peer and Service.
 func Up(t harness.T, opts Options) *Lab {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -208,25 +187,7 @@ func Up(t harness.T, opts Options) *Lab {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
-	t.Cleanup(func() {
-		if t.Failed() {
-			l.dumpConsoles()
-		}
-	})
-	if opts.Cluster != nil {
-		l.upCluster(ctx, cancel)
-		return l
-	}
-	bins, venv := l.prepare(ctx)
-	l.binDir = filepath.Dir(bins["kubectl-vipcast"])
-	l.startControlPlane(ctx)
-	opts.Logf("==> starting vipcast-ccm (leader election on)")
-	l.startCCM(bins["vipcast-ccm"])
-	l.startNetwork()
-	l.Nodes = l.planNodes()
-	l.startToR()
-	l.bootNodes(ctx, cancel, venv, bins)
-	l.waitNodes(ctx)
+	l.upCluster(ctx, cancel)
 	return l
 }
 
@@ -241,17 +202,11 @@ func (o Options) withDefaults(t harness.T) Options {
 	if o.Nodes == 0 {
 		o.Nodes = 2
 	}
-	if o.PodsPerNode == 0 {
-		o.PodsPerNode = 3
-	}
 	if o.HoldTime == 0 {
 		o.HoldTime = 6 * time.Second
 	}
 	if o.KeepaliveTime == 0 {
 		o.KeepaliveTime = o.HoldTime / 3
-	}
-	if o.NodeMemoryMB == 0 {
-		o.NodeMemoryMB = 768
 	}
 	return o
 }
@@ -272,26 +227,6 @@ func (l *Lab) prepare(ctx context.Context) (map[string]string, *vm.Env) {
 		t.Fatalf("vm: %v", err)
 	}
 	return bins, venv
-}
-
-// startControlPlane starts etcd and kube-apiserver and installs vipcast's
-// CRDs.
-func (l *Lab) startControlPlane(ctx context.Context) {
-	t := l.t
-	t.Helper()
-	l.Opts.Logf("==> starting etcd and kube-apiserver %s", controlplane.KubernetesVersion)
-	l.CP = controlplane.Start(t)
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	crds, _ := filepath.Glob(filepath.Join(root, "charts/vipcast/crds/*.yaml"))
-	if len(crds) == 0 {
-		t.Fatal("no CRDs in charts/vipcast/crds")
-	}
-	if err := l.CP.InstallCRDs(ctx, crds); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // startNetwork creates the ToR namespace with the rack bridge, routing
@@ -315,26 +250,18 @@ func (l *Lab) startNetwork() {
 }
 
 // planNodes returns the Options.Nodes nodes, numbered from 1, with their
-// addresses, pod ranges and Options.PodsPerNode pods each.
+// addresses and pod ranges.
 func (l *Lab) planNodes() []*Node {
 	var nodes []*Node
 	for i := 1; i <= l.Opts.Nodes; i++ {
-		n := &Node{
+		nodes = append(nodes, &Node{
 			Name:    fmt.Sprintf("node%d", i),
 			Addr:    netip.AddrFrom4([4]byte{10, 0, 0, byte(10 + i)}),
 			PodCIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24),
 			lab:     l,
 			done:    make(chan struct{}),
 			started: make(chan struct{}),
-		}
-		for j := 1; j <= l.Opts.PodsPerNode; j++ {
-			n.Pods = append(n.Pods, Pod{
-				Name: fmt.Sprintf("backend-%d", (i-1)*l.Opts.PodsPerNode+j),
-				Node: n.Name,
-				Addr: netip.AddrFrom4([4]byte{10, 244, byte(i), byte(9 + j)}),
-			})
-		}
-		nodes = append(nodes, n)
+		})
 	}
 	return nodes
 }
@@ -354,54 +281,12 @@ func (l *Lab) startToR() {
 	l.ToR = routers.StartFRR(l.t, routers.FRRConfig{ASN: ToRASN, ListenAddress: torAddr, Netns: l.TorNS.Name, Zebra: true, Neighbors: neighbors})
 }
 
-// bootNodes registers the nodes with the API server and boots their VMs,
-// each on a tap device of the rack bridge. The VMs run until ctx ends;
-// cancel, run by a cleanup, stops them before the namespaces go.
-func (l *Lab) bootNodes(ctx context.Context, cancel context.CancelFunc, venv *vm.Env, bins map[string]string) {
-	t := l.t
-	t.Helper()
-	for _, n := range l.Nodes {
-		l.registerNode(n, venv.Kernel.Release)
-	}
-	kubeconfig := l.nodeKubeconfig()
-	l.Opts.Logf("==> booting %d node VMs (Debian kernel %s under qemu, %s)", len(l.Nodes), venv.Kernel.Release, venv.Accel)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() }) // VMs go before the namespaces
-	for i, n := range l.Nodes {
-		tap := fmt.Sprintf("tap%d", i+1)
-		l.TorNS.IP(t, "tuntap", "add", "dev", tap, "mode", "tap")
-		l.TorNS.IP(t, "link", "set", tap, "master", "rack", "up")
-		opts := l.vmOptions(n, i, tap, bins, kubeconfig)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer close(n.done)
-			_, n.err = vm.RunContext(ctx, venv, opts)
-		}()
-	}
-}
-
-// waitNodes waits until every node's agent answers, showing the consoles
-// when one does not.
-func (l *Lab) waitNodes(ctx context.Context) {
-	l.t.Helper()
-	start := time.Now()
-	for _, n := range l.Nodes {
-		if err := n.waitAgent(ctx, 5*time.Minute); err != nil {
-			l.dumpConsoles()
-			l.t.Fatalf("%s: %v", n.Name, err)
-		}
-		l.Opts.Logf("    %s is up at %s (%s after boot started)", n.Name, n.Addr, time.Since(start).Round(time.Second))
-	}
-}
-
 // build compiles the binaries (once per process: vm.StaticBinary).
 func (l *Lab) build(ctx context.Context) (map[string]string, error) {
 	out := map[string]string{}
 	for name, pkg := range map[string]string{
 		"vipcast-ccm":     "github.com/vipcast/vipcast/cmd/vipcast-ccm",
 		"vipcast-speaker": "github.com/vipcast/vipcast/cmd/vipcast-speaker",
-		"lab-node":        "github.com/vipcast/vipcast/test/lab/node",
 		"kubectl-vipcast": "github.com/vipcast/vipcast/cmd/kubectl-vipcast",
 		// The real cluster's node agent and images.
 		"kubenode":    "github.com/vipcast/vipcast/test/lab/kubenode",
@@ -439,145 +324,8 @@ func sysctl(t harness.T, ns *netns.NS, key, value string) {
 	}
 }
 
-func (l *Lab) startCCM(bin string) {
-	t := l.t
-	l.ccmBin = bin
-	l.CCMLog = filepath.Join(l.Opts.Dir, "vipcast-ccm.log")
-	if err := l.launchCCM(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.ccm.Stop(5 * time.Second) })
-}
-
-// launchCCM starts vipcast-ccm, its log appended to CCMLog.
-func (l *Lab) launchCCM() error {
-	ports, err := proc.FreePorts("127.0.0.1", 1)
-	if err != nil {
-		return err
-	}
-	p, err := proc.Start(l.CCMLog, l.ccmBin, append(l.CP.ComponentFlags(ports[0]),
-		"--leader-elect=true", "--configure-cloud-routes=false", "-v", "2")...)
-	if err != nil {
-		return fmt.Errorf("vipcast-ccm: %w", err)
-	}
-	l.ccm = p
-	return nil
-}
-
-// RestartCCMIfExited starts vipcast-ccm again if it has exited — a CCM
-// that cannot renew its lease during an API server outage exits, and its
-// Deployment would restart it — and reports whether it did.
-func (l *Lab) RestartCCMIfExited() (bool, error) {
-	if !l.ccm.Exited() {
-		return false, nil
-	}
-	return true, l.launchCCM()
-}
-
-// registerNode creates the Node as a kubelet started with
-// --cloud-provider=external would: with its address and the
-// uninitialized taint, which vipcast-ccm removes.
-func (l *Lab) registerNode(n *Node, kernel string) {
-	t := l.t
-	ctx := context.Background()
-	node := &v1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}},
-		Spec: v1.NodeSpec{
-			PodCIDR:  n.PodCIDR.String(),
-			PodCIDRs: []string{n.PodCIDR.String()},
-			Taints:   []v1.Taint{{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: v1.TaintEffectNoSchedule}},
-		},
-	}
-	created, err := l.CP.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("node %s: %v", n.Name, err)
-	}
-	// vipcast-ccm initializes the new Node at once: retry on its writes.
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		created.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.Addr.String()}, {Type: v1.NodeHostName, Address: n.Name}}
-		created.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}}
-		created.Status.NodeInfo = v1.NodeSystemInfo{
-			KernelVersion: kernel, OSImage: "vipcast lab VM", OperatingSystem: "linux", Architecture: "amd64",
-			KubeletVersion: "none (lab node agent)", ContainerRuntimeVersion: "none (pods are namespaces)",
-		}
-		_, err := l.CP.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
-		if apierrors.IsConflict(err) {
-			if fresh, gerr := l.CP.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{}); gerr == nil {
-				created = fresh
-			}
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatalf("node %s status: %v", n.Name, err)
-	}
-	// The API server taints every new Node not-ready; the node lifecycle
-	// controller (not running here) lifts it once the Node reports Ready.
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		node, err := l.CP.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		node.Spec.Taints = slices.DeleteFunc(node.Spec.Taints, func(t v1.Taint) bool { return t.Key == v1.TaintNodeNotReady })
-		_, err = l.CP.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		t.Fatalf("node %s: lifting the not-ready taint: %v", n.Name, err)
-	}
-}
-
-// nodeKubeconfig writes the admin kubeconfig with the API server reached
-// through the ToR's relay.
-func (l *Lab) nodeKubeconfig() string {
-	t := l.t
-	data, err := os.ReadFile(l.CP.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(l.CP.Config.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := strings.ReplaceAll(string(data), u.Host, net.JoinHostPort(torAddr.String(), apiRelay))
-	path := filepath.Join(l.Opts.Dir, "kubeconfig-nodes")
-	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-func (l *Lab) vmOptions(n *Node, i int, tap string, bins map[string]string, kubeconfig string) vm.Options {
-	var pods, routes []string
-	for _, p := range n.Pods {
-		pods = append(pods, p.Name+"="+p.Addr.String())
-	}
-	for _, o := range l.Nodes {
-		if o != n {
-			routes = append(routes, o.PodCIDR.String()+"="+o.Addr.String())
-		}
-	}
-	opts := l.vmBase(n, i, tap)
-	opts.TestBinary = bins["lab-node"]
-	opts.Args = append([]string{
-		"-name", n.Name,
-		"-addr", fmt.Sprintf("%s/%d", n.Addr, rackBits),
-		"-gateway", torAddr.String(),
-		"-pod-cidr", n.PodCIDR.String(),
-		"-pods", strings.Join(pods, ","),
-		"-routes", strings.Join(routes, ","),
-		"-speaker", "/vm/bin/vipcast-speaker",
-		"--",
-	}, n.speakerArgs()...)
-	opts.Files = map[string]string{
-		"vm/bin/vipcast-speaker": bins["vipcast-speaker"],
-		"vm/kubeconfig":          kubeconfig,
-	}
-	return opts
-}
-
-// vmBase is what every node VM has, whichever agent it runs: its console
-// log, its NIC on tap, the modules, memory and lifetime.
+// vmBase is what every node VM has: its console log, its NIC on tap, the
+// modules and lifetime.
 func (l *Lab) vmBase(n *Node, i int, tap string) vm.Options {
 	n.Console = filepath.Join(l.Opts.Dir, n.Name+"-console.log")
 	console, err := os.Create(n.Console)
@@ -595,7 +343,6 @@ func (l *Lab) vmBase(n *Node, i int, tap string) vm.Options {
 		// The two-tier dataplane's numgen; the guest has no modprobe for
 		// the kernel to load it on first use, as a node's kernel does.
 		OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen"),
-		MemoryMB:        l.Opts.NodeMemoryMB,
 		Timeout:         1000 * time.Hour, // until the lab is torn down
 		Netns:           l.TorNS.Name,
 		QEMUArgs: []string{
@@ -609,33 +356,6 @@ func (l *Lab) vmBase(n *Node, i int, tap string) vm.Options {
 			_, _ = fmt.Fprintf(console, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
 		},
 	}
-}
-
-func (n *Node) speakerArgs() []string {
-	resync, dataplane := "5m", "30s"
-	if r := n.lab.Opts.Resync; r > 0 {
-		resync, dataplane = r.String(), r.String()
-	}
-	args := []string{
-		"--kubeconfig", "/vm/kubeconfig",
-		"--node-name", n.Name,
-		"--metrics-bind-address", net.JoinHostPort(n.Addr.String(), MetricsPort),
-		"--convergence-delay", "2s",
-		"--resync-period", resync,
-		"--dataplane-resync-period", dataplane,
-		"--bgp-password-namespaces", PasswordNamespace,
-		"-v", "2",
-	}
-	if p := n.lab.Opts.TunnelPrefix; p != "" {
-		args = append(args, "--tunnel-prefix", p)
-	}
-	if c := n.lab.Opts.ConnSyncInterface; c != "" {
-		args = append(args, "--conn-sync-interface", c)
-	}
-	if c := n.lab.Opts.ConnSyncTransport; c != "" {
-		args = append(args, "--conn-sync-transport", c)
-	}
-	return args
 }
 
 // dumpConsoles shows the end of each VM's console.
@@ -653,6 +373,27 @@ func (l *Lab) dumpConsoles() {
 	}
 }
 
+// dumpNodes shows every pod with its node and restarts and, for each node
+// that answers, the end of its speaker's logs, its IPVS table and
+// vipcast's nftables table: what a failed test needs to say what the
+// cluster and the dataplane did.
+func (l *Lab) dumpNodes() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := l.Kubectl(ctx, "get", "pods", "-A", "-o", "wide")
+	l.t.Logf("--- kubectl get pods -A -o wide (%v):\n%s", err, out)
+	for _, n := range l.Nodes {
+		for _, c := range []string{"tail -n 80 " + speakerLogs, "ipvsadm -Ln", "nft list table ip vipcast"} {
+			out, err := n.Exec(ctx, "sh", "-c", c+" 2>&1")
+			if err != nil {
+				l.t.Logf("--- %s: %s: %v", n.Name, c, err)
+				break
+			}
+			l.t.Logf("--- %s: %s:\n%s", n.Name, c, out)
+		}
+	}
+}
+
 // httpClient makes one new connection per request from inside ns.
 func httpClient(ns *netns.NS) *http.Client {
 	return &http.Client{
@@ -661,23 +402,14 @@ func httpClient(ns *netns.NS) *http.Client {
 	}
 }
 
-// waitAgent polls the node's control server until it answers.
-func (n *Node) waitAgent(ctx context.Context, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
-		if _, err := n.State(ctx); err == nil {
-			return nil
-		}
-		select {
-		case <-n.done:
-			// n.err is nil when the VM powered off cleanly: %v, not %w.
-			return fmt.Errorf("the VM ended during boot: %v", n.err) //nolint:errorlint // see above
-		case <-ctx.Done():
-			return fmt.Errorf("the node agent did not answer within %v (see %s)", timeout, n.Console)
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+// controlClient is httpClient for reading a node's state and figures (its
+// agent, its speaker's /metrics): an emulated node can take longer than 5 s
+// to answer while its kubelet, kube-proxy and pods reconnect to an API
+// server that was killed (TestCluster/outage), and a read waits for it.
+func controlClient(ns *netns.NS) *http.Client {
+	c := httpClient(ns)
+	c.Timeout = 30 * time.Second
+	return c
 }
 
 // State reads the node's IPVS table and VIPs.
@@ -687,7 +419,7 @@ func (n *Node) State(ctx context.Context) (nodeapi.State, error) {
 	if err != nil {
 		return st, err
 	}
-	resp, err := httpClient(n.lab.TorNS).Do(req)
+	resp, err := controlClient(n.lab.TorNS).Do(req)
 	if err != nil {
 		return st, err
 	}
@@ -709,7 +441,7 @@ func (n *Node) Speaker(ctx context.Context, action string, waitExit bool) error 
 	if waitExit {
 		q += "&wait=1"
 	}
-	if _, err := n.post(ctx, "/speaker?"+q, nil, 40*time.Second); err != nil {
+	if _, err := n.post(ctx, "/speaker?"+q, nil, 100*time.Second); err != nil {
 		return fmt.Errorf("speaker %s: %w", action, err)
 	}
 	return nil
@@ -781,8 +513,10 @@ func (l *Lab) Routes(prefix netip.Prefix) ([]netip.Addr, error) {
 	return slices.SortedFunc(slices.Values(routes[prefix]), netip.Addr.Compare), nil
 }
 
-// ApplyDemo creates the demo IPPool, BGPPeer, namespace and LoadBalancer
-// Service, with endpoints on the first two pods of each node.
+// ApplyDemo creates the demo IPPool and BGPPeer (`kubectl apply -f`, as
+// docs/install.md says), the demo namespace, and the Deployment of
+// backends behind the LoadBalancer Service demo/web; it returns once the
+// backends are ready.
 func (l *Lab) ApplyDemo(ctx context.Context) error {
 	pool := fmt.Sprintf(`apiVersion: vipcast.io/v1alpha1
 kind: IPPool
@@ -792,27 +526,12 @@ spec:
   addresses: [%q]
   avoidBuggyIPs: true
 `, PoolName, PoolPrefix)
-	peer := fmt.Sprintf(`apiVersion: vipcast.io/v1alpha1
-kind: BGPPeer
-metadata:
-  name: %s
-spec:
-  peerAddress: %s
-  peerASN: %d
-  localASN: %d
-  holdTime: %s
-  keepaliveTime: %s
-`, PeerName, torAddr, ToRASN, NodeASN, l.Opts.HoldTime, l.Opts.KeepaliveTime)
 	if l.Opts.Password != "" {
 		if err := l.passwordSecret(ctx); err != nil {
 			return err
 		}
-		peer += fmt.Sprintf("  passwordSecretRef: {namespace: %s, name: tor-md5}\n", PasswordNamespace)
 	}
-	if b := l.Opts.BFD; b != nil {
-		peer += fmt.Sprintf("  bfd: {minTx: %s, minRx: %s, multiplier: %d}\n", b.MinTx, b.MinRx, b.Multiplier)
-	}
-	if err := l.applyPoolAndPeer(ctx, pool, peer); err != nil {
+	if err := l.applyPeer(ctx, l.Opts.PeerBFD, pool); err != nil {
 		return err
 	}
 	if _, err := l.CP.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: DemoNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -826,40 +545,48 @@ spec:
 			Ports:    []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(nodeapi.BackendPort)}},
 		},
 	}
-	if l.Opts.UDP {
-		svc.Spec.Ports = append(svc.Spec.Ports, v1.ServicePort{Name: "udp", Port: 53, Protocol: v1.ProtocolUDP, TargetPort: intstr.FromInt32(nodeapi.BackendPort)})
-	}
 	if _, err := l.CP.Client.CoreV1().Services(DemoNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	if l.Opts.Cluster != nil {
-		return l.applyBackends(ctx)
-	}
-	var eps []Pod
-	for _, n := range l.Nodes {
-		eps = append(eps, n.Pods[:min(2, len(n.Pods))]...)
-	}
-	return l.SetEndpoints(ctx, eps, nil)
+	return l.applyBackends(ctx)
 }
 
-// applyPoolAndPeer creates the demo's IPPool and BGPPeer: in the real
-// cluster with `kubectl apply -f pool-and-peer.yaml`, as docs/install.md
-// says, else through the dynamic client.
-func (l *Lab) applyPoolAndPeer(ctx context.Context, pool, peer string) error {
-	if l.Opts.Cluster == nil {
-		for _, doc := range []string{pool, peer} {
-			if err := l.apply(ctx, doc); err != nil {
-				return err
-			}
-		}
-		return nil
+// applyPeer applies the demo BGPPeer, asking for BFD with Options.BFD's
+// timers when bfd is set, together with the documents of more (an
+// IPPool), with `kubectl apply -f`.
+func (l *Lab) applyPeer(ctx context.Context, bfd bool, more ...string) error {
+	peer := fmt.Sprintf(`apiVersion: vipcast.io/v1alpha1
+kind: BGPPeer
+metadata:
+  name: %s
+spec:
+  peerAddress: %s
+  peerASN: %d
+  localASN: %d
+  holdTime: %s
+  keepaliveTime: %s
+`, PeerName, torAddr, ToRASN, NodeASN, l.Opts.HoldTime, l.Opts.KeepaliveTime)
+	if l.Opts.Password != "" {
+		peer += fmt.Sprintf("  passwordSecretRef: {namespace: %s, name: tor-md5}\n", PasswordNamespace)
+	}
+	if b := l.Opts.BFD; bfd && b != nil {
+		peer += fmt.Sprintf("  bfd: {minTx: %s, minRx: %s, multiplier: %d}\n", b.MinTx, b.MinRx, b.Multiplier)
 	}
 	file := filepath.Join(l.Opts.Dir, "pool-and-peer.yaml")
-	if err := os.WriteFile(file, []byte(pool+"---\n"+peer), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(strings.Join(append(more, peer), "---\n")), 0o644); err != nil {
 		return err
 	}
 	_, err := l.Kubectl(ctx, "apply", "-f", file)
 	return err
+}
+
+// SetPeerBFD turns BFD on (with Options.BFD's timers) or off in the demo
+// BGPPeer, as its operator would with kubectl apply.
+func (l *Lab) SetPeerBFD(ctx context.Context, on bool) error {
+	if l.Opts.BFD == nil {
+		return fmt.Errorf("the lab's ToR runs no BFD (Options.BFD)")
+	}
+	return l.applyPeer(ctx, on)
 }
 
 // passwordSecret creates the Secret holding the ToR sessions' MD5
@@ -876,37 +603,65 @@ func (l *Lab) passwordSecret(ctx context.Context) error {
 	return err
 }
 
-// apply creates one vipcast object from YAML.
-func (l *Lab) apply(ctx context.Context, doc string) error {
-	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
-		return err
+// HeldService is the LoadBalancer Service without a selector whose
+// EndpointSlice the tests write (SetEndpoints) over the demo Deployment's
+// pods, with ports 80/TCP and 53/UDP to the pods' HTTP and UDP echo:
+// endpoints terminating while their pods serve on, then ready again, which
+// no controller of a Deployment gives on cue. Its EndpointSlice carries
+// the managed-by label of a controller of the lab's own, as one a user's
+// controller writes would.
+const HeldService = "held"
+
+// ApplyHeld creates HeldService (Cluster policy) with endpoints ready and
+// returns its VIP once published.
+func (l *Lab) ApplyHeld(ctx context.Context, ready []Pod) (netip.Addr, error) {
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: HeldService, Namespace: DemoNamespace},
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeLoadBalancer,
+			Ports: []v1.ServicePort{
+				{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(nodeapi.BackendPort)},
+				{Name: "udp", Port: 53, Protocol: v1.ProtocolUDP, TargetPort: intstr.FromInt32(nodeapi.BackendPort)},
+			},
+		},
 	}
-	res := v1alpha1.IPPoolsResource
-	if u.GetKind() == "BGPPeer" {
-		res = v1alpha1.BGPPeersResource
+	if _, err := l.CP.Client.CoreV1().Services(DemoNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return netip.Addr{}, err
 	}
-	_, err := l.CP.Dynamic.Resource(res).Create(ctx, u, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("creating %s %s: %w", u.GetKind(), u.GetName(), err)
+	if err := l.SetEndpoints(ctx, ready, nil); err != nil {
+		return netip.Addr{}, err
 	}
-	return nil
+	return l.WaitServiceVIP(ctx, HeldService, time.Minute)
 }
 
-// SetEndpoints writes the demo Service's EndpointSlice, as the endpoint
-// controller would for a Deployment: ready pods, plus terminating ones.
+// DeleteHeld deletes HeldService and its EndpointSlice.
+func (l *Lab) DeleteHeld(ctx context.Context) error {
+	err := l.CP.Client.CoreV1().Services(DemoNamespace).Delete(ctx, HeldService, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	err = l.CP.Client.DiscoveryV1().EndpointSlices(DemoNamespace).Delete(ctx, HeldService+"-lab", metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// SetEndpoints writes HeldService's EndpointSlice, as the endpoint
+// controller would for a Deployment: ready pods, plus terminating ones
+// (serving: their pods live on).
 func (l *Lab) SetEndpoints(ctx context.Context, ready, terminating []Pod) error {
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      DemoService + "-lab",
+			Name:      HeldService + "-lab",
 			Namespace: DemoNamespace,
-			Labels:    map[string]string{discoveryv1.LabelServiceName: DemoService, discoveryv1.LabelManagedBy: "vipcast-lab"},
+			Labels:    map[string]string{discoveryv1.LabelServiceName: HeldService, discoveryv1.LabelManagedBy: "vipcast-lab"},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(nodeapi.BackendPort)), Protocol: ptr.To(v1.ProtocolTCP)}},
-	}
-	if l.Opts.UDP {
-		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: ptr.To("udp"), Port: ptr.To(int32(nodeapi.BackendPort)), Protocol: ptr.To(v1.ProtocolUDP)})
+		Ports: []discoveryv1.EndpointPort{
+			{Name: ptr.To("http"), Port: ptr.To(int32(nodeapi.BackendPort)), Protocol: ptr.To(v1.ProtocolTCP)},
+			{Name: ptr.To("udp"), Port: ptr.To(int32(nodeapi.BackendPort)), Protocol: ptr.To(v1.ProtocolUDP)},
+		},
 	}
 	add := func(p Pod, isReady bool) {
 		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
@@ -938,9 +693,15 @@ func (l *Lab) SetEndpoints(ctx context.Context, ready, terminating []Pod) error 
 
 // WaitVIP waits until the demo Service has a VIP in its status.
 func (l *Lab) WaitVIP(ctx context.Context, timeout time.Duration) (netip.Addr, error) {
+	return l.WaitServiceVIP(ctx, DemoService, timeout)
+}
+
+// WaitServiceVIP waits until the Service name of the demo namespace has a
+// VIP in its status.
+func (l *Lab) WaitServiceVIP(ctx context.Context, name string, timeout time.Duration) (netip.Addr, error) {
 	var vip netip.Addr
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		s, err := l.CP.Client.CoreV1().Services(DemoNamespace).Get(ctx, DemoService, metav1.GetOptions{})
+		s, err := l.CP.Client.CoreV1().Services(DemoNamespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil //nolint:nilerr // an error would end the poll: retry until the timeout
 		}
@@ -953,7 +714,7 @@ func (l *Lab) WaitVIP(ctx context.Context, timeout time.Duration) (netip.Addr, e
 		return false, nil
 	})
 	if err != nil {
-		return vip, fmt.Errorf("no VIP in the status of %s/%s after %v (see %s): %w", DemoNamespace, DemoService, timeout, l.CCMLog, err)
+		return vip, fmt.Errorf("no VIP in the status of %s/%s after %v (the CCM's log: Node.Logs): %w", DemoNamespace, name, timeout, err)
 	}
 	return vip, nil
 }

@@ -49,74 +49,28 @@ const (
 const rolloutBound = 8 * time.Minute
 
 // clusterLifecycle takes the real cluster through what its operators do,
-// with the client's traffic running:
+// with the client's traffic running; the speakers run the chart's default
+// two tiers (held/TwoTier left them so):
 //
-//  1. helm upgrade turns the two-tier dataplane on (speaker.ipvs.tunnelPrefix);
-//     the pods then see the client's own address under Cluster policy, with
-//     kube-proxy present;
-//  2. under held connections and a steady stream of new ones, helm upgrade
-//     to rebuilt images with a new tag (the DaemonSet rolls node by node:
-//     each node leaves the ToR's route and comes back), then kubectl
-//     rollout restart of the CCM: no request fails, no connection breaks,
-//     the VIP stays;
-//  3. kubectl drain of a node: its route goes before its pods do (the
+//  1. under held connections and a steady stream of new ones, helm upgrade
+//     to images with a new tag (the DaemonSet rolls node by node: each
+//     node leaves the ToR's route and comes back), then kubectl rollout
+//     restart of the CCM: no request fails, no connection breaks, the VIP
+//     stays;
+//  2. kubectl drain of a node: its route goes before its pods do (the
 //     backends serve 5 s after SIGTERM, as with a preStop delay);
-//  4. a third node joins: the CCM initializes it, its speaker peers, the
+//  3. a third node joins: the CCM initializes it, its speaker peers, the
 //     ToR's ECMP group grows, the VIP stays, held connections survive;
-//  5. helm uninstall: no virtual server, VIP, link, nftables table, route
+//  4. helm uninstall: no virtual server, VIP, link, nftables table, route
 //     or IPVS sync daemon of vipcast is left on any node or at the ToR; the
 //     Service keeps its status.
 func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	ctx := t.Context()
 	addr := netip.AddrPortFrom(vip, 80)
-	chart, err := lab.ChartDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	upgrade := func(tag, prefix string) {
-		t.Helper()
-		values, err := l.HelmValuesFile(tag, prefix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		start := time.Now()
-		if _, err := l.Helm(ctx, "upgrade", lab.Release, chart, "-n", lab.VipcastNamespace, "-f", values); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.WaitRollout(ctx, rolloutBound, "daemonset/"+lab.Release+"-speaker"); err != nil {
-			t.Fatal(err)
-		}
-		speakers := time.Since(start)
-		if err := l.WaitRollout(ctx, rolloutBound, "deployment/"+lab.Release+"-ccm"); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("helm upgrade to %s (tunnelPrefix %q) rolled out: the speakers in %s, the CCM %s later", tag, prefix, speakers.Round(time.Second), (time.Since(start) - speakers).Round(time.Second))
-	}
+	patchService(t, l, lab.DemoService, `{"spec":{"externalTrafficPolicy":"Cluster"}}`)
+	waitTier1(t, l, vip)
 
-	// 1. Two tiers, Cluster policy: the pods see the client.
-	patchService(t, l, `{"spec":{"externalTrafficPolicy":"Cluster"}}`)
-	upgrade("lab", tunnelPrefix)
-	for _, n := range l.Nodes {
-		waitIPVS(t, n, vip, []string{"100.127.0.11:80 w2 ipip", "100.127.0.12:80 w2 ipip"})
-		// The chart's default connection sync: on the link of the
-		// node's InternalIP.
-		st, err := n.State(ctx)
-		want := []string{"backup on eth0, sync ID 96", "master on eth0, sync ID 96"}
-		if err != nil || !slices.Equal(st.SyncDaemons, want) {
-			t.Fatalf("%s: IPVS sync daemons %q (%v), want %q", n.Name, st.SyncDaemons, err, want)
-		}
-	}
-	for i := range 20 {
-		body, err := l.Get(ctx, addr)
-		if err != nil {
-			t.Fatalf("two tiers, request %d: %v", i, err)
-		}
-		if !strings.HasSuffix(body, "client 192.168.50.2") {
-			t.Fatalf("two tiers under Cluster policy, kube-proxy present: the backend saw %q, want the client's own address 192.168.50.2", body)
-		}
-	}
-
-	// 2. Upgrade and CCM restart under traffic.
+	// 1. Upgrade and CCM restart under traffic.
 	held, err := l.Hold(ctx, addr, lifeFlows, lifeInterval)
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +80,11 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	routes := watchRoutes(t, l, vip)
 	time.Sleep(2 * time.Second)
 	heldBefore, _, _ := held.Status()
-	upgrade(upgradeTag, tunnelPrefix)
+	speakers, ccmTook, err := l.UpgradeSpeakers(ctx, lab.SpeakerValues{Tag: upgradeTag, TunnelPrefix: tunnelPrefix}, rolloutBound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("helm upgrade to %s rolled out: the speakers in %s, the CCM %s later", upgradeTag, speakers.Round(time.Second), ccmTook.Round(time.Second))
 	for _, p := range podsOf(t, l, lab.VipcastNamespace, "", "") {
 		for _, c := range p.Spec.Containers {
 			if !strings.HasSuffix(c.Image, ":"+upgradeTag) {
@@ -175,10 +133,10 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	}
 	checkVIP(t, l, vip, "after the upgrade and the CCM's restart")
 
-	// 3. Drain: the node's route goes before its pods do.
+	// 2. Drain: the node's route goes before its pods do.
 	drainNode(t, l, vip, l.Nodes[1])
 
-	// 4. A third node joins. Its connections are opened once every
+	// 3. A third node joins. Its connections are opened once every
 	// node's tier 1 shows the Deployment spread again: a flow scheduled
 	// by a table that has changed since (node2's pods coming back, each
 	// speaker in its own time) goes elsewhere when ECMP moves it, which
@@ -230,7 +188,7 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	checkVIP(t, l, vip, "after node3 joined")
 	held2.Stop()
 
-	// 5. Uninstall. Each speaker's last words are kept on its node (the
+	// 4. Uninstall. Each speaker's last words are kept on its node (the
 	// kubelet removes a deleted pod's logs).
 	for _, n := range l.Nodes {
 		if _, err := n.Exec(ctx, "sh", "-c", "(tail -n 0 -F /var/log/pods/"+lab.VipcastNamespace+"_"+lab.Release+"-speaker-*/vipcast-speaker/*.log > /root/speaker-last.log 2>&1 &)"); err != nil {

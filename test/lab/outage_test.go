@@ -14,7 +14,6 @@ import (
 
 	"github.com/vipcast/vipcast/test/lab"
 	"github.com/vipcast/vipcast/test/lab/nodeapi"
-	"github.com/vipcast/vipcast/test/netns"
 	"github.com/vipcast/vipcast/test/routers"
 )
 
@@ -26,33 +25,31 @@ const (
 	lastContact = "vipcast_speaker_apiserver_last_contact_timestamp_seconds"
 )
 
-// TestAPIServerOutage is the fault tier of an API server outage: speakers
-// peered with the FRR ToR using TCP MD5 (password from a Secret), IPVS
-// programmed, the client holding 20 connections that exchange a request
-// every 200 ms. The API server is stopped for longer than two resync
-// periods — frozen (SIGSTOP) in one run, killed in the other, with etcd's
-// history compacted meanwhile so every watch must list again. Throughout and
-// after each run: the ToR's route, the BGP sessions (no flap), the IPVS
-// tables, the held connections and the Service's VIP are unchanged, each
-// speaker logs the outage once and its last-contact metric stops; once the
-// API server is back, zero UPDATEs reach the ToR. Last, a speaker that
-// starts while the API server is down announces nothing and says why.
-func TestAPIServerOutage(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end lab: skipped with -short")
-	}
-	netns.Require(t)
-	const resync = 5 * time.Second
+// outage is the fault tier of an API server outage, in the real cluster:
+// speakers peered with the FRR ToR using TCP MD5 (password from a Secret),
+// IPVS programmed, the client holding 20 connections through the demo
+// Service's vip that exchange a request every 200 ms. The API server is
+// stopped for longer than two resync periods — frozen (SIGSTOP) in one
+// run, killed in the other, with etcd's history compacted meanwhile so
+// every watch must list again. Throughout and after each run: the ToR's
+// route, the BGP sessions (no flap), the IPVS tables, the held connections
+// and the Service's VIP are unchanged, each speaker logs the outage once
+// and its last-contact metric stops; once the API server is back, zero
+// UPDATEs reach the ToR. Last, a speaker that the kubelet starts while the
+// API server is down announces nothing and says why.
+//
+// The kubelets, kube-proxy, the controllers and the CCM lose the API
+// server too, as in a real outage: the controllers' node monitor grace
+// period (test/controlplane) outlasts the outage, so no node is marked
+// unreachable when it returns.
+func outage(t *testing.T, l *lab.Lab, vip netip.Addr) {
+	resync := l.Opts.Resync
 	// Longer than two resync periods and than a probe's interval plus
 	// its timeout (10s + 5s), so each speaker sees the outage.
-	const outage = 2*resync + 15*time.Second
-	l := lab.Up(t, lab.Options{Password: "lab-md5-password", Resync: resync})
+	outage := 2*resync + 15*time.Second
 	ctx := t.Context()
-	vip := demoVIP(t, l)
-	node1, node2 := l.Nodes[0], l.Nodes[1]
-	ready := []lab.Pod{node1.Pods[0], node1.Pods[1], node2.Pods[0], node2.Pods[1]}
 	for _, n := range l.Nodes {
-		waitIPVS(t, n, vip, backendsOf(ready...))
+		waitIPVS(t, n, vip, backendsOf(n.Pods...))
 	}
 	held, err := l.Hold(ctx, netip.AddrPortFrom(vip, 80), 20, 200*time.Millisecond)
 	if err != nil {
@@ -167,11 +164,6 @@ func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage,
 	if err := start(); err != nil {
 		t.Fatalf("%s: starting the API server again: %v", name, err)
 	}
-	if restarted, err := l.RestartCCMIfExited(); err != nil {
-		t.Fatal(err)
-	} else if restarted {
-		t.Logf("%s: vipcast-ccm had exited (lease lost) and was started again, as its Deployment would", name)
-	}
 	time.Sleep(2*resync + 12*time.Second) // two resyncs and a probe after the return
 	sameFabric(t, name+", after the API server returned", before, readFabric(t, l, vip))
 	checkHeld(t, held, name+" after the outage", exchanges)
@@ -224,12 +216,13 @@ func readMetric(t *testing.T, l *lab.Lab, series string) map[string]float64 {
 	return out
 }
 
-// countLines counts, per node, the console lines containing substr.
+// countLines counts, per node, the lines of its speaker's logs containing
+// substr.
 func countLines(t *testing.T, l *lab.Lab, substr string) map[string]int {
 	t.Helper()
 	out := map[string]int{}
 	for _, n := range l.Nodes {
-		lines, err := n.ConsoleLines(substr)
+		lines, err := n.SpeakerLogLines(t.Context(), substr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,9 +239,9 @@ func plus(m map[string]int, d int) map[string]int {
 	return out
 }
 
-// startDuringOutage restarts node1's speaker while the API server is
-// frozen: it opens no session and announces nothing, says why, and comes
-// up once the API server returns.
+// startDuringOutage kills node1's speaker while the API server is frozen,
+// and the kubelet starts it again: it opens no session and announces
+// nothing, says why, and comes up once the API server returns.
 func startDuringOutage(t *testing.T, l *lab.Lab, vip netip.Addr, resync time.Duration) {
 	t.Helper()
 	ctx := t.Context()
@@ -275,9 +268,6 @@ func startDuringOutage(t *testing.T, l *lab.Lab, vip netip.Addr, resync time.Dur
 		t.Errorf("a speaker started during the outage logged %q %d times, want once", logStartsUp, got-waiting)
 	}
 	if err := l.CP.ResumeAPIServer(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.RestartCCMIfExited(); err != nil {
 		t.Fatal(err)
 	}
 	took := waitRoute(t, l, vip, time.Minute, node1, node2)

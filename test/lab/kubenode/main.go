@@ -5,12 +5,13 @@
 //
 //   - the Debian root filesystem (the VM's first disk, vm.Rootfs) is mounted
 //     and becomes the root of every daemon (chroot), with the payload disk
-//     (kubelet, kube-proxy, containerd, the images and the kubeconfig) on
-//     /opt/vipcast;
+//     (kubelet, kube-proxy, containerd and the kubeconfig) on /opt/vipcast
+//     and containerd's root, the images already imported, on
+//     /var/lib/containerd;
 //   - eth0 gets the node's address on the rack network and a default route
 //     to the ToR; routes to the other nodes' pod ranges go via those nodes
 //     (a flat "host-gw" pod network: the bridge CNI plugin on each node);
-//   - containerd starts, the payload's images are imported, then the
+//   - containerd starts, then the
 //     kubelet (--cloud-provider=external: the node registers with the
 //     uninitialized taint) and kube-proxy in the mode given; with -hold,
 //     the kubelet waits for POST /join, so that a node booted ahead joins
@@ -29,6 +30,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -40,10 +42,13 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -59,16 +64,20 @@ const (
 	binDir     = payloadDir + "/bin"
 	kubeconfig = payloadDir + "/kubeconfig"
 	containerd = "/run/containerd/containerd.sock"
+	// containerdRoot is containerd's root, its own disk (-containerd-root)
+	// with the images already imported.
+	containerdRoot = "/var/lib/containerd"
 )
 
 // config is the command line.
 type config struct {
 	nodeapi.NetFlags
-	name      string
-	payload   string
-	proxyMode string
-	// hold: wait for POST /join before starting the kubelet (a node
-	// booted ahead of the moment it joins the cluster).
+	name           string
+	payload        string
+	containerdRoot string
+	proxyMode      string
+	// hold: wait for POST /join before starting containerd and the
+	// kubelet (a node booted ahead of the moment it joins the cluster).
 	hold bool
 	// clusterCIDR covers every node's pod range (kube-proxy's
 	// clusterCIDR); excludeCIDRs are kube-proxy's ipvs.excludeCIDRs and
@@ -96,12 +105,13 @@ func parse(args []string) (*config, error) {
 	cfg := &config{}
 	fs.StringVar(&cfg.name, "name", "", "node name")
 	cfg.Register(fs, "this node's pod range (the bridge CNI plugin's)")
-	fs.StringVar(&cfg.payload, "payload", "/dev/vdb", "block device of the payload (binaries, images, kubeconfig)")
+	fs.StringVar(&cfg.payload, "payload", "/dev/vdb", "block device of the payload (binaries, kubeconfig)")
+	fs.StringVar(&cfg.containerdRoot, "containerd-root", "/dev/vdc", "block device of containerd's root, with the images imported (writable)")
 	fs.StringVar(&cfg.proxyMode, "proxy-mode", "iptables", "kube-proxy's mode: iptables, nftables or ipvs; none runs no kube-proxy")
 	fs.StringVar(&cfg.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "kube-proxy's clusterCIDR")
 	fs.StringVar(&exclude, "ipvs-exclude-cidrs", "", "kube-proxy's ipvs.excludeCIDRs, comma-separated")
 	fs.StringVar(&nodePorts, "node-port-addresses", "", "kube-proxy's nodePortAddresses, comma-separated")
-	fs.BoolVar(&cfg.hold, "hold", false, "start containerd and import the images, then wait for POST /join before starting the kubelet and kube-proxy")
+	fs.BoolVar(&cfg.hold, "hold", false, "wait for POST /join before starting containerd, the kubelet and kube-proxy")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -158,22 +168,16 @@ func run(cfg *config) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if cfg.hold && !holdUntilJoin(ctx, join, start) {
+		return nil
+	}
 	if err := d.start("containerd", binDir+"/containerd", "--config", "/etc/containerd/config.toml"); err != nil {
 		return err
 	}
 	if err := waitFile(ctx, containerd, time.Minute); err != nil {
 		return fmt.Errorf("containerd did not start: %w", err)
 	}
-	fmt.Printf("kubenode: containerd listening, %s after start\n", time.Since(start).Round(time.Millisecond))
-	if err := importImages(ctx, env); err != nil {
-		return err
-	}
-	fmt.Printf("kubenode: containerd up, images imported, %s after start\n", time.Since(start).Round(time.Millisecond))
-	if cfg.hold {
-		if joined, err := holdUntilJoin(ctx, d, join, start); err != nil || !joined {
-			return err
-		}
-	}
+	fmt.Printf("kubenode: containerd up, %s after start\n", time.Since(start).Round(time.Millisecond))
 	if err := d.start("kubelet", binDir+"/kubelet",
 		"--config", "/etc/kubernetes/kubelet.yaml",
 		"--kubeconfig", kubeconfig,
@@ -183,6 +187,10 @@ func run(cfg *config) error {
 		// cAdvisor's per-container housekeeping every minute, not every
 		// 10 s: the lab reads no container statistics.
 		"--housekeeping-interval", "1m",
+		// The logs of a container's earlier runs stay (the kubelet keeps
+		// one by default): the lab counts what each run of a speaker
+		// logged, through the restarts POST /speaker causes.
+		"--maximum-dead-containers-per-container", "100",
 		"--v", "1"); err != nil {
 		return err
 	}
@@ -207,24 +215,27 @@ func mountDisks(cfg *config) error {
 	if err := unix.Mount(cfg.payload, root+payloadDir, "ext4", unix.MS_RDONLY, ""); err != nil {
 		return fmt.Errorf("mount payload %s: %w", cfg.payload, err)
 	}
+	if err := os.MkdirAll(root+containerdRoot, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(cfg.containerdRoot, root+containerdRoot, "ext4", 0, ""); err != nil {
+		return fmt.Errorf("mount containerd's root %s: %w", cfg.containerdRoot, err)
+	}
 	return nil
 }
 
-// holdUntilJoin holds the node before its kubelet, running nothing but
-// this agent (containerd stops), until POST /join closes join; then
-// containerd starts again. joined is false when ctx ended first.
-func holdUntilJoin(ctx context.Context, d *daemons, join <-chan struct{}, start time.Time) (joined bool, err error) {
-	if err := d.stop("containerd"); err != nil {
-		return false, err
-	}
+// holdUntilJoin holds the node before its containerd and kubelet, running
+// nothing but this agent, until POST /join closes join; it reports false
+// when ctx ended first.
+func holdUntilJoin(ctx context.Context, join <-chan struct{}, start time.Time) bool {
 	fmt.Println("kubenode: held before the kubelet until POST /join")
 	select {
 	case <-join:
 	case <-ctx.Done():
-		return false, nil
+		return false
 	}
 	fmt.Printf("kubenode: joining, %s after start\n", time.Since(start).Round(time.Millisecond))
-	return true, d.start("containerd", binDir+"/containerd", "--config", "/etc/containerd/config.toml")
+	return true
 }
 
 // network configures eth0, the default route and the routes to the other
@@ -257,7 +268,11 @@ func serveControl(cfg *config, d *daemons, join chan struct{}) {
 	// A command on the node (ipvsadm, nft, iptables-save, conntrack), for
 	// tests to show what the kernel holds: POST /exec with one argument
 	// per line.
-	mux.HandleFunc("POST /exec", execHandler)
+	mux.HandleFunc("POST /exec", d.execHandler)
+	// The node's vipcast-speaker, as the test of an agent-run speaker
+	// drives it: POST /speaker?signal=TERM|KILL|STOP|CONT (&wait=1: until
+	// it exited), or ?start=1: until the kubelet has started it again.
+	mux.HandleFunc("POST /speaker", d.speakerHandler)
 	// Restart kube-proxy (POST /kube-proxy), or move it to another mode
 	// (?mode=nftables) the way kube-proxy's documentation says: stop it,
 	// run kube-proxy --cleanup (which removes every mode's rules, and
@@ -378,7 +393,8 @@ state = "/run/containerd"
       SystemdCgroup = false
 `
 
-// PauseImage is the sandbox image, imported from the payload; keep in
+// PauseImage is the sandbox image, imported with the others into
+// containerd's root (-containerd-root); keep in
 // sync with the lab (lab.PauseImage).
 const PauseImage = "docker.io/vipcast/pause:lab"
 
@@ -401,7 +417,11 @@ const cniConfig = `{
 // drops a signal) and no local storage capacity isolation, so the
 // eviction manager's 10-s synchronize returns at once and cAdvisor walks
 // no container's files. On an emulated CPU those walks were a quarter of
-// an idle kubelet's time; the lab's tests need neither.
+// an idle kubelet's time; the lab's tests need neither. A container that
+// exits is started again within a second, however often it did before
+// (KubeletCrashLoopBackOffMax, beta and on in 1.37): the lab's tests stop
+// a node's speaker dozens of times (POST /speaker), as a node's operator
+// or a crash would, and its restarts must not back off for minutes.
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
@@ -418,6 +438,7 @@ localStorageCapacityIsolation: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 shutdownGracePeriod: 0s
+crashLoopBackOff: {maxContainerRestartPeriod: 1s}
 `
 
 // restartKubeProxy restarts kube-proxy; with mode set (and not its mode
@@ -431,13 +452,11 @@ func restartKubeProxy(cfg *config, d *daemons, mode string) error {
 			return fmt.Errorf("mode %q: want iptables, nftables or ipvs", mode)
 		}
 		between = func() error {
-			cleanup := exec.Command(binDir+"/kube-proxy", "--cleanup", "--v", "1")
-			cleanup.Env = d.env
 			// From IPVS mode it fails to delete chains the other
 			// tables still jump to (exit status 1, "encountered an error
 			// while tearing down rules"); the next mode takes them over,
 			// as on a real node where an operator goes on.
-			if out, err := cleanup.CombinedOutput(); err != nil {
+			if out, err := d.run(context.Background(), []string{binDir + "/kube-proxy", "--cleanup", "--v", "1"}); err != nil {
 				fmt.Printf("kubenode: kube-proxy --cleanup: %v (going on); its errors:\n", err)
 				for _, line := range strings.Split(string(out), "\n") {
 					if strings.HasPrefix(line, "E") {
@@ -478,25 +497,6 @@ func quoteList(l []string) string {
 	return strings.Join(q, ", ")
 }
 
-// importImages imports every image tarball of the payload into
-// containerd's k8s.io namespace, where the kubelet looks.
-func importImages(ctx context.Context, env []string) error {
-	tars, _ := filepath.Glob(payloadDir + "/images/*.tar")
-	if len(tars) == 0 {
-		return fmt.Errorf("no images in %s/images", payloadDir)
-	}
-	for _, tar := range tars {
-		start := time.Now()
-		cmd := exec.CommandContext(ctx, binDir+"/ctr", "--address", containerd, "-n", "k8s.io", "images", "import", "--no-unpack=false", tar)
-		cmd.Env = env
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("ctr images import %s: %w: %s", tar, err, out)
-		}
-		fmt.Printf("kubenode: imported %s in %s\n", filepath.Base(tar), time.Since(start).Round(time.Millisecond))
-	}
-	return nil
-}
-
 // waitFile waits until path exists.
 func waitFile(ctx context.Context, path string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -523,10 +523,15 @@ type daemons struct {
 	started  map[int]string
 	argv     map[string][]string
 	stopping map[int]chan struct{}
+	// execs are the commands POST /exec runs: their own Wait reaps them,
+	// not reap.
+	execs map[int]bool
+	// speaker is the pid of the speaker POST /speaker signalled last.
+	speaker int
 }
 
 func newDaemons(env []string) *daemons {
-	return &daemons{env: env, started: map[int]string{}, argv: map[string][]string{}, stopping: map[int]chan struct{}{}}
+	return &daemons{env: env, started: map[int]string{}, argv: map[string][]string{}, stopping: map[int]chan struct{}{}, execs: map[int]bool{}}
 }
 
 // start runs a daemon with its output appended to /var/log/<name>.log and
@@ -563,10 +568,14 @@ func (d *daemons) start(name, path string, args ...string) error {
 
 // reap waits for every child, the daemons and the orphans reparented to
 // this subreaper, until ctx ends; a daemon that exits is an error.
+//
+// A child that POST /exec runs is left to its command's Wait: reap first
+// looks at which child exited without collecting it (waitid WNOWAIT), and
+// collects it only when it is not one of those (an /exec command that
+// reap collected made its Wait fail with "no child processes").
 func (d *daemons) reap(ctx context.Context) error {
 	for ctx.Err() == nil {
-		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		pid, err := waitablePid()
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -574,6 +583,17 @@ func (d *daemons) reap(ctx context.Context) error {
 			return fmt.Errorf("wait: %w", err)
 		}
 		d.mu.Lock()
+		if d.execs[pid] {
+			d.mu.Unlock()
+			time.Sleep(10 * time.Millisecond) // its Wait collects it
+			continue
+		}
+		var ws unix.WaitStatus
+		if got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); err != nil || got != pid {
+			// Collected meanwhile by a Wait of its own.
+			d.mu.Unlock()
+			continue
+		}
 		name, ok := d.started[pid]
 		stopped, asked := d.stopping[pid]
 		delete(d.started, pid)
@@ -587,37 +607,6 @@ func (d *daemons) reap(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// stop stops the daemon name (SIGTERM, SIGKILL after 30 s) and waits for
-// it; only before reap runs.
-func (d *daemons) stop(name string) error {
-	d.mu.Lock()
-	pid := 0
-	for p, n := range d.started {
-		if n == name {
-			pid = p
-			delete(d.started, p)
-		}
-	}
-	d.mu.Unlock()
-	if pid == 0 {
-		return fmt.Errorf("%s is not running", name)
-	}
-	_ = unix.Kill(pid, unix.SIGTERM)
-	kill := time.AfterFunc(30*time.Second, func() { _ = unix.Kill(pid, unix.SIGKILL) })
-	defer kill.Stop()
-	for {
-		var ws unix.WaitStatus
-		_, err := unix.Wait4(pid, &ws, 0, nil)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("wait for %s: %w", name, err)
-		}
-		return nil
-	}
 }
 
 // restart stops the daemon name (SIGTERM, SIGKILL after 30 s), runs
@@ -657,7 +646,7 @@ func (d *daemons) restart(name string, between func() error) error {
 
 // execHandler runs the command in the request body (one argument per
 // line) on the node, for at most 30 s, and returns its combined output.
-func execHandler(w http.ResponseWriter, r *http.Request) {
+func (d *daemons) execHandler(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 4096))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -670,10 +659,157 @@ func execHandler(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput() //nolint:gosec // the lab's own test agent
+	out, err := d.run(ctx, argv)
 	if err != nil {
 		out = append(out, []byte("\n"+err.Error())...)
 	}
 	w.Header().Set("Content-Type", "text/plain")
 	_, _ = w.Write(out)
+}
+
+// run runs argv with the daemons' environment and returns its combined
+// output. Its process is one of d.execs from its start until its Wait has
+// collected it, so that reap leaves it alone: every command the agent runs
+// goes through here, the daemons through start.
+func (d *daemons) run(ctx context.Context, argv []string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...) //nolint:gosec // the lab's own test agent
+	cmd.Env = d.env
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	d.mu.Lock()
+	err := cmd.Start()
+	if err == nil {
+		d.execs[cmd.Process.Pid] = true
+	}
+	d.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	err = cmd.Wait()
+	d.mu.Lock()
+	delete(d.execs, cmd.Process.Pid)
+	d.mu.Unlock()
+	return out.Bytes(), err
+}
+
+// waitablePid blocks until a child has exited and returns its pid, without
+// collecting it (waitid(P_ALL, WEXITED|WNOWAIT)).
+func waitablePid() (int, error) {
+	// siginfo_t: si_pid follows si_signo, si_errno, si_code and padding
+	// on 64-bit Linux.
+	var info [16]uint64
+	_, _, errno := unix.Syscall6(unix.SYS_WAITID, unix.P_ALL, 0, uintptr(unsafe.Pointer(&info)), unix.WEXITED|unix.WNOWAIT, 0, 0) //nolint:gosec // G103: waitid fills info, a buffer of siginfo_t's size
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(int32(info[2])), nil //nolint:gosec // si_pid is an int32
+}
+
+// speakerHandler signals the node's vipcast-speaker or waits for its
+// restart (see serveControl).
+func (d *daemons) speakerHandler(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	// The kubelet restarts an exited speaker within a second of noticing
+	// (crashLoopBackOff.maxContainerRestartPeriod), but on an emulated
+	// CPU busy with the held connections' traffic it noticed and started
+	// the container 35 s and more after the exit.
+	ctx, cancel := context.WithTimeout(r.Context(), 90*time.Second)
+	defer cancel()
+	var err error
+	if q.Get("start") != "" {
+		err = d.speakerStarted(ctx)
+	} else {
+		err = d.signalSpeaker(ctx, q.Get("signal"), q.Get("wait") != "")
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = fmt.Fprintln(w, "ok")
+}
+
+// signals are those POST /speaker sends.
+var signals = map[string]unix.Signal{"TERM": unix.SIGTERM, "KILL": unix.SIGKILL, "STOP": unix.SIGSTOP, "CONT": unix.SIGCONT}
+
+// signalSpeaker sends the speaker the signal named sig and, with wait,
+// waits until it has exited.
+func (d *daemons) signalSpeaker(ctx context.Context, sig string, wait bool) error {
+	signal, ok := signals[sig]
+	if !ok {
+		return fmt.Errorf("signal %q: want TERM, KILL, STOP or CONT", sig)
+	}
+	pid, err := speakerPid()
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.speaker = pid
+	d.mu.Unlock()
+	if err := unix.Kill(pid, signal); err != nil {
+		return fmt.Errorf("kill -%s %d: %w", sig, pid, err)
+	}
+	for wait {
+		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) || isZombie(pid) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the speaker (pid %d) did not exit after SIG%s", pid, sig)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// speakerStarted waits until a speaker runs that is not the one signalled
+// last: the kubelet restarts the container of a speaker that exited.
+func (d *daemons) speakerStarted(ctx context.Context) error {
+	d.mu.Lock()
+	old := d.speaker
+	d.mu.Unlock()
+	for {
+		if pid, err := speakerPid(); err == nil && pid != old {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no new speaker runs (the last one was pid %d)", old)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// speakerPid finds the speaker's process: vipcast-speaker, not its init
+// container (prepare-node), and not a zombie.
+func speakerPid() (int, error) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile("/proc/" + p.Name() + "/cmdline")
+		if err != nil || len(cmdline) == 0 {
+			continue
+		}
+		argv := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		if filepath.Base(argv[0]) == "vipcast-speaker" && !slices.Contains(argv, "prepare-node") && !isZombie(pid) {
+			return pid, nil
+		}
+	}
+	return 0, errors.New("no vipcast-speaker runs on this node")
+}
+
+// isZombie reports whether pid has exited and waits to be collected.
+func isZombie(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	_, after, ok := strings.Cut(string(stat), ") ")
+	return ok && strings.HasPrefix(after, "Z")
 }

@@ -9,7 +9,6 @@
 // down` (`make lab-down`), which tear it all down.
 //
 //	lab [-dir _output/lab] [-proxy-mode iptables|nftables|ipvs]   start, show, wait
-//	lab -agents [-dir _output/lab]  the agent-based topology (no kubelet)
 //	lab down [-dir _output/lab]     stop a running lab, remove its leftovers
 package main
 
@@ -42,7 +41,6 @@ func main() {
 	}
 	fs := flag.NewFlagSet("lab "+cmd, flag.ContinueOnError)
 	dir := fs.String("dir", "_output/lab", "directory for binaries, logs, the kubeconfig and the pid file")
-	agents := fs.Bool("agents", false, "the faster agent-based topology instead of the real cluster: the node VMs run vipcast-speaker under a small agent that plays kubelet and CNI, and vipcast-ccm runs on the host")
 	proxyMode := fs.String("proxy-mode", "iptables", "kube-proxy's mode on the real cluster's nodes: iptables, nftables or ipvs")
 	if err := fs.Parse(args); err != nil {
 		os.Exit(2)
@@ -50,11 +48,7 @@ func main() {
 	var err error
 	switch cmd {
 	case "up":
-		opts := lab.Options{Cluster: &lab.ClusterOptions{ProxyMode: *proxyMode}}
-		if *agents {
-			opts.Cluster = nil
-		}
-		err = up(*dir, opts)
+		err = up(*dir, lab.Options{Cluster: lab.ClusterOptions{ProxyMode: *proxyMode}})
 	case "down":
 		err = down(*dir)
 	default:
@@ -102,7 +96,7 @@ func up(dir string, opts lab.Options) error {
 	go func() {
 		ready <- r.Run(func(t harness.T) {
 			bfd := lab.DefaultBFD
-			opts.Dir, opts.BFD, opts.Logf = dir, &bfd, func(format string, args ...any) { say(format, args...) }
+			opts.Dir, opts.BFD, opts.PeerBFD, opts.Logf = dir, &bfd, true, func(format string, args ...any) { say(format, args...) }
 			l = lab.Up(t, opts)
 			show(ctx, t, l, dir)
 		})
@@ -188,11 +182,9 @@ func showCluster(ctx context.Context, l *lab.Lab, kubeconfig, kubectl string, vi
 	run("kubectl get nodes -o wide", kubectl, "get", "nodes", "-o", "wide")
 	run("kubectl get nodes -o custom-columns=...   (vipcast-ccm initialized them: provider ID set, uninitialized taint gone)",
 		kubectl, "get", "nodes", "-o", "custom-columns=NAME:.metadata.name,PROVIDER-ID:.spec.providerID,TAINTS:.spec.taints[*].key")
-	if l.Opts.Cluster != nil {
-		run("kubectl get pods -n "+lab.VipcastNamespace+" -o wide   (installed by helm install: the CCM Deployment, the speaker DaemonSet)",
-			kubectl, "get", "pods", "-n", lab.VipcastNamespace, "-o", "wide")
-		run("kubectl get pods -n "+lab.DemoNamespace+" -o wide", kubectl, "get", "pods", "-n", lab.DemoNamespace, "-o", "wide")
-	}
+	run("kubectl get pods -n "+lab.VipcastNamespace+" -o wide   (installed by helm install: the CCM Deployment, the speaker DaemonSet)",
+		kubectl, "get", "pods", "-n", lab.VipcastNamespace, "-o", "wide")
+	run("kubectl get pods -n "+lab.DemoNamespace+" -o wide", kubectl, "get", "pods", "-n", lab.DemoNamespace, "-o", "wide")
 	run("kubectl get ippools.vipcast.io,bgppeers.vipcast.io -o wide", kubectl, "get", "ippools.vipcast.io,bgppeers.vipcast.io", "-o", "wide")
 	run("kubectl get svc -n demo -o wide", kubectl, "get", "svc", "-n", lab.DemoNamespace, "-o", "wide")
 	run("kubectl get events -n demo", kubectl, "get", "events", "-n", lab.DemoNamespace)
