@@ -15,15 +15,16 @@ import (
 
 // heldFlows and heldUDP are the TCP connections and UDP flows
 // heldAcrossECMP holds, each exchanging a request (a datagram) every
-// heldInterval: 500 exchanges a second, which the two emulated nodes carry
-// beside their kubelet, kube-proxy and pods, through two tiers too. At
-// 2,500 a second a node's kubelet took over 35 s to restart an exited
-// speaker; at 1,000, through two tiers, most UDP flows lost three
-// datagrams in a row to the overloaded nodes (TCP retransmits them).
+// heldInterval: 150 exchanges a second, which the two emulated nodes carry
+// beside their kubelet, kube-proxy and pods without stalling. At 500 a
+// second, through two tiers, single exchanges took up to 6 s during the
+// events, which TCP rode out and most UDP flows (three datagrams lost in a
+// row) did not; at 2,500 a node's kubelet took over 35 s to restart an
+// exited speaker.
 const (
-	heldFlows    = 200
+	heldFlows    = 100
 	heldUDP      = 50
-	heldInterval = 500 * time.Millisecond
+	heldInterval = time.Second
 )
 
 // heldSetups are the dataplanes heldAcrossECMP runs its events in, in
@@ -248,8 +249,9 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 			t.Fatal(err)
 		}
 		// The kernel sends a connection to the other nodes at its third
-		// packet and flushes within about 2 s.
-		time.Sleep(3 * time.Second)
+		// packet and flushes within about 2 s: a UDP flow's third
+		// datagram leaves two intervals after its first.
+		time.Sleep(3*heldInterval + 3*time.Second)
 		before, _, _ := held.Status()
 		beforeU, _, _ := heldU.Status()
 		if err := ev.change(); err != nil {
