@@ -295,7 +295,7 @@ func (n *Node) Metric(ctx context.Context, series string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	resp, err := controlClient(n.lab.TorNS).Do(req)
+	resp, err := httpClient(n.lab.TorNS, controlTimeout).Do(req)
 	if err != nil {
 		return 0, err
 	}

@@ -394,23 +394,20 @@ func (l *Lab) dumpNodes() {
 	}
 }
 
-// httpClient makes one new connection per request from inside ns.
-func httpClient(ns *netns.NS) *http.Client {
+// httpClient makes one new connection per request from inside ns, each
+// request bounded by timeout.
+func httpClient(ns *netns.NS, timeout time.Duration) *http.Client {
 	return &http.Client{
-		Timeout:   5 * time.Second,
+		Timeout:   timeout,
 		Transport: &http.Transport{DialContext: ns.DialContext, DisableKeepAlives: true},
 	}
 }
 
-// controlClient is httpClient for reading a node's state and figures (its
-// agent, its speaker's /metrics): an emulated node can take longer than 5 s
-// to answer while its kubelet, kube-proxy and pods reconnect to an API
-// server that was killed (TestCluster/outage), and a read waits for it.
-func controlClient(ns *netns.NS) *http.Client {
-	c := httpClient(ns)
-	c.Timeout = 30 * time.Second
-	return c
-}
+// controlTimeout bounds a read of a node's state and figures (its agent,
+// its speaker's /metrics): an emulated node can take longer than 5 s to
+// answer while its kubelet, kube-proxy and pods reconnect to an API server
+// that was killed (TestCluster/outage).
+const controlTimeout = 30 * time.Second
 
 // State reads the node's IPVS table and VIPs.
 func (n *Node) State(ctx context.Context) (nodeapi.State, error) {
@@ -419,7 +416,7 @@ func (n *Node) State(ctx context.Context) (nodeapi.State, error) {
 	if err != nil {
 		return st, err
 	}
-	resp, err := controlClient(n.lab.TorNS).Do(req)
+	resp, err := httpClient(n.lab.TorNS, controlTimeout).Do(req)
 	if err != nil {
 		return st, err
 	}
@@ -454,9 +451,7 @@ func (n *Node) post(ctx context.Context, path string, body io.Reader, timeout ti
 	if err != nil {
 		return "", err
 	}
-	c := httpClient(n.lab.TorNS)
-	c.Timeout = timeout
-	resp, err := c.Do(req)
+	resp, err := httpClient(n.lab.TorNS, timeout).Do(req)
 	if err != nil {
 		return "", fmt.Errorf("%s on %s: %w", path, n.Name, err)
 	}
@@ -495,7 +490,7 @@ func (l *Lab) Get(ctx context.Context, addr netip.AddrPort) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	resp, err := httpClient(l.ClientNS).Do(req)
+	resp, err := httpClient(l.ClientNS, 5*time.Second).Do(req)
 	if err != nil {
 		return "", err
 	}
