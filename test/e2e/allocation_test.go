@@ -18,6 +18,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ccm"
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 const mixPools = `
@@ -71,33 +72,33 @@ func mixedServices(ns string, n int) ([]*v1.Service, map[string]expectation) {
 		var e expectation
 		switch i % 8 {
 		case 0:
-			s = lbService(ns, name, withFamilies(v1.IPFamilyPolicyRequireDualStack, v4, v6))
+			s = ccmtest.LBService(ns, name, withFamilies(v1.IPFamilyPolicyRequireDualStack, v4, v6))
 			e = expectation{pool: "dual", families: []v1.IPFamily{v4, v6}}
 		case 1:
-			s = lbService(ns, name, withFamilies(v1.IPFamilyPolicySingleStack, v6))
+			s = ccmtest.LBService(ns, name, withFamilies(v1.IPFamilyPolicySingleStack, v6))
 			e = expectation{pool: "v6-main", families: []v1.IPFamily{v6}}
 		case 2:
 			ip := netip.MustParseAddr(fmt.Sprintf("10.20.1.%d", 100+i/8))
-			s = lbService(ns, name, withAnnotation(ccm.AnnotationIPs, ip.String()))
+			s = ccmtest.LBService(ns, name, withAnnotation(ccm.AnnotationIPs, ip.String()))
 			e = expectation{pool: "v4-main", families: []v1.IPFamily{v4}, requested: []netip.Addr{ip}}
 		case 3:
-			s = lbService(ns, name, withAnnotation(ccm.AnnotationPool, "dual"))
+			s = ccmtest.LBService(ns, name, withAnnotation(ccm.AnnotationPool, "dual"))
 			e = expectation{pool: "dual", families: []v1.IPFamily{v4}}
 		case 4:
 			key := fmt.Sprintf("grp-%d", i/16)
-			s = lbService(ns, name, withAnnotation(ccm.AnnotationSharingKey, key), withPorts(int32(1000+i)))
+			s = ccmtest.LBService(ns, name, withAnnotation(ccm.AnnotationSharingKey, key), withPorts(int32(1000+i)))
 			e = expectation{pool: "v4-main", families: []v1.IPFamily{v4}, sharingKey: key}
 		case 5:
-			s = lbService(ns, name, withAnnotation(ccm.AnnotationPool, "dual"),
+			s = ccmtest.LBService(ns, name, withAnnotation(ccm.AnnotationPool, "dual"),
 				withFamilies(v1.IPFamilyPolicyPreferDualStack, v6, v4))
 			e = expectation{pool: "dual", families: []v1.IPFamily{v6, v4}}
 		case 6:
 			ip := netip.MustParseAddr(fmt.Sprintf("10.40.0.%d", i/8))
-			s = lbService(ns, name)
+			s = ccmtest.LBService(ns, name)
 			s.Spec.LoadBalancerIP = ip.String()
 			e = expectation{pool: "reserved", families: []v1.IPFamily{v4}, requested: []netip.Addr{ip}}
 		default:
-			s = lbService(ns, name)
+			s = ccmtest.LBService(ns, name)
 			e = expectation{pool: "v4-main", families: []v1.IPFamily{v4}}
 		}
 		svcs = append(svcs, s)
@@ -108,7 +109,7 @@ func mixedServices(ns string, n int) ([]*v1.Service, map[string]expectation) {
 
 // createAll creates Services from workers goroutines, as a burst of clients would.
 func (e *env) createAll(svcs []*v1.Service, workers int) {
-	e.t.Helper()
+	e.T.Helper()
 	<-e.createAllAsync(svcs, workers)
 }
 
@@ -132,7 +133,7 @@ func (e *env) createWith(svcs []*v1.Service, workers int) {
 		go func() {
 			defer wg.Done()
 			for s := range ch {
-				if _, err := e.cp.Client.CoreV1().Services(s.Namespace).Create(context.Background(), s, metav1.CreateOptions{}); err != nil {
+				if _, err := e.CP.Client.CoreV1().Services(s.Namespace).Create(context.Background(), s, metav1.CreateOptions{}); err != nil {
 					errs <- fmt.Errorf("creating %s/%s: %w", s.Namespace, s.Name, err)
 				}
 			}
@@ -145,17 +146,17 @@ func (e *env) createWith(svcs []*v1.Service, workers int) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		e.t.Errorf("%v", err)
+		e.T.Errorf("%v", err)
 	}
 }
 
 // waitAllAllocated waits until every Service in ns has as many ingress
 // addresses as want says.
 func (e *env) waitAllAllocated(timeout time.Duration, ns string, want func(*v1.Service) int) map[string]*v1.Service {
-	e.t.Helper()
+	e.T.Helper()
 	var svcs map[string]*v1.Service
-	e.eventually(timeout, "every Service in "+ns+" to have its VIPs", func() (bool, error) {
-		svcs = e.listServices(ns)
+	e.Eventually(timeout, "every Service in "+ns+" to have its VIPs", func() (bool, error) {
+		svcs = e.ListServices(ns)
 		missing := 0
 		for _, s := range svcs {
 			if len(s.Status.LoadBalancer.Ingress) != want(s) {
@@ -228,16 +229,16 @@ func TestAllocation(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(mixPools)
-	e.startCCM("a")
-	e.namespace("mix", nil)
+	e.StartCCM("a")
+	e.Namespace("mix", nil)
 	svcs, exp := mixedServices("mix", 200)
 	e.createAll(svcs, 8)
 	e.waitAllAllocated(90*time.Second, "mix", func(s *v1.Service) int { return len(exp[s.Namespace+"/"+s.Name].families) })
 	// The pool annotation is written in the background once allocation is
 	// quiet; wait for it on every Service.
 	var got map[string]*v1.Service
-	e.eventually(60*time.Second, "every Service to carry its pool annotation", func() (bool, error) {
-		got = e.listServices("mix")
+	e.Eventually(60*time.Second, "every Service to carry its pool annotation", func() (bool, error) {
+		got = e.ListServices("mix")
 		missing := 0
 		for _, s := range got {
 			if s.Annotations[ccm.AnnotationPool] == "" {
@@ -273,7 +274,7 @@ func TestAllocation(t *testing.T) {
 		}
 	}
 	checkNoDoubleHolders(t, got)
-	e.eventually(20*time.Second, "pool status to count the addresses in use", func() (bool, error) {
+	e.Eventually(20*time.Second, "pool status to count the addresses in use", func() (bool, error) {
 		v4, dual6 := e.poolInUse("v4-main", "ipv4"), e.poolInUse("dual", "ipv6")
 		return v4 > 0 && dual6 == 50, fmt.Errorf("v4-main ipv4 in use %d, dual ipv6 in use %d", v4, dual6)
 	})
@@ -282,21 +283,21 @@ func TestAllocation(t *testing.T) {
 	// zero and a released address can be requested again.
 	for key := range got {
 		s := got[key]
-		if err := e.cp.Client.CoreV1().Services(s.Namespace).Delete(context.Background(), s.Name, metav1.DeleteOptions{}); err != nil {
+		if err := e.CP.Client.CoreV1().Services(s.Namespace).Delete(context.Background(), s.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e.eventually(60*time.Second, "Services to be gone and pools drained", func() (bool, error) {
-		left := len(e.listServices("mix"))
+	e.Eventually(60*time.Second, "Services to be gone and pools drained", func() (bool, error) {
+		left := len(e.ListServices("mix"))
 		total := 0
 		for _, pool := range []string{"v4-main", "v6-main", "dual", "reserved"} {
 			total += e.poolInUse(pool, "ipv4") + e.poolInUse(pool, "ipv6")
 		}
 		return left == 0 && total == 0, fmt.Errorf("%d Services left, %d addresses in use", left, total)
 	})
-	again := e.createService(lbService("mix", "again", withAnnotation(ccm.AnnotationIPs, "10.20.1.100")))
-	e.eventually(30*time.Second, "a released address to be handed out again", func() (bool, error) {
-		s, err := e.cp.Client.CoreV1().Services("mix").Get(context.Background(), again.Name, metav1.GetOptions{})
+	again := e.createService(ccmtest.LBService("mix", "again", withAnnotation(ccm.AnnotationIPs, "10.20.1.100")))
+	e.Eventually(30*time.Second, "a released address to be handed out again", func() (bool, error) {
+		s, err := e.CP.Client.CoreV1().Services("mix").Get(context.Background(), again.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -307,10 +308,10 @@ func TestAllocation(t *testing.T) {
 
 // poolInUse reads status.<family>.inUse of an IPPool (0 if unset).
 func (e *env) poolInUse(pool, family string) int {
-	u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), pool, metav1.GetOptions{})
+	u, err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), pool, metav1.GetOptions{})
 	if err != nil {
 		if !apierrors.IsNotFound(err) {
-			e.t.Logf("reading IPPool %s: %v", pool, err)
+			e.T.Logf("reading IPPool %s: %v", pool, err)
 		}
 		return -1
 	}

@@ -18,6 +18,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ccm"
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 const badInputPools = `
@@ -49,47 +50,47 @@ func TestBadInput(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(badInputPools)
-	e.startCCM("a")
-	e.namespace("bad", nil)
+	e.StartCCM("a")
+	e.Namespace("bad", nil)
 
 	// A Service of another load-balancer implementation publishes
 	// 10.60.0.7 (inside our pool): vipcast must never hand it out.
-	foreign := lbService("bad", "foreign")
+	foreign := ccmtest.LBService("bad", "foreign")
 	class := "other.example/lb"
 	foreign.Spec.LoadBalancerClass = &class
 	foreign = e.createService(foreign)
 	foreign.Status.LoadBalancer = *lbStatusFor("10.60.0.7")
-	if _, err := e.cp.Client.CoreV1().Services("bad").UpdateStatus(context.Background(), foreign, metav1.UpdateOptions{}); err != nil {
+	if _, err := e.CP.Client.CoreV1().Services("bad").UpdateStatus(context.Background(), foreign, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
 	// Good Services first; their VIPs must survive everything below.
-	e.createService(lbService("bad", "g1"))
-	e.createService(lbService("bad", "g2", withAnnotation(ccm.AnnotationIPs, "10.60.0.5")))
-	e.createService(lbService("bad", "g3", withAnnotation(ccm.AnnotationIPs, "10.60.0.6"),
+	e.createService(ccmtest.LBService("bad", "g1"))
+	e.createService(ccmtest.LBService("bad", "g2", withAnnotation(ccm.AnnotationIPs, "10.60.0.5")))
+	e.createService(ccmtest.LBService("bad", "g3", withAnnotation(ccm.AnnotationIPs, "10.60.0.6"),
 		withAnnotation(ccm.AnnotationSharingKey, "s")))
-	e.createService(lbService("bad", "tiny1", withAnnotation(ccm.AnnotationPool, "tiny")))
+	e.createService(ccmtest.LBService("bad", "tiny1", withAnnotation(ccm.AnnotationPool, "tiny")))
 	e.waitAllAllocated(30*time.Second, "bad", func(*v1.Service) int { return 1 })
 	good := e.snapshot("bad")
 
-	lbIPConflict := lbService("bad", "lbip-conflict", withAnnotation(ccm.AnnotationIPs, "10.60.0.9"))
+	lbIPConflict := ccmtest.LBService("bad", "lbip-conflict", withAnnotation(ccm.AnnotationIPs, "10.60.0.9"))
 	lbIPConflict.Spec.LoadBalancerIP = "10.60.0.10"
 	cases := []struct {
 		svc  *v1.Service
 		want []string // substrings of the Event message
 	}{
-		{lbService("bad", "unknown-pool", withAnnotation(ccm.AnnotationPool, "nope")), []string{"nope"}},
-		{lbService("bad", "outside", withAnnotation(ccm.AnnotationIPs, "192.0.2.77")), []string{"192.0.2.77"}},
-		{lbService("bad", "taken", withAnnotation(ccm.AnnotationIPs, "10.60.0.5")), []string{"10.60.0.5", "bad/g2"}},
-		{lbService("bad", "steal-foreign", withAnnotation(ccm.AnnotationIPs, "10.60.0.7")), []string{"10.60.0.7", "bad/foreign"}},
-		{lbService("bad", "port-clash", withAnnotation(ccm.AnnotationIPs, "10.60.0.6"),
+		{ccmtest.LBService("bad", "unknown-pool", withAnnotation(ccm.AnnotationPool, "nope")), []string{"nope"}},
+		{ccmtest.LBService("bad", "outside", withAnnotation(ccm.AnnotationIPs, "192.0.2.77")), []string{"192.0.2.77"}},
+		{ccmtest.LBService("bad", "taken", withAnnotation(ccm.AnnotationIPs, "10.60.0.5")), []string{"10.60.0.5", "bad/g2"}},
+		{ccmtest.LBService("bad", "steal-foreign", withAnnotation(ccm.AnnotationIPs, "10.60.0.7")), []string{"10.60.0.7", "bad/foreign"}},
+		{ccmtest.LBService("bad", "port-clash", withAnnotation(ccm.AnnotationIPs, "10.60.0.6"),
 			withAnnotation(ccm.AnnotationSharingKey, "s")), []string{"bad/g3"}},
-		{lbService("bad", "tiny2", withAnnotation(ccm.AnnotationPool, "tiny")), []string{"tiny"}},
-		{lbService("bad", "bad-ips", withAnnotation(ccm.AnnotationIPs, "10.0.0.300")), []string{ccm.AnnotationIPs, "10.0.0.300"}},
-		{lbService("bad", "bad-pool-name", withAnnotation(ccm.AnnotationPool, "Bad_Pool!")), []string{ccm.AnnotationPool}},
-		{lbService("bad", "two-v4", withAnnotation(ccm.AnnotationIPs, "10.60.0.11,10.60.0.12")), []string{ccm.AnnotationIPs, "at most one VIP per family"}},
+		{ccmtest.LBService("bad", "tiny2", withAnnotation(ccm.AnnotationPool, "tiny")), []string{"tiny"}},
+		{ccmtest.LBService("bad", "bad-ips", withAnnotation(ccm.AnnotationIPs, "10.0.0.300")), []string{ccm.AnnotationIPs, "10.0.0.300"}},
+		{ccmtest.LBService("bad", "bad-pool-name", withAnnotation(ccm.AnnotationPool, "Bad_Pool!")), []string{ccm.AnnotationPool}},
+		{ccmtest.LBService("bad", "two-v4", withAnnotation(ccm.AnnotationIPs, "10.60.0.11,10.60.0.12")), []string{ccm.AnnotationIPs, "at most one VIP per family"}},
 		{lbIPConflict, []string{"spec.loadBalancerIP", ccm.AnnotationIPs}},
-		{lbService("bad", "wrong-ns", withAnnotation(ccm.AnnotationPool, "ns-only")), []string{"ns-only"}},
+		{ccmtest.LBService("bad", "wrong-ns", withAnnotation(ccm.AnnotationPool, "ns-only")), []string{"ns-only"}},
 	}
 	for _, c := range cases {
 		e.createService(c.svc)
@@ -97,7 +98,7 @@ func TestBadInput(t *testing.T) {
 	for _, c := range cases {
 		e.waitEvent("bad", c.svc.Name, c.want...)
 	}
-	now := e.listServices("bad")
+	now := e.ListServices("bad")
 	checkUnchanged(t, good, now)
 	for _, c := range cases {
 		if ing := now["bad/"+c.svc.Name].Status.LoadBalancer.Ingress; len(ing) != 0 {
@@ -107,11 +108,11 @@ func TestBadInput(t *testing.T) {
 	checkNoDoubleHolders(t, now)
 
 	// The error is retried: once g2 is gone, "taken" gets the address.
-	if err := e.cp.Client.CoreV1().Services("bad").Delete(context.Background(), "g2", metav1.DeleteOptions{}); err != nil {
+	if err := e.CP.Client.CoreV1().Services("bad").Delete(context.Background(), "g2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(90*time.Second, "bad/taken to get 10.60.0.5 after g2 released it", func() (bool, error) {
-		s, err := e.cp.Client.CoreV1().Services("bad").Get(context.Background(), "taken", metav1.GetOptions{})
+	e.Eventually(90*time.Second, "bad/taken to get 10.60.0.5 after g2 released it", func() (bool, error) {
+		s, err := e.CP.Client.CoreV1().Services("bad").Get(context.Background(), "taken", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -122,34 +123,34 @@ func TestBadInput(t *testing.T) {
 	// Narrowing a pool's namespaces never takes a VIP from a Service that
 	// already holds one from it, even though its pool annotation (written
 	// by vipcast) names the pool.
-	e.eventually(30*time.Second, "bad/g1 to carry its pool annotation", func() (bool, error) {
-		s, err := e.cp.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{})
+	e.Eventually(30*time.Second, "bad/g1 to carry its pool annotation", func() (bool, error) {
+		s, err := e.CP.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{})
 		return err == nil && s.Annotations[ccm.AnnotationPool] == "main", err
 	})
-	main, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), "main", metav1.GetOptions{})
+	main, err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), "main", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := unstructured.SetNestedStringSlice(main.Object, []string{"elsewhere"}, "spec", "allocation", "namespaces"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Update(context.Background(), main, metav1.UpdateOptions{}); err != nil {
+	if _, err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Update(context.Background(), main, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(30*time.Second, "pool main's new generation to be loaded", func() (bool, error) {
-		u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), "main", metav1.GetOptions{})
+	e.Eventually(30*time.Second, "pool main's new generation to be loaded", func() (bool, error) {
+		u, err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), "main", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
 		gen, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
 		return gen == u.GetGeneration(), nil
 	})
-	g1, err := e.cp.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{})
+	g1, err := e.CP.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ensured := func() int32 {
-		evs, err := e.cp.Client.CoreV1().Events("bad").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=g1,reason=EnsuredLoadBalancer"})
+		evs, err := e.CP.Client.CoreV1().Events("bad").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=g1,reason=EnsuredLoadBalancer"})
 		if err != nil || len(evs.Items) == 0 {
 			return 0
 		}
@@ -159,20 +160,20 @@ func TestBadInput(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	syncs := ensured()
 	g1.Annotations["touch"] = "1" // makes the service controller sync g1 again
-	if _, err := e.cp.Client.CoreV1().Services("bad").Update(context.Background(), g1, metav1.UpdateOptions{}); err != nil {
+	if _, err := e.CP.Client.CoreV1().Services("bad").Update(context.Background(), g1, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(30*time.Second, "bad/g1 to be synced again", func() (bool, error) {
+	e.Eventually(30*time.Second, "bad/g1 to be synced again", func() (bool, error) {
 		return ensured() > syncs, nil
 	})
-	evs, err := e.cp.Client.CoreV1().Events("bad").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=g1,reason=SyncLoadBalancerFailed"})
+	evs, err := e.CP.Client.CoreV1().Events("bad").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=g1,reason=SyncLoadBalancerFailed"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(evs.Items) > 0 {
 		t.Errorf("g1 failed to sync after its pool was narrowed: %s", evs.Items[0].Message)
 	}
-	if g1, err = e.cp.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{}); err != nil {
+	if g1, err = e.CP.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if ips := ingressIPs(t, g1); len(ips) != 1 || !equalAddrs(ips, good["bad/g1"]) {
@@ -209,7 +210,7 @@ func TestPoolValidation(t *testing.T) {
 			if obj.GetKind() == "BGPPeer" {
 				res = vipcastv1alpha1.BGPPeersResource
 			}
-			_, err := e.cp.Dynamic.Resource(res).Create(context.Background(), obj, metav1.CreateOptions{})
+			_, err := e.CP.Dynamic.Resource(res).Create(context.Background(), obj, metav1.CreateOptions{})
 			ann := obj.GetAnnotations()
 			switch {
 			case valid && err != nil:
@@ -231,7 +232,7 @@ func TestPoolValidation(t *testing.T) {
 	t.Logf("API server rejected %d malformed samples and accepted %d valid ones", rejected, accepted)
 	// Clear the valid samples so they cannot overlap the pools below.
 	for _, res := range []schema.GroupVersionResource{vipcastv1alpha1.IPPoolsResource, vipcastv1alpha1.BGPPeersResource} {
-		if err := e.cp.Dynamic.Resource(res).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		if err := e.CP.Dynamic.Resource(res).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -240,28 +241,28 @@ func TestPoolValidation(t *testing.T) {
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: older}\nspec: {addresses: [10.70.0.0/24]}\n")
 	time.Sleep(1100 * time.Millisecond) // creation timestamps have one-second resolution
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: newer}\nspec: {addresses: [10.70.0.128/25]}\n")
-	e.startCCM("a")
-	e.namespace("ov", nil)
-	e.createService(lbService("ov", "s", withAnnotation(ccm.AnnotationIPs, "10.70.0.200")))
-	e.eventually(30*time.Second, "IPPool newer to be Ready=False naming the older pool", func() (bool, error) {
+	e.StartCCM("a")
+	e.Namespace("ov", nil)
+	e.createService(ccmtest.LBService("ov", "s", withAnnotation(ccm.AnnotationIPs, "10.70.0.200")))
+	e.Eventually(30*time.Second, "IPPool newer to be Ready=False naming the older pool", func() (bool, error) {
 		ready, reason, msg := e.poolReady("newer")
 		return ready == "False" && strings.Contains(msg, "older"), fmt.Errorf("Ready=%s reason=%s message=%q", ready, reason, msg)
 	})
-	e.eventually(30*time.Second, "IPPool older to be Ready=True", func() (bool, error) {
+	e.Eventually(30*time.Second, "IPPool older to be Ready=True", func() (bool, error) {
 		ready, _, _ := e.poolReady("older")
 		return ready == "True", nil
 	})
 	// A pool the speakers could not announce (its aggregate would cover
 	// addresses outside it; only the CCM can see that) hands out nothing.
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: dark}\nspec: {addresses: [10.71.0.10-10.71.0.20], bgp: {aggregationLength: 24}}\n")
-	e.eventually(30*time.Second, "IPPool dark to be Ready=False naming spec.bgp.aggregationLength", func() (bool, error) {
+	e.Eventually(30*time.Second, "IPPool dark to be Ready=False naming spec.bgp.aggregationLength", func() (bool, error) {
 		ready, reason, msg := e.poolReady("dark")
 		return ready == "False" && reason == vipcastv1alpha1.ReasonInvalidAddresses && strings.Contains(msg, "spec.bgp.aggregationLength 24"),
 			fmt.Errorf("Ready=%s reason=%s message=%q", ready, reason, msg)
 	})
-	e.createService(lbService("ov", "dark", withAnnotation(ccm.AnnotationIPs, "10.71.0.15")))
+	e.createService(ccmtest.LBService("ov", "dark", withAnnotation(ccm.AnnotationIPs, "10.71.0.15")))
 	e.waitEvent("ov", "dark", "10.71.0.15", "IPPool dark is not ready: InvalidAddresses: spec.bgp.aggregationLength 24")
-	if s, err := e.cp.Client.CoreV1().Services("ov").Get(context.Background(), "dark", metav1.GetOptions{}); err != nil || len(s.Status.LoadBalancer.Ingress) != 0 {
+	if s, err := e.CP.Client.CoreV1().Services("ov").Get(context.Background(), "dark", metav1.GetOptions{}); err != nil || len(s.Status.LoadBalancer.Ingress) != 0 {
 		t.Fatalf("Service ov/dark from the unannounceable pool: ingress %v (err %v), want none", s.Status.LoadBalancer.Ingress, err)
 	}
 	e.waitAllAllocated(30*time.Second, "ov", func(s *v1.Service) int {
@@ -270,8 +271,8 @@ func TestPoolValidation(t *testing.T) {
 		}
 		return 1
 	})
-	e.eventually(30*time.Second, "ov/s to be annotated with pool older", func() (bool, error) {
-		s, err := e.cp.Client.CoreV1().Services("ov").Get(context.Background(), "s", metav1.GetOptions{})
+	e.Eventually(30*time.Second, "ov/s to be annotated with pool older", func() (bool, error) {
+		s, err := e.CP.Client.CoreV1().Services("ov").Get(context.Background(), "s", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -281,7 +282,7 @@ func TestPoolValidation(t *testing.T) {
 }
 
 func (e *env) poolReady(name string) (status, reason, message string) {
-	u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), name, metav1.GetOptions{})
+	u, err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
 		return "", "", err.Error()
 	}

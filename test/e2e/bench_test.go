@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 const benchServices = 1000
@@ -37,13 +39,13 @@ func BenchmarkCCMAllocation(b *testing.B) {
 
 		// Warm the API server up (first requests pay for caches and
 		// connections) so the floor is not measured cold.
-		e.namespace("warm", nil)
+		e.Namespace("warm", nil)
 		e.runWorkers(200, 8, func(i int) error {
 			name := fmt.Sprintf("w-%04d", i)
-			if _, err := e.cp.Client.CoreV1().Services("warm").Create(context.Background(), lbService("warm", name), metav1.CreateOptions{}); err != nil {
+			if _, err := e.CP.Client.CoreV1().Services("warm").Create(context.Background(), ccmtest.LBService("warm", name), metav1.CreateOptions{}); err != nil {
 				return err
 			}
-			return e.cp.Client.CoreV1().Services("warm").Delete(context.Background(), name, metav1.DeleteOptions{})
+			return e.CP.Client.CoreV1().Services("warm").Delete(context.Background(), name, metav1.DeleteOptions{})
 		})
 
 		// Floor: client-go writes what the CCM would write, 8 workers, timed
@@ -63,10 +65,10 @@ func BenchmarkCCMAllocation(b *testing.B) {
 		stockPattern, _, _ := e.floorRun(b, "stock-pattern", true)
 
 		// vipcast-ccm with its defaults; wait until it leads and is idle.
-		c := e.startCCMWith("bench", strings.Fields(os.Getenv("VIPCAST_BENCH_CCM_FLAGS"))...)
-		e.eventually(30*time.Second, "the CCM to lead", func() (bool, error) { return c.isLeader(), nil })
-		e.namespace("ccm", nil)
-		e.createService(lbService("ccm", "warmup"))
+		c := e.StartCCMWith("bench", strings.Fields(os.Getenv("VIPCAST_BENCH_CCM_FLAGS"))...)
+		e.Eventually(30*time.Second, "the CCM to lead", func() (bool, error) { return c.IsLeader(), nil })
+		e.Namespace("ccm", nil)
+		e.createService(ccmtest.LBService("ccm", "warmup"))
 		e.waitAllAllocated(30*time.Second, "ccm", func(*v1.Service) int { return 1 })
 
 		w := e.watchAllocations("ccm", benchServices)
@@ -74,7 +76,7 @@ func BenchmarkCCMAllocation(b *testing.B) {
 		e.runWorkers(benchServices, 8, func(i int) error {
 			name := fmt.Sprintf("s-%04d", i)
 			w.created(name)
-			_, err := e.cp.Client.CoreV1().Services("ccm").Create(context.Background(), lbService("ccm", name), metav1.CreateOptions{})
+			_, err := e.CP.Client.CoreV1().Services("ccm").Create(context.Background(), ccmtest.LBService("ccm", name), metav1.CreateOptions{})
 			return err
 		})
 		w.wait(b)
@@ -106,10 +108,10 @@ type allocationWatch struct {
 }
 
 func (e *env) watchAllocations(ns string, want int) *allocationWatch {
-	e.t.Helper()
-	w, err := e.cp.Client.CoreV1().Services(ns).Watch(context.Background(), metav1.ListOptions{})
+	e.T.Helper()
+	w, err := e.CP.Client.CoreV1().Services(ns).Watch(context.Background(), metav1.ListOptions{})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	aw := &allocationWatch{w: w, want: want, createdAt: map[string]time.Time{}, seenAt: map[string]time.Time{}, done: make(chan struct{})}
 	go func() {
@@ -169,13 +171,13 @@ func (aw *allocationWatch) percentiles() (p50, p99 time.Duration) {
 // stockWrites it also makes the other writes the stock service controller
 // makes per Service: a finalizer patch and two Events.
 func (e *env) floorRun(b testing.TB, ns string, stockWrites bool) (total, p50, p99 time.Duration) {
-	e.namespace(ns, nil)
+	e.Namespace(ns, nil)
 	w := e.watchAllocations(ns, benchServices)
 	start := time.Now()
 	e.runWorkers(benchServices, 8, func(i int) error {
-		s := lbService(ns, fmt.Sprintf("s-%04d", i))
+		s := ccmtest.LBService(ns, fmt.Sprintf("s-%04d", i))
 		w.created(s.Name)
-		created, err := e.cp.Client.CoreV1().Services(ns).Create(context.Background(), s, metav1.CreateOptions{})
+		created, err := e.CP.Client.CoreV1().Services(ns).Create(context.Background(), s, metav1.CreateOptions{})
 		if err != nil {
 			return err
 		}
@@ -185,7 +187,7 @@ func (e *env) floorRun(b testing.TB, ns string, stockWrites bool) (total, p50, p
 			}
 		}
 		created.Status.LoadBalancer = *lbStatusFor(fmt.Sprintf("10.91.%d.%d", i/256, i%256))
-		_, err = e.cp.Client.CoreV1().Services(ns).UpdateStatus(context.Background(), created, metav1.UpdateOptions{})
+		_, err = e.CP.Client.CoreV1().Services(ns).UpdateStatus(context.Background(), created, metav1.UpdateOptions{})
 		return err
 	})
 	w.wait(b)
@@ -196,15 +198,15 @@ func (e *env) floorRun(b testing.TB, ns string, stockWrites bool) (total, p50, p
 		if stockWrites {
 			// Drop the finalizer ourselves, or the CCM started next would
 			// spend the measured run cleaning these Services up.
-			if _, err := e.cp.Client.CoreV1().Services(ns).Patch(context.Background(), name, types.MergePatchType,
+			if _, err := e.CP.Client.CoreV1().Services(ns).Patch(context.Background(), name, types.MergePatchType,
 				[]byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{}); err != nil {
 				return err
 			}
 		}
-		return e.cp.Client.CoreV1().Services(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+		return e.CP.Client.CoreV1().Services(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
-	e.eventually(time.Minute, "the "+ns+" Services to be gone", func() (bool, error) {
-		n := len(e.listServices(ns))
+	e.Eventually(time.Minute, "the "+ns+" Services to be gone", func() (bool, error) {
+		n := len(e.ListServices(ns))
 		return n == 0, fmt.Errorf("%d left", n)
 	})
 	return total, p50, p99
@@ -216,7 +218,7 @@ func (e *env) floorRun(b testing.TB, ns string, stockWrites bool) (total, p50, p
 // patched Service.
 func (e *env) stockControllerWrites(svc *v1.Service) (*v1.Service, error) {
 	patch := []byte(`{"metadata":{"finalizers":["service.kubernetes.io/load-balancer-cleanup"]}}`)
-	patched, err := e.cp.Client.CoreV1().Services(svc.Namespace).Patch(context.Background(), svc.Name,
+	patched, err := e.CP.Client.CoreV1().Services(svc.Namespace).Patch(context.Background(), svc.Name,
 		types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
 	if err != nil {
 		return nil, err
@@ -229,7 +231,7 @@ func (e *env) stockControllerWrites(svc *v1.Service) (*v1.Service, error) {
 			Source:         v1.EventSource{Component: "service-controller"},
 			FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
 		}
-		if _, err := e.cp.Client.CoreV1().Events(svc.Namespace).Create(context.Background(), ev, metav1.CreateOptions{}); err != nil {
+		if _, err := e.CP.Client.CoreV1().Events(svc.Namespace).Create(context.Background(), ev, metav1.CreateOptions{}); err != nil {
 			return nil, err
 		}
 	}

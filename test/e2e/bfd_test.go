@@ -173,7 +173,7 @@ func torBFDUp(t *testing.T, f *fabric, a netip.Addr) routers.BFDPeer {
 // patchPeer merge-patches the fabric's BGPPeer "tor".
 func patchPeer(t *testing.T, e *env, patch string) {
 	t.Helper()
-	if _, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Patch(context.Background(), "tor", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if _, err := e.CP.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Patch(context.Background(), "tor", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatalf("patching BGPPeer tor with %s: %v", patch, err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/ccm"
+	"github.com/vipcast/vipcast/test/ccmtest"
 	"github.com/vipcast/vipcast/test/routers"
 )
 
@@ -28,8 +29,8 @@ func TestClassMove(t *testing.T) {
 	e.node("node-a", nil, "10.0.0.2")
 	e.mustApplyPools(classPool)
 	e.applyPeer(peerDoc("frr", frr.Address, frr.Port, 64500, 64501, ""))
-	e.namespace("web", nil)
-	e.startCCM("a")
+	e.Namespace("web", nil)
+	e.StartCCM("a")
 	e.startSpeaker("node-a")
 	if err := frr.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
 		t.Fatal(err)
@@ -38,7 +39,7 @@ func TestClassMove(t *testing.T) {
 	// Two Services of another implementation: one publishes an address
 	// outside vipcast's pools, one an address inside them.
 	other := func(name string) *v1.Service {
-		s := lbService("web", name)
+		s := ccmtest.LBService("web", name)
 		s.Spec.LoadBalancerClass = ptr.To("example.com/other")
 		return s
 	}
@@ -47,7 +48,7 @@ func TestClassMove(t *testing.T) {
 	e.createService(other("inpool"))
 	e.writeStatus("web", "inpool", "10.100.0.50")
 	// vipcast reserves 10.100.0.50: a Service asking for it is refused.
-	e.createService(lbService("web", "asks", withAnnotation(ccm.AnnotationIPs, "10.100.0.50")))
+	e.createService(ccmtest.LBService("web", "asks", withAnnotation(ccm.AnnotationIPs, "10.100.0.50")))
 	e.waitEvent("web", "asks", "10.100.0.50")
 
 	// Both leave their class through ClusterIP.

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/ccm"
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 // TestTwoClasses: two vipcast-ccm processes given different classes each
@@ -26,22 +27,22 @@ func TestTwoClasses(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(classPool)
-	e.namespace("web", nil)
-	a := e.startCCM("a", "--load-balancer-class=vipcast.io/a")
-	b := e.startCCM("b", "--load-balancer-class=vipcast.io/b")
-	e.eventually(30*time.Second, "both leaders", func() (bool, error) {
-		return a.isLeader() && b.isLeader(), fmt.Errorf("a leader %v, b leader %v", a.isLeader(), b.isLeader())
+	e.Namespace("web", nil)
+	a := e.StartCCM("a", "--load-balancer-class=vipcast.io/a")
+	b := e.StartCCM("b", "--load-balancer-class=vipcast.io/b")
+	e.Eventually(30*time.Second, "both leaders", func() (bool, error) {
+		return a.IsLeader() && b.IsLeader(), fmt.Errorf("a leader %v, b leader %v", a.IsLeader(), b.IsLeader())
 	})
-	a2 := e.startCCM("a2", "--load-balancer-class=vipcast.io/a")
+	a2 := e.StartCCM("a2", "--load-balancer-class=vipcast.io/a")
 	for _, lease := range []string{"vipcast-ccm-vipcast.io-a", "vipcast-ccm-vipcast.io-b"} {
-		leases, err := e.cp.Client.CoordinationV1().Leases("").List(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=" + lease})
+		leases, err := e.CP.Client.CoordinationV1().Leases("").List(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=" + lease})
 		if err != nil || len(leases.Items) != 1 {
 			t.Fatalf("Lease %s: %v, %d found", lease, err, len(leases.Items))
 		}
 	}
 
 	classed := func(name, class string) *v1.Service {
-		s := lbService("web", name)
+		s := ccmtest.LBService("web", name)
 		if class != "" {
 			s.Spec.LoadBalancerClass = ptr.To(class)
 		}
@@ -62,20 +63,20 @@ func TestTwoClasses(t *testing.T) {
 			t.Errorf("%s, served by neither class, got %v", name, got)
 		}
 	}
-	served := map[*ccmProcess][]string{a: {"web/svc-a"}, b: {"web/svc-b"}}
+	served := map[*ccmtest.CCM][]string{a: {"web/svc-a"}, b: {"web/svc-b"}}
 	for proc, mine := range served {
-		data, err := os.ReadFile(proc.log)
+		data, err := os.ReadFile(proc.Log)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, name := range []string{"web/svc-a", "web/svc-b", "web/svc-none", "web/svc-c"} {
 			ensured := strings.Contains(string(data), `"Ensuring load balancer" service="`+name+`"`)
 			if want := len(mine) > 0 && mine[0] == name; ensured != want {
-				t.Errorf("%s ensured %s: %v, want %v", proc.log, name, ensured, want)
+				t.Errorf("%s ensured %s: %v, want %v", proc.Log, name, ensured, want)
 			}
 		}
 	}
-	if a2.isLeader() {
+	if a2.IsLeader() {
 		t.Errorf("a second CCM of class vipcast.io/a also leads: the class's Lease does not exclude it")
 	}
 }
@@ -90,12 +91,12 @@ func TestForeignStatus(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(classPool)
-	e.namespace("web", nil)
-	c := e.startCCM("a")
-	e.createService(lbService("web", "svc"))
+	e.Namespace("web", nil)
+	c := e.StartCCM("a")
+	e.createService(ccmtest.LBService("web", "svc"))
 	mine := e.waitStatus("web", "svc", "a VIP", inVIPs)
-	e.eventually(30*time.Second, "the pool annotation", func() (bool, error) {
-		svc, err := e.cp.Client.CoreV1().Services("web").Get(context.Background(), "svc", metav1.GetOptions{})
+	e.Eventually(30*time.Second, "the pool annotation", func() (bool, error) {
+		svc, err := e.CP.Client.CoreV1().Services("web").Get(context.Background(), "svc", metav1.GetOptions{})
 		return err == nil && svc.Annotations[ccm.AnnotationPool] == "vips", err
 	})
 
@@ -109,7 +110,7 @@ func TestForeignStatus(t *testing.T) {
 		t.Fatalf("status %v, want the other controller's %s left alone", got, foreignIP)
 	}
 	// vipcast no longer holds its former VIP: a new Service gets it.
-	e.createService(lbService("web", "next", withAnnotation(ccm.AnnotationIPs, mine[0])))
+	e.createService(ccmtest.LBService("web", "next", withAnnotation(ccm.AnnotationIPs, mine[0])))
 	e.waitStatus("web", "next", mine[0], func(ips []string) bool { return len(ips) == 1 && ips[0] == mine[0] })
 
 	// Cleared by the other controller: vipcast serves it again.
@@ -125,9 +126,9 @@ func TestForeignStatus(t *testing.T) {
 	e.writeStatus("web", "svc", foreignIP)
 	e.waitEventReason("web", "svc", v1.EventTypeWarning, ccm.ReasonForeignStatus, foreignIP, "did not allocate")
 	c.Stop(5 * time.Second)
-	b := e.startCCM("b")
-	e.eventually(30*time.Second, "the new CCM rebuilt", func() (bool, error) {
-		data, err := os.ReadFile(b.log)
+	b := e.StartCCM("b")
+	e.Eventually(30*time.Second, "the new CCM rebuilt", func() (bool, error) {
+		data, err := os.ReadFile(b.Log)
 		return strings.Contains(string(data), "Allocator rebuilt from Service status"), err
 	})
 	e.patchService("web", "svc", `{"metadata":{"annotations":{"touch":"2"}}}`)

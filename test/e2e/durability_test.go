@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/vipcast/vipcast/ccm"
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 const durabilityPools = `
@@ -36,12 +37,12 @@ func durabilityServices(ns string, n int) []*v1.Service {
 		name := fmt.Sprintf("d-%03d", i)
 		switch i % 5 {
 		case 1:
-			svcs = append(svcs, lbService(ns, name, withFamilies(v1.IPFamilyPolicySingleStack, v1.IPv6Protocol)))
+			svcs = append(svcs, ccmtest.LBService(ns, name, withFamilies(v1.IPFamilyPolicySingleStack, v1.IPv6Protocol)))
 		case 2:
-			svcs = append(svcs, lbService(ns, name,
+			svcs = append(svcs, ccmtest.LBService(ns, name,
 				withAnnotation(ccm.AnnotationSharingKey, fmt.Sprintf("k-%d", i/10)), withPorts(int32(2000+i))))
 		default:
-			svcs = append(svcs, lbService(ns, name))
+			svcs = append(svcs, ccmtest.LBService(ns, name))
 		}
 	}
 	return svcs
@@ -50,8 +51,8 @@ func durabilityServices(ns string, n int) []*v1.Service {
 // snapshot returns every Service's published VIPs in ns.
 func (e *env) snapshot(ns string) map[string][]netip.Addr {
 	out := map[string][]netip.Addr{}
-	for key, s := range e.listServices(ns) {
-		if ips := ingressIPs(e.t, s); len(ips) > 0 {
+	for key, s := range e.ListServices(ns) {
+		if ips := ingressIPs(e.T, s); len(ips) > 0 {
 			out[key] = ips
 		}
 	}
@@ -60,16 +61,16 @@ func (e *env) snapshot(ns string) map[string][]netip.Addr {
 
 // waitSomeAllocated waits until at least n Services in ns have a VIP.
 func (e *env) waitSomeAllocated(ns string, n int) {
-	e.t.Helper()
-	e.eventually(60*time.Second, fmt.Sprintf("%d Services with a VIP", n), func() (bool, error) {
+	e.T.Helper()
+	e.Eventually(60*time.Second, fmt.Sprintf("%d Services with a VIP", n), func() (bool, error) {
 		return len(e.snapshot(ns)) >= n, nil
 	})
 }
 
 // killMidBurst creates 500 Services in namespace burst, SIGKILLs victim once
 // 100 have VIPs and returns the VIPs published at that moment.
-func (e *env) killMidBurst(victim *ccmProcess) map[string][]netip.Addr {
-	e.t.Helper()
+func (e *env) killMidBurst(victim *ccmtest.CCM) map[string][]netip.Addr {
+	e.T.Helper()
 	created := e.createAllAsync(durabilityServices("burst", 500), 8)
 	e.waitSomeAllocated("burst", 100)
 	victim.Signal(syscall.SIGKILL)
@@ -103,15 +104,15 @@ func checkUnchanged(t testing.TB, before map[string][]netip.Addr, now map[string
 func TestKillDuringAllocation(t *testing.T) {
 	e := newEnv(t)
 	e.mustApplyPools(durabilityPools)
-	e.namespace("burst", nil)
-	first := e.startCCM("first")
+	e.Namespace("burst", nil)
+	first := e.StartCCM("first")
 	before := e.killMidBurst(first)
 	if len(before) >= 500 {
 		t.Fatalf("all 500 Services had VIPs before the kill; the test did not interrupt allocation")
 	}
 	t.Logf("killed the CCM with %d of 500 Services allocated", len(before))
 
-	e.startCCM("second")
+	e.StartCCM("second")
 	got := e.waitAllAllocated(120*time.Second, "burst", func(*v1.Service) int { return 1 })
 	if len(got) != 500 {
 		t.Fatalf("%d Services, want 500", len(got))
@@ -125,12 +126,12 @@ func TestKillDuringAllocation(t *testing.T) {
 func TestLeaderChange(t *testing.T) {
 	e := newEnv(t)
 	e.mustApplyPools(durabilityPools)
-	e.namespace("burst", nil)
-	replicas := []*ccmProcess{e.startCCM("r1"), e.startCCM("r2")}
-	var leader, standby *ccmProcess
-	e.eventually(30*time.Second, "one replica to become leader", func() (bool, error) {
+	e.Namespace("burst", nil)
+	replicas := []*ccmtest.CCM{e.StartCCM("r1"), e.StartCCM("r2")}
+	var leader, standby *ccmtest.CCM
+	e.Eventually(30*time.Second, "one replica to become leader", func() (bool, error) {
 		for i, r := range replicas {
-			if r.isLeader() {
+			if r.IsLeader() {
 				leader, standby = r, replicas[1-i]
 				return true, nil
 			}
@@ -143,7 +144,7 @@ func TestLeaderChange(t *testing.T) {
 		t.Fatalf("all 500 Services had VIPs before the kill; the test did not interrupt allocation")
 	}
 	got := e.waitAllAllocated(120*time.Second, "burst", func(*v1.Service) int { return 1 })
-	if !standby.isLeader() {
+	if !standby.IsLeader() {
 		t.Fatalf("the standby replica never took the lease")
 	}
 	checkUnchanged(t, before, got)

@@ -16,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/vipcast/vipcast/test/ccmtest"
 	"github.com/vipcast/vipcast/test/netns"
 	"github.com/vipcast/vipcast/test/proc"
 	"github.com/vipcast/vipcast/test/routers"
@@ -47,22 +48,22 @@ func waitNexthops(t testing.TB, tor *routers.FRR, vip netip.Prefix, timeout time
 // kubeconfigVia writes a copy of the admin kubeconfig whose server is
 // reached at addr (a forwarder the test runs) instead of loopback.
 func (e *env) kubeconfigVia(addr string) string {
-	e.t.Helper()
-	data, err := os.ReadFile(e.cp.Kubeconfig)
+	e.T.Helper()
+	data, err := os.ReadFile(e.CP.Kubeconfig)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	u, err := url.Parse(e.cp.Config.Host)
+	u, err := url.Parse(e.CP.Config.Host)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	path := filepath.Join(e.cp.Dir, "kubeconfig-"+strings.ReplaceAll(addr, ":", "_"))
+	path := filepath.Join(e.CP.Dir, "kubeconfig-"+strings.ReplaceAll(addr, ":", "_"))
 	rewritten := strings.ReplaceAll(string(data), u.Host, addr)
 	if rewritten == string(data) {
-		e.t.Fatalf("kubeconfig does not mention %s", u.Host)
+		e.T.Fatalf("kubeconfig does not mention %s", u.Host)
 	}
 	if err := os.WriteFile(path, []byte(rewritten), 0o600); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return path
 }
@@ -97,7 +98,7 @@ type fabricOptions struct {
 func newFabric(t *testing.T, e *env, o fabricOptions) *fabric {
 	t.Helper()
 	netns.Require(t)
-	apiHost := mustHost(t, e.cp.Config.Host)
+	apiHost := mustHost(t, e.CP.Config.Host)
 	torNS := netns.New(t, "tor")
 	netns.Bridge(t, torNS, "fabric", "10.0.1.1/24")
 	f := &fabric{e: e, node1: netip.MustParseAddr("10.0.1.11"), node2: netip.MustParseAddr("10.0.1.12"),
@@ -148,8 +149,8 @@ spec:
 	f.run(t, 1)
 	f.run(t, 2)
 
-	e.namespace("fabric", nil)
-	e.publish(lbService("fabric", "web"), "10.100.0.10")
+	e.Namespace("fabric", nil)
+	e.publish(ccmtest.LBService("fabric", "web"), "10.100.0.10")
 	e.endpoints("fabric", "web", endpoint{node: "node1", ip: "10.244.1.5", ready: true})
 	took := waitNexthops(t, f.tor, f.vip, 30*time.Second, f.node1, f.node2)
 	t.Logf("ECMP route with both nodes at the ToR %v after the Service was published", took.Round(time.Millisecond))
@@ -163,7 +164,7 @@ func (f *fabric) run(t *testing.T, i int) *speakerProc {
 	args := f.nodeNS[i].Command(speakerBinary, "--kubeconfig", f.kubeconfigs[i], "--node-name", name,
 		"--metrics-bind-address", "0", "--convergence-delay", "2s", "-v", "2",
 		"--ipvs=false") // the host kernel may lack IPVS; the dataplane has its own tier
-	log := filepath.Join(f.e.cp.Dir, fmt.Sprintf("speaker-%s-%d.log", name, time.Now().UnixNano()))
+	log := filepath.Join(f.e.CP.Dir, fmt.Sprintf("speaker-%s-%d.log", name, time.Now().UnixNano()))
 	p, err := proc.Start(log, args[0], args[1:]...)
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +174,7 @@ func (f *fabric) run(t *testing.T, i int) *speakerProc {
 		s.Signal(syscall.SIGCONT)
 		s.Stop(5 * time.Second)
 		if t.Failed() {
-			dumpTail(t, log, 40)
+			ccmtest.DumpTail(t, log, 40)
 		}
 	})
 	f.speakers[name] = s
@@ -216,7 +217,7 @@ func TestSpeakerFabric(t *testing.T) {
 	speakers["node2"].Signal(syscall.SIGCONT)
 
 	// The Service goes: the route goes.
-	if err := e.cp.Client.CoreV1().Services("fabric").Delete(t.Context(), "web", metav1.DeleteOptions{}); err != nil {
+	if err := e.CP.Client.CoreV1().Services("fabric").Delete(t.Context(), "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitNexthops(t, tor, vip, 10*time.Second)

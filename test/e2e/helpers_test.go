@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 const classPool = `apiVersion: vipcast.io/v1alpha1
@@ -42,7 +43,7 @@ func inVIPs(ips []string) bool {
 	return err == nil && netip.MustParsePrefix("10.100.0.0/24").Contains(ip)
 }
 
-func withLocal() svcOpt {
+func withLocal() ccmtest.ServiceOption {
 	return func(s *v1.Service) { s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal }
 }
 
@@ -53,22 +54,22 @@ func lbStatusFor(ip string) *v1.LoadBalancerStatus {
 
 // getPool reads an IPPool; nil when it does not exist.
 func (e *env) getPool(name string) *unstructured.Unstructured {
-	e.t.Helper()
-	u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), name, metav1.GetOptions{})
+	e.T.Helper()
+	u, err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
-		e.t.Fatalf("reading IPPool %s: %v", name, err)
+		e.T.Fatalf("reading IPPool %s: %v", name, err)
 	}
 	return u
 }
 
 // patchPool applies a JSON merge patch to an IPPool.
 func (e *env) patchPool(name, patch string) {
-	e.t.Helper()
-	if _, err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		e.t.Fatalf("patching IPPool %s: %v", name, err)
+	e.T.Helper()
+	if _, err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		e.T.Fatalf("patching IPPool %s: %v", name, err)
 	}
 }
 
@@ -90,9 +91,9 @@ func (e *env) poolCondition(name, typ string) (status, reason, message string) {
 
 // waitVIP waits until the Service has exactly one VIP and returns it.
 func (e *env) waitVIP(ns, name string) netip.Addr {
-	e.t.Helper()
+	e.T.Helper()
 	var vip netip.Addr
-	e.eventually(60*time.Second, fmt.Sprintf("a VIP for %s/%s", ns, name), func() (bool, error) {
+	e.Eventually(60*time.Second, fmt.Sprintf("a VIP for %s/%s", ns, name), func() (bool, error) {
 		ips := e.serviceVIPs(ns, name)
 		if len(ips) != 1 {
 			return false, fmt.Errorf("VIPs %v", ips)
@@ -106,17 +107,17 @@ func (e *env) waitVIP(ns, name string) netip.Addr {
 // consistently checks cond every 200ms for d; the first failure fails the
 // test.
 func (e *env) consistently(d time.Duration, what string, cond func() error) {
-	e.t.Helper()
+	e.T.Helper()
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 		if err := cond(); err != nil {
-			e.t.Fatalf("%s: %v", what, err)
+			e.T.Fatalf("%s: %v", what, err)
 		}
 	}
 }
 
 // keepsVIP checks for d that the Service's only VIP is still vip.
 func (e *env) keepsVIP(d time.Duration, ns, name string, vip netip.Addr) {
-	e.t.Helper()
+	e.T.Helper()
 	e.consistently(d, fmt.Sprintf("%s/%s keeping VIP %s", ns, name, vip), func() error {
 		if got := e.serviceVIPs(ns, name); !slices.Equal(got, []netip.Addr{vip}) {
 			return fmt.Errorf("VIPs now %v", got)
@@ -128,44 +129,44 @@ func (e *env) keepsVIP(d time.Duration, ns, name string, vip netip.Addr) {
 // touchService adds a label to a Service so the service controller calls
 // EnsureLoadBalancer again.
 func (e *env) touchService(ns, name, value string) {
-	e.t.Helper()
+	e.T.Helper()
 	patch := fmt.Sprintf(`{"metadata":{"labels":{"touched":%q}}}`, value)
-	if _, err := e.cp.Client.CoreV1().Services(ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		e.t.Fatalf("patching Service %s/%s: %v", ns, name, err)
+	if _, err := e.CP.Client.CoreV1().Services(ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		e.T.Fatalf("patching Service %s/%s: %v", ns, name, err)
 	}
 }
 
 // writeStatus writes ips into the Service's status, as another controller
 // would.
 func (e *env) writeStatus(ns, name string, ips ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
-	svc, err := e.cp.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+	svc, err := e.CP.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	svc.Status.LoadBalancer.Ingress = nil
 	for _, ip := range ips {
 		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
 	}
-	if _, err := e.cp.Client.CoreV1().Services(ns).UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatalf("status of %s/%s: %v", ns, name, err)
+	if _, err := e.CP.Client.CoreV1().Services(ns).UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		e.T.Fatalf("status of %s/%s: %v", ns, name, err)
 	}
 }
 
 // patchService applies a JSON merge patch to a Service.
 func (e *env) patchService(ns, name, patch string) {
-	e.t.Helper()
-	if _, err := e.cp.Client.CoreV1().Services(ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		e.t.Fatalf("patching Service %s/%s with %s: %v", ns, name, patch, err)
+	e.T.Helper()
+	if _, err := e.CP.Client.CoreV1().Services(ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		e.T.Fatalf("patching Service %s/%s with %s: %v", ns, name, patch, err)
 	}
 }
 
 // waitStatus waits until the Service's status satisfies ok.
 func (e *env) waitStatus(ns, name, what string, ok func([]string) bool) []string {
-	e.t.Helper()
+	e.T.Helper()
 	var got []string
-	e.eventually(30*time.Second, fmt.Sprintf("%s/%s status %s", ns, name, what), func() (bool, error) {
+	e.Eventually(30*time.Second, fmt.Sprintf("%s/%s status %s", ns, name, what), func() (bool, error) {
 		got = e.statusOf(ns, name)
 		return ok(got), fmt.Errorf("status %v", got)
 	})
@@ -175,7 +176,7 @@ func (e *env) waitStatus(ns, name, what string, ok func([]string) bool) []string
 // waitEvent waits for a SyncLoadBalancerFailed Event on the Service whose
 // message contains every one of want.
 func (e *env) waitEvent(ns, name string, want ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	e.waitEventReason(ns, name, v1.EventTypeWarning, "SyncLoadBalancerFailed", want...)
 }
 
@@ -183,10 +184,10 @@ func (e *env) waitEvent(ns, name string, want ...string) {
 // called name (cluster-scoped objects' Events are in "default") whose
 // message contains every one of want.
 func (e *env) waitEventReason(ns, name, typ, reason string, want ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	var seen []string
-	e.eventually(60*time.Second, fmt.Sprintf("an Event on %s/%s mentioning %q", ns, name, want), func() (bool, error) {
-		evs, err := e.cp.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
+	e.Eventually(60*time.Second, fmt.Sprintf("an Event on %s/%s mentioning %q", ns, name, want), func() (bool, error) {
+		evs, err := e.CP.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
 			FieldSelector: "involvedObject.name=" + name,
 		})
 		if err != nil {
@@ -203,7 +204,7 @@ func (e *env) waitEventReason(ns, name, typ, reason string, want ...string) {
 				ok = ok && strings.Contains(ev.Message, w)
 			}
 			if ok {
-				e.t.Logf("%s/%s: %s", ns, name, ev.Message)
+				e.T.Logf("%s/%s: %s", ns, name, ev.Message)
 				return true, nil
 			}
 		}
@@ -213,7 +214,7 @@ func (e *env) waitEventReason(ns, name, typ, reason string, want ...string) {
 
 // runWorkers calls fn(0..n-1) from workers goroutines and fails on error.
 func (e *env) runWorkers(n, workers int, fn func(int) error) {
-	e.t.Helper()
+	e.T.Helper()
 	next := make(chan int)
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
@@ -235,16 +236,16 @@ func (e *env) runWorkers(n, workers int, fn func(int) error) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 }
 
 // waitPeerSessions waits until the BGPPeer's status counts nodes with the
 // session and established of them Established.
 func (e *env) waitPeerSessions(peer string, nodes, established int64) {
-	e.t.Helper()
-	e.eventually(30*time.Second, fmt.Sprintf("BGPPeer %s counting %d nodes, %d Established", peer, nodes, established), func() (bool, error) {
-		u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Get(context.Background(), peer, metav1.GetOptions{})
+	e.T.Helper()
+	e.Eventually(30*time.Second, fmt.Sprintf("BGPPeer %s counting %d nodes, %d Established", peer, nodes, established), func() (bool, error) {
+		u, err := e.CP.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Get(context.Background(), peer, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -274,18 +275,18 @@ spec:
 
 // applyObject creates a vipcast object (IPPool or BGPPeer) from YAML.
 func (e *env) applyPeer(doc string) {
-	e.t.Helper()
-	if _, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Create(context.Background(), mustUnstructured(e.t, doc), metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating BGPPeer: %v", err)
+	e.T.Helper()
+	if _, err := e.CP.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Create(context.Background(), mustUnstructured(e.T, doc), metav1.CreateOptions{}); err != nil {
+		e.T.Fatalf("creating BGPPeer: %v", err)
 	}
 }
 
 // waitPeerReady waits until a BGPPeer's Ready condition has status and
 // reason and its message contains every want.
 func (e *env) waitPeerReady(name, status, reason string, want ...string) {
-	e.t.Helper()
-	e.eventually(30*time.Second, fmt.Sprintf("BGPPeer %s to be Ready=%s (%s)", name, status, reason), func() (bool, error) {
-		u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Get(context.Background(), name, metav1.GetOptions{})
+	e.T.Helper()
+	e.Eventually(30*time.Second, fmt.Sprintf("BGPPeer %s to be Ready=%s (%s)", name, status, reason), func() (bool, error) {
+		u, err := e.CP.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -308,20 +309,20 @@ func (e *env) waitPeerReady(name, status, reason string, want ...string) {
 
 // serviceVIPs returns a Service's published VIPs.
 func (e *env) serviceVIPs(ns, name string) []netip.Addr {
-	e.t.Helper()
-	s, err := e.cp.Client.CoreV1().Services(ns).Get(context.Background(), name, metav1.GetOptions{})
+	e.T.Helper()
+	s, err := e.CP.Client.CoreV1().Services(ns).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
-		e.t.Fatalf("reading Service %s/%s: %v", ns, name, err)
+		e.T.Fatalf("reading Service %s/%s: %v", ns, name, err)
 	}
-	return ingressIPs(e.t, s)
+	return ingressIPs(e.T, s)
 }
 
 // statusOf returns the status addresses of a Service.
 func (e *env) statusOf(ns, name string) []string {
-	e.t.Helper()
-	svc, err := e.cp.Client.CoreV1().Services(ns).Get(context.Background(), name, metav1.GetOptions{})
+	e.T.Helper()
+	svc, err := e.CP.Client.CoreV1().Services(ns).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	var out []string
 	for _, ing := range svc.Status.LoadBalancer.Ingress {

@@ -67,15 +67,15 @@ func TestResourceNames(t *testing.T) {
 		}
 		files = append(files, f)
 	}
-	if err := e.cp.InstallCRDs(context.Background(), files); err != nil {
+	if err := e.CP.InstallCRDs(context.Background(), files); err != nil {
 		t.Fatal(err)
 	}
 	calico := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "crd.projectcalico.org/v1", "kind": "IPPool", "metadata": map[string]any{"name": "calico-pool"},
 	}}
 	gvr := schema.GroupVersionResource{Group: "crd.projectcalico.org", Version: "v1", Resource: "ippools"}
-	e.eventually(30*time.Second, "Calico's stand-in pool created", func() (bool, error) {
-		_, err := e.cp.Dynamic.Resource(gvr).Create(context.Background(), calico, metav1.CreateOptions{})
+	e.Eventually(30*time.Second, "Calico's stand-in pool created", func() (bool, error) {
+		_, err := e.CP.Dynamic.Resource(gvr).Create(context.Background(), calico, metav1.CreateOptions{})
 		return err == nil, err
 	})
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: vips}\nspec: {addresses: [10.100.0.0/28]}\n")

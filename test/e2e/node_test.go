@@ -15,6 +15,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cloudproviderapi "k8s.io/cloud-provider/api"
+
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 // TestNodeInitialization: a Node registered with the external cloud
@@ -23,7 +25,7 @@ import (
 func TestNodeInitialization(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
-	e.startCCM("a")
+	e.StartCCM("a")
 	node := &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        "node-a",
@@ -34,13 +36,13 @@ func TestNodeInitialization(t *testing.T) {
 			Key: cloudproviderapi.TaintExternalCloudProvider, Value: "true", Effect: v1.TaintEffectNoSchedule,
 		}}},
 	}
-	if _, err := e.cp.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
+	if _, err := e.CP.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var got *v1.Node
-	e.eventually(60*time.Second, "node-a to be initialized", func() (bool, error) {
+	e.Eventually(60*time.Second, "node-a to be initialized", func() (bool, error) {
 		var err error
-		got, err = e.cp.Client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+		got, err = e.CP.Client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -57,8 +59,8 @@ func TestNodeInitialization(t *testing.T) {
 	if got.Labels[v1.LabelTopologyZone] != "rack-1" || got.Labels[v1.LabelTopologyRegion] != "dc-1" {
 		t.Errorf("topology labels %v", got.Labels)
 	}
-	e.eventually(30*time.Second, "node-a's InternalIP from --node-ip", func() (bool, error) {
-		n, err := e.cp.Client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+	e.Eventually(30*time.Second, "node-a's InternalIP from --node-ip", func() (bool, error) {
+		n, err := e.CP.Client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -77,18 +79,18 @@ func TestMetricsAndHealth(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: m}\nspec: {addresses: [10.80.0.0/28, '2001:db8:80::/64'], avoidBuggyIPs: true}\n")
-	c := e.startCCM("a")
-	e.namespace("m", nil)
-	e.createService(lbService("m", "s", withFamilies(v1.IPFamilyPolicyPreferDualStack, v1.IPv4Protocol, v1.IPv6Protocol)))
-	e.createService(lbService("m", "bad", withAnnotation("vipcast.io/pool", "missing")))
+	c := e.StartCCM("a")
+	e.Namespace("m", nil)
+	e.createService(ccmtest.LBService("m", "s", withFamilies(v1.IPFamilyPolicyPreferDualStack, v1.IPv4Protocol, v1.IPv6Protocol)))
+	e.createService(ccmtest.LBService("m", "bad", withAnnotation("vipcast.io/pool", "missing")))
 	e.waitEvent("m", "bad", "missing")
 
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the CCM's self-signed loopback certificate
 	}}
 	get := func(path string) (int, string, error) {
-		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", c.port, path), nil)
-		req.Header.Set("Authorization", "Bearer "+e.cp.Token)
+		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", c.Port, path), nil)
+		req.Header.Set("Authorization", "Bearer "+e.CP.Token)
 		resp, err := client.Do(req)
 		if err != nil {
 			return 0, "", err
@@ -97,7 +99,7 @@ func TestMetricsAndHealth(t *testing.T) {
 		body, err := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body), err
 	}
-	e.eventually(30*time.Second, "/healthz ok", func() (bool, error) {
+	e.Eventually(30*time.Second, "/healthz ok", func() (bool, error) {
 		code, body, err := get("/healthz")
 		return err == nil && code == 200 && strings.TrimSpace(body) == "ok", err
 	})
@@ -112,7 +114,7 @@ func TestMetricsAndHealth(t *testing.T) {
 	}
 	waitMetrics := func(want []string) {
 		t.Helper()
-		e.eventually(30*time.Second, "the vipcast metrics", func() (bool, error) {
+		e.Eventually(30*time.Second, "the vipcast metrics", func() (bool, error) {
 			code, body, err := get("/metrics")
 			if err != nil {
 				return false, err
@@ -132,8 +134,8 @@ func TestMetricsAndHealth(t *testing.T) {
 
 	// Going from dual-stack to single-stack releases the IPv6 VIP: counted,
 	// and the pool gauge follows.
-	e.eventually(30*time.Second, "m/s to be downgraded to single-stack", func() (bool, error) {
-		s, err := e.cp.Client.CoreV1().Services("m").Get(context.Background(), "s", metav1.GetOptions{})
+	e.Eventually(30*time.Second, "m/s to be downgraded to single-stack", func() (bool, error) {
+		s, err := e.CP.Client.CoreV1().Services("m").Get(context.Background(), "s", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -141,7 +143,7 @@ func TestMetricsAndHealth(t *testing.T) {
 		s.Spec.IPFamilyPolicy = &single
 		s.Spec.IPFamilies = s.Spec.IPFamilies[:1]
 		s.Spec.ClusterIPs = s.Spec.ClusterIPs[:1]
-		_, err = e.cp.Client.CoreV1().Services("m").Update(context.Background(), s, metav1.UpdateOptions{})
+		_, err = e.CP.Client.CoreV1().Services("m").Update(context.Background(), s, metav1.UpdateOptions{})
 		return err == nil, err
 	})
 	waitMetrics([]string{

@@ -16,24 +16,25 @@ import (
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ccm"
 	"github.com/vipcast/vipcast/poolspec"
+	"github.com/vipcast/vipcast/test/ccmtest"
 	"github.com/vipcast/vipcast/test/routers"
 )
 
 // announcedPool sets up FRR, a speaker on node-a peered with it, a pool
 // "vips" (10.100.0.10-10.100.0.20, the given spec.bgp) and a CCM; it
 // returns FRR's table, the CCM and the speaker.
-func (e *env) announcedPool(bgp string) (table, *ccmProcess, *speakerProc) {
-	e.t.Helper()
+func (e *env) announcedPool(bgp string) (table, *ccmtest.CCM, *speakerProc) {
+	e.T.Helper()
 	speakerAddr := netip.MustParseAddr("127.0.0.2")
-	frr := routers.StartFRR(e.t, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.1"),
+	frr := routers.StartFRR(e.T, routers.FRRConfig{ASN: 64500, ListenAddress: netip.MustParseAddr("127.0.0.1"),
 		Neighbors: []routers.FRRNeighbor{{Address: speakerAddr, ASN: 64501}}})
 	e.node("node-a", nil, "10.0.0.2")
 	e.mustApplyPools(fmt.Sprintf("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: vips}\nspec: {addresses: [10.100.0.10-10.100.0.20], bgp: %s}\n", bgp))
 	e.applyPeer(peerDoc("frr", frr.Address, frr.Port, 64500, 64501, ""))
-	c := e.startCCM("first")
+	c := e.StartCCM("first")
 	s := e.startSpeaker("node-a")
 	if err := frr.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return frrTable(frr), c, s
 }
@@ -42,13 +43,13 @@ func (e *env) announcedPool(bgp string) (table, *ccmProcess, *speakerProc) {
 // and the annotations in which the CCM records its pool, and returns the
 // VIP.
 func (e *env) servedService() netip.Addr {
-	e.t.Helper()
-	e.namespace("web", nil)
-	e.createService(lbService("web", "a"))
+	e.T.Helper()
+	e.Namespace("web", nil)
+	e.createService(ccmtest.LBService("web", "a"))
 	e.endpoints("web", "a", endpoint{node: "node-b", ip: "10.244.2.5", ready: true})
 	vip := e.waitVIP("web", "a")
-	e.eventually(30*time.Second, "web/a annotated with pool vips", func() (bool, error) {
-		s, err := e.cp.Client.CoreV1().Services("web").Get(context.Background(), "a", metav1.GetOptions{})
+	e.Eventually(30*time.Second, "web/a annotated with pool vips", func() (bool, error) {
+		s, err := e.CP.Client.CoreV1().Services("web").Get(context.Background(), "a", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -60,11 +61,11 @@ func (e *env) servedService() netip.Addr {
 
 // restartCCM stops c, starts another CCM and makes the service controller
 // ensure web/a again.
-func (e *env) restartCCM(c *ccmProcess) {
-	e.t.Helper()
+func (e *env) restartCCM(c *ccmtest.CCM) {
+	e.T.Helper()
 	c.Stop(5 * time.Second)
-	next := e.startCCM("second")
-	e.eventually(30*time.Second, "the new CCM to lead", func() (bool, error) { return next.isLeader(), nil })
+	next := e.StartCCM("second")
+	e.Eventually(30*time.Second, "the new CCM to lead", func() (bool, error) { return next.IsLeader(), nil })
 	e.touchService("web", "a", "after-restart")
 }
 
@@ -83,7 +84,7 @@ func TestPoolNarrowedKeepsVIP(t *testing.T) {
 	e.waitTable("FRR", frr, want)
 
 	e.patchPool("vips", `{"spec":{"addresses":["10.100.0.15-10.100.0.20"]}}`)
-	e.eventually(30*time.Second, "IPPool vips to report 10.100.0.10 held outside its spec by web/a", func() (bool, error) {
+	e.Eventually(30*time.Second, "IPPool vips to report 10.100.0.10 held outside its spec by web/a", func() (bool, error) {
 		st, reason, msg := e.poolCondition("vips", "HeldOutsideSpec")
 		held, _, _ := unstructured.NestedInt64(e.getPool("vips").Object, "status", "heldOutsideSpec")
 		return st == "True" && held == 1 && strings.Contains(msg, "10.100.0.10") && strings.Contains(msg, "web/a"),
@@ -94,7 +95,7 @@ func TestPoolNarrowedKeepsVIP(t *testing.T) {
 	e.waitTable("FRR", frr, want)
 
 	// New allocations come from the spec only.
-	e.createService(lbService("web", "b"))
+	e.createService(ccmtest.LBService("web", "b"))
 	if got := e.waitVIP("web", "b"); got != netip.MustParseAddr("10.100.0.15") {
 		t.Errorf("web/b got %s, want 10.100.0.15, the lowest address of the narrowed spec", got)
 	}
@@ -112,10 +113,10 @@ func TestPoolNarrowedKeepsVIP(t *testing.T) {
 	e.keepsVIP(3*time.Second, "web", "a", vip)
 	e.keepsTable(3*time.Second, "FRR", frr, want)
 	// Deleted, web/a lets its VIP go: nothing is held outside the spec.
-	if err := e.cp.Client.CoreV1().Services("web").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+	if err := e.CP.Client.CoreV1().Services("web").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(30*time.Second, "IPPool vips to hold nothing outside its spec", func() (bool, error) {
+	e.Eventually(30*time.Second, "IPPool vips to hold nothing outside its spec", func() (bool, error) {
 		st, reason, msg := e.poolCondition("vips", "HeldOutsideSpec")
 		return st == "False", fmt.Errorf("condition %s/%s %q", st, reason, msg)
 	})
@@ -135,13 +136,13 @@ func TestPoolBrokenBGPKeepsVIP(t *testing.T) {
 	e.waitTable("FRR", frr, want)
 
 	e.patchPool("vips", `{"spec":{"bgp":{"peerSelector":{"matchExpressions":[{"key":"fabric","operator":"Sometimes"}]}}}}`)
-	e.eventually(30*time.Second, "IPPool vips Ready=False InvalidSelector", func() (bool, error) {
+	e.Eventually(30*time.Second, "IPPool vips Ready=False InvalidSelector", func() (bool, error) {
 		st, reason, msg := e.poolCondition("vips", "Ready")
 		return st == "False" && reason == vipcastv1alpha1.ReasonInvalidSelector, fmt.Errorf("Ready=%s reason=%s message=%q", st, reason, msg)
 	})
 	e.restartCCM(first)
 	e.keepsVIP(5*time.Second, "web", "a", vip)
 	e.waitTable("FRR", frr, want)
-	e.createService(lbService("web", "b", withAnnotation(ccm.AnnotationPool, "vips")))
+	e.createService(ccmtest.LBService("web", "b", withAnnotation(ccm.AnnotationPool, "vips")))
 	e.waitEvent("web", "b", "IPPool vips is not ready")
 }

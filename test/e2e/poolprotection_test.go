@@ -15,6 +15,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ccm"
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 // TestPoolDeletionProtection: an IPPool carries the vipcast.io/pool-protection
@@ -26,19 +27,19 @@ func TestPoolDeletionProtection(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: prot}\nspec: {addresses: [10.100.3.0/28]}\n")
-	e.startCCM("a")
-	e.namespace("web", nil)
-	e.createService(lbService("web", "holder"))
+	e.StartCCM("a")
+	e.Namespace("web", nil)
+	e.createService(ccmtest.LBService("web", "holder"))
 	vip := e.waitVIP("web", "holder")
-	e.eventually(30*time.Second, "the pool-protection finalizer on IPPool prot", func() (bool, error) {
+	e.Eventually(30*time.Second, "the pool-protection finalizer on IPPool prot", func() (bool, error) {
 		fin := e.getPool("prot").GetFinalizers()
 		return slices.Contains(fin, "vipcast.io/pool-protection"), fmt.Errorf("finalizers %v", fin)
 	})
 
-	if err := e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Delete(context.Background(), "prot", metav1.DeleteOptions{}); err != nil {
+	if err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Delete(context.Background(), "prot", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(30*time.Second, "IPPool prot Ready=False Terminating naming web/holder", func() (bool, error) {
+	e.Eventually(30*time.Second, "IPPool prot Ready=False Terminating naming web/holder", func() (bool, error) {
 		st, reason, msg := e.poolCondition("prot", "Ready")
 		return st == "False" && reason == "Terminating" && strings.Contains(msg, "web/holder"), fmt.Errorf("Ready=%s reason=%s message=%q", st, reason, msg)
 	})
@@ -49,15 +50,15 @@ func TestPoolDeletionProtection(t *testing.T) {
 	e.touchService("web", "holder", "1")
 	e.keepsVIP(3*time.Second, "web", "holder", vip)
 	// A Terminating pool hands out nothing new.
-	e.createService(lbService("web", "late", withAnnotation(ccm.AnnotationPool, "prot")))
+	e.createService(ccmtest.LBService("web", "late", withAnnotation(ccm.AnnotationPool, "prot")))
 	e.waitEvent("web", "late", "prot", "being deleted")
 
 	for _, name := range []string{"holder", "late"} {
-		if err := e.cp.Client.CoreV1().Services("web").Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+		if err := e.CP.Client.CoreV1().Services("web").Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e.eventually(30*time.Second, "IPPool prot to be deleted once no Service holds its addresses", func() (bool, error) {
+	e.Eventually(30*time.Second, "IPPool prot to be deleted once no Service holds its addresses", func() (bool, error) {
 		u := e.getPool("prot")
 		if u == nil {
 			return true, nil

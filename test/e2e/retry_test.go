@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vipcast/vipcast/ccm"
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 // TestFailedServicesRetriedOnChange: a Service that could not get a VIP is
@@ -28,14 +29,14 @@ func TestFailedServicesRetriedOnChange(t *testing.T) {
 	)
 	e := newEnv(t)
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: one}\nspec: {addresses: [10.100.9.1/32]}\n")
-	e.startCCM("a")
-	e.namespace("retry", nil)
-	e.createService(lbService("retry", "holder", withAnnotation(ccm.AnnotationPool, "one")))
+	e.StartCCM("a")
+	e.Namespace("retry", nil)
+	e.createService(ccmtest.LBService("retry", "holder", withAnnotation(ccm.AnnotationPool, "one")))
 	e.waitVIP("retry", "holder")
-	e.createService(lbService("retry", "waits-for-address", withAnnotation(ccm.AnnotationPool, "one")))
-	e.createService(lbService("retry", "waits-for-pool", withAnnotation(ccm.AnnotationPool, "later")))
+	e.createService(ccmtest.LBService("retry", "waits-for-address", withAnnotation(ccm.AnnotationPool, "one")))
+	e.createService(ccmtest.LBService("retry", "waits-for-pool", withAnnotation(ccm.AnnotationPool, "later")))
 	for _, name := range []string{"waits-for-address", "waits-for-pool"} {
-		e.eventually(90*time.Second, fmt.Sprintf("%d failed syncs of retry/%s", failures, name), func() (bool, error) {
+		e.Eventually(90*time.Second, fmt.Sprintf("%d failed syncs of retry/%s", failures, name), func() (bool, error) {
 			n := e.failedSyncs("retry", name)
 			return n >= failures, fmt.Errorf("%d failed syncs", n)
 		})
@@ -43,17 +44,17 @@ func TestFailedServicesRetriedOnChange(t *testing.T) {
 
 	start := time.Now()
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: later}\nspec: {addresses: [10.100.9.16/32]}\n")
-	e.eventually(soon, "retry/waits-for-pool to get a VIP once its pool exists", func() (bool, error) {
+	e.Eventually(soon, "retry/waits-for-pool to get a VIP once its pool exists", func() (bool, error) {
 		ips := e.serviceVIPs("retry", "waits-for-pool")
 		return len(ips) == 1, fmt.Errorf("VIPs %v", ips)
 	})
 	t.Logf("retry/waits-for-pool got its VIP %v after its pool was created", time.Since(start).Round(time.Millisecond))
 
 	start = time.Now()
-	if err := e.cp.Client.CoreV1().Services("retry").Delete(context.Background(), "holder", metav1.DeleteOptions{}); err != nil {
+	if err := e.CP.Client.CoreV1().Services("retry").Delete(context.Background(), "holder", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(soon, "retry/waits-for-address to get the VIP retry/holder released", func() (bool, error) {
+	e.Eventually(soon, "retry/waits-for-address to get the VIP retry/holder released", func() (bool, error) {
 		ips := e.serviceVIPs("retry", "waits-for-address")
 		return len(ips) == 1 && ips[0].String() == "10.100.9.1", fmt.Errorf("VIPs %v", ips)
 	})
@@ -63,11 +64,11 @@ func TestFailedServicesRetriedOnChange(t *testing.T) {
 // failedSyncs counts the SyncLoadBalancerFailed Events on a Service,
 // repeats included.
 func (e *env) failedSyncs(ns, name string) int {
-	evs, err := e.cp.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
+	evs, err := e.CP.Client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
 		FieldSelector: "involvedObject.name=" + name + ",reason=SyncLoadBalancerFailed",
 	})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	n := 0
 	for _, ev := range evs.Items {

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vipcast/vipcast/ccm"
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 const sharingPools = `
@@ -22,7 +23,7 @@ spec:
   addresses: ["10.70.0.0/28"]
 `
 
-func withSelector(sel map[string]string) svcOpt {
+func withSelector(sel map[string]string) ccmtest.ServiceOption {
 	return func(s *v1.Service) { s.Spec.Selector = sel }
 }
 
@@ -44,20 +45,20 @@ func TestSharingRefusals(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(sharingPools)
-	e.startCCM("a")
-	e.namespace("team-a", nil)
+	e.StartCCM("a")
+	e.Namespace("team-a", nil)
 
 	app := withSelector(map[string]string{"app": "web"})
 	key := withAnnotation(ccm.AnnotationSharingKey, "web")
-	e.createService(lbService("team-a", "web", key, app, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(80)))
+	e.createService(ccmtest.LBService("team-a", "web", key, app, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(80)))
 	if ip := e.waitVIP("team-a", "web"); ip.String() != "10.70.0.5" {
 		t.Fatalf("team-a/web got %s, want 10.70.0.5", ip)
 	}
 	before := e.snapshotAll("team-a")
 
 	// Case 2: a Local Service with the same key and pods, on other ports.
-	e.createService(lbService("team-a", "local-asks", key, app, withLocal(), withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(443)))
-	e.createService(lbService("team-a", "local-auto", key, app, withLocal(), withPorts(8443)))
+	e.createService(ccmtest.LBService("team-a", "local-asks", key, app, withLocal(), withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(443)))
+	e.createService(ccmtest.LBService("team-a", "local-auto", key, app, withLocal(), withPorts(8443)))
 	e.waitEvent("team-a", "local-asks", "10.70.0.5", "team-a/web",
 		"team-a/local-asks has externalTrafficPolicy Local and team-a/web has Cluster",
 		"give both the same externalTrafficPolicy")
@@ -66,9 +67,9 @@ func TestSharingRefusals(t *testing.T) {
 	}
 
 	// Case 3: a Service of another namespace with the same key.
-	e.namespace("team-b", nil)
-	e.createService(lbService("team-b", "asks", key, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(22)))
-	e.createService(lbService("team-b", "auto", key, withPorts(2222)))
+	e.Namespace("team-b", nil)
+	e.createService(ccmtest.LBService("team-b", "asks", key, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(22)))
+	e.createService(ccmtest.LBService("team-b", "auto", key, withPorts(2222)))
 	e.waitEvent("team-b", "asks", "10.70.0.5", "team-a/web", "sharing keys are per namespace",
 		ccm.AnnotationAllowSharedIPAcrossNamespaces, "not set on team-b/asks and team-a/web")
 	if ip := e.waitVIP("team-b", "auto"); ip.String() == "10.70.0.5" {
@@ -76,27 +77,27 @@ func TestSharingRefusals(t *testing.T) {
 	}
 	// Opting in on one side only changes nothing.
 	cross := withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "true")
-	e.createService(lbService("team-b", "asks-opted-in", key, cross, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(23)))
+	e.createService(ccmtest.LBService("team-b", "asks-opted-in", key, cross, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(23)))
 	e.waitEvent("team-b", "asks-opted-in", "team-a/web", "not set on team-a/web")
 	// When both opt in, they share.
-	e.namespace("team-c", nil)
-	e.createService(lbService("team-a", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), cross, withPorts(53)))
+	e.Namespace("team-c", nil)
+	e.createService(ccmtest.LBService("team-a", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), cross, withPorts(53)))
 	dns := e.waitVIP("team-a", "dns")
-	e.createService(lbService("team-c", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), cross, withPorts(5353)))
+	e.createService(ccmtest.LBService("team-c", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), cross, withPorts(5353)))
 	if ip := e.waitVIP("team-c", "dns"); ip != dns {
 		t.Errorf("team-c/dns got %s, want to share team-a/dns's %s (both opted in)", ip, dns)
 	}
 	// A malformed opt-in is an Event naming the annotation.
-	e.createService(lbService("team-b", "bad-opt-in", key, withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "yes")))
+	e.createService(ccmtest.LBService("team-b", "bad-opt-in", key, withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "yes")))
 	e.waitEvent("team-b", "bad-opt-in", ccm.AnnotationAllowSharedIPAcrossNamespaces, `"yes"`)
 
 	// A Cluster Service of team-a with the same key still joins.
-	e.createService(lbService("team-a", "cluster-auto", key, withPorts(8080)))
+	e.createService(ccmtest.LBService("team-a", "cluster-auto", key, withPorts(8080)))
 	if ip := e.waitVIP("team-a", "cluster-auto"); ip.String() != "10.70.0.5" {
 		t.Errorf("team-a/cluster-auto got %s, want to share 10.70.0.5", ip)
 	}
 
-	now := e.listServices("team-a", "team-b")
+	now := e.ListServices("team-a", "team-b")
 	checkUnchanged(t, before, now)
 	for _, name := range []string{"team-a/local-asks", "team-b/asks", "team-b/asks-opted-in", "team-b/bad-opt-in"} {
 		if ing := now[name].Status.LoadBalancer.Ingress; len(ing) != 0 {
@@ -113,26 +114,26 @@ func TestSharingUpgrade(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
 	e.mustApplyPools(sharingPools)
-	e.namespace("team-a", nil)
+	e.Namespace("team-a", nil)
 
 	app := withSelector(map[string]string{"app": "old"})
 	key := withAnnotation(ccm.AnnotationSharingKey, "old")
 	published := func(s *v1.Service, ip string) {
 		s = e.createService(s)
 		s.Status.LoadBalancer = *lbStatusFor(ip)
-		if _, err := e.cp.Client.CoreV1().Services(s.Namespace).UpdateStatus(context.Background(), s, metav1.UpdateOptions{}); err != nil {
+		if _, err := e.CP.Client.CoreV1().Services(s.Namespace).UpdateStatus(context.Background(), s, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	published(lbService("team-a", "old-cluster", key, app, withPorts(80)), "10.70.0.9")
-	published(lbService("team-a", "old-local", key, app, withLocal(), withPorts(443)), "10.70.0.9")
+	published(ccmtest.LBService("team-a", "old-cluster", key, app, withPorts(80)), "10.70.0.9")
+	published(ccmtest.LBService("team-a", "old-local", key, app, withLocal(), withPorts(443)), "10.70.0.9")
 	// Keys were cluster-wide: a Service of team-b shares team-a's VIP.
-	e.namespace("team-b", nil)
-	published(lbService("team-a", "old-web", key, withPorts(80)), "10.70.0.10")
-	published(lbService("team-b", "old-web", key, withPorts(443)), "10.70.0.10")
+	e.Namespace("team-b", nil)
+	published(ccmtest.LBService("team-a", "old-web", key, withPorts(80)), "10.70.0.10")
+	published(ccmtest.LBService("team-b", "old-web", key, withPorts(443)), "10.70.0.10")
 	before := e.snapshotAll("team-a", "team-b")
 
-	e.startCCM("a")
+	e.StartCCM("a")
 	e.waitEventReason("team-a", "old-local", v1.EventTypeWarning, ccm.ReasonLegacySharedVIP,
 		"keeps its VIP", "team-a/old-cluster", "externalTrafficPolicy")
 	e.waitEventReason("team-a", "old-cluster", v1.EventTypeWarning, ccm.ReasonLegacySharedVIP, "team-a/old-local")
@@ -149,11 +150,11 @@ func TestSharingUpgrade(t *testing.T) {
 	}
 
 	// Newcomers follow today's rules against every holder.
-	e.createService(lbService("team-a", "new-cluster", key, app, withAnnotation(ccm.AnnotationIPs, "10.70.0.9"), withPorts(8080)))
+	e.createService(ccmtest.LBService("team-a", "new-cluster", key, app, withAnnotation(ccm.AnnotationIPs, "10.70.0.9"), withPorts(8080)))
 	e.waitEvent("team-a", "new-cluster", "10.70.0.9", "team-a/old-local", "externalTrafficPolicy")
-	e.createService(lbService("team-a", "new-web", key, withAnnotation(ccm.AnnotationIPs, "10.70.0.10"), withPorts(8080)))
+	e.createService(ccmtest.LBService("team-a", "new-web", key, withAnnotation(ccm.AnnotationIPs, "10.70.0.10"), withPorts(8080)))
 	e.waitEvent("team-a", "new-web", "10.70.0.10", "team-b/old-web", "per namespace")
 
-	now := e.listServices("team-a", "team-b")
+	now := e.ListServices("team-a", "team-b")
 	checkUnchanged(t, before, now)
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/bgp/bgptest"
+	"github.com/vipcast/vipcast/test/ccmtest"
 	"github.com/vipcast/vipcast/test/routers"
 )
 
@@ -48,26 +49,26 @@ func BenchmarkSpeakerAnnounce(b *testing.B) {
 
 		// Publish 10,000 VIPs, each a Service with status and one ready
 		// endpoint on another node.
-		e.namespace("bench", nil)
+		e.Namespace("bench", nil)
 		vips := make([]netip.Prefix, benchVIPs)
 		setup := time.Now()
 		e.runWorkers(benchVIPs, 16, func(i int) error {
 			ip := netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)})
 			vips[i] = netip.PrefixFrom(ip, 32)
 			name := fmt.Sprintf("s-%05d", i)
-			svc := lbService("bench", name)
+			svc := ccmtest.LBService("bench", name)
 			// 10,000 would exhaust the node port range.
 			svc.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
 			ctx := context.Background()
-			created, err := e.cp.Client.CoreV1().Services("bench").Create(ctx, svc, metav1.CreateOptions{})
+			created, err := e.CP.Client.CoreV1().Services("bench").Create(ctx, svc, metav1.CreateOptions{})
 			if err != nil {
 				return err
 			}
 			created.Status.LoadBalancer = *lbStatusFor(ip.String())
-			if _, err := e.cp.Client.CoreV1().Services("bench").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			if _, err := e.CP.Client.CoreV1().Services("bench").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 				return err
 			}
-			_, err = e.cp.Client.DiscoveryV1().EndpointSlices("bench").Create(ctx, benchSlice(name, i), metav1.CreateOptions{})
+			_, err = e.CP.Client.DiscoveryV1().EndpointSlices("bench").Create(ctx, benchSlice(name, i), metav1.CreateOptions{})
 			return err
 		})
 		b.Logf("published %d VIPs in %v", benchVIPs, time.Since(setup).Round(time.Millisecond))

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/test/ccmtest"
 	"github.com/vipcast/vipcast/test/proc"
 	"github.com/vipcast/vipcast/test/routers"
 )
@@ -35,10 +36,10 @@ type speakerProc struct {
 // startSpeaker runs vipcast-speaker for node against the control plane,
 // with a short convergence delay; extra flags follow.
 func (e *env) startSpeaker(node string, extra ...string) *speakerProc {
-	e.t.Helper()
-	log := filepath.Join(e.cp.Dir, fmt.Sprintf("speaker-%s-%d.log", node, time.Now().UnixNano()))
+	e.T.Helper()
+	log := filepath.Join(e.CP.Dir, fmt.Sprintf("speaker-%s-%d.log", node, time.Now().UnixNano()))
 	args := append([]string{
-		"--kubeconfig", e.cp.Kubeconfig,
+		"--kubeconfig", e.CP.Kubeconfig,
 		"--node-name", node,
 		"--metrics-bind-address", "0",
 		"--convergence-delay", "500ms",
@@ -51,13 +52,13 @@ func (e *env) startSpeaker(node string, extra ...string) *speakerProc {
 	}, extra...)
 	p, err := proc.Start(log, speakerBinary, args...)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	s := &speakerProc{Process: p, log: log}
-	e.t.Cleanup(func() {
+	e.T.Cleanup(func() {
 		s.Stop(5 * time.Second)
-		if e.t.Failed() {
-			dumpTail(e.t, log, 60)
+		if e.T.Failed() {
+			ccmtest.DumpTail(e.T, log, 60)
 		}
 	})
 	return s
@@ -65,41 +66,41 @@ func (e *env) startSpeaker(node string, extra ...string) *speakerProc {
 
 // node registers a Node with the given InternalIPs and labels.
 func (e *env) node(name string, labels map[string]string, addrs ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
-	n, err := e.cp.Client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{})
+	n, err := e.CP.Client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{})
 	if err != nil {
-		e.t.Fatalf("node %s: %v", name, err)
+		e.T.Fatalf("node %s: %v", name, err)
 	}
 	for _, a := range addrs {
 		n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: a})
 	}
 	n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
-	if _, err := e.cp.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatalf("node %s status: %v", name, err)
+	if _, err := e.CP.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		e.T.Fatalf("node %s status: %v", name, err)
 	}
 }
 
 // patchNode applies a JSON merge patch to a Node.
 func (e *env) patchNode(name, patch string) {
-	e.t.Helper()
-	if _, err := e.cp.Client.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		e.t.Fatalf("patching node %s: %v", name, err)
+	e.T.Helper()
+	if _, err := e.CP.Client.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		e.T.Fatalf("patching node %s: %v", name, err)
 	}
 }
 
 // publish creates a LoadBalancer Service and writes VIPs into its status,
 // as vipcast-ccm does.
 func (e *env) publish(s *v1.Service, ips ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
 	created := e.createService(s)
 	for _, ip := range ips {
 		created.Status.LoadBalancer.Ingress = append(created.Status.LoadBalancer.Ingress,
 			v1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(v1.LoadBalancerIPModeProxy)})
 	}
-	if _, err := e.cp.Client.CoreV1().Services(s.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatalf("status of %s/%s: %v", s.Namespace, s.Name, err)
+	if _, err := e.CP.Client.CoreV1().Services(s.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		e.T.Fatalf("status of %s/%s: %v", s.Namespace, s.Name, err)
 	}
 }
 
@@ -114,7 +115,7 @@ type endpoint struct {
 // address family of the endpoints given (a family with none gets an empty
 // slice).
 func (e *env) endpoints(ns, svc string, eps ...endpoint) {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
 	for _, fam := range []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6} {
 		slice := &discoveryv1.EndpointSlice{
@@ -135,7 +136,7 @@ func (e *env) endpoints(ns, svc string, eps ...endpoint) {
 				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ep.ready)},
 			})
 		}
-		c := e.cp.Client.DiscoveryV1().EndpointSlices(ns)
+		c := e.CP.Client.DiscoveryV1().EndpointSlices(ns)
 		cur, err := c.Get(ctx, slice.Name, metav1.GetOptions{})
 		if err == nil {
 			slice.ResourceVersion = cur.ResourceVersion
@@ -144,29 +145,29 @@ func (e *env) endpoints(ns, svc string, eps ...endpoint) {
 			_, err = c.Create(ctx, slice, metav1.CreateOptions{})
 		}
 		if err != nil {
-			e.t.Fatalf("endpointslice %s/%s: %v", ns, slice.Name, err)
+			e.T.Fatalf("endpointslice %s/%s: %v", ns, slice.Name, err)
 		}
 	}
 }
 
 // patchPeer applies a JSON merge patch to a BGPPeer.
 func (e *env) patchPeer(name, patch string) {
-	e.t.Helper()
-	if _, err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		e.t.Fatalf("patching BGPPeer %s: %v", name, err)
+	e.T.Helper()
+	if _, err := e.CP.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		e.T.Fatalf("patching BGPPeer %s: %v", name, err)
 	}
 }
 
 // secret creates a Secret with one key.
 func (e *env) secret(ns, name, key, value string) {
-	e.t.Helper()
-	e.namespace(ns, nil)
-	_, err := e.cp.Client.CoreV1().Secrets(ns).Create(context.Background(), &v1.Secret{
+	e.T.Helper()
+	e.Namespace(ns, nil)
+	_, err := e.CP.Client.CoreV1().Secrets(ns).Create(context.Background(), &v1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Data:       map[string][]byte{key: []byte(value)},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		e.t.Fatalf("secret %s/%s: %v", ns, name, err)
+		e.T.Fatalf("secret %s/%s: %v", ns, name, err)
 	}
 }
 
@@ -202,8 +203,8 @@ type route struct {
 // waitTable polls a router until its routes inside testVIPs are exactly
 // want (prefix → expected path), with the expected attributes.
 func (e *env) waitTable(name string, get table, want map[string]route) {
-	e.t.Helper()
-	e.eventually(30*time.Second, fmt.Sprintf("%s holding %v", name, slices.Sorted(maps.Keys(want))), func() (bool, error) {
+	e.T.Helper()
+	e.Eventually(30*time.Second, fmt.Sprintf("%s holding %v", name, slices.Sorted(maps.Keys(want))), func() (bool, error) {
 		err := tableIs(get, want)
 		return err == nil, err
 	})
@@ -212,7 +213,7 @@ func (e *env) waitTable(name string, get table, want map[string]route) {
 // keepsTable checks for d that a router's routes inside testVIPs stay
 // exactly want.
 func (e *env) keepsTable(d time.Duration, name string, get table, want map[string]route) {
-	e.t.Helper()
+	e.T.Helper()
 	e.consistently(d, fmt.Sprintf("%s keeping %v", name, slices.Sorted(maps.Keys(want))), func() error { return tableIs(get, want) })
 }
 
@@ -306,23 +307,23 @@ spec:
 
 	// Cluster, dual-stack, its only endpoint on another node: /32 and
 	// /128 (over the IPv4 session) with this node's next hops.
-	e.namespace("web", nil)
-	e.publish(lbService("web", "cluster", withFamilies(v1.IPFamilyPolicyRequireDualStack, v1.IPv4Protocol, v1.IPv6Protocol)),
+	e.Namespace("web", nil)
+	e.publish(ccmtest.LBService("web", "cluster", withFamilies(v1.IPFamilyPolicyRequireDualStack, v1.IPv4Protocol, v1.IPv6Protocol)),
 		"10.100.0.10", "fd00:100::10")
 	e.endpoints("web", "cluster", endpoint{node: "node-b", ip: "10.244.2.5", ready: true},
 		endpoint{node: "node-b", ip: "fd00:244::5", ready: true})
 	// Local with a ready endpoint here.
-	local := lbService("web", "local")
+	local := ccmtest.LBService("web", "local")
 	local.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 	e.publish(local, "10.100.0.11")
 	e.endpoints("web", "local", endpoint{node: "node-a", ip: "10.244.1.7", ready: true})
 	// Local with its only endpoint elsewhere: never announced here.
-	remote := lbService("web", "remote")
+	remote := ccmtest.LBService("web", "remote")
 	remote.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 	e.publish(remote, "10.100.0.12")
 	e.endpoints("web", "remote", endpoint{node: "node-b", ip: "10.244.2.8", ready: true})
 	// Another loadBalancerClass: not ours.
-	foreign := lbService("web", "foreign")
+	foreign := ccmtest.LBService("web", "foreign")
 	foreign.Spec.LoadBalancerClass = ptr.To("example.com/other")
 	e.publish(foreign, "10.100.0.13")
 	e.endpoints("web", "foreign", endpoint{node: "node-a", ip: "10.244.1.9", ready: true})
@@ -371,7 +372,7 @@ spec:
 	expect(all)
 
 	// Deleting the Service withdraws both its prefixes.
-	if err := e.cp.Client.CoreV1().Services("web").Delete(context.Background(), "cluster", metav1.DeleteOptions{}); err != nil {
+	if err := e.CP.Client.CoreV1().Services("web").Delete(context.Background(), "cluster", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	expect(without(all, "10.100.0.10/32", "fd00:100::10/128"))
@@ -497,7 +498,7 @@ func TestPeerAddressConflict(t *testing.T) {
 	e.applyPeer(peerDoc("other", other.Address, other.Port, 64500, 64501, ""))
 	// Same address as well, but selecting no existing node (yet).
 	e.applyPeer(peerDoc("spine", dup.Address, dup.Port, 64500, 64501, "  nodeSelector: {matchLabels: {spine: \"true\"}}\n"))
-	e.startCCM("a")
+	e.StartCCM("a")
 	e.startSpeaker("node-a")
 
 	for _, r := range []*routers.FRR{other, dup} {
@@ -530,7 +531,7 @@ func TestPeerAddressConflict(t *testing.T) {
 	e.waitPeerReady("spine", "True", vipcastv1alpha1.ReasonValid)
 	e.patchPeer("spine", fmt.Sprintf(`{"spec":{"peerAddress":"%s"}}`, dup.Address))
 	e.waitPeerReady("spine", "False", vipcastv1alpha1.ReasonAddressConflict, "older BGPPeer dup-old", "node node-b")
-	if err := e.cp.Client.CoreV1().Nodes().Delete(context.Background(), "node-b", metav1.DeleteOptions{}); err != nil {
+	if err := e.CP.Client.CoreV1().Nodes().Delete(context.Background(), "node-b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.waitPeerReady("spine", "True", vipcastv1alpha1.ReasonValid)
@@ -539,7 +540,7 @@ func TestPeerAddressConflict(t *testing.T) {
 	}
 
 	// Deleting the older peer hands the address to the newer one.
-	if err := e.cp.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Delete(context.Background(), "dup-old", metav1.DeleteOptions{}); err != nil {
+	if err := e.CP.Dynamic.Resource(vipcastv1alpha1.BGPPeersResource).Delete(context.Background(), "dup-old", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.waitPeerReady("dup-new", "True", vipcastv1alpha1.ReasonValid)
@@ -547,14 +548,14 @@ func TestPeerAddressConflict(t *testing.T) {
 
 // patchSecret replaces the password key of a Secret.
 func (e *env) patchSecret(ns, name, value string) {
-	e.t.Helper()
-	s, err := e.cp.Client.CoreV1().Secrets(ns).Get(context.Background(), name, metav1.GetOptions{})
+	e.T.Helper()
+	s, err := e.CP.Client.CoreV1().Secrets(ns).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	s.Data["password"] = []byte(value)
-	if _, err := e.cp.Client.CoreV1().Secrets(ns).Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatal(err)
+	if _, err := e.CP.Client.CoreV1().Secrets(ns).Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
@@ -570,15 +571,15 @@ func TestSpeakerRestart(t *testing.T) {
 	e.node("node-a", nil, "10.0.0.2")
 	e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: vips}\nspec: {addresses: [10.100.0.0/24]}\n")
 	e.applyPeer(peerDoc("frr", frr.Address, frr.Port, 64500, 64501, "  gracefulRestart: {enabled: true, restartTime: 60s}\n"))
-	e.namespace("web", nil)
+	e.Namespace("web", nil)
 	const n = 50
 	for i := range n {
 		name := fmt.Sprintf("s%02d", i)
-		e.publish(lbService("web", name), fmt.Sprintf("10.100.0.%d", 10+i))
+		e.publish(ccmtest.LBService("web", name), fmt.Sprintf("10.100.0.%d", 10+i))
 		e.endpoints("web", name, endpoint{node: "node-b", ip: fmt.Sprintf("10.244.2.%d", 10+i), ready: true})
 	}
 	first := e.startSpeaker("node-a")
-	e.eventually(30*time.Second, "FRR holding all routes", func() (bool, error) {
+	e.Eventually(30*time.Second, "FRR holding all routes", func() (bool, error) {
 		c, err := frr.PrefixCount(speakerAddr)
 		return c == n, err
 	})
@@ -606,7 +607,7 @@ func TestSpeakerRestart(t *testing.T) {
 	}()
 	first.Kill()
 	e.startSpeaker("node-a")
-	e.eventually(30*time.Second, "the new session to come up", func() (bool, error) {
+	e.Eventually(30*time.Second, "the new session to come up", func() (bool, error) {
 		st, err := frr.Neighbor(speakerAddr)
 		return st.State == "Established" && st.EstablishedCount > before.EstablishedCount, err
 	})

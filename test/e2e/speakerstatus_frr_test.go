@@ -14,11 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 // speakerStatus reads a node's SpeakerStatus.
 func (e *env) speakerStatus(node string) (*vipcastv1alpha1.SpeakerStatus, error) {
-	u, err := e.cp.Dynamic.Resource(vipcastv1alpha1.SpeakerStatusesResource).Get(context.Background(), node, metav1.GetOptions{})
+	u, err := e.CP.Dynamic.Resource(vipcastv1alpha1.SpeakerStatusesResource).Get(context.Background(), node, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -31,8 +32,8 @@ func (e *env) speakerStatus(node string) (*vipcastv1alpha1.SpeakerStatus, error)
 
 // waitSpeakerStatus waits until node's SpeakerStatus satisfies ok.
 func (e *env) waitSpeakerStatus(node, what string, ok func(vipcastv1alpha1.SpeakerStatusStatus) bool) {
-	e.t.Helper()
-	e.eventually(30*time.Second, "SpeakerStatus "+node+" "+what, func() (bool, error) {
+	e.T.Helper()
+	e.Eventually(30*time.Second, "SpeakerStatus "+node+" "+what, func() (bool, error) {
 		s, err := e.speakerStatus(node)
 		if err != nil {
 			return false, err
@@ -50,7 +51,7 @@ func TestSpeakerStatus(t *testing.T) {
 	e := newEnv(t)
 	frr, _, spk := e.announcedPool(`{}`)
 	vip := e.servedService() // Cluster, an endpoint on node-b: announced
-	e.createService(lbService("web", "local", withLocal()))
+	e.createService(ccmtest.LBService("web", "local", withLocal()))
 	e.endpoints("web", "local", endpoint{node: "node-b", ip: "10.244.2.6", ready: true})
 	local := e.waitVIP("web", "local")
 	e.waitTable("FRR", frr, map[string]route{vip.String() + "/32": {nextHop: "10.0.0.2"}})
@@ -76,7 +77,7 @@ func TestSpeakerStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, err := e.cp.Client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+	node, err := e.CP.Client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +93,7 @@ func TestSpeakerStatus(t *testing.T) {
 
 	// What `kubectl get speakerstatuses.vipcast.io` prints: the API
 	// server's Table with the CRD's printer columns.
-	raw, err := e.cp.Client.Discovery().RESTClient().Get().AbsPath("/apis/vipcast.io/v1alpha1/speakerstatuses").
+	raw, err := e.CP.Client.Discovery().RESTClient().Get().AbsPath("/apis/vipcast.io/v1alpha1/speakerstatuses").
 		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").DoRaw(context.Background())
 	if err != nil {
 		t.Fatal(err)

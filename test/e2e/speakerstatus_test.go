@@ -18,12 +18,12 @@ import (
 func TestPeerStatusWithoutSpeakerStatuses(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
 	e := newEnv(t)
-	if err := e.cp.APIExtensions.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(),
+	if err := e.CP.APIExtensions.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(),
 		"speakerstatuses.vipcast.io", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.applyPeer(peerDoc("tor", netip.MustParseAddr("192.0.2.1"), 179, 64500, 64501, ""))
-	e.startCCM("first")
+	e.StartCCM("first")
 	e.waitPeerReady("tor", "True", vipcastv1alpha1.ReasonValid)
 	e.waitPeerSessions("tor", 0, 0)
 }

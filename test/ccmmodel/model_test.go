@@ -1,16 +1,13 @@
 //go:build controlplane
 
-package e2e
+package ccmmodel
 
 import (
 	"context"
-	"crypto/tls"
 	"flag"
 	"fmt"
-	"io"
 	"maps"
 	"math/rand/v2"
-	"net/http"
 	"net/netip"
 	"slices"
 	"sort"
@@ -27,6 +24,7 @@ import (
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/poolspec"
+	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
 // The model test's knobs: `make test` runs the default number of steps
@@ -86,11 +84,11 @@ func TestCCMModelRegression(t *testing.T) {
 // runModel runs the model from seed for steps steps against a control
 // plane of its own.
 func runModel(t *testing.T, seed uint64, steps int) {
-	m := &model{e: newEnv(t), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), seed: seed}
+	m := &model{e: ccmtest.New(t, ccmBinary), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), seed: seed}
 	for _, ns := range modelNamespaces {
-		m.e.namespace(ns, nil)
+		m.e.Namespace(ns, nil)
 	}
-	m.ccms = []*ccmProcess{m.e.startCCM("model-0")}
+	m.ccms = []*ccmtest.CCM{m.e.StartCCM("model-0")}
 	m.waitLeader()
 	m.prev = m.snapshot()
 	for m.step = 1; m.step <= steps; m.step++ {
@@ -113,11 +111,11 @@ func runModel(t *testing.T, seed uint64, steps int) {
 
 // model drives the API server and the CCMs.
 type model struct {
-	e       *env
+	e       *ccmtest.Env
 	rng     *rand.Rand
 	seed    uint64
 	step    int
-	ccms    []*ccmProcess // the running CCMs, oldest first
+	ccms    []*ccmtest.CCM // the running CCMs, oldest first
 	started int
 	prev    *modelState
 	history []string
@@ -164,7 +162,7 @@ func (m *model) putPool() string {
 	if len(blocks) == 0 {
 		blocks = []string{poolBlock(i, m.rng.IntN(modelBlocks))}
 	}
-	res := m.e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource)
+	res := m.e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource)
 	ctx := context.Background()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		u, err := res.Get(ctx, poolName(i), metav1.GetOptions{})
@@ -189,7 +187,7 @@ func (m *model) putPool() string {
 		return err
 	})
 	if err != nil {
-		m.e.t.Fatalf("step %d: pool %s: %v", m.step, poolName(i), err)
+		m.e.T.Fatalf("step %d: pool %s: %v", m.step, poolName(i), err)
 	}
 	return fmt.Sprintf("pool %s addresses %v", poolName(i), blocks)
 }
@@ -198,9 +196,9 @@ func (m *model) putPool() string {
 // holders let go).
 func (m *model) deletePool() string {
 	name := poolName(m.rng.IntN(modelPools))
-	err := m.e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Delete(context.Background(), name, metav1.DeleteOptions{})
+	err := m.e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Delete(context.Background(), name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
-		m.e.t.Fatalf("step %d: deleting pool %s: %v", m.step, name, err)
+		m.e.T.Fatalf("step %d: deleting pool %s: %v", m.step, name, err)
 	}
 	return "delete pool " + name
 }
@@ -214,13 +212,13 @@ func (m *model) serviceName() (ns, name string) {
 func (m *model) putService() (string, map[string]bool) {
 	ns, name := m.serviceName()
 	key := ns + "/" + name
-	svcs := m.e.cp.Client.CoreV1().Services(ns)
+	svcs := m.e.CP.Client.CoreV1().Services(ns)
 	ctx := context.Background()
 	var what string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		s, err := svcs.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			s = lbService(ns, name)
+			s = ccmtest.LBService(ns, name)
 			m.randomize(s, "ports")
 			m.randomize(s, "policy")
 			m.randomize(s, "sharing")
@@ -244,7 +242,7 @@ func (m *model) putService() (string, map[string]bool) {
 		if apierrors.IsInvalid(err) {
 			return what + " (refused by the API server)", nil
 		}
-		m.e.t.Fatalf("step %d: %s: %v", m.step, what, err)
+		m.e.T.Fatalf("step %d: %s: %v", m.step, what, err)
 	}
 	return what, map[string]bool{key: true}
 }
@@ -346,9 +344,9 @@ func vipcastAnnotations(s *v1.Service) map[string]string {
 // deleteService deletes a random Service.
 func (m *model) deleteService() (string, map[string]bool) {
 	ns, name := m.serviceName()
-	err := m.e.cp.Client.CoreV1().Services(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+	err := m.e.CP.Client.CoreV1().Services(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
-		m.e.t.Fatalf("step %d: deleting Service %s/%s: %v", m.step, ns, name, err)
+		m.e.T.Fatalf("step %d: deleting Service %s/%s: %v", m.step, ns, name, err)
 	}
 	return fmt.Sprintf("delete %s/%s", ns, name), map[string]bool{ns + "/" + name: true}
 }
@@ -360,7 +358,7 @@ func (m *model) killCCM() string {
 	old.Kill()
 	m.ccms = m.ccms[:len(m.ccms)-1]
 	m.started++
-	m.ccms = append(m.ccms, m.e.startCCM(fmt.Sprintf("model-%d", m.started)))
+	m.ccms = append(m.ccms, m.e.StartCCM(fmt.Sprintf("model-%d", m.started)))
 	m.waitLeader()
 	return "kill the CCM and start another"
 }
@@ -369,11 +367,11 @@ func (m *model) killCCM() string {
 // for the second to take over.
 func (m *model) leaderChange() string {
 	m.started++
-	next := m.e.startCCM(fmt.Sprintf("model-%d", m.started))
+	next := m.e.StartCCM(fmt.Sprintf("model-%d", m.started))
 	for _, c := range m.ccms {
 		c.Stop(5 * time.Second)
 	}
-	m.ccms = []*ccmProcess{next}
+	m.ccms = []*ccmtest.CCM{next}
 	m.waitLeader()
 	return "leader change (graceful)"
 }
@@ -381,7 +379,7 @@ func (m *model) leaderChange() string {
 // waitLeader waits until the newest CCM holds the lease.
 func (m *model) waitLeader() {
 	c := m.ccms[len(m.ccms)-1]
-	m.e.eventually(30*time.Second, "the new CCM to lead", func() (bool, error) { return c.isLeader(), nil })
+	m.e.Eventually(30*time.Second, "the new CCM to lead", func() (bool, error) { return c.IsLeader(), nil })
 }
 
 // settle waits until the CCM has done everything the step gave it to do,
@@ -417,7 +415,7 @@ func (m *model) settle() *modelState {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	m.e.t.Fatalf("seed %d, step %d: the CCM did not settle in 30s (%s)", m.seed, m.step, why)
+	m.e.T.Fatalf("seed %d, step %d: the CCM did not settle in 30s (%s)", m.seed, m.step, why)
 	return nil
 }
 
@@ -442,7 +440,7 @@ func (m *model) quiet(d time.Duration) *modelState {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	m.e.t.Fatalf("seed %d: the CCM kept writing for %v after the last step", m.seed, d+30*time.Second)
+	m.e.T.Fatalf("seed %d: the CCM kept writing for %v after the last step", m.seed, d+30*time.Second)
 	return nil
 }
 
@@ -458,7 +456,7 @@ var ccmQueues = []string{"service", "ippools", "pool-annotations"}
 // what is pending.
 func (m *model) ccmIdle() (bool, string) {
 	c := m.ccms[len(m.ccms)-1]
-	body, err := c.metrics(m.e.cp.Token)
+	body, err := c.Metrics(m.e.CP.Token)
 	if err != nil {
 		return false, err.Error()
 	}
@@ -502,15 +500,15 @@ type modelState struct {
 }
 
 func (m *model) snapshot() *modelState {
-	st := &modelState{services: m.e.listServices(modelNamespaces...)}
-	l, err := m.e.cp.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).List(context.Background(), metav1.ListOptions{})
+	st := &modelState{services: m.e.ListServices(modelNamespaces...)}
+	l, err := m.e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
-		m.e.t.Fatal(err)
+		m.e.T.Fatal(err)
 	}
 	for _, u := range l.Items {
 		p := &vipcastv1alpha1.IPPool{}
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err != nil {
-			m.e.t.Fatal(err)
+			m.e.T.Fatal(err)
 		}
 		st.pools = append(st.pools, p)
 	}
@@ -728,30 +726,4 @@ func poolCountsExact(st *modelState) error {
 		}
 	}
 	return nil
-}
-
-// metrics returns the CCM's /metrics, read with token.
-func (c *ccmProcess) metrics(token string) (string, error) {
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the CCM's self-signed loopback certificate
-	}}
-	defer client.CloseIdleConnections()
-	req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/metrics", c.port), nil)
-	if err != nil {
-		return "", fmt.Errorf("building the /metrics request: %w", err)
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := client.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("reading the CCM's /metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", fmt.Errorf("reading the CCM's /metrics: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("the CCM's /metrics: %s", resp.Status)
-	}
-	return string(body), nil
 }
