@@ -481,6 +481,11 @@ type SpeakerValues struct {
 	// speaker.ipvs.connSync's interface ("none": no connection sync) and
 	// transport ("relay").
 	ConnSyncInterface, ConnSyncTransport string
+	// AllAtOnce rolls the speakers out on every node at once
+	// (speaker.updateStrategy maxUnavailable 100%) instead of the chart's
+	// one node at a time: for a switch of dataplane that no traffic is held
+	// across. The change of strategy alone restarts no pod.
+	AllAtOnce bool
 }
 
 // HelmValuesFile writes the lab's values for charts/vipcast: v, the lab's
@@ -508,6 +513,9 @@ func (l *Lab) HelmValuesFile(v SpeakerValues) (string, error) {
 	if r := l.Opts.Resync; r > 0 {
 		speaker = fmt.Sprintf("  resyncPeriod: %s\n", r)
 		ipvs += fmt.Sprintf(", resyncPeriod: %s", r)
+	}
+	if v.AllAtOnce {
+		speaker += "  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 100%}}\n"
 	}
 	values := fmt.Sprintf(`ccm:
   image: {repository: vipcast/vipcast-ccm, tag: %q}

@@ -29,7 +29,9 @@ const (
 
 // heldSetups are the dataplanes heldAcrossECMP runs its events in, in
 // this order, each reached by a helm upgrade of the chart's speaker
-// values:
+// values that restarts the speakers on both nodes at once (no connection
+// is held across the switch; the lifecycle's upgrade is the rollout one
+// node at a time, under traffic):
 //
 //   - OneTier, the chart's default path: the control, where each event
 //     must break some connections, or the events moved no flow and the
@@ -47,10 +49,10 @@ var heldSetups = []struct {
 	name   string
 	values lab.SpeakerValues
 }{
-	{"OneTier", lab.SpeakerValues{Tag: "lab"}},
-	{"TwoTierNoSync", lab.SpeakerValues{Tag: "lab", TunnelPrefix: tunnelPrefix, ConnSyncInterface: "none"}},
-	{"TwoTierRelay", lab.SpeakerValues{Tag: "lab", TunnelPrefix: tunnelPrefix, ConnSyncTransport: "relay"}},
-	{"TwoTier", lab.SpeakerValues{Tag: "lab", TunnelPrefix: tunnelPrefix}},
+	{"OneTier", lab.SpeakerValues{Tag: "lab", AllAtOnce: true}},
+	{"TwoTierNoSync", lab.SpeakerValues{Tag: "lab", AllAtOnce: true, TunnelPrefix: tunnelPrefix, ConnSyncInterface: "none"}},
+	{"TwoTierRelay", lab.SpeakerValues{Tag: "lab", AllAtOnce: true, TunnelPrefix: tunnelPrefix, ConnSyncTransport: "relay"}},
+	{"TwoTier", lab.SpeakerValues{Tag: "lab", AllAtOnce: true, TunnelPrefix: tunnelPrefix}},
 }
 
 // heldAcrossECMP upgrades the chart to values (the speakers roll out) and
