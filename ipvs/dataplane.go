@@ -683,6 +683,8 @@ func (d *Dataplane) check(svc Service) error {
 	switch {
 	case svc.SNAT && !d.snat:
 		return fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", svc.Key())
+	case svc.Restricted && !d.guard:
+		return fmt.Errorf("virtual server %s: source ranges wanted, but the dataplane runs with NoFilter, which enforces them", svc.Key())
 	case svc.SNAT && d.tunnel && (svc.VIP.Unmap().Is4() || d.tunnel6):
 		return fmt.Errorf("virtual server %s: source NAT wanted, but the two-tier dataplane keeps the client's address and does not use it", svc.Key())
 	case d.tunnel && !svc.VIP.Unmap().Is4() && !d.tunnel6 && (len(svc.Local) > 0 || slices.ContainsFunc(svc.Backends, func(b Backend) bool { return b.Tunnel })):
@@ -848,15 +850,17 @@ func (d *Dataplane) apply(p Plan) error {
 
 // applyPlan is apply, returning the failures by what they concern.
 func (d *Dataplane) applyPlan(p Plan) *failures {
-	f := &failures{absent: map[Key]bool{}}
+	f := &failures{absent: map[Key]bool{}, unrestricted: map[Key]bool{}}
 	unguarded := d.filterVIPs(p.Filter.AddVIPs, f)
 	d.bindVIPs(p.AddVIPs, unguarded, f)
 	d.startSNAT(p.AddSNAT, f)
 	d.applyServices(p, f)
+	d.restrict(p.Filter, f)
 	d.allow(p.Filter.AddAllow, f)
 	d.applyTier2(p.Tier2, f)
 	d.applyBackends(p, f)
 	d.disallow(p.Filter.DelAllow, f)
+	d.unrestrict(p.Filter, f)
 	d.deleteServices(p.DelServices, f)
 	d.stopSNAT(p.DelSNAT, f)
 	d.unbindVIPs(p.DelVIPs, f)
@@ -882,6 +886,9 @@ type failures struct {
 	// absent are the virtual servers the kernel refused to add: their
 	// real servers are not tried.
 	absent map[Key]bool
+	// unrestricted are the virtual servers whose restriction to their
+	// source ranges failed: allow keeps their ports closed.
+	unrestricted map[Key]bool
 }
 
 // add records err as the failure to do what, concerning no single virtual
@@ -1203,14 +1210,15 @@ func (d *Dataplane) filterVIPs(vips []netip.Addr, f *failures) (failed map[netip
 }
 
 // allow lets the virtual servers keys through the VIP filter, except those
-// the kernel refused to add: their port stays closed.
+// the kernel refused to add and those restrict could not restrict: their
+// port stays closed.
 func (d *Dataplane) allow(keys []Key, f *failures) {
 	if len(keys) == 0 || !d.guard {
 		return
 	}
 	ok := make([]Key, 0, len(keys))
 	for _, k := range keys {
-		if !f.absent[k] {
+		if !f.absent[k] && !f.unrestricted[k] {
 			ok = append(ok, k)
 		}
 	}
@@ -1218,6 +1226,64 @@ func (d *Dataplane) allow(keys []Key, f *failures) {
 		for _, k := range ok {
 			f.addKey(k, "let "+k.String()+" through the VIP filter", err)
 		}
+	}
+}
+
+// restrict puts in place, before any port is let through, the source
+// ranges that p adds and the restrictions it adds, and takes out the ranges
+// of the virtual servers that stay restricted, in one transaction with the
+// additions (sources.go). A failure counts against each virtual server
+// concerned; one that could not be restricted is not let through (its port
+// stays closed rather than open to everyone) until a later apply succeeds.
+func (d *Dataplane) restrict(p FilterPlan, f *failures) {
+	if !d.guard || len(p.AddSources)+len(p.AddRestricted)+len(p.DelSources) == 0 {
+		return
+	}
+	lifted := make(map[Key]bool, len(p.DelRestricted))
+	for _, k := range p.DelRestricted {
+		lifted[k] = true
+	}
+	var narrowed []SourceRange
+	for _, r := range p.DelSources {
+		if !lifted[r.Key] {
+			narrowed = append(narrowed, r)
+		}
+	}
+	if err := d.nft.update(d.nft.sources, sourceElems(p.AddSources), sourceElems(narrowed)); err != nil {
+		for _, r := range append(slices.Clone(p.AddSources), narrowed...) {
+			f.addKey(r.Key, "source range "+r.String(), err)
+		}
+	}
+	if err := d.nft.update(d.nft.restricted, keyElems(p.AddRestricted), nil); err != nil {
+		for _, k := range p.AddRestricted {
+			f.addKey(k, "restrict "+k.String()+" to its source ranges", err)
+			f.unrestricted[k] = true
+		}
+	}
+}
+
+// unrestrict lifts, after the ports going are closed, the restrictions p
+// deletes, then deletes their ranges.
+func (d *Dataplane) unrestrict(p FilterPlan, f *failures) {
+	if !d.guard || len(p.DelRestricted) == 0 {
+		return
+	}
+	lifted := make(map[Key]bool, len(p.DelRestricted))
+	for _, k := range p.DelRestricted {
+		lifted[k] = true
+	}
+	var rs []SourceRange
+	for _, r := range p.DelSources {
+		if lifted[r.Key] {
+			rs = append(rs, r)
+		}
+	}
+	if err := d.nft.update(d.nft.restricted, nil, keyElems(p.DelRestricted)); err != nil {
+		f.add("lift source-range restrictions", err)
+		return
+	}
+	if err := d.nft.update(d.nft.sources, nil, sourceElems(rs)); err != nil {
+		f.add("delete source ranges", err)
 	}
 }
 

@@ -46,6 +46,7 @@ func TestKernel(t *testing.T) {
 	t.Run("SNAT", testSNAT)
 	t.Run("RefusedScheduler", testRefusedScheduler)
 	t.Run("Filter", testFilter)
+	t.Run("SourceRanges", testSourceRanges)
 	t.Run("LargeSync", testLargeSync)
 	t.Run("Probe", testProbe)
 	t.Run("FlushHeld", testFlushHeld) // flushes the root namespace: last

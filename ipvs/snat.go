@@ -61,6 +61,11 @@ const (
 	filterVIPs  = "vips"
 	filterAllow = "allow"
 	filterChain = "input"
+	// The source ranges' sets and the chain for the node's own
+	// connections (sources.go).
+	filterRestricted = "restricted"
+	filterSources    = "sources"
+	outputChain      = "output"
 )
 
 // nftTables owns the ip and ip6 vipcast tables: the source NAT set and
@@ -72,7 +77,10 @@ type nftTables struct {
 	snat   [2]*nftables.Set
 	vips   [2]*nftables.Set
 	allow  [2]*nftables.Set
-	tier2  [2]*nftables.Set // the two-tier dataplane's maps, once set up
+	// restricted and sources hold the source ranges (sources.go).
+	restricted [2]*nftables.Set
+	sources    [2]*nftables.Set
+	tier2      [2]*nftables.Set // the two-tier dataplane's maps, once set up
 	// slowPaths counts the batches that failed and were redone one element
 	// at a time (for tests: a batch should fail only on drift).
 	slowPaths int
@@ -138,6 +146,9 @@ func (n *nftTables) ensure(i int, fam nftables.TableFamily) error {
 		{Table: t, Name: snatSet, KeyType: keyType, Concatenation: true},
 		{Table: t, Name: filterVIPs, KeyType: addrType},
 		{Table: t, Name: filterAllow, KeyType: keyType, Concatenation: true},
+		{Table: t, Name: filterRestricted, KeyType: keyType, Concatenation: true},
+		{Table: t, Name: filterSources, Concatenation: true, Interval: true,
+			KeyType: nftables.MustConcatSetType(addrType, nftables.TypeInetProto, nftables.TypeInetService, addrType)},
 	}
 	for _, set := range sets {
 		if err := n.conn.AddSet(set, nil); err != nil {
@@ -145,11 +156,12 @@ func (n *nftTables) ensure(i int, fam nftables.TableFamily) error {
 		}
 	}
 	n.addSNATChain(t, sets[0], addrLen)
-	n.addFilterChain(t, sets[1], sets[2], addrLen)
+	n.addFilterChain(t, sets[1], sets[2], sets[3], sets[4], addrLen)
+	n.addOutputChain(t, sets[3], sets[4], addrLen)
 	if err := n.conn.Flush(); err != nil {
 		return err
 	}
-	n.snat[i], n.vips[i], n.allow[i] = sets[0], sets[1], sets[2]
+	n.snat[i], n.vips[i], n.allow[i], n.restricted[i], n.sources[i] = sets[0], sets[1], sets[2], sets[3], sets[4]
 	return nil
 }
 
@@ -178,18 +190,18 @@ func (n *nftTables) addSNATChain(t *nftables.Table, set *nftables.Set, addrLen u
 // existing reports whether table t (slot i) has every set and chain, and
 // then keeps its sets.
 func (n *nftTables) existing(i int, t *nftables.Table) bool {
-	var sets [3]*nftables.Set
-	for j, name := range []string{snatSet, filterVIPs, filterAllow} {
+	var sets [5]*nftables.Set
+	for j, name := range []string{snatSet, filterVIPs, filterAllow, filterRestricted, filterSources} {
 		set, err := n.conn.GetSetByName(t, name)
 		if err != nil || set == nil {
 			return false
 		}
 		sets[j] = set
 	}
-	if !sets[0].Concatenation || !sets[2].Concatenation {
+	if !sets[0].Concatenation || !sets[2].Concatenation || !sets[3].Concatenation || !sets[4].Concatenation || !sets[4].Interval {
 		return false
 	}
-	for name, typ := range map[string]nftables.ChainType{snatChain: nftables.ChainTypeNAT, filterChain: nftables.ChainTypeFilter} {
+	for name, typ := range map[string]nftables.ChainType{snatChain: nftables.ChainTypeNAT, filterChain: nftables.ChainTypeFilter, outputChain: nftables.ChainTypeFilter} {
 		ch, err := n.conn.ListChain(t, name)
 		if err != nil || ch == nil || ch.Type != typ {
 			return false
@@ -199,7 +211,7 @@ func (n *nftTables) existing(i int, t *nftables.Table) bool {
 	// transaction, so a table that has them all has the rules too. (The
 	// rules are not read back: google/nftables v0.3.0 cannot decode their
 	// ct expressions.)
-	n.snat[i], n.vips[i], n.allow[i] = sets[0], sets[1], sets[2]
+	n.snat[i], n.vips[i], n.allow[i], n.restricted[i], n.sources[i] = sets[0], sets[1], sets[2], sets[3], sets[4]
 	return true
 }
 
@@ -282,9 +294,17 @@ func (n *nftTables) readKeys(sets [2]*nftables.Set) (map[Key]struct{}, error) {
 
 // setElem is one element of a set of both families.
 type setElem struct {
-	v6   bool
-	key  []byte
-	name string // for errors
+	v6  bool
+	key []byte
+	// keyEnd is the last key of an interval set's element (nil for other
+	// sets).
+	keyEnd []byte
+	name   string // for errors
+}
+
+// element is e as nftables sends it.
+func (e setElem) element() nftables.SetElement {
+	return nftables.SetElement{Key: e.key, KeyEnd: e.keyEnd}
 }
 
 func keyElems(keys []Key) []setElem {
@@ -356,7 +376,7 @@ func (n *nftTables) updateBatch(sets [2]*nftables.Set, add, del []setElem) error
 			if e.v6 {
 				i = 1
 			}
-			byFam[i] = append(byFam[i], nftables.SetElement{Key: e.key})
+			byFam[i] = append(byFam[i], e.element())
 		}
 		for i, els := range byFam {
 			if len(els) > 0 {
@@ -393,9 +413,9 @@ func (n *nftTables) one(sets [2]*nftables.Set, e setElem, add bool) error {
 	}
 	var err error
 	if add {
-		err = n.conn.SetAddElements(set, []nftables.SetElement{{Key: e.key}})
+		err = n.conn.SetAddElements(set, []nftables.SetElement{e.element()})
 	} else {
-		err = n.conn.SetDeleteElements(set, []nftables.SetElement{{Key: e.key}})
+		err = n.conn.SetDeleteElements(set, []nftables.SetElement{e.element()})
 	}
 	if err != nil {
 		return err

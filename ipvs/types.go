@@ -138,6 +138,13 @@ type Service struct {
 	// with Options.Tunnel. They are not IPVS real servers: Read does not
 	// report them (ReadTier2 does).
 	Local []Backend
+	// Restricted admits only the clients whose address is in SourceRanges
+	// (spec.loadBalancerSourceRanges; see sources.go); a restricted
+	// virtual server without a range of its VIP's family admits no one.
+	// Unrestricted, every client is admitted and SourceRanges is unused.
+	// Neither is an IPVS attribute: the VIP filter enforces them.
+	Restricted   bool
+	SourceRanges []netip.Prefix
 }
 
 // Key of the virtual server.
@@ -160,6 +167,7 @@ func (s Service) Normalize() Service {
 	if s.Local != nil {
 		s.Local = normalizeBackends(s.Local)
 	}
+	s.SourceRanges = normalizeRanges(s.VIP, s.Restricted, s.SourceRanges)
 	return s
 }
 
@@ -297,6 +305,7 @@ func (s State) Clone() State {
 	for k, v := range s.Services {
 		v.Backends = slices.Clone(v.Backends)
 		v.Local = slices.Clone(v.Local)
+		v.SourceRanges = slices.Clone(v.SourceRanges)
 		c.Services[k] = v
 	}
 	for a := range s.VIPs {

@@ -95,6 +95,13 @@ const AnnotationScheduler = ipvs.SchedulerAnnotation
 //   - sessionAffinity ClientIP: Persistent is
 //     sessionAffinityConfig.clientIP.timeoutSeconds, 10800 (the API's
 //     default) when unset or not positive; None: 0.
+//   - Source ranges (sourceRanges): spec.loadBalancerSourceRanges, else the
+//     service.beta.kubernetes.io/load-balancer-source-ranges annotation,
+//     restrict every virtual server of the Service to the ranges of its
+//     VIP's family, plus the VIP itself when a range holds the node's
+//     address (vipRanges). A VIP with no range of its family admits no
+//     client. A range that does not parse is reported and left out: a
+//     malformed list admits fewer clients, never more.
 //
 // Backends are sorted by address and port; a virtual server's Backends do
 // not alias another's (appending to them reallocates). A nil view (configuration not loaded yet) gives
@@ -125,6 +132,10 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 		problems = append(problems, problem)
 	}
 	persistent := sessionPersistence(svc)
+	restricted, ranges, problem := sourceRanges(svc)
+	if problem != "" {
+		problems = append(problems, problem)
+	}
 	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
 	var twoTier [][2]tiers
 	var twoTierFams [2]bool // the families whose VIPs go through two tiers
@@ -146,8 +157,13 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 	var used [2]bool // whether a family's backends were handed out already
 	for _, vip := range vips {
 		slot := famSlot(vip)
+		var admitted []netip.Prefix
+		if restricted {
+			admitted = vipRanges(vip, ranges, &view.Node)
+		}
 		for i, p := range ports {
-			s := ipvs.Service{VIP: vip, Port: p.port, Protocol: p.proto, Scheduler: sched, Flags: flags, Persistent: persistent}
+			s := ipvs.Service{VIP: vip, Port: p.port, Protocol: p.proto, Scheduler: sched, Flags: flags, Persistent: persistent,
+				Restricted: restricted, SourceRanges: admitted}
 			setRealServers(&s, backends[i][slot], twoTier, twoTierFams[slot], i, local, used[slot])
 			services = append(services, s)
 		}

@@ -352,6 +352,35 @@ func TestServiceDataplane(t *testing.T) {
 			s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](600)}}
 			return s
 		}(), want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP)}},
+
+		// Source ranges.
+		{name: "source ranges: each VIP its family's ranges", svc: withRanges(dpSvc("192.0.2.10", "2001:db8::10"), "10.20.0.0/16", " 2001:db8:5::/48", "198.51.100.7/24"),
+			want: []ipvs.Service{
+				restrictTo(vs("192.0.2.10", 80, ipvs.TCP), "10.20.0.0/16", "198.51.100.0/24"),
+				restrictTo(vs("2001:db8::10", 80, ipvs.TCP), "2001:db8:5::/48"),
+			}},
+		{name: "source ranges: no range of a VIP's family admits no one", svc: withRanges(dpSvc("192.0.2.10", "2001:db8::10"), "10.20.0.0/16"),
+			want: []ipvs.Service{
+				restrictTo(vs("192.0.2.10", 80, ipvs.TCP), "10.20.0.0/16"),
+				restrictTo(vs("2001:db8::10", 80, ipvs.TCP)),
+			}},
+		{name: "source ranges holding the node's address admit the VIP itself", svc: withRanges(dpSvc("192.0.2.10", "2001:db8::10"), "10.0.0.0/8", "fd00::/8"),
+			want: []ipvs.Service{
+				restrictTo(vs("192.0.2.10", 80, ipvs.TCP), "10.0.0.0/8", "192.0.2.10/32"),
+				restrictTo(vs("2001:db8::10", 80, ipvs.TCP), "fd00::/8", "2001:db8::10/128"),
+			}},
+		{name: "source ranges annotation", svc: withAnnotation(dpSvc("192.0.2.10"), v1.AnnotationLoadBalancerSourceRangesKey, " 10.20.0.0/16, 10.30.0.0/16 "),
+			want: []ipvs.Service{restrictTo(vs("192.0.2.10", 80, ipvs.TCP), "10.20.0.0/16", "10.30.0.0/16")}},
+		{name: "source ranges: the field wins over the annotation", svc: withAnnotation(withRanges(dpSvc("192.0.2.10"), "10.20.0.0/16"), v1.AnnotationLoadBalancerSourceRangesKey, "0.0.0.0/0,junk"),
+			want: []ipvs.Service{restrictTo(vs("192.0.2.10", 80, ipvs.TCP), "10.20.0.0/16")}},
+		{name: "source ranges annotation malformed: fails closed, reported", svc: withAnnotation(dpSvc("192.0.2.10"), v1.AnnotationLoadBalancerSourceRangesKey, "10.20.0.0/33"),
+			want:     []ipvs.Service{restrictTo(vs("192.0.2.10", 80, ipvs.TCP))},
+			problems: []string{`annotation service.beta.kubernetes.io/load-balancer-source-ranges: "10.20.0.0/33": not a source range (a CIDR such as 10.20.0.0/16 or 2001:db8::/48); the VIP admits no client until it is fixed`}},
+		{name: "source ranges annotation partly malformed: only the valid ones", svc: withAnnotation(dpSvc("192.0.2.10"), v1.AnnotationLoadBalancerSourceRangesKey, "10.20.0.0/16,10.30.0.0"),
+			want:     []ipvs.Service{restrictTo(vs("192.0.2.10", 80, ipvs.TCP), "10.20.0.0/16")},
+			problems: []string{`"10.30.0.0": not a source range`}},
+		{name: "source ranges annotation blank: every client", svc: withAnnotation(dpSvc("192.0.2.10"), v1.AnnotationLoadBalancerSourceRangesKey, "  "),
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP)}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -363,6 +392,20 @@ func TestServiceDataplane(t *testing.T) {
 			checkDataplane(t, got, problems, tc.want, tc.problems)
 		})
 	}
+}
+
+func withRanges(s *v1.Service, ranges ...string) *v1.Service {
+	s.Spec.LoadBalancerSourceRanges = ranges
+	return s
+}
+
+// restrictTo restricts s to ranges (none: no client).
+func restrictTo(s ipvs.Service, ranges ...string) ipvs.Service {
+	s.Restricted, s.SourceRanges = true, nil
+	for _, r := range ranges {
+		s.SourceRanges = append(s.SourceRanges, netip.MustParsePrefix(r))
+	}
+	return s
 }
 
 func withAnnotation(s *v1.Service, k, v string) *v1.Service {
