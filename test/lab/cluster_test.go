@@ -36,14 +36,17 @@ import (
 //     from one to the next the way its documentation says (stop, kube-proxy
 //     --cleanup, start in the new mode) — clusterWithKubeProxy and, in
 //     nftables mode, kubeProxyFlush;
-//  2. fabric: the fabric's view of a Service's life, its endpoints, a
+//  2. sourceranges: spec.loadBalancerSourceRanges for the client, a pod
+//     and the nodes, one tier (sourceRanges);
+//  3. fabric: the fabric's view of a Service's life, its endpoints, a
 //     speaker's SIGTERM and BFD under frozen nodes (fabric);
-//  3. outage: the API server frozen and killed (outage);
-//  4. held: held connections across ECMP changes in each dataplane of
+//  4. outage: the API server frozen and killed (outage);
+//  5. held: held connections across ECMP changes in each dataplane of
 //     heldSetups, the chart upgraded from one to the next
 //     (heldAcrossECMP); the last turns on the chart's default two tiers,
 //     which the cluster keeps;
-//  5. lifecycle: an upgrade and a CCM restart under traffic, a drain, a
+//  6. sourceranges-twotier: sourceRanges again, in two tiers;
+//  7. lifecycle: an upgrade and a CCM restart under traffic, a drain, a
 //     node joining, helm uninstall (clusterLifecycle).
 //
 // A scenario that fails stops the ones after it: each needs the cluster
@@ -76,8 +79,9 @@ func TestCluster(t *testing.T) {
 			return
 		}
 	}
-	// The lifecycle's drain would refuse a pod that no controller owns.
-	deleteClientPod(t, l)
+	if !t.Run("sourceranges", func(t *testing.T) { sourceRanges(t, l, vip) }) {
+		return
+	}
 	scenarios := []struct {
 		name string
 		run  func(t *testing.T)
@@ -90,6 +94,12 @@ func TestCluster(t *testing.T) {
 					return
 				}
 			}
+		}},
+		{"sourceranges-twotier", func(t *testing.T) {
+			sourceRanges(t, l, vip)
+			// The lifecycle's drain would refuse a pod that no
+			// controller owns.
+			deleteClientPod(t, l)
 		}},
 		{"lifecycle", func(t *testing.T) { clusterLifecycle(t, l, vip) }},
 	}
@@ -388,6 +398,48 @@ const clientPod = "client"
 func podGet(t *testing.T, l *lab.Lab, urls ...string) []string {
 	t.Helper()
 	ctx := t.Context()
+	get, p := inClientPod(t, l)
+	// kube-proxy's mode shows in the kernel before its first sync has
+	// programmed every Service: the GETs are tried again, as the
+	// NodePort's are, for up to 30 s (a pod started for them used to
+	// hide that wait in its own start), and a GET that fails throughout
+	// fails the test.
+	var answers []string
+	var last, firstFailure string
+	start := time.Now()
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		out, err := get(ctx, urls...)
+		if err != nil {
+			return false, err
+		}
+		last = out
+		answers = strings.Split(strings.TrimSpace(out), "\n")
+		ok := len(answers) == len(urls)
+		for _, a := range answers {
+			ok = ok && strings.HasPrefix(a, "web-")
+		}
+		if !ok && firstFailure == "" {
+			firstFailure = out
+		}
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("from pod %s on %s, GET %v did not answer within 30s (%v); last: %q", p.Name, p.Spec.NodeName, urls, err, last)
+	}
+	if firstFailure != "" {
+		t.Logf("from pod %s on %s, the GETs answered %s after the first try, which failed: %q", p.Name, p.Spec.NodeName, time.Since(start).Round(time.Second), firstFailure)
+	}
+	return answers
+}
+
+// inClientPod starts the client pod unless it runs and returns a function
+// that GETs urls from inside it (the backend binary's -get mode, run on the
+// pod's node in the namespace of the pod's container: see podGet), and the
+// pod. The function's output has a line per URL, the answer or the error;
+// its error is the node agent's, not a failed GET's.
+func inClientPod(t *testing.T, l *lab.Lab) (func(ctx context.Context, urls ...string) (string, error), *v1.Pod) {
+	t.Helper()
+	ctx := t.Context()
 	p := runClientPod(t, l)
 	var node *lab.Node
 	for _, n := range l.Nodes {
@@ -412,37 +464,9 @@ func podGet(t *testing.T, l *lab.Lab, urls ...string) []string {
 	if pid == "" {
 		t.Fatalf("client pod's container %s is not among the running tasks on %s:\n%s", id, node.Name, tasks)
 	}
-	// kube-proxy's mode shows in the kernel before its first sync has
-	// programmed every Service: the GETs are tried again, as the
-	// NodePort's are, for up to 30 s (a pod started for them used to
-	// hide that wait in its own start), and a GET that fails throughout
-	// fails the test.
-	var answers []string
-	var last, firstFailure string
-	start := time.Now()
-	err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		out, err := node.Exec(ctx, append([]string{"nsenter", "--target", pid, "--net", "/opt/vipcast/bin/lab-backend", "-get"}, urls...)...)
-		if err != nil {
-			return false, err
-		}
-		last = out
-		answers = strings.Split(strings.TrimSpace(out), "\n")
-		ok := len(answers) == len(urls)
-		for _, a := range answers {
-			ok = ok && strings.HasPrefix(a, "web-")
-		}
-		if !ok && firstFailure == "" {
-			firstFailure = out
-		}
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("from pod %s on %s, GET %v did not answer within 30s (%v); last: %q", p.Name, p.Spec.NodeName, urls, err, last)
-	}
-	if firstFailure != "" {
-		t.Logf("from pod %s on %s, the GETs answered %s after the first try, which failed: %q", p.Name, p.Spec.NodeName, time.Since(start).Round(time.Second), firstFailure)
-	}
-	return answers
+	return func(ctx context.Context, urls ...string) (string, error) {
+		return node.Exec(ctx, append([]string{"nsenter", "--target", pid, "--net", "/opt/vipcast/bin/lab-backend", "-get"}, urls...)...)
+	}, p
 }
 
 // runClientPod starts the client pod unless it runs, and returns it once
