@@ -65,9 +65,14 @@ func (f tier2Family) dataType() nftables.SetDatatype {
 // family's tunnel link ("": the family is off); mss is the clamp for TCP
 // segments from clients of each family (tunnel.go).
 func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string) error {
-	var sets [2]*nftables.Set
+	var sets, guards [2]*nftables.Set
+	var guarded [2]map[netip.Addr]struct{}
 	for i, fam := range tier2Families {
 		t := n.tables[i]
+		var err error
+		if guards[i], guarded[i], err = n.setupTunnelGuard(i, t); err != nil {
+			return err
+		}
 		if links[i] == "" {
 			n.queueRemoveTunnel(t)
 			continue
@@ -99,7 +104,7 @@ func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string) error {
 		}
 		return fmt.Errorf("nftables tables %s, two-tier chains: %w", snatTable, err)
 	}
-	n.tier2 = sets
+	n.tier2, n.guardSet, n.guardHave = sets, guards, guarded
 	return nil
 }
 
@@ -109,6 +114,7 @@ func (n *nftTables) removeTunnel() error {
 	found := false
 	for _, t := range n.tables {
 		found = n.queueRemoveTunnel(t) || found
+		found = n.queueRemoveTunnelGuard(t) || found
 	}
 	if !found {
 		return nil
@@ -116,7 +122,7 @@ func (n *nftTables) removeTunnel() error {
 	if err := n.conn.Flush(); err != nil {
 		return fmt.Errorf("nftables tables %s: delete the two-tier chains: %w", snatTable, err)
 	}
-	n.tier2 = [2]*nftables.Set{}
+	n.tier2, n.guardSet, n.guardHave = [2]*nftables.Set{}, [2]*nftables.Set{}, [2]map[netip.Addr]struct{}{}
 	return nil
 }
 

@@ -81,6 +81,10 @@ type nftTables struct {
 	restricted [2]*nftables.Set
 	sources    [2]*nftables.Set
 	tier2      [2]*nftables.Set // the two-tier dataplane's maps, once set up
+	// guardSet are the tunnel guard's sets of sources, once set up
+	// (tunnelguard.go); guardHave what they hold (nil: unknown).
+	guardSet  [2]*nftables.Set
+	guardHave [2]map[netip.Addr]struct{}
 	// slowPaths counts the batches that failed and were redone one element
 	// at a time (for tests: a batch should fail only on drift).
 	slowPaths int

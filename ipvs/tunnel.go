@@ -532,6 +532,22 @@ func (d *Dataplane) SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
 	return d.setTunnelRoutes(routes)
 }
 
+// SetTunnelSources makes the addresses the node takes tunnelled packets
+// from (IPIP, 6in4, IPv6 tunnels; tunnelguard.go) exactly addrs: every
+// node's addresses and tunnel addresses. Until the first call, and while
+// addrs is empty, the guard lets every source in.
+func (d *Dataplane) SetTunnelSources(addrs []netip.Addr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.tunnel {
+		if len(addrs) == 0 {
+			return nil
+		}
+		return errors.New("tunnel sources: the two-tier dataplane is off (Options.Tunnel)")
+	}
+	return d.nft.setTunnelSources(addrs)
+}
+
 // setTunnelRoutes is SetTunnelRoutes, also with the two-tier dataplane off
 // (Teardown: routes nil deletes every route it programmed).
 func (d *Dataplane) setTunnelRoutes(routes map[netip.Addr]netip.Addr) error {

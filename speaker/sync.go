@@ -130,6 +130,13 @@ type tunnelRouter interface {
 	SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error
 }
 
+// tunnelGuard is what the two-tier dataplane's tunnel guard needs: the
+// addresses tunnelled packets may come from; *ipvs.Dataplane implements
+// it.
+type tunnelGuard interface {
+	SetTunnelSources(addrs []netip.Addr) error
+}
+
 // syncPeerSetter is what the connection sync relay needs: the other
 // nodes' addresses; *ipvs.Dataplane implements it (without a relay its
 // SetSyncPeers does nothing).
@@ -168,6 +175,11 @@ func (c *Controller) syncTunnels(ctx context.Context, self string) (tunnels, tun
 	if err := tr.SetTunnelRoutes(routes); err != nil {
 		problems = append(problems, fmt.Sprintf("routes to the other nodes' tunnel addresses: %v", err))
 	}
+	if g, ok := c.opts.Dataplane.(tunnelGuard); ok {
+		if err := g.SetTunnelSources(tunnelSources(addrs, addrs6, tunnels, tunnels6)); err != nil {
+			problems = append(problems, fmt.Sprintf("sources of tunnelled packets: %v", err))
+		}
+	}
 	if sp, ok := c.opts.Dataplane.(syncPeerSetter); ok {
 		// The relay's peers: every other node's IPv4 InternalIP, as the
 		// relay listens on this node's.
@@ -182,6 +194,24 @@ func (c *Controller) syncTunnels(ctx context.Context, self string) (tunnels, tun
 	}
 	klog.FromContext(ctx).V(4).Info("Tunnel addresses", "nodes", len(tunnels), "ipv6", len(tunnels6), "routes", len(routes))
 	return tunnels, tunnels6, problems
+}
+
+// tunnelSources returns every address the nodes send tunnelled packets
+// from: their node addresses of both families (a node's tier 1 sends from
+// the address of its route to the other node's tunnel address, which goes
+// through that node's address of the family), and their tunnel addresses;
+// sorted, without duplicates.
+func tunnelSources(maps ...map[string]netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, m := range maps {
+		for _, a := range m {
+			if a.IsValid() {
+				out = append(out, a)
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 // syncDataplane programs every Service's virtual servers: with full, by a

@@ -1,0 +1,206 @@
+package ipvs
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// The tunnel guard: decapsulation only from the nodes.
+//
+// The kernel's fallback tunnel devices (tunl0, sit0, ip6tnl0) decapsulate
+// every IPIP, 6in4 or IPv6 tunnel packet addressed to any local address,
+// from any source, and tier 2 must take the packets off tunl0 with
+// reverse-path filtering off. Left alone, any host that reaches a node
+// address would inject packets with a forged source to VIPs, pods and
+// ClusterIPs (the CVE-2020-10136 class). So, with the two tiers on, each of
+// vipcast's tables holds a set "tunnel-sources" (the nodes' addresses and
+// tunnel addresses, from the speaker: SetTunnelSources) and a chain
+// "tunnel-guard" (type filter, hook input, priority filter - 10, before the
+// tunnel devices see the packet at its delivery) with the rules
+//
+//	iifname "vcloop1" accept
+//	meta l4proto { 4, 41 } ip saddr != @tunnel-sources counter drop
+//
+// (ip6: ip6 saddr). The loop's packets are the node's own tier 1 to itself.
+// Until the speaker has given the sources once, the set is empty and the
+// second rule is left out (a new table must not drop the tunnel's traffic
+// of the moment before the speaker knows the nodes); a restarted speaker
+// finds the set with its elements and keeps the rule. Calico and other
+// CNIs that tunnel IPIP between nodes send from the same node addresses.
+const (
+	tunnelSourcesSet = "tunnel-sources"
+	tunnelGuardChain = "tunnel-guard"
+)
+
+// setupTunnelGuard queues, in table t (family i), the set of tunnel
+// sources (kept with its elements when it exists) and the guard chain with
+// its rules, the drop rule only when the set has elements. It returns the
+// set and the sources it holds.
+func (n *nftTables) setupTunnelGuard(i int, t *nftables.Table) (*nftables.Set, map[netip.Addr]struct{}, error) {
+	addrType := tier2Families[i].addrType
+	have := map[netip.Addr]struct{}{}
+	set, err := n.conn.GetSetByName(t, tunnelSourcesSet)
+	if err == nil && set != nil && !set.IsMap && set.KeyType.Bytes == addrType.Bytes {
+		if have, err = n.readAddrs(set); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		if set != nil {
+			n.conn.DelSet(set)
+		}
+		set = &nftables.Set{Table: t, Name: tunnelSourcesSet, KeyType: addrType}
+		if err := n.conn.AddSet(set, nil); err != nil {
+			return nil, nil, fmt.Errorf("set %s %s: %w", familyName(t.Family), tunnelSourcesSet, err)
+		}
+	}
+	n.queueGuardRules(i, t, set, len(have) > 0)
+	return set, have, nil
+}
+
+// queueGuardRules queues the guard chain of table t (family i) with its
+// rules afresh: the drop rule only with guard.
+func (n *nftTables) queueGuardRules(i int, t *nftables.Table, set *nftables.Set, guard bool) {
+	accept := nftables.ChainPolicyAccept
+	ch := n.conn.AddChain(&nftables.Chain{
+		Name: tunnelGuardChain, Table: t, Type: nftables.ChainTypeFilter,
+		// Before tunnel-input (filter): the order among input chains of
+		// one priority is undefined.
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityRef(-10), Policy: &accept,
+	})
+	n.conn.FlushChain(ch)
+	n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(LoopPeer)},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}})
+	if !guard {
+		return
+	}
+	fam := tier2Families[i]
+	saddrOff := uint32(12)
+	if fam.addrLen == 16 {
+		saddrOff = 8
+	}
+	for _, proto := range []byte{unix.IPPROTO_IPIP, unix.IPPROTO_IPV6} {
+		n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: saddrOff, Len: fam.addrLen},
+			&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID, Invert: true},
+			&expr.Counter{},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}})
+	}
+}
+
+// queueRemoveTunnelGuard queues the deletion of table t's guard chain and
+// set, those it has, and reports whether it had any.
+func (n *nftTables) queueRemoveTunnelGuard(t *nftables.Table) bool {
+	found := false
+	if ch, err := n.conn.ListChain(t, tunnelGuardChain); err == nil && ch != nil {
+		n.conn.DelChain(ch)
+		found = true
+	}
+	if set, err := n.conn.GetSetByName(t, tunnelSourcesSet); err == nil && set != nil {
+		n.conn.DelSet(set)
+		found = true
+	}
+	return found
+}
+
+// setTunnelSources makes each family's set of tunnel sources exactly the
+// addresses of that family in addrs, with the guard's drop rule in force
+// whenever the set is not empty, in one transaction.
+func (n *nftTables) setTunnelSources(addrs []netip.Addr) error {
+	var want [2]map[netip.Addr]struct{}
+	for i := range want {
+		want[i] = map[netip.Addr]struct{}{}
+	}
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !a.IsValid() || a.IsUnspecified() {
+			continue
+		}
+		want[famIndex(a)][a] = struct{}{}
+	}
+	changed := false
+	for i, t := range n.tables {
+		set := n.guardSet[i]
+		if set == nil {
+			continue
+		}
+		if n.guardHave[i] == nil {
+			have, err := n.readAddrs(set)
+			if err != nil {
+				return err
+			}
+			n.guardHave[i] = have
+		}
+		have := n.guardHave[i]
+		add, del := missing(want[i], have), missing(have, want[i])
+		if len(add) == 0 && len(del) == 0 {
+			continue
+		}
+		changed = true
+		slices.SortFunc(add, netip.Addr.Compare)
+		slices.SortFunc(del, netip.Addr.Compare)
+		if err := queueElements(n.conn.SetAddElements, set, addrElements(add)); err != nil {
+			return err
+		}
+		if err := queueElements(n.conn.SetDeleteElements, set, addrElements(del)); err != nil {
+			return err
+		}
+		if (len(have) > 0) != (len(want[i]) > 0) {
+			n.queueGuardRules(i, t, set, len(want[i]) > 0)
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := n.conn.Flush(); err != nil {
+		// What the sets hold is unknown now: the next call reads them.
+		n.guardHave = [2]map[netip.Addr]struct{}{}
+		return fmt.Errorf("nftables tables %s: tunnel sources: %w", snatTable, err)
+	}
+	for i := range n.guardHave {
+		if n.guardSet[i] != nil {
+			n.guardHave[i] = want[i]
+		}
+	}
+	return nil
+}
+
+// readAddrs reads the addresses in set.
+func (n *nftTables) readAddrs(set *nftables.Set) (map[netip.Addr]struct{}, error) {
+	els, err := n.conn.GetSetElements(set)
+	if err != nil {
+		return nil, fmt.Errorf("nftables set %s %s: %w", familyName(set.Table.Family), set.Name, err)
+	}
+	out := make(map[netip.Addr]struct{}, len(els))
+	for _, e := range els {
+		if a, ok := netip.AddrFromSlice(e.Key); ok {
+			out[a] = struct{}{}
+		}
+	}
+	return out, nil
+}
+
+func famIndex(a netip.Addr) int {
+	if a.Is4() {
+		return 0
+	}
+	return 1
+}
+
+func addrElements(addrs []netip.Addr) []nftables.SetElement {
+	out := make([]nftables.SetElement, len(addrs))
+	for i, a := range addrs {
+		out[i] = nftables.SetElement{Key: a.AsSlice()}
+	}
+	return out
+}
