@@ -162,7 +162,7 @@ func isDefault(n *net.IPNet) bool {
 // dataplane that needs privilege: it loads the ipip module (tunl0
 // appears) and, on a node with IPv6, the sit and ip6_tunnel modules (sit0,
 // ip6tnl0), creates the loop, and sets the sysctls (sloppy_tcp and
-// sloppy_sctp, accept_local and IPv6 on the loop, reverse-path filtering
+// sloppy_sctp, drop_entry, accept_local and IPv6 on the loop, reverse-path filtering
 // off on tunl0 and the loop). It is the work of the chart's privileged init
 // container (vipcast-speaker prepare-node --tunnel); a speaker without
 // write access to /proc/sys then finds the sysctls set. New with
@@ -216,6 +216,14 @@ func prepareTunnel(nh *netlink.Handle) (p prepared, err error) {
 	for _, s := range []struct{ name, value string }{
 		{"net/ipv4/vs/sloppy_tcp", "1"},
 		{"net/ipv4/vs/sloppy_sctp", "1"},
+		// sloppy_tcp lets a lone ACK, spoofed or not, create an entry in
+		// state ESTABLISHED (15 minutes), which connection sync copies to
+		// every node. drop_entry in its automatic mode: while the node's
+		// available memory is below net.ipv4.vs.amemthresh (1,024 pages
+		// unless set), IPVS drops, a thirty-second of the table each
+		// second, the entries older than a minute that carried few
+		// packets, a lone ACK's first.
+		{"net/ipv4/vs/drop_entry", "1"},
 		// The loop's packets come from one of the node's own addresses.
 		{"net/ipv4/conf/" + LoopPeer + "/accept_local", "1"},
 	} {

@@ -71,6 +71,7 @@ func TestKernelTwoTier(t *testing.T) {
 	wantTunnelRoutes(t, h, loopOut, self)
 	for name, want := range map[string]string{
 		"net/ipv4/vs/sloppy_tcp":                      "1",
+		"net/ipv4/vs/drop_entry":                      "1",
 		"net/ipv4/conf/" + LoopPeer + "/accept_local": "1",
 		"net/ipv4/conf/" + LoopPeer + "/rp_filter":    "0",
 		"net/ipv4/conf/" + TunnelLink + "/rp_filter":  "0",
