@@ -7,7 +7,7 @@ import (
 	"slices"
 	"sync"
 
-	api "github.com/osrg/gobgp/v3/api"
+	api "github.com/osrg/gobgp/v4/api"
 
 	"github.com/vipcast/vipcast/bfd"
 )
