@@ -72,13 +72,15 @@ func TestSpeakerMalformedUpdates(t *testing.T) {
 	t.Logf("advisories: %d sent, session kept after %d, reset after %d", res.Sent, res.Kept, res.Reset)
 
 	start := time.Now()
-	res = atk.Attack(t, tgt.Fuzzed(7606, 200), bgptest.AttackRun{
-		Settle: 150 * time.Millisecond, Reconnect: 15 * time.Second, Budget: 90 * time.Second, Check: alive,
+	// bgp/'s TestMalformedUpdates sends the larger corpus; this one checks
+	// the binary with fewer (each session reset costs gobgp's ~7 s).
+	res = atk.Attack(t, tgt.Fuzzed(7606, 150), bgptest.AttackRun{
+		Settle: 150 * time.Millisecond, Reconnect: 15 * time.Second, Budget: time.Minute, Check: alive,
 	})
 	t.Logf("fuzzed corpus (seed 7606): %d sent in %s, session kept after %d, reset after %d",
 		res.Sent, time.Since(start).Round(time.Second), res.Kept, res.Reset)
-	if res.Sent < 60 {
-		t.Errorf("only %d fuzzed UPDATEs sent within the budget, want at least 60", res.Sent)
+	if res.Sent < 50 {
+		t.Errorf("only %d fuzzed UPDATEs sent within the budget, want at least 50", res.Sent)
 	}
 	if err := atk.WaitEstablished(15 * time.Second); err != nil {
 		t.Fatal(err)
