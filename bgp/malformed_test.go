@@ -51,12 +51,15 @@ func TestMalformedUpdates(t *testing.T) {
 	}
 	frrSession := func() (bgp.SessionState, error) {
 		sessions, err := s.Sessions(ctxT())
+		if err != nil {
+			return bgp.SessionState{}, err
+		}
 		for _, ss := range sessions {
 			if ss.Peer == "frr" {
-				return ss, err
+				return ss, nil
 			}
 		}
-		return bgp.SessionState{}, fmt.Errorf("no session with FRR in %+v (%v)", sessions, err)
+		return bgp.SessionState{}, fmt.Errorf("no session with FRR in %+v", sessions)
 	}
 	ours, err := frrSession()
 	if err != nil {
