@@ -7,7 +7,7 @@ import (
 	"slices"
 	"sync"
 
-	api "github.com/osrg/gobgp/v3/api"
+	api "github.com/osrg/gobgp/v4/api"
 
 	"github.com/vipcast/vipcast/bfd"
 )
@@ -102,7 +102,8 @@ func (g *GoBGP) bfdLoop(ctx context.Context) {
 // (went from Up to Down, not by the router's AdminDown nor its reset of
 // the BFD session), at once, with a
 // Cease "Administrative Reset" carrying the reason; gobgp reopens it after
-// a second, and it comes back when the path does. Every change is reported
+// a second's idle hold and its connection wait (2.5–3 s in all), and it
+// comes back when the path does. Every change is reported
 // through OnSessionChange.
 func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 	g.mu.Lock()

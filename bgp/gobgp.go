@@ -10,8 +10,8 @@ import (
 	"sync"
 	"time"
 
-	api "github.com/osrg/gobgp/v3/api"
-	"github.com/osrg/gobgp/v3/pkg/server"
+	api "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/server"
 	"k8s.io/klog/v2"
 
 	"github.com/vipcast/vipcast/bfd"
@@ -23,7 +23,10 @@ import (
 const DefaultASN = 64512
 
 // connectRetry is the interval, in seconds, between connection attempts
-// to a router; gobgp waits between one and two intervals.
+// to a router. gobgp raises it to its floor of 2 s and waits 75–100% of
+// that before each attempt; after a session reset it first holds the
+// session Idle for 5 s (1 s after an administrative reset, see
+// IdleHoldTimeAfterReset).
 const connectRetry = 1
 
 // DefaultPrefixLimitRestart is Config.PrefixLimitRestart when unset.
@@ -45,18 +48,14 @@ type Config struct {
 	// minutes (see prefixLimitRestart). 0 means DefaultPrefixLimitRestart.
 	// gobgp alone would never reopen such a session.
 	PrefixLimitRestart time.Duration
-	// Logger receives gobgp's logs (gobgp Debug at V(4), Info at V(2)).
+	// Logger receives gobgp's logs (gobgp Debug at V(4), Info at V(2),
+	// Warn at V(0)).
 	Logger klog.Logger
 	// OnSessionChange, when set, is called on every session state change,
 	// from one goroutine, in order. It may call GoBGP's methods (gobgp
 	// queues events without bound, so a slow callback delays only later
 	// callbacks).
 	OnSessionChange func(SessionState)
-	// Exit ends the process when gobgp reports a fatal error or one of
-	// its "code logic bug" panics, whose paths gobgp does not expect to
-	// survive; a restarted speaker (the DaemonSet restarts it) is in a
-	// known state, a continued one is not. Nil means klog.FlushAndExit.
-	Exit func(code int)
 }
 
 // GoBGP is a Speaker backed by an embedded gobgp server. It accepts no
@@ -127,18 +126,16 @@ func New(cfg Config) (*GoBGP, error) {
 	if port <= 0 {
 		port = -1
 	}
-	exit := cfg.Exit
-	if exit == nil {
-		exit = func(code int) { klog.FlushAndExit(klog.ExitFlushTimeout, code) }
-	}
 	restart := cfg.PrefixLimitRestart
 	if restart <= 0 {
 		restart = DefaultPrefixLimitRestart
 	}
-	glog := newGobgpLogger(cfg.Logger, exit)
+	glog := newGobgpLogger(cfg.Logger)
 	g := &GoBGP{
-		restart:   restart,
-		srv:       server.NewBgpServer(server.LoggerOption(glog)),
+		restart: restart,
+		// No level variable: gobgp's SetLogLevel (a gRPC call vipcast
+		// does not serve) has nothing to change, klog's -v decides.
+		srv:       server.NewBgpServer(server.LoggerOption(glog.slog(), nil)),
 		log:       cfg.Logger,
 		glog:      glog,
 		onChange:  cfg.OnSessionChange,
@@ -165,7 +162,7 @@ func New(cfg Config) (*GoBGP, error) {
 		g.shutdown()
 		return nil, err
 	}
-	if err := g.srv.WatchEvent(ctx, &api.WatchEventRequest{Peer: &api.WatchEventRequest_Peer{}}, g.onEvent); err != nil {
+	if err := g.srv.WatchEvent(ctx, server.WatchEventMessageCallbacks{OnPeerUpdate: g.onPeerEvent}, server.WatchPeer()); err != nil {
 		g.shutdown()
 		return nil, fmt.Errorf("watch gobgp peer events: %w", err)
 	}
@@ -286,7 +283,8 @@ func (g *GoBGP) openSessions(ctx context.Context, adds []peerAdd) error {
 // notification even with graceful restart; only a session lost without
 // one (a crash, a cut link) leaves them stale for RestartTime.
 //
-// gobgp's Serve goroutine cannot be stopped: it stays, idle, after Stop.
+// gobgp's BFD server, which vipcast does not use (see toAPIPeer), leaves
+// one idle goroutine behind.
 func (g *GoBGP) Stop(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -392,6 +390,13 @@ func peerEqual(a, b *Peer) bool {
 func (p *Peer) hasFamily(f Family) bool { return slices.Contains(p.Families, f) }
 
 // toAPIPeer converts p to gobgp's neighbor configuration.
+//
+// Two settings are gobgp's defaults for every neighbor added through its
+// API, and the API has no field to change them: RFC 7606 error handling
+// (treat-as-withdraw: an UPDATE with a malformed attribute withdraws its
+// NLRI, or the attribute is discarded, instead of resetting the session;
+// TestTreatAsWithdraw pins it), and no BFD. vipcast runs its own BFD (see
+// bfd.go): Bfd stays nil, so gobgp's BFD server never opens a socket.
 func toAPIPeer(p *Peer) *api.Peer {
 	// normalizePeers refused negative durations.
 	hold := uint64(p.HoldTime / time.Second)           //nolint:gosec // not negative

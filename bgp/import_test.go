@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
-	api "github.com/osrg/gobgp/v3/api"
+	api "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/vipcast/vipcast/test/routers"
@@ -60,22 +62,19 @@ func TestImportReject(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	for _, fam := range []*api.Family{
-		{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST},
-		{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST},
-	} {
+	for _, fam := range []gobgp.Family{gobgp.RF_IPv4_UC, gobgp.RF_IPv6_UC} {
 		var got []string
-		if err := g.srv.ListPath(ctx, &api.ListPathRequest{TableType: api.TableType_GLOBAL, Family: fam}, func(d *api.Destination) {
-			got = append(got, d.Prefix)
+		if err := g.srv.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: fam}, func(p gobgp.NLRI, _ []*apiutil.Path) {
+			got = append(got, p.String())
 		}); err != nil {
 			t.Fatal(err)
 		}
 		want := 0
-		if fam.Afi == api.Family_AFI_IP {
+		if fam == gobgp.RF_IPv4_UC {
 			want = 1
 		}
 		if len(got) != want || (want == 1 && got[0] != local.String()) {
-			t.Errorf("gobgp global RIB %v = %v, want only the local route", fam.Afi, got)
+			t.Errorf("gobgp global RIB %v = %v, want only the local route", fam, got)
 		}
 	}
 	// b gets the local route but none of a's.

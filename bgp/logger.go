@@ -1,30 +1,35 @@
 package bgp
 
 import (
-	"fmt"
+	"context"
+	"log/slog"
 	"sync"
 
-	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
 	"k8s.io/klog/v2"
 )
 
-// gobgpLogger adapts gobgp's logger to klog structured logging (gobgp
-// Debug → V(4), Info → V(2)) and remembers, per neighbor address, the last
-// message explaining why a session failed: gobgp's API exposes no such
-// reason, only its logs do.
+// gobgpLogger adapts gobgp's slog logging to klog structured logging
+// (gobgp Debug → V(4), Info → V(2), Warn → V(0), Error → an error) and
+// remembers, per neighbor address, the last message explaining why a
+// session could not come up: gobgp's peer events say why a session went
+// down, but only its logs say why a connection attempt failed.
+//
+// gobgp v4 has no fatal or panic level: the paths v3 logged at those
+// levels (and after which vipcast exited) log errors and go on, some of
+// them reachable from a peer's UPDATE. Nothing here ends the process.
 type gobgpLogger struct {
-	log  klog.Logger
-	exit func(code int) // called after Panic and Fatal
+	log klog.Logger
 
 	mu      sync.Mutex
 	reasons map[string]string // neighbor address → last failure reason
 }
 
-var _ gobgplog.Logger = (*gobgpLogger)(nil)
-
-func newGobgpLogger(l klog.Logger, exit func(code int)) *gobgpLogger {
-	return &gobgpLogger{log: l.WithName("gobgp"), exit: exit, reasons: map[string]string{}}
+func newGobgpLogger(l klog.Logger) *gobgpLogger {
+	return &gobgpLogger{log: l.WithName("gobgp"), reasons: map[string]string{}}
 }
+
+// slog returns the *slog.Logger to give gobgp.
+func (l *gobgpLogger) slog() *slog.Logger { return slog.New(&gobgpHandler{l: l}) }
 
 // reason returns the last failure reason recorded for a neighbor address.
 func (l *gobgpLogger) reason(addr string) string {
@@ -40,117 +45,140 @@ func (l *gobgpLogger) clearReason(addr string) {
 	delete(l.reasons, addr)
 }
 
-// observe records a failure reason from the gobgp log messages that carry one.
-func (l *gobgpLogger) observe(msg string, fields gobgplog.Fields) {
-	key, _ := fields["Key"].(string)
+// setReason records reason for addr and reports whether it changed.
+func (l *gobgpLogger) setReason(addr, reason string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	changed := l.reasons[addr] != reason
+	l.reasons[addr] = reason
+	return changed
+}
+
+// notFailures are the reasons gobgp gives for state changes that are
+// progress, or its own retry, rather than a failure.
+var notFailures = map[string]bool{
+	"": true, "<nil>": true, "idle-hold-timer-expired": true, "new-connection": true,
+	"open-msg-received": true, "open-msg-negotiated": true,
+}
+
+// observe records a failure reason from the gobgp log messages that carry
+// one; attrs holds the record's attributes as strings, gobgp's per-peer
+// "Key" (the neighbor address) among them.
+func (l *gobgpLogger) observe(msg string, attrs map[string]string) {
+	key := attrs["Key"]
 	if key == "" {
 		return
 	}
 	var reason string
 	switch msg {
 	case "Peer Down":
-		reason = fmt.Sprint(fields["Reason"])
+		reason = attrs["Reason"]
 	case "failed to connect":
-		reason = fmt.Sprint(fields["Error"])
+		reason = attrs["Error"]
 	case "state changed":
 		// Only transitions away from progress carry a failure reason.
-		switch fields["new"] {
+		switch attrs["new"] {
 		case "BGP_FSM_IDLE", "BGP_FSM_ACTIVE", "BGP_FSM_CONNECT":
 		default:
 			return
 		}
-		r := fields["reason"]
-		if r == nil {
-			return
-		}
-		reason = fmt.Sprint(r)
-		switch reason {
-		case "<nil>", "", "idle-hold-timer-expired", "new-connection", "open-msg-received", "open-msg-negotiated":
-			// Not a failure.
-			return
-		}
+		reason = attrs["reason"]
 	default:
 		return
 	}
-	l.mu.Lock()
-	changed := l.reasons[key] != reason
-	l.reasons[key] = reason
-	l.mu.Unlock()
+	if notFailures[reason] {
+		return
+	}
 	// A session that never comes up stays Active without a state change:
 	// gobgp retries quietly (its "failed to connect" is a debug message).
 	// Say it once per distinct error, at the default verbosity.
-	if msg == "failed to connect" && changed {
+	if l.setReason(key, reason) && msg == "failed to connect" {
 		l.log.Info("Cannot connect to BGP peer; retrying", "peer", key, "error", reason)
 	}
 }
 
-func (l *gobgpLogger) kv(fields gobgplog.Fields) []any {
-	kv := make([]any, 0, 2*len(fields))
-	for k, v := range fields {
-		kv = append(kv, k, v)
+// gobgpHandler is the slog.Handler of a gobgpLogger, with the attributes
+// and group gobgp's logger.With and WithGroup added.
+type gobgpHandler struct {
+	l      *gobgpLogger
+	attrs  []slog.Attr // qualified by their groups already
+	prefix string      // the open groups, "a.b."
+}
+
+var _ slog.Handler = (*gobgpHandler)(nil)
+
+// Enabled reports every level enabled: gobgp's debug messages explain
+// connection failures (see observe), and klog's verbosity filters what is
+// written.
+func (h *gobgpHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+// WithAttrs returns a handler that adds attrs to every record.
+func (h *gobgpHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	n := *h
+	n.attrs = append(append([]slog.Attr(nil), h.attrs...), qualify(h.prefix, attrs)...)
+	return &n
+}
+
+// WithGroup returns a handler whose later attributes are in group name.
+func (h *gobgpHandler) WithGroup(name string) slog.Handler {
+	if name == "" {
+		return h
 	}
-	return kv
+	n := *h
+	n.prefix = h.prefix + name + "."
+	return &n
 }
 
-// Panic logs msg as an error and ends the process: gobgp calls it on its
-// "code logic bug" paths, after which its state is not to be trusted.
-func (l *gobgpLogger) Panic(msg string, fields gobgplog.Fields) {
-	l.die(msg, fields)
+// qualify prefixes the keys of attrs with prefix, flattening groups.
+func qualify(prefix string, attrs []slog.Attr) []slog.Attr {
+	out := make([]slog.Attr, 0, len(attrs))
+	for _, a := range attrs {
+		v := a.Value.Resolve()
+		if v.Kind() == slog.KindGroup {
+			p := prefix
+			if a.Key != "" {
+				p += a.Key + "."
+			}
+			out = append(out, qualify(p, v.Group())...)
+			continue
+		}
+		out = append(out, slog.Attr{Key: prefix + a.Key, Value: v})
+	}
+	return out
 }
 
-// Fatal logs msg as an error and ends the process, as gobgp expects.
-func (l *gobgpLogger) Fatal(msg string, fields gobgplog.Fields) {
-	l.die(msg, fields)
-}
-
-// die logs gobgp's message and exits with status 1, so that the DaemonSet
-// restarts the speaker in a known state.
-func (l *gobgpLogger) die(msg string, fields gobgplog.Fields) {
-	l.log.Error(nil, "gobgp failed; exiting so that the speaker restarts in a known state", append([]any{"gobgpMessage", msg}, l.kv(fields)...)...)
-	l.exit(1)
-}
-
-// Error logs msg as an error.
-func (l *gobgpLogger) Error(msg string, fields gobgplog.Fields) {
-	l.observe(msg, fields)
-	l.log.Error(nil, msg, l.kv(fields)...)
-}
-
-// Warn logs msg at verbosity 0 (klog has no warning level), except
-// gobgp's "prefix limit reached", which it repeats for every UPDATE
-// already queued when the limit trips (hundreds per shutdown): the
+// Handle writes r to klog at the verbosity of its level, after observing
+// it for failure reasons. gobgp repeats "prefix limit reached" for every
+// UPDATE already queued when the limit trips (hundreds per shutdown): the
 // speaker logs the shutdown once, clearly (prefixLimitShutdown), and
 // gobgp's lines go to verbosity 2.
-func (l *gobgpLogger) Warn(msg string, fields gobgplog.Fields) {
-	l.observe(msg, fields)
-	if msg == "prefix limit reached" {
-		if v := l.log.V(2); v.Enabled() {
-			v.Info(msg, l.kv(fields)...)
+func (h *gobgpHandler) Handle(_ context.Context, r slog.Record) error {
+	attrs := append([]slog.Attr(nil), h.attrs...)
+	r.Attrs(func(a slog.Attr) bool {
+		attrs = append(attrs, qualify(h.prefix, []slog.Attr{a})...)
+		return true
+	})
+	strs := make(map[string]string, len(attrs))
+	kv := make([]any, 0, 2*len(attrs))
+	for _, a := range attrs {
+		strs[a.Key] = a.Value.String()
+		kv = append(kv, a.Key, a.Value.Any())
+	}
+	h.l.observe(r.Message, strs)
+	log := h.l.log
+	switch {
+	case r.Level >= slog.LevelError:
+		log.Error(nil, r.Message, kv...)
+	case r.Level >= slog.LevelWarn && r.Message != "prefix limit reached":
+		log.Info(r.Message, kv...)
+	case r.Level >= slog.LevelWarn, r.Level >= slog.LevelInfo:
+		if v := log.V(2); v.Enabled() {
+			v.Info(r.Message, kv...)
 		}
-		return
+	default:
+		if v := log.V(4); v.Enabled() {
+			v.Info(r.Message, kv...)
+		}
 	}
-	l.log.Info(msg, l.kv(fields)...)
+	return nil
 }
-
-// Info logs msg at verbosity 2.
-func (l *gobgpLogger) Info(msg string, fields gobgplog.Fields) {
-	l.observe(msg, fields)
-	if v := l.log.V(2); v.Enabled() {
-		v.Info(msg, l.kv(fields)...)
-	}
-}
-
-// Debug logs msg at verbosity 4.
-func (l *gobgpLogger) Debug(msg string, fields gobgplog.Fields) {
-	l.observe(msg, fields)
-	if v := l.log.V(4); v.Enabled() {
-		v.Info(msg, l.kv(fields)...)
-	}
-}
-
-// SetLevel is ignored: klog's verbosity decides what is written.
-func (l *gobgpLogger) SetLevel(gobgplog.LogLevel) {}
-
-// GetLevel returns DebugLevel so that gobgp emits the debug messages that
-// explain connection failures; klog's verbosity filters what is written.
-func (l *gobgpLogger) GetLevel() gobgplog.LogLevel { return gobgplog.DebugLevel }

@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"slices"
 
-	api "github.com/osrg/gobgp/v3/api"
+	api "github.com/osrg/gobgp/v4/api"
 )
 
 // gobgp only allows per-neighbor policies on route-server clients, which
@@ -43,7 +43,7 @@ func filterFor(peer string) filterNames {
 // address, so a neighbor-set match on 0.0.0.0/0 and ::/0 skips them.
 func (g *GoBGP) rejectImports(ctx context.Context) error {
 	if err := g.srv.AddDefinedSet(ctx, &api.AddDefinedSetRequest{DefinedSet: &api.DefinedSet{
-		DefinedType: api.DefinedType_NEIGHBOR, Name: anyNeighborSet, List: []string{"0.0.0.0/0", "::/0"},
+		DefinedType: api.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: anyNeighborSet, List: []string{"0.0.0.0/0", "::/0"},
 	}}); err != nil {
 		return fmt.Errorf("add neighbor set %s: %w", anyNeighborSet, err)
 	}
@@ -51,17 +51,17 @@ func (g *GoBGP) rejectImports(ctx context.Context) error {
 		Name: rejectImportsPo,
 		Statements: []*api.Statement{{
 			Name:       rejectImportsPo,
-			Conditions: &api.Conditions{NeighborSet: &api.MatchSet{Type: api.MatchSet_ANY, Name: anyNeighborSet}},
-			Actions:    &api.Actions{RouteAction: api.RouteAction_REJECT},
+			Conditions: &api.Conditions{NeighborSet: &api.MatchSet{Type: api.MatchSet_TYPE_ANY, Name: anyNeighborSet}},
+			Actions:    &api.Actions{RouteAction: api.RouteAction_ROUTE_ACTION_REJECT},
 		}},
 	}}); err != nil {
 		return fmt.Errorf("add policy %s: %w", rejectImportsPo, err)
 	}
 	if err := g.srv.SetPolicyAssignment(ctx, &api.SetPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
 		Name:          globalTable,
-		Direction:     api.PolicyDirection_IMPORT,
+		Direction:     api.PolicyDirection_POLICY_DIRECTION_IMPORT,
 		Policies:      []*api.Policy{{Name: rejectImportsPo}},
-		DefaultAction: api.RouteAction_ACCEPT,
+		DefaultAction: api.RouteAction_ROUTE_ACTION_ACCEPT,
 	}}); err != nil {
 		return fmt.Errorf("assign import policy: %w", err)
 	}
@@ -100,7 +100,7 @@ func denied(r *Route, peer string) bool {
 }
 
 func prefixSet(name string, prefixes []netip.Prefix) *api.DefinedSet {
-	ds := &api.DefinedSet{DefinedType: api.DefinedType_PREFIX, Name: name}
+	ds := &api.DefinedSet{DefinedType: api.DefinedType_DEFINED_TYPE_PREFIX, Name: name}
 	for _, p := range prefixes {
 		ds.Prefixes = append(ds.Prefixes, &api.Prefix{
 			IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(p.Bits()), //nolint:gosec // a valid prefix's length is 0-128
@@ -115,7 +115,7 @@ func (g *GoBGP) addPeerFilter(ctx context.Context, p *Peer, deny []netip.Prefix)
 	n := filterFor(p.Name)
 	v4, v6 := splitFamilies(deny)
 	sets := []*api.DefinedSet{
-		{DefinedType: api.DefinedType_NEIGHBOR, Name: n.neighbors,
+		{DefinedType: api.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: n.neighbors,
 			List: []string{netip.PrefixFrom(p.Address, p.Address.BitLen()).String()}},
 		prefixSet(n.deny4, v4),
 		prefixSet(n.deny6, v6),
@@ -129,10 +129,10 @@ func (g *GoBGP) addPeerFilter(ctx context.Context, p *Peer, deny []netip.Prefix)
 		return &api.Statement{
 			Name: n.policy + suffix,
 			Conditions: &api.Conditions{
-				PrefixSet:   &api.MatchSet{Type: api.MatchSet_ANY, Name: set},
-				NeighborSet: &api.MatchSet{Type: api.MatchSet_ANY, Name: n.neighbors},
+				PrefixSet:   &api.MatchSet{Type: api.MatchSet_TYPE_ANY, Name: set},
+				NeighborSet: &api.MatchSet{Type: api.MatchSet_TYPE_ANY, Name: n.neighbors},
 			},
-			Actions: &api.Actions{RouteAction: api.RouteAction_REJECT},
+			Actions: &api.Actions{RouteAction: api.RouteAction_ROUTE_ACTION_REJECT},
 		}
 	}
 	if err := g.srv.AddPolicy(ctx, &api.AddPolicyRequest{Policy: &api.Policy{
@@ -152,9 +152,9 @@ func (g *GoBGP) deletePeerFilter(ctx context.Context, p *Peer) error {
 		return fmt.Errorf("delete policy %s: %w", n.policy, err)
 	}
 	for _, ds := range []*api.DefinedSet{
-		{DefinedType: api.DefinedType_NEIGHBOR, Name: n.neighbors},
-		{DefinedType: api.DefinedType_PREFIX, Name: n.deny4},
-		{DefinedType: api.DefinedType_PREFIX, Name: n.deny6},
+		{DefinedType: api.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: n.neighbors},
+		{DefinedType: api.DefinedType_DEFINED_TYPE_PREFIX, Name: n.deny4},
+		{DefinedType: api.DefinedType_DEFINED_TYPE_PREFIX, Name: n.deny6},
 	} {
 		if err := g.srv.DeleteDefinedSet(ctx, &api.DeleteDefinedSetRequest{DefinedSet: ds, All: true}); err != nil {
 			return fmt.Errorf("delete defined set %s: %w", ds.Name, err)
@@ -173,9 +173,9 @@ func (g *GoBGP) assignExport(ctx context.Context, names []string) error {
 	}
 	if err := g.srv.SetPolicyAssignment(ctx, &api.SetPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
 		Name:          globalTable,
-		Direction:     api.PolicyDirection_EXPORT,
+		Direction:     api.PolicyDirection_POLICY_DIRECTION_EXPORT,
 		Policies:      policies,
-		DefaultAction: api.RouteAction_ACCEPT,
+		DefaultAction: api.RouteAction_ROUTE_ACTION_ACCEPT,
 	}}); err != nil {
 		return fmt.Errorf("assign export policies: %w", err)
 	}

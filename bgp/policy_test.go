@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	api "github.com/osrg/gobgp/v3/api"
+	api "github.com/osrg/gobgp/v4/api"
 	"k8s.io/klog/v2/ktesting"
 )
 
@@ -15,7 +15,7 @@ func denySet(t *testing.T, g *GoBGP, peer string) []string {
 	t.Helper()
 	var out []string
 	if err := g.srv.ListDefinedSet(context.Background(), &api.ListDefinedSetRequest{
-		DefinedType: api.DefinedType_PREFIX, Name: filterFor(peer).deny4,
+		DefinedType: api.DefinedType_DEFINED_TYPE_PREFIX, Name: filterFor(peer).deny4,
 	}, func(ds *api.DefinedSet) {
 		for _, p := range ds.Prefixes {
 			out = append(out, p.IpPrefix)

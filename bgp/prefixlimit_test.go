@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
-	api "github.com/osrg/gobgp/v3/api"
+	api "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/klog/v2/ktesting"
 
@@ -183,8 +185,8 @@ func waitOwnRoute(t *testing.T, frr *routers.FRR, bird *routers.BIRD, self netip
 func assertOnlyOwnPaths(t *testing.T, g *GoBGP, own netip.Prefix) {
 	t.Helper()
 	var got []string
-	if err := g.srv.ListPath(context.Background(), &api.ListPathRequest{TableType: api.TableType_GLOBAL,
-		Family: apiFamily(IPv4Unicast)}, func(d *api.Destination) { got = append(got, d.Prefix) }); err != nil {
+	if err := g.srv.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: gobgp.RF_IPv4_UC},
+		func(p gobgp.NLRI, _ []*apiutil.Path) { got = append(got, p.String()) }); err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || got[0] != own.String() {

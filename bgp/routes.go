@@ -8,9 +8,9 @@ import (
 	"slices"
 	"time"
 
-	api "github.com/osrg/gobgp/v3/api"
-	"github.com/osrg/gobgp/v3/pkg/apiutil"
-	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
+	api "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 )
 
 // Apply withdraws the prefixes in withdraw and announces the routes in
@@ -96,7 +96,7 @@ func (g *GoBGP) executeRoutes(ctx context.Context, p routePlan) error {
 		if !ok {
 			return fmt.Errorf("soft reset out %s: no such peer", name)
 		}
-		if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: peer.Address.String(), Soft: true, Direction: api.ResetPeerRequest_OUT}); err != nil {
+		if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: peer.Address.String(), Soft: true, Direction: api.ResetPeerRequest_DIRECTION_OUT}); err != nil {
 			return fmt.Errorf("soft reset out %s: %w", name, err)
 		}
 	}
@@ -113,7 +113,7 @@ func (g *GoBGP) resyncFilters(ctx context.Context) error {
 		v4, v6 := splitFamilies(deniedPrefixes(g.routes, name))
 		for _, want := range []*api.DefinedSet{prefixSet(n.deny4, v4), prefixSet(n.deny6, v6)} {
 			var have *api.DefinedSet
-			err := g.srv.ListDefinedSet(ctx, &api.ListDefinedSetRequest{DefinedType: api.DefinedType_PREFIX, Name: want.Name},
+			err := g.srv.ListDefinedSet(ctx, &api.ListDefinedSetRequest{DefinedType: api.DefinedType_DEFINED_TYPE_PREFIX, Name: want.Name},
 				func(ds *api.DefinedSet) { have = ds })
 			if err == nil && have != nil && len(have.Prefixes) > 0 {
 				err = g.srv.DeleteDefinedSet(ctx, &api.DeleteDefinedSetRequest{DefinedSet: have})
@@ -135,7 +135,12 @@ func (g *GoBGP) addPath(ctx context.Context, r *Route) error {
 	if err != nil {
 		return err
 	}
-	if _, err := g.srv.AddPath(ctx, &api.AddPathRequest{TableType: api.TableType_GLOBAL, Path: path}); err != nil {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("announce %s: %w", r.Prefix, err)
+	}
+	// gobgp's native AddPath takes no context: it returns once its
+	// server loop has taken the path.
+	if _, err := g.srv.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{path}}); err != nil {
 		return fmt.Errorf("announce %s: %w", r.Prefix, err)
 	}
 	return nil
@@ -147,7 +152,10 @@ func (g *GoBGP) deletePath(ctx context.Context, r *Route) error {
 	if err != nil {
 		return err
 	}
-	if err := g.srv.DeletePath(ctx, &api.DeletePathRequest{TableType: api.TableType_GLOBAL, Path: path}); err != nil {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("withdraw %s: %w", r.Prefix, err)
+	}
+	if err := g.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{path}}); err != nil {
 		return fmt.Errorf("withdraw %s: %w", r.Prefix, err)
 	}
 	return nil
@@ -203,16 +211,24 @@ func (r *Route) family() Family {
 
 // toAPIPath builds the gobgp path of r: origin IGP, the next hop (in
 // MP_REACH_NLRI for IPv6), communities, large communities and LOCAL_PREF.
-func toAPIPath(r *Route, withdraw bool) (*api.Path, error) {
-	var nlri bgp.AddrPrefixInterface
-	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)}
-	if r.Prefix.Addr().Is4() {
-		nlri = bgp.NewIPAddrPrefix(uint8(r.Prefix.Bits()), r.Prefix.Addr().String()) //nolint:gosec // a valid prefix's length is 0-128
-		attrs = append(attrs, bgp.NewPathAttributeNextHop(r.NextHop.String()))
-	} else {
-		nlri = bgp.NewIPv6AddrPrefix(uint8(r.Prefix.Bits()), r.Prefix.Addr().String()) //nolint:gosec // a valid prefix's length is 0-128
-		attrs = append(attrs, bgp.NewPathAttributeMpReachNLRI(r.NextHop.String(), []bgp.AddrPrefixInterface{nlri}))
+func toAPIPath(r *Route, withdraw bool) (*apiutil.Path, error) {
+	nlri, err := bgp.NewIPAddrPrefix(r.Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("encode route %s: %w", r.Prefix, err)
 	}
+	family := bgp.RF_IPv4_UC
+	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)}
+	var nh bgp.PathAttributeInterface
+	if r.Prefix.Addr().Is4() {
+		nh, err = bgp.NewPathAttributeNextHop(r.NextHop)
+	} else {
+		family = bgp.RF_IPv6_UC
+		nh, err = bgp.NewPathAttributeMpReachNLRI(family, []bgp.PathNLRI{{NLRI: nlri}}, r.NextHop)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("encode route %s: next hop %s: %w", r.Prefix, r.NextHop, err)
+	}
+	attrs = append(attrs, nh)
 	if len(r.Communities) > 0 {
 		attrs = append(attrs, bgp.NewPathAttributeCommunities(r.Communities))
 	}
@@ -226,9 +242,5 @@ func toAPIPath(r *Route, withdraw bool) (*api.Path, error) {
 	if r.LocalPref != nil {
 		attrs = append(attrs, bgp.NewPathAttributeLocalPref(*r.LocalPref))
 	}
-	path, err := apiutil.NewPath(nlri, withdraw, attrs, time.Now())
-	if err != nil {
-		return nil, fmt.Errorf("encode route %s: %w", r.Prefix, err)
-	}
-	return path, nil
+	return &apiutil.Path{Family: family, Nlri: nlri, Attrs: attrs, Withdrawal: withdraw, Age: time.Now().Unix()}, nil
 }

@@ -7,31 +7,54 @@ import (
 	"sort"
 	"time"
 
-	api "github.com/osrg/gobgp/v3/api"
+	api "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 
 	"github.com/vipcast/vipcast/bfd"
 )
 
-// stateName maps gobgp's session states to the names in SessionState.
+// stateName maps gobgp's session states, as ListPeer reports them, to
+// the names in SessionState.
 var stateName = map[api.PeerState_SessionState]string{
-	api.PeerState_UNKNOWN:     "Idle",
-	api.PeerState_IDLE:        "Idle",
-	api.PeerState_CONNECT:     "Connect",
-	api.PeerState_ACTIVE:      "Active",
-	api.PeerState_OPENSENT:    "OpenSent",
-	api.PeerState_OPENCONFIRM: "OpenConfirm",
-	api.PeerState_ESTABLISHED: "Established",
+	api.PeerState_SESSION_STATE_UNSPECIFIED: "Idle",
+	api.PeerState_SESSION_STATE_IDLE:        "Idle",
+	api.PeerState_SESSION_STATE_CONNECT:     "Connect",
+	api.PeerState_SESSION_STATE_ACTIVE:      "Active",
+	api.PeerState_SESSION_STATE_OPENSENT:    "OpenSent",
+	api.PeerState_SESSION_STATE_OPENCONFIRM: "OpenConfirm",
+	api.PeerState_SESSION_STATE_ESTABLISHED: "Established",
 }
 
-// onEvent handles a gobgp peer event: it records the new state and calls
+// fsmStateName maps gobgp's FSM states, as its peer events report them,
+// to the names in SessionState.
+var fsmStateName = map[bgp.FSMState]string{
+	bgp.BGP_FSM_IDLE:        "Idle",
+	bgp.BGP_FSM_CONNECT:     "Connect",
+	bgp.BGP_FSM_ACTIVE:      "Active",
+	bgp.BGP_FSM_OPENSENT:    "OpenSent",
+	bgp.BGP_FSM_OPENCONFIRM: "OpenConfirm",
+	bgp.BGP_FSM_ESTABLISHED: "Established",
+}
+
+// onPeerEvent handles a gobgp peer event: it records the new state, and
+// why the session left Established or failed to reach it, and calls
 // OnSessionChange. gobgp calls it from one goroutine.
-func (g *GoBGP) onEvent(ev *api.WatchEventResponse) {
-	pe := ev.GetPeer()
-	if pe == nil || pe.Type != api.WatchEventResponse_PeerEvent_STATE || pe.Peer.GetState() == nil {
+func (g *GoBGP) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
+	if ev == nil || ev.Type != apiutil.PEER_EVENT_STATE {
 		return
 	}
-	addr := pe.Peer.State.NeighborAddress
-	state := stateName[pe.Peer.State.SessionState]
+	addr := ev.Peer.State.NeighborAddress.String()
+	state, ok := fsmStateName[ev.Peer.State.SessionState]
+	if !ok {
+		state = "Idle"
+	}
+	// The event says why gobgp entered the state (the reason of its
+	// "state changed" log); a connection attempt's failure is in the
+	// logs only.
+	if r := ev.Peer.State.DisconnectMessage; state != "Established" && !notFailures[r] {
+		g.glog.setReason(addr, r)
+	}
 	now := time.Now()
 
 	g.smu.Lock()
@@ -57,7 +80,7 @@ func (g *GoBGP) onEvent(ev *api.WatchEventResponse) {
 			t.reason = r
 		}
 	}
-	if pe.Peer.State.AdminState == api.PeerState_PFX_CT && t.reopen == nil {
+	if ev.Peer.State.AdminState == api.PeerState_ADMIN_STATE_PFX_CT && t.reopen == nil {
 		uptime := time.Duration(0)
 		if wasUp {
 			uptime = now.Sub(upSince)

@@ -7,15 +7,15 @@ package bgptest
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"testing"
 	"time"
 
-	api "github.com/osrg/gobgp/v3/api"
-	"github.com/osrg/gobgp/v3/pkg/apiutil"
-	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
-	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
-	"github.com/osrg/gobgp/v3/pkg/server"
+	api "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+	"github.com/osrg/gobgp/v4/pkg/server"
 )
 
 // Plain is a gobgp server with default settings and one peer.
@@ -28,7 +28,7 @@ type Plain struct {
 // end of the test.
 func StartPlain(tb testing.TB, src, addr netip.Addr, port int, localASN, peerASN uint32) *Plain {
 	tb.Helper()
-	s := server.NewBgpServer(server.LoggerOption(quietLogger{}))
+	s := server.NewBgpServer(server.LoggerOption(slog.New(slog.DiscardHandler), nil))
 	go s.Serve()
 	ctx := context.Background()
 	if err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: localASN, RouterId: src.String(), ListenPort: -1}}); err != nil {
@@ -53,7 +53,10 @@ func (p *Plain) Announce(ctx context.Context, prefixes []netip.Prefix, nextHop n
 		if err != nil {
 			return err
 		}
-		if _, err := p.srv.AddPath(ctx, &api.AddPathRequest{TableType: api.TableType_GLOBAL, Path: path}); err != nil {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if _, err := p.srv.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{path}}); err != nil {
 			return fmt.Errorf("AddPath %s: %w", pfx, err)
 		}
 	}
@@ -67,35 +70,33 @@ func (p *Plain) Withdraw(ctx context.Context, prefixes []netip.Prefix, nextHop n
 		if err != nil {
 			return err
 		}
-		if err := p.srv.DeletePath(ctx, &api.DeletePathRequest{TableType: api.TableType_GLOBAL, Path: path}); err != nil {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := p.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{path}}); err != nil {
 			return fmt.Errorf("DeletePath %s: %w", pfx, err)
 		}
 	}
 	return nil
 }
 
-func hostPath(p netip.Prefix, nextHop netip.Addr, withdraw bool) (*api.Path, error) {
+func hostPath(p netip.Prefix, nextHop netip.Addr, withdraw bool) (*apiutil.Path, error) {
 	if !p.Addr().Is4() || !nextHop.Is4() {
 		return nil, fmt.Errorf("plain gobgp announces IPv4 only, not %s via %s", p, nextHop)
 	}
-	path, err := apiutil.NewPath(bgp.NewIPAddrPrefix(uint8(p.Bits()), p.Addr().String()), withdraw, []bgp.PathAttributeInterface{ //nolint:gosec // a valid prefix's length is 0-32
-		bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP),
-		bgp.NewPathAttributeNextHop(nextHop.String()),
-	}, time.Now())
+	nlri, err := bgp.NewIPAddrPrefix(p)
 	if err != nil {
 		return nil, fmt.Errorf("path %s: %w", p, err)
 	}
-	return path, nil
+	nh, err := bgp.NewPathAttributeNextHop(nextHop)
+	if err != nil {
+		return nil, fmt.Errorf("path %s: %w", p, err)
+	}
+	return &apiutil.Path{
+		Family:     bgp.RF_IPv4_UC,
+		Nlri:       nlri,
+		Attrs:      []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP), nh},
+		Withdrawal: withdraw,
+		Age:        time.Now().Unix(),
+	}, nil
 }
-
-// quietLogger drops gobgp's logs.
-type quietLogger struct{}
-
-func (quietLogger) Panic(string, gobgplog.Fields) {}
-func (quietLogger) Fatal(string, gobgplog.Fields) {}
-func (quietLogger) Error(string, gobgplog.Fields) {}
-func (quietLogger) Warn(string, gobgplog.Fields)  {}
-func (quietLogger) Info(string, gobgplog.Fields)  {}
-func (quietLogger) Debug(string, gobgplog.Fields) {}
-func (quietLogger) SetLevel(gobgplog.LogLevel)    {}
-func (quietLogger) GetLevel() gobgplog.LogLevel   { return gobgplog.InfoLevel }
