@@ -97,13 +97,14 @@ func TestMalformedUpdates(t *testing.T) {
 	t.Logf("advisories: %d sent, session kept after %d, reset after %d", res.Sent, res.Kept, res.Reset)
 
 	start := time.Now()
-	res = atk.Attack(t, tgt.Fuzzed(29, 300), bgptest.AttackRun{
-		Settle: 150 * time.Millisecond, Reconnect: 15 * time.Second, Budget: 2 * time.Minute, Check: untouched,
+	// Bounded for the suite's time: each session reset costs gobgp's ~7 s.
+	res = atk.Attack(t, tgt.Fuzzed(29, 150), bgptest.AttackRun{
+		Settle: 150 * time.Millisecond, Reconnect: 15 * time.Second, Budget: 75 * time.Second, Check: untouched,
 	})
 	t.Logf("fuzzed corpus (seed 29): %d sent in %s, session kept after %d, reset after %d",
 		res.Sent, time.Since(start).Round(time.Second), res.Kept, res.Reset)
-	if res.Sent < 100 {
-		t.Errorf("only %d fuzzed UPDATEs sent within the budget, want at least 100", res.Sent)
+	if res.Sent < 60 {
+		t.Errorf("only %d fuzzed UPDATEs sent within the budget, want at least 60", res.Sent)
 	}
 
 	// The attacker's session still works, and nothing it sent reached FRR.
