@@ -636,7 +636,7 @@ type runner struct {
 	// minTTL is the least TTL the session accepts.
 	minTTL int
 	log    klog.Logger
-	notify   func(Event)
+	notify func(Event)
 
 	// s is owned by the run goroutine.
 	s      *Session
