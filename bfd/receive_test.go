@@ -3,6 +3,9 @@ package bfd
 import (
 	"crypto/sha1" //nolint:gosec // RFC 5880 section 6.7.4 specifies SHA1
 	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"strings"
 	"errors"
 	"testing"
 	"time"
@@ -287,4 +290,20 @@ func FuzzReceive(f *testing.F) {
 		}
 		s.Receive(p, t0)
 	})
+}
+
+// TestKeyNeverPrinted: an Auth printed with fmt in every usual way, or
+// marshalled to JSON (klog's JSON format), does not show its key.
+func TestKeyNeverPrinted(t *testing.T) {
+	a := Auth{Type: AuthKeyedSHA1, KeyID: 1, Key: Key("hunter2")}
+	type peer struct{ Auth *Auth }
+	js, err := json.Marshal(peer{&a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{fmt.Sprint(a), fmt.Sprintf("%+v", a), fmt.Sprintf("%#v", a), fmt.Sprintf("%v", &a), fmt.Sprintf("%+v", peer{&a}), fmt.Sprintf("%s", a.Key), string(js)} {
+		if strings.Contains(s, "hunter2") || strings.Contains(s, "68756e74657232") {
+			t.Errorf("printed key: %s", s)
+		}
+	}
 }

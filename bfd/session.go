@@ -87,9 +87,23 @@ type Auth struct {
 	Type AuthType
 	// KeyID is the key's ID, which both sides configure.
 	KeyID uint8
-	// Key is the secret, 1 to 20 bytes. It is never logged.
-	Key []byte
+	// Key is the secret, 1 to 20 bytes. It is never logged: it prints
+	// and marshals as "(redacted)".
+	Key Key
 }
+
+// Key is an authentication key: bytes that fmt, klog and JSON print as
+// "(redacted)", so that a logged configuration never shows them.
+type Key []byte
+
+// String returns "(redacted)".
+func (Key) String() string { return "(redacted)" }
+
+// GoString returns "(redacted)", for %#v.
+func (Key) GoString() string { return "(redacted)" }
+
+// MarshalJSON returns "(redacted)" as a JSON string.
+func (Key) MarshalJSON() ([]byte, error) { return []byte(`"(redacted)"`), nil }
 
 // Validate reports an authentication this package cannot run.
 func (a *Auth) Validate() error {
@@ -140,7 +154,7 @@ func (s *Session) SetAuth(a *Auth, seq uint32) {
 		s.auth = nil
 		return
 	}
-	s.auth = &Auth{Type: a.Type, KeyID: a.KeyID, Key: append([]byte(nil), a.Key...)}
+	s.auth = &Auth{Type: a.Type, KeyID: a.KeyID, Key: append(Key(nil), a.Key...)}
 }
 
 // State returns the local session state.
