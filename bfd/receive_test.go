@@ -4,9 +4,9 @@ import (
 	"crypto/sha1" //nolint:gosec // RFC 5880 section 6.7.4 specifies SHA1
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
-	"errors"
 	"testing"
 	"time"
 )
