@@ -18,25 +18,25 @@ import (
 )
 
 // bfdSegment is a fabric segment for BFD attack tests (root only): a
-// bridge in the test's namespace carrying the speaker's address, FRR
-// (zebra, bgpd, bfdd) in a "tor" namespace, and an "attacker" namespace
-// that is neither a node nor the router, on the same segment. The bridge
-// floods every frame (ageing time 0, a hub), so that the attacker sees the
-// BFD session's packets as a sniffer on the fabric would; every forged
-// packet leaves from the attacker's namespace.
+// bridge in the test's namespace carrying the speaker's address, a router
+// (FRR's zebra, bgpd and bfdd, or BIRD) in a "tor" namespace, and an
+// "attacker" namespace that is neither a node nor the router, on the same
+// segment. The bridge floods every frame (ageing time 0, a hub), so that
+// the attacker sees the BFD session's packets as a sniffer on the fabric
+// would; every forged packet leaves from the attacker's namespace.
 type bfdSegment struct {
 	host, tor, attacker netip.Prefix
-	attackerNS          *netns.NS
-	frr                 *routers.FRR
-	speaker             *bgp.GoBGP
-	port                uint16
+	torNS, attackerNS   *netns.NS
+	// frr or bird is the router.
+	frr     *routers.FRR
+	bird    *routers.BIRD
+	speaker *bgp.GoBGP
+	port    uint16
 }
 
-// newBFDSegment builds the segment 10.254.<octet>.0/24 and brings up BGP
-// and BFD between the speaker and FRR: single hop, or multihop (eBGP
-// multihop 2, RFC 5883) when multihop is set. Namespaces and links go when
-// the test ends, even when it fails.
-func newBFDSegment(t *testing.T, name string, octet int, multihop bool) *bfdSegment {
+// newSegment builds the segment 10.254.<octet>.0/24 without a router.
+// Namespaces and links go when the test ends, even when it fails.
+func newSegment(t *testing.T, name string, octet int, multihop bool) *bfdSegment {
 	t.Helper()
 	netns.Require(t)
 	seg := &bfdSegment{
@@ -51,14 +51,22 @@ func newBFDSegment(t *testing.T, name string, octet int, multihop bool) *bfdSegm
 	br := fmt.Sprintf("vcbfdbr%d", octet%100)
 	netns.Bridge(t, nil, br, seg.host.String())
 	netns.IP(t, "link", "set", br, "type", "bridge", "ageing_time", "0")
-	torNS := netns.New(t, name+"-tor")
+	seg.torNS = netns.New(t, name+"-tor")
 	seg.attackerNS = netns.New(t, name+"-atk")
 	torLink, atkLink := fmt.Sprintf("vcbfdt%d", octet%100), fmt.Sprintf("vcbfda%d", octet%100)
-	netns.Veth(t, nil, torLink, "", torNS, "eth0", seg.tor.String())
+	netns.Veth(t, nil, torLink, "", seg.torNS, "eth0", seg.tor.String())
 	netns.Enslave(t, nil, torLink, br)
 	netns.Veth(t, nil, atkLink, "", seg.attackerNS, "eth0", seg.attacker.String())
 	netns.Enslave(t, nil, atkLink, br)
+	return seg
+}
 
+// newBFDSegment builds the segment 10.254.<octet>.0/24 and brings up BGP
+// and BFD between the speaker and FRR: single hop, or multihop (eBGP
+// multihop 2, RFC 5883) when multihop is set.
+func newBFDSegment(t *testing.T, name string, octet int, multihop bool) *bfdSegment {
+	t.Helper()
+	seg := newSegment(t, name, octet, multihop)
 	timers := routers.BFD{MinTx: 100 * time.Millisecond, MinRx: 100 * time.Millisecond, Multiplier: 3}
 	nbr := routers.FRRNeighbor{Address: seg.host.Addr(), ASN: localASN, HoldTime: 9 * time.Second, KeepaliveTime: 3 * time.Second, BFD: &timers}
 	peer := bgp.Peer{Name: "tor", Address: seg.tor.Addr(), ASN: routerASN, LocalASN: localASN, SourceAddress: seg.host.Addr(),
@@ -68,7 +76,7 @@ func newBFDSegment(t *testing.T, name string, octet int, multihop bool) *bfdSegm
 		nbr.EBGPMultiHop = 2
 		peer.EBGPMultiHop = 2
 	}
-	seg.frr = routers.StartFRR(t, routers.FRRConfig{ASN: routerASN, ListenAddress: seg.tor.Addr(), Netns: torNS.Name, Zebra: true,
+	seg.frr = routers.StartFRR(t, routers.FRRConfig{ASN: routerASN, ListenAddress: seg.tor.Addr(), Netns: seg.torNS.Name, Zebra: true,
 		Neighbors: []routers.FRRNeighbor{nbr}})
 	peer.Port = uint16(seg.frr.Port) //nolint:gosec // a listening port
 	seg.speaker, _ = newSpeaker(t, seg.host.Addr().String())
@@ -94,11 +102,20 @@ func (s *bfdSegment) session(t *testing.T) bgp.SessionState { return onlySession
 // waitHealthy waits until BFD is Up and BGP Established on both sides.
 func (s *bfdSegment) waitHealthy(t *testing.T, timeout time.Duration) {
 	t.Helper()
-	if err := s.frr.WaitBFDUp(s.host.Addr(), timeout); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.frr.WaitEstablished(s.host.Addr(), timeout); err != nil {
-		t.Fatal(err)
+	if s.frr != nil {
+		if err := s.frr.WaitBFDUp(s.host.Addr(), timeout); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.frr.WaitEstablished(s.host.Addr(), timeout); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		if err := s.bird.WaitBFDUp(s.host.Addr(), timeout); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.bird.WaitEstablished("speaker", timeout); err != nil {
+			t.Fatal(err)
+		}
 	}
 	eventually(t, timeout, "the speaker's BFD session is Up and BGP Established", func() bool {
 		ss := s.session(t)
@@ -113,6 +130,12 @@ type discriminators struct{ router, speaker uint32 }
 // sniff returns the discriminators of the Up session, read by the attacker
 // from a packet the router sends to the speaker.
 func (s *bfdSegment) sniff(t *testing.T) discriminators {
+	d, _ := s.sniffPacket(t)
+	return d
+}
+
+// sniffPacket returns the discriminators and the whole packet.
+func (s *bfdSegment) sniffPacket(t *testing.T) (discriminators, []byte) {
 	t.Helper()
 	want := netip.AddrPortFrom(s.host.Addr(), s.port)
 	p, err := s.attackerNS.CaptureUDP("eth0", 5*time.Second, func(src, dst netip.AddrPort, _ uint8, b []byte) bool {
@@ -123,7 +146,7 @@ func (s *bfdSegment) sniff(t *testing.T) discriminators {
 	}
 	d := discriminators{router: binary.BigEndian.Uint32(p[4:]), speaker: binary.BigEndian.Uint32(p[8:])}
 	t.Logf("sniffed discriminators: router %#x, speaker %#x", d.router, d.speaker)
-	return d
+	return d, p
 }
 
 // forge sends three copies of p from the attacker's namespace with the
@@ -131,7 +154,12 @@ func (s *bfdSegment) sniff(t *testing.T) discriminators {
 func (s *bfdSegment) forge(t *testing.T, p bfd.Control, ttl uint8) {
 	t.Helper()
 	p.Version, p.Length = bfd.Version, 24
-	b := p.Marshal(nil)
+	s.forgeRaw(t, p.Marshal(nil), ttl)
+}
+
+// forgeRaw sends three copies of b as forge does.
+func (s *bfdSegment) forgeRaw(t *testing.T, b []byte, ttl uint8) {
+	t.Helper()
 	src := netip.AddrPortFrom(s.tor.Addr(), uint16(49152+rand.IntN(16384))) //nolint:gosec // a test's source port
 	for range 3 {
 		if err := s.attackerNS.SpoofUDP(src, netip.AddrPortFrom(s.host.Addr(), s.port), ttl, b); err != nil {
@@ -144,9 +172,14 @@ func (s *bfdSegment) forge(t *testing.T, p bfd.Control, ttl uint8) {
 // attackCase is one forged packet and the knowledge it needs.
 type attackCase struct {
 	name string
-	// packet returns the forged packet, given the sniffed discriminators.
+	// packet returns the forged packet, given the sniffed discriminators;
+	// raw, when set instead, returns its bytes given a sniffed packet.
 	packet func(d discriminators) bfd.Control
+	raw    func(d discriminators, sniffed []byte) []byte
 	ttl    uint8
+	// reason is the label of vipcast_bfd_discarded_packets_total that
+	// counts the discarded copies.
+	reason string
 	// oldEffect says what the packet did before the RFC 5880 section
 	// 6.8.6 reception rules (for the failure message).
 	oldEffect string
@@ -161,39 +194,59 @@ func (s *bfdSegment) runAttacks(t *testing.T, cases []attackCase) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			s.waitHealthy(t, 30*time.Second)
-			d := s.sniff(t)
+			d, sniffed := s.sniffPacket(t)
 			before := s.session(t)
-			nbefore, err := s.frr.Neighbor(s.host.Addr())
-			if err != nil {
-				t.Fatal(err)
+			router := s.routerView(t)
+			discards := bfd.Discarded(c.reason)
+			if c.raw != nil {
+				s.forgeRaw(t, c.raw(d, sniffed), c.ttl)
+			} else {
+				s.forge(t, c.packet(d), c.ttl)
 			}
-			bbefore, err := s.frr.BFDPeer(s.host.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.forge(t, c.packet(d), c.ttl)
 			// Ten detection times (100ms x 3) for the effect to show.
 			time.Sleep(3 * time.Second)
 			after := s.session(t)
-			nafter, err := s.frr.Neighbor(s.host.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			bafter, err := s.frr.BFDPeer(s.host.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
 			if after.BFD != "Up" || after.BFDDowns != before.BFDDowns || !after.Established() || strings.Contains(after.Reason, "BFD") && after.Reason != before.Reason {
-				t.Errorf("forged packet (%s) took effect: speaker's session %+v, before %+v", c.oldEffect, after, before)
+				t.Errorf("forged packet (before the fix: %s) took effect: speaker's session %+v, before %+v", c.oldEffect, after, before)
 			}
-			if nafter.DroppedCount != nbefore.DroppedCount || nafter.EstablishedCount != nbefore.EstablishedCount {
-				t.Errorf("forged packet reset BGP: FRR's neighbor %+v, before %+v", nafter, nbefore)
+			if r := s.routerView(t); r != router {
+				t.Errorf("forged packet reached the router's sessions: %s, before %s", r, router)
 			}
-			if bafter.SessionDownEvents != bbefore.SessionDownEvents {
-				t.Errorf("forged packet took FRR's BFD session down: %+v, before %+v", bafter, bbefore)
+			got := bfd.Discarded(c.reason) - discards
+			t.Logf("vipcast_bfd_discarded_packets_total{reason=%q} +%d", c.reason, got)
+			if got < 3 {
+				t.Errorf("vipcast_bfd_discarded_packets_total{reason=%q} grew by %d, want the 3 forged copies", c.reason, got)
 			}
 		})
 	}
+}
+
+// routerView summarizes the router's side: its BGP session's resets and
+// its BFD session's downs.
+func (s *bfdSegment) routerView(t *testing.T) string {
+	t.Helper()
+	if s.frr != nil {
+		n, err := s.frr.Neighbor(s.host.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := s.frr.BFDPeer(s.host.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("BGP established %d dropped %d, BFD downs %d", n.EstablishedCount, n.DroppedCount, b.SessionDownEvents)
+	}
+	sessions, err := s.bird.BFDSessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range sessions {
+		if b.Address == s.host.Addr() {
+			return fmt.Sprintf("BFD %s since %s", b.State, b.Since)
+		}
+	}
+	t.Fatalf("BIRD has no BFD session with %s: %+v", s.host.Addr(), sessions)
+	return ""
 }
 
 // random32 returns a random discriminator other than the excluded ones.
@@ -238,13 +291,13 @@ func TestBFDSpoofedSingleHop(t *testing.T) {
 			DesiredMinTx: time.Second, RequiredMinRx: time.Second}
 	}
 	seg.runAttacks(t, []attackCase{
-		{name: "your-discriminator-0", ttl: 255, oldEffect: "matched by source address, it took the session Down and reset BGP",
+		{name: "your-discriminator-0", ttl: 255, reason: "your_discriminator_zero_session_up", oldEffect: "matched by source address, it took the session Down and reset BGP",
 			packet: func(d discriminators) bfd.Control { return down(random32(d.router), 0) }},
-		{name: "unknown-your-discriminator", ttl: 255, oldEffect: "no session has that discriminator",
+		{name: "unknown-your-discriminator", ttl: 255, reason: "no_session", oldEffect: "no session has that discriminator",
 			packet: func(d discriminators) bfd.Control { return down(random32(d.router), random32(d.speaker)) }},
-		{name: "wrong-my-discriminator", ttl: 255, oldEffect: "the right Your Discriminator sufficed",
+		{name: "wrong-my-discriminator", ttl: 255, reason: "my_discriminator_mismatch", oldEffect: "the right Your Discriminator sufficed",
 			packet: func(d discriminators) bfd.Control { return down(random32(d.router), d.speaker) }},
-		{name: "single-hop-ttl-254", ttl: 254, oldEffect: "single hop accepts TTL 255 only",
+		{name: "single-hop-ttl-254", ttl: 254, reason: "kernel", oldEffect: "single hop accepts TTL 255 only",
 			packet: func(d discriminators) bfd.Control { return down(d.router, d.speaker) }},
 	})
 }
@@ -261,7 +314,101 @@ func TestBFDSpoofedMultihop(t *testing.T) {
 			DesiredMinTx: time.Second, RequiredMinRx: time.Second}
 	}
 	seg.runAttacks(t, []attackCase{
-		{name: "multihop-ttl-1", ttl: 1, oldEffect: "multihop accepted any TTL", packet: down},
-		{name: "multihop-ttl-253", ttl: 253, oldEffect: "multihop accepted any TTL", packet: down},
+		{name: "multihop-ttl-1", ttl: 1, reason: "kernel", oldEffect: "multihop accepted any TTL", packet: down},
+		{name: "multihop-ttl-253", ttl: 253, reason: "kernel", oldEffect: "multihop accepted any TTL", packet: down},
 	})
+}
+
+// TestBFDSpoofedBIRDAuth runs the speaker's multihop BFD with BIRD, which
+// sends multihop packets with TTL 64 (so the BGPPeer's minimumTTL is 64),
+// authenticated with Meticulous Keyed SHA1 (RFC 5880 section 6.7.4;
+// FRR's bfdd has no authentication): the session comes Up, BIRD's frozen
+// BFD still resets BGP through it, and an attacker on the fabric who
+// sniffs the session's packets cannot take it down:
+//
+//   - multihop-ttl-63: the session's own discriminators, TTL 63: dropped
+//     by the socket's kernel filter (below 64);
+//   - unauthenticated: the session's own discriminators, TTL 64, no
+//     authentication section;
+//   - wrong-key: signed with a guessed key and the next sequence number;
+//   - replay: a packet BIRD sent earlier, sent again: Meticulous Keyed
+//     SHA1 requires a greater sequence number.
+func TestBFDSpoofedBIRDAuth(t *testing.T) {
+	seg := newSegment(t, "bfdauth", 82, true)
+	key := "vipcast-bfd-key"
+	timers := routers.BFD{MinTx: 100 * time.Millisecond, MinRx: 100 * time.Millisecond, Multiplier: 3,
+		Auth: &routers.BFDAuth{Meticulous: true, KeyID: 7, Key: key}}
+	seg.bird = routers.StartBIRD(t, routers.BIRDConfig{ASN: routerASN, ListenAddress: seg.tor.Addr(), Netns: seg.torNS.Name,
+		Neighbors: []routers.BIRDNeighbor{{Name: "speaker", Address: seg.host.Addr(), ASN: localASN, HoldTime: 9 * time.Second, BFD: &timers}}})
+	seg.speaker, _ = newSpeaker(t, seg.host.Addr().String())
+	peer := bgp.Peer{Name: "bird", Address: seg.tor.Addr(), Port: uint16(seg.bird.Port), ASN: routerASN, LocalASN: localASN, SourceAddress: seg.host.Addr(), //nolint:gosec // a listening port
+		HoldTime: 9 * time.Second, KeepaliveTime: 3 * time.Second, EBGPMultiHop: 2,
+		BFD: &bgp.BFD{MinTx: 100 * time.Millisecond, MinRx: 100 * time.Millisecond, Multiplier: 3, Multihop: true, MinTTL: 64,
+			Auth: &bfd.Auth{Type: bfd.AuthMeticulousKeyedSHA1, KeyID: 7, Key: bfd.Key(key)}}}
+
+	// A wrong key first: BIRD's packets fail the digest, nothing comes Up.
+	wrong := peer
+	wb := *peer.BFD
+	wb.Auth = &bfd.Auth{Type: bfd.AuthMeticulousKeyedSHA1, KeyID: 7, Key: bfd.Key("not-the-key")}
+	wrong.BFD = &wb
+	digest := bfd.Discarded("auth_digest")
+	if err := seg.speaker.SetPeers(ctxT(), []bgp.Peer{wrong}); err != nil {
+		t.Fatal(err)
+	}
+	if err := seg.bird.WaitEstablished("speaker", 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if ss := seg.session(t); ss.BFD == "Up" || bfd.Discarded("auth_digest") == digest {
+		t.Fatalf("with the wrong key: session %+v, %d digest discards; want BFD not Up and BIRD's packets discarded", ss, bfd.Discarded("auth_digest")-digest)
+	}
+	t.Logf("wrong key: BFD %s, %d of BIRD's packets discarded (auth_digest)", seg.session(t).BFD, bfd.Discarded("auth_digest")-digest)
+
+	if err := seg.speaker.SetPeers(ctxT(), []bgp.Peer{peer}); err != nil {
+		t.Fatal(err)
+	}
+	seg.waitHealthy(t, 30*time.Second)
+	sessions, err := seg.bird.BFDSessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("BIRD's view: %+v", sessions)
+
+	down := func(d discriminators) bfd.Control {
+		return bfd.Control{Version: bfd.Version, Length: 24, State: bfd.Down, Diag: bfd.DiagDetectionTimeExpired, DetectMult: 3,
+			MyDiscriminator: d.router, YourDiscriminator: d.speaker, DesiredMinTx: time.Second, RequiredMinRx: time.Second}
+	}
+	seg.runAttacks(t, []attackCase{
+		{name: "multihop-ttl-63", ttl: 63, reason: "kernel", oldEffect: "multihop accepted any TTL", packet: down},
+		{name: "unauthenticated", ttl: 64, reason: "auth_missing", oldEffect: "the sniffed discriminators sufficed", packet: down},
+		{name: "wrong-key", ttl: 64, reason: "auth_digest", oldEffect: "the sniffed discriminators sufficed",
+			raw: func(d discriminators, sniffed []byte) []byte {
+				c := down(d)
+				c.AuthPresent, c.AuthType, c.AuthKeyID = true, bfd.AuthMeticulousKeyedSHA1, 7
+				// Ahead of what the speaker has accepted, within its window.
+				c.AuthSeq = binary.BigEndian.Uint32(sniffed[28:]) + 5
+				b := c.Marshal(nil)
+				bfd.Sign(b, []byte("guessed"))
+				return b
+			}},
+		{name: "replay", ttl: 64, reason: "auth_sequence", oldEffect: "no authentication",
+			raw: func(_ discriminators, sniffed []byte) []byte {
+				// Wait until BIRD has sent newer packets.
+				time.Sleep(500 * time.Millisecond)
+				return sniffed
+			}},
+	})
+
+	// BFD still does its job: BIRD frozen, BGP reset long before the
+	// hold time.
+	seg.bird.Freeze()
+	frozen := time.Now()
+	eventually(t, 5*time.Second, "the BGP session is reset", func() bool { return seg.session(t).State != "Established" })
+	took := time.Since(frozen)
+	seg.bird.Thaw()
+	t.Logf("BIRD frozen: the speaker reset BGP after %v (authenticated BFD, detection time 300ms, hold time 9s)", took.Round(time.Millisecond))
+	if took >= 3*time.Second {
+		t.Fatalf("BGP reset %v after BIRD froze: the hold timer, not BFD, ended it", took)
+	}
+	seg.waitHealthy(t, 30*time.Second)
 }

@@ -123,8 +123,8 @@ func TestBFDWithFRR(t *testing.T) {
 }
 
 // TestBFDWithBIRD runs the speaker's BFD against BIRD's, multihop (RFC
-// 5883), as BIRD asks for a multihop BGP session: the session comes Up on
-// both sides, and a frozen BIRD makes the speaker reset the BGP session
+// 5883), as BIRD asks for a multihop BGP session, with the minimum TTL
+// BIRD needs (64): the session comes Up on both sides, and a frozen BIRD makes the speaker reset the BGP session
 // through BFD, long before the hold time.
 func TestBFDWithBIRD(t *testing.T) {
 	netns.Require(t)
@@ -137,7 +137,8 @@ func TestBFDWithBIRD(t *testing.T) {
 	s, _ := newSpeaker(t, host.Addr().String())
 	peer := bgp.Peer{Name: "bird", Address: tor.Addr(), Port: uint16(b.Port), ASN: routerASN, LocalASN: localASN, SourceAddress: host.Addr(),
 		HoldTime: 9 * time.Second, KeepaliveTime: 3 * time.Second, EBGPMultiHop: 2,
-		BFD: &bgp.BFD{MinTx: 100 * time.Millisecond, MinRx: 100 * time.Millisecond, Multiplier: 3, Multihop: true}}
+		// BIRD sends multihop BFD with TTL 64 (docs/tor.md).
+		BFD: &bgp.BFD{MinTx: 100 * time.Millisecond, MinRx: 100 * time.Millisecond, Multiplier: 3, Multihop: true, MinTTL: 64}}
 	if err := s.SetPeers(ctxT(), []bgp.Peer{peer}); err != nil {
 		t.Fatal(err)
 	}

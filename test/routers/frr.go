@@ -121,6 +121,11 @@ func StartFRR(t harness.T, cfg FRRConfig) *FRR {
 	if cfg.hasBFD() && !cfg.Zebra {
 		t.Fatal("frr: BFD requires Netns and Zebra: bgpd reaches bfdd through zebra")
 	}
+	for _, n := range cfg.Neighbors {
+		if n.BFD != nil && n.BFD.Auth != nil {
+			t.Fatal("frr: bfdd has no BFD authentication; test it with BIRD")
+		}
+	}
 	var dir string
 	var port int
 	var err error
