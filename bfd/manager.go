@@ -706,9 +706,10 @@ func (r *runner) run(ctx context.Context) {
 			ch = r.s.Expire(time.Now())
 			armDetect()
 		case p := <-r.rx:
-			err := r.s.Accept(p.p, p.raw, p.at)
-			if err == nil && p.ttl < r.minTTL {
-				err = ErrTTL
+			// The TTL first: Accept moves the authentication sequence.
+			err := ErrTTL
+			if p.ttl >= r.minTTL {
+				err = r.s.Accept(p.p, p.raw, p.at)
 			}
 			if err != nil {
 				countDiscard(Reason(err), 1)
