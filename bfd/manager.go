@@ -230,6 +230,20 @@ func (m *Manager) add(key string, cfg SessionConfig) error {
 		discr = randomDiscriminator()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	r := m.newRunner(key, cfg, local, port, tx, lk, discr, cancel)
+	r.status = r.snapshot(time.Now())
+	m.sessions[key] = r
+	m.byDiscr[discr] = r
+	m.filterLocked(lk)
+	go r.run(ctx)
+	// cfg.Auth's String leaves the key out.
+	r.log.V(2).Info("Started BFD session", "local", local, "multihop", cfg.Multihop, "minTTL", r.minTTL, "auth", cfg.Auth.String(),
+		"minTx", cfg.Timers.MinTx, "minRx", cfg.Timers.MinRx, "multiplier", cfg.Timers.Multiplier)
+	return nil
+}
+
+// newRunner returns the runner of a new session, not started.
+func (m *Manager) newRunner(key string, cfg SessionConfig, local netip.Addr, port uint16, tx *sender, lk netip.AddrPort, discr uint32, cancel context.CancelFunc) *runner {
 	r := &runner{
 		key: key, cfg: cfg, local: local, port: port, tx: tx, listener: lk, minTTL: int(cfg.minTTL()),
 		s:      NewSession(discr, cfg.Timers),
@@ -240,17 +254,11 @@ func (m *Manager) add(key string, cfg SessionConfig) error {
 		notify: m.onChange,
 	}
 	if cfg.Auth != nil {
+		// bfd.XmitAuthSeq starts at a random value (RFC 5880 section
+		// 6.8.1), drawn like a discriminator.
 		r.s.SetAuth(cfg.Auth, randomDiscriminator())
 	}
-	r.status = r.snapshot(time.Now())
-	m.sessions[key] = r
-	m.byDiscr[discr] = r
-	m.filterLocked(lk)
-	go r.run(ctx)
-	// cfg.Auth's String leaves the key out.
-	r.log.V(2).Info("Started BFD session", "local", local, "multihop", cfg.Multihop, "minTTL", r.minTTL, "auth", cfg.Auth.String(),
-		"minTx", cfg.Timers.MinTx, "minRx", cfg.Timers.MinRx, "multiplier", cfg.Timers.Multiplier)
-	return nil
+	return r
 }
 
 // Remove takes the session key down: it sends AdminDown packets and
@@ -706,23 +714,10 @@ func (r *runner) run(ctx context.Context) {
 			ch = r.s.Expire(time.Now())
 			armDetect()
 		case p := <-r.rx:
-			// The TTL first: Accept moves the authentication sequence.
-			err := ErrTTL
-			if p.ttl >= r.minTTL {
-				err = r.s.Accept(p.p, p.raw, p.at)
-			}
-			if err != nil {
-				countDiscard(Reason(err), 1)
-				r.count(func(s *Status) { s.Discarded++ })
-				r.log.V(4).Info("Discarded a BFD packet", "reason", Reason(err), "err", err, "ttl", p.ttl, "state", p.p.State,
-					"myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)
+			var ok bool
+			if ch, ok = r.receive(p); !ok {
 				continue
 			}
-			ch = r.s.Receive(p.p, p.at)
-			if ch.Changed() {
-				r.log.V(4).Info("BFD packet changed the session's state", "state", p.p.State, "diag", p.p.Diag, "myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)
-			}
-			r.count(func(s *Status) { s.PacketsIn++ })
 			armDetect()
 			if ch.SendFinal {
 				r.send(true)
@@ -744,6 +739,29 @@ func (r *runner) run(ctx context.Context) {
 			armTx()
 		}
 	}
+}
+
+// receive checks p against the session, its TTL first (Accept moves the
+// authentication sequence), and applies it; ok is false when p was
+// discarded, which changes nothing but the counters.
+func (r *runner) receive(p received) (ch Change, ok bool) {
+	err := ErrTTL
+	if p.ttl >= r.minTTL {
+		err = r.s.Accept(p.p, p.raw, p.at)
+	}
+	if err != nil {
+		countDiscard(Reason(err), 1)
+		r.count(func(s *Status) { s.Discarded++ })
+		r.log.V(4).Info("Discarded a BFD packet", "reason", Reason(err), "err", err, "ttl", p.ttl, "state", p.p.State,
+			"myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)
+		return Change{}, false
+	}
+	ch = r.s.Receive(p.p, p.at)
+	if ch.Changed() {
+		r.log.V(4).Info("BFD packet changed the session's state", "state", p.p.State, "diag", p.p.Diag, "myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)
+	}
+	r.count(func(s *Status) { s.PacketsIn++ })
+	return ch, true
 }
 
 // shutdown sends the AdminDown packets of a removed session.
