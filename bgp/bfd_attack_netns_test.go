@@ -18,7 +18,8 @@ import (
 )
 
 // bfdSegment is a fabric segment for BFD attack tests (root only): a
-// bridge in the test's namespace carrying the speaker's address, a router
+// bridge in a "fabric" namespace, a veth from it to the test's namespace
+// carrying the speaker's address, a router
 // (FRR's zebra, bgpd and bfdd, or BIRD) in a "tor" namespace, and an
 // "attacker" namespace that is neither a node nor the router, on the same
 // segment. The bridge floods every frame (ageing time 0, a hub), so that
@@ -48,16 +49,19 @@ func newSegment(t *testing.T, name string, octet int, multihop bool) *bfdSegment
 	if multihop {
 		seg.port = bfd.MultihopPort
 	}
-	br := fmt.Sprintf("vcbfdbr%d", octet%100)
-	netns.Bridge(t, nil, br, seg.host.String())
-	netns.IP(t, "link", "set", br, "type", "bridge", "ageing_time", "0")
+	// The bridge lives in a namespace of its own: an address on the
+	// bridge itself would receive its frames without flooding them.
+	fabric := netns.New(t, name+"-fab")
+	netns.Bridge(t, fabric, "br0", "")
+	fabric.IP(t, "link", "set", "br0", "type", "bridge", "ageing_time", "0")
 	seg.torNS = netns.New(t, name+"-tor")
 	seg.attackerNS = netns.New(t, name+"-atk")
-	torLink, atkLink := fmt.Sprintf("vcbfdt%d", octet%100), fmt.Sprintf("vcbfda%d", octet%100)
-	netns.Veth(t, nil, torLink, "", seg.torNS, "eth0", seg.tor.String())
-	netns.Enslave(t, nil, torLink, br)
-	netns.Veth(t, nil, atkLink, "", seg.attackerNS, "eth0", seg.attacker.String())
-	netns.Enslave(t, nil, atkLink, br)
+	netns.Veth(t, nil, fmt.Sprintf("vcbfdh%d", octet%100), seg.host.String(), fabric, "host", "")
+	netns.Veth(t, fabric, "tor", "", seg.torNS, "eth0", seg.tor.String())
+	netns.Veth(t, fabric, "attacker", "", seg.attackerNS, "eth0", seg.attacker.String())
+	for _, port := range []string{"host", "tor", "attacker"} {
+		netns.Enslave(t, fabric, port, "br0")
+	}
 	return seg
 }
 
