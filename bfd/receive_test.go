@@ -37,9 +37,10 @@ func sessionIn(t *testing.T, st State) *Session {
 }
 
 // TestAcceptDiscriminators is RFC 5880 section 6.8.6's selection of the
-// session by discriminator, per session state, with FRR's rule for Your
-// Discriminator 0 (only a session that is Down or AdminDown hears it,
-// whoever sends it) and vipcast's for My Discriminator while Up.
+// session by discriminator, per session state, with vipcast's rules for
+// Your Discriminator 0 (FRR's: only a session that is Down or AdminDown
+// hears it, except from the peer's own session saying Down) and for My
+// Discriminator while Up.
 func TestAcceptDiscriminators(t *testing.T) {
 	all := func(err error) map[State]error {
 		return map[State]error{AdminDown: err, Down: err, Init: err, Up: err}
@@ -54,8 +55,8 @@ func TestAcceptDiscriminators(t *testing.T) {
 			map[State]error{AdminDown: nil, Down: nil, Init: ErrSessionUp, Up: ErrSessionUp}},
 		{"your 0, State AdminDown, unknown peer discriminator", AdminDown, 77, 0,
 			map[State]error{AdminDown: nil, Down: nil, Init: ErrSessionUp, Up: ErrSessionUp}},
-		{"your 0, State Down, the peer's discriminator", Down, 2, 0,
-			map[State]error{AdminDown: nil, Down: nil, Init: ErrSessionUp, Up: ErrSessionUp}},
+		{"your 0, State Down, the peer's discriminator (FRR deleting its session)", Down, 2, 0,
+			map[State]error{AdminDown: nil, Down: nil, Init: nil, Up: nil}},
 		{"your 0, State Init, the peer's discriminator", Init, 2, 0,
 			map[State]error{AdminDown: nil, Down: nil, Init: ErrSessionUp, Up: ErrSessionUp}},
 		{"your 0, State Up, the peer's discriminator", Up, 2, 0,

@@ -294,9 +294,12 @@ func (c Change) Changed() bool { return c.From != c.To }
 //
 //   - a nonzero Your Discriminator must be this session's;
 //   - a zero Your Discriminator (the peer does not know this session yet)
-//     is accepted only while the session is Down or AdminDown, FRR's
-//     bfdd's rule: the session was selected by the peer's address alone,
-//     and a packet forged with that address took an Up session down;
+//     is accepted while the session is Down or AdminDown; while it is
+//     Init or Up only from the peer's own session telling it is Down or
+//     AdminDown, known by its My Discriminator (FRR's bfdd sends its
+//     last packet, when it deletes a session, with Your Discriminator 0).
+//     Without this, a packet forged with the peer's address alone took an
+//     Up session down;
 //   - while Up, My Discriminator must be the peer's: it does not change
 //     during a session;
 //   - the A bit must match the session's authentication, and with
@@ -310,7 +313,7 @@ func (s *Session) Accept(p Control, raw []byte, now time.Time) error {
 	switch {
 	case p.YourDiscriminator != 0 && p.YourDiscriminator != s.localDiscr:
 		return ErrNoSession
-	case p.YourDiscriminator == 0 && up:
+	case p.YourDiscriminator == 0 && up && (p.MyDiscriminator != s.remoteDiscr || p.State != Down && p.State != AdminDown):
 		return ErrSessionUp
 	case s.state == Up && p.MyDiscriminator != s.remoteDiscr:
 		return ErrPeerDiscr
