@@ -515,7 +515,7 @@ func setTTLFilter(c *net.UDPConn, v4 bool, minTTL int) error {
 	}
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
-		serr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]})
+		serr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}) //nolint:gosec // four instructions
 	}); err != nil {
 		return fmt.Errorf("bfd: TTL filter: %w", err)
 	}
@@ -556,13 +556,6 @@ func parseControl(oob []byte) readMeta {
 		}
 	}
 	return meta
-}
-
-func addrOf(a net.Addr) netip.Addr {
-	if u, ok := a.(*net.UDPAddr); ok {
-		return u.AddrPort().Addr().Unmap()
-	}
-	return netip.Addr{}
 }
 
 // readLoop reads la's packets until its socket closes and hands each one

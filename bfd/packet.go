@@ -293,7 +293,7 @@ func digest(pkt, key []byte) [sha1.Size]byte {
 	copy(buf[:], pkt)
 	clear(buf[32:])
 	copy(buf[32:], key)
-	return sha1.Sum(buf[:])
+	return sha1.Sum(buf[:]) //nolint:gosec // RFC 5880 section 6.7.4 specifies SHA1
 }
 
 // Unmarshal decodes b and applies the checks RFC 5880 section 6.8.6 makes

@@ -131,14 +131,9 @@ func (s *bfdSegment) waitHealthy(t *testing.T, timeout time.Duration) {
 // reads them from the router's packets to the speaker.
 type discriminators struct{ router, speaker uint32 }
 
-// sniff returns the discriminators of the Up session, read by the attacker
-// from a packet the router sends to the speaker.
-func (s *bfdSegment) sniff(t *testing.T) discriminators {
-	d, _ := s.sniffPacket(t)
-	return d
-}
-
-// sniffPacket returns the discriminators and the whole packet.
+// sniffPacket returns the discriminators of the Up session and the whole
+// packet, read by the attacker from a packet the router sends to the
+// speaker.
 func (s *bfdSegment) sniffPacket(t *testing.T) (discriminators, []byte) {
 	t.Helper()
 	want := netip.AddrPortFrom(s.host.Addr(), s.port)

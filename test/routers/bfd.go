@@ -66,6 +66,21 @@ func bfddConfig(cfg FRRConfig) string {
 	return b.String()
 }
 
+// checkBFD fails the test when cfg asks for BFD FRR cannot run: without
+// zebra (bgpd reaches bfdd through it), or with authentication (bfdd has
+// none; test it with BIRD).
+func (cfg FRRConfig) checkBFD(t harness.T) {
+	t.Helper()
+	if cfg.hasBFD() && !cfg.Zebra {
+		t.Fatal("frr: BFD requires Netns and Zebra: bgpd reaches bfdd through zebra")
+	}
+	for _, n := range cfg.Neighbors {
+		if n.BFD != nil && n.BFD.Auth != nil {
+			t.Fatal("frr: bfdd has no BFD authentication; test it with BIRD")
+		}
+	}
+}
+
 // hasBFD reports whether a neighbor of cfg runs BFD.
 func (cfg FRRConfig) hasBFD() bool {
 	for _, n := range cfg.Neighbors {

@@ -118,14 +118,7 @@ func StartFRR(t harness.T, cfg FRRConfig) *FRR {
 	if cfg.Zebra && cfg.Netns == "" {
 		t.Fatal("frr: Zebra requires Netns: zebra would change the test machine's routes")
 	}
-	if cfg.hasBFD() && !cfg.Zebra {
-		t.Fatal("frr: BFD requires Netns and Zebra: bgpd reaches bfdd through zebra")
-	}
-	for _, n := range cfg.Neighbors {
-		if n.BFD != nil && n.BFD.Auth != nil {
-			t.Fatal("frr: bfdd has no BFD authentication; test it with BIRD")
-		}
-	}
+	cfg.checkBFD(t)
 	var dir string
 	var port int
 	var err error
