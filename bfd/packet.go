@@ -14,7 +14,8 @@
 // A received packet passes the reception rules of RFC 5880 section 6.8.6
 // before it touches a session: Unmarshal's checks of the packet alone, the
 // session's selection by Your Discriminator (by the peer's address only
-// while it is zero, and then only for a session that is Down or AdminDown),
+// while it is zero, and then only for a session that is Down or AdminDown,
+// or from the peer's own discriminator saying Down),
 // the TTL (255 for single hop, the session's minimum for multihop), and
 // Session.Accept's checks against the session's state and authentication.
 // Every discarded packet is counted by reason in

@@ -296,10 +296,12 @@ func (c Change) Changed() bool { return c.From != c.To }
 //   - a zero Your Discriminator (the peer does not know this session yet)
 //     is accepted while the session is Down or AdminDown; while it is
 //     Init or Up only from the peer's own session telling it is Down or
-//     AdminDown, known by its My Discriminator (FRR's bfdd sends its
-//     last packet, when it deletes a session, with Your Discriminator 0).
-//     Without this, a packet forged with the peer's address alone took an
-//     Up session down;
+//     AdminDown, known by its My Discriminator (FRR 8.4's bfdd sends its
+//     last packet that way when it replaces a session as BGP comes up;
+//     discarding it reset BGP on every BGP up). Forging it needs the
+//     peer's random discriminator, which only an attacker who sees the
+//     session's packets has. Without the rule, a packet forged with the
+//     peer's address alone took an Up session down;
 //   - while Up, My Discriminator must be the peer's: it does not change
 //     during a session;
 //   - the A bit must match the session's authentication, and with
