@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
@@ -28,13 +29,18 @@ const (
 )
 
 // TTLs accepted on received packets: single hop accepts only 255, the
-// generalized TTL security mechanism RFC 5881 section 5 requires. Multihop
-// accepts any (RFC 5883 leaves the check to the configuration): BIRD sends
-// multihop packets with the system's default TTL, 64, where FRR sends 255;
-// a session's random discriminators keep a stray packet out.
+// generalized TTL security mechanism RFC 5881 section 5 requires.
+// Multihop accepts DefaultMultihopMinTTL unless the session says
+// otherwise (RFC 5883 section 5 leaves the check to the configuration):
+// FRR's bfdd sends multihop packets with TTL 255 and accepts 254 by
+// default; BIRD sends them with the system's default TTL, 64, so a
+// session with BIRD sets SessionConfig.MinTTL to 64 or less (one less per
+// router between them).
 const (
 	singleHopMinTTL = 255
-	multihopMinTTL  = 1
+	// DefaultMultihopMinTTL is the least TTL a multihop session accepts
+	// when SessionConfig.MinTTL is 0: one router between the sides.
+	DefaultMultihopMinTTL = 254
 )
 
 // shutdownPackets is how many AdminDown packets a removed session sends,
@@ -51,8 +57,26 @@ type SessionConfig struct {
 	Local netip.Addr
 	// Multihop selects RFC 5883 instead of RFC 5881.
 	Multihop bool
+	// MinTTL is the least TTL (IPv6 hop limit) a multihop session accepts,
+	// 1 to 255; 0 means DefaultMultihopMinTTL. Packets below it are
+	// dropped by the receiving socket's filter in the kernel and checked
+	// again per session. Single hop always requires 255.
+	MinTTL uint8
 	// Timers are the session's timers.
 	Timers Timers
+	// Auth, when set, authenticates the session's packets.
+	Auth *Auth
+}
+
+// minTTL returns the least TTL the session accepts.
+func (c *SessionConfig) minTTL() uint8 {
+	switch {
+	case !c.Multihop:
+		return singleHopMinTTL
+	case c.MinTTL == 0:
+		return DefaultMultihopMinTTL
+	}
+	return c.MinTTL
 }
 
 // Event is a session's change of state.
@@ -92,17 +116,20 @@ type Status struct {
 	// Local is the local address in use.
 	Local netip.Addr
 	// PacketsIn and PacketsOut count Control packets; Downs counts the
-	// session's changes from Up to Down.
-	PacketsIn, PacketsOut, Downs uint64
+	// session's changes from Up to Down; Discarded counts the packets
+	// matched to the session and discarded (RFC 5880 section 6.8.6:
+	// wrong discriminators for its state, TTL, authentication).
+	PacketsIn, PacketsOut, Downs, Discarded uint64
 	// Err is the last socket error, if any.
 	Err string
 }
 
 // Manager runs BFD sessions over UDP sockets in the caller's network
 // namespace. Packets are received on one socket per local address and
-// port, demultiplexed by Your Discriminator (or, while it is zero, by the
-// peer's address); each session sends from its own socket, from a source
-// port in 49152-65535, with TTL 255.
+// port, whose kernel filter drops those below the least TTL of its
+// sessions, demultiplexed by Your Discriminator (or, while it is zero, by
+// the peer's address); each session sends from its own socket, from a
+// source port in 49152-65535, with TTL 255.
 type Manager struct {
 	log      klog.Logger
 	onChange func(Event)
@@ -127,14 +154,23 @@ func NewManager(log klog.Logger, onChange func(Event)) *Manager {
 }
 
 // Set creates the session key with cfg, or changes its timers. A change of
-// the peer, the local address or multihop recreates the session; a change
-// of timers alone renegotiates them with a Poll sequence, without a flap.
+// the peer, the local address, multihop, the minimum TTL or the
+// authentication recreates the session; a change of timers alone
+// renegotiates them with a Poll sequence, without a flap.
 func (m *Manager) Set(key string, cfg SessionConfig) error {
 	if err := cfg.Timers.Validate(); err != nil {
 		return err
 	}
 	if !cfg.Peer.IsValid() {
 		return errors.New("bfd: no peer address")
+	}
+	if cfg.MinTTL != 0 && !cfg.Multihop {
+		return errors.New("bfd: a minimum TTL applies to multihop sessions only: single hop accepts TTL 255 alone")
+	}
+	if cfg.Auth != nil {
+		if err := cfg.Auth.Validate(); err != nil {
+			return err
+		}
 	}
 	cfg.Peer = cfg.Peer.Unmap()
 	cfg.Local = cfg.Local.Unmap()
@@ -144,7 +180,7 @@ func (m *Manager) Set(key string, cfg SessionConfig) error {
 		return errors.New("bfd: manager is closed")
 	}
 	if r, ok := m.sessions[key]; ok {
-		if r.cfg.Peer == cfg.Peer && r.cfg.Local == cfg.Local && r.cfg.Multihop == cfg.Multihop {
+		if r.cfg.Peer == cfg.Peer && r.cfg.Local == cfg.Local && r.cfg.Multihop == cfg.Multihop && r.cfg.minTTL() == cfg.minTTL() && r.cfg.Auth.Equal(cfg.Auth) {
 			r.cfg.Timers = cfg.Timers
 			m.mu.Unlock()
 			r.setTimers(cfg.Timers)
@@ -182,7 +218,7 @@ func (m *Manager) add(key string, cfg SessionConfig) error {
 	lk := netip.AddrPortFrom(local, port)
 	l := m.listeners[lk]
 	if l == nil {
-		if l, err = m.listen(lk, cfg.Multihop); err != nil {
+		if l, err = m.listen(lk); err != nil {
 			_ = tx.Close()
 			return err
 		}
@@ -194,8 +230,22 @@ func (m *Manager) add(key string, cfg SessionConfig) error {
 		discr = randomDiscriminator()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	r := m.newRunner(key, cfg, local, port, tx, lk, discr, cancel)
+	r.status = r.snapshot(time.Now())
+	m.sessions[key] = r
+	m.byDiscr[discr] = r
+	m.filterLocked(lk)
+	go r.run(ctx)
+	// cfg.Auth's String leaves the key out.
+	r.log.V(2).Info("Started BFD session", "local", local, "multihop", cfg.Multihop, "minTTL", r.minTTL, "auth", cfg.Auth.String(),
+		"minTx", cfg.Timers.MinTx, "minRx", cfg.Timers.MinRx, "multiplier", cfg.Timers.Multiplier)
+	return nil
+}
+
+// newRunner returns the runner of a new session, not started.
+func (m *Manager) newRunner(key string, cfg SessionConfig, local netip.Addr, port uint16, tx *sender, lk netip.AddrPort, discr uint32, cancel context.CancelFunc) *runner {
 	r := &runner{
-		key: key, cfg: cfg, local: local, port: port, tx: tx, listener: lk,
+		key: key, cfg: cfg, local: local, port: port, tx: tx, listener: lk, minTTL: int(cfg.minTTL()),
 		s:      NewSession(discr, cfg.Timers),
 		rx:     make(chan received, 16),
 		timers: make(chan Timers, 1),
@@ -203,12 +253,12 @@ func (m *Manager) add(key string, cfg SessionConfig) error {
 		log:    m.log.WithValues("bfdPeer", cfg.Peer, "key", key),
 		notify: m.onChange,
 	}
-	r.status = r.snapshot(time.Now())
-	m.sessions[key] = r
-	m.byDiscr[discr] = r
-	go r.run(ctx)
-	r.log.V(2).Info("Started BFD session", "local", local, "multihop", cfg.Multihop, "minTx", cfg.Timers.MinTx, "minRx", cfg.Timers.MinRx, "multiplier", cfg.Timers.Multiplier)
-	return nil
+	if cfg.Auth != nil {
+		// bfd.XmitAuthSeq starts at a random value (RFC 5880 section
+		// 6.8.1), drawn like a discriminator.
+		r.s.SetAuth(cfg.Auth, randomDiscriminator())
+	}
+	return r
 }
 
 // Remove takes the session key down: it sends AdminDown packets and
@@ -238,9 +288,35 @@ func (m *Manager) removeLocked(key string) *runner {
 		if l.users == 0 {
 			delete(m.listeners, r.listener)
 			_ = l.conn.Close()
+		} else {
+			m.filterLocked(r.listener)
 		}
 	}
 	return r
+}
+
+// filterLocked sets the kernel filter of listener lk to the least TTL its
+// sessions accept; the caller holds m.mu. A filter that cannot be set is
+// logged: the sessions check the TTL themselves as well.
+func (m *Manager) filterLocked(lk netip.AddrPort) {
+	l := m.listeners[lk]
+	if l == nil {
+		return
+	}
+	least := 255
+	for _, r := range m.sessions {
+		if r.listener == lk {
+			least = min(least, r.minTTL)
+		}
+	}
+	if least == l.minTTL {
+		return
+	}
+	if err := setTTLFilter(l.conn, lk.Addr().Is4(), least); err != nil {
+		m.log.Error(err, "Cannot set the kernel's TTL filter on the BFD socket; sessions still check the TTL", "local", lk, "minTTL", least)
+		return
+	}
+	l.minTTL = least
 }
 
 // Status returns a snapshot of the session key.
@@ -354,82 +430,143 @@ func (s *sender) Close() error { return s.conn.Close() }
 type listener struct {
 	conn  *net.UDPConn
 	users int
+	// minTTL is the TTL its kernel filter accepts from (0: no filter yet).
+	minTTL int
 }
 
 // received is a packet handed to a session.
 type received struct {
-	p  Control
-	at time.Time
+	p   Control
+	raw []byte
+	ttl int
+	at  time.Time
 }
 
-// listen opens the receiving socket of la and starts its reader.
-func (m *Manager) listen(la netip.AddrPort, multihop bool) (*listener, error) {
+// listen opens the receiving socket of la and starts its reader. The
+// socket reports each packet's TTL (hop limit) and the kernel's count of
+// packets it dropped (its filter's, see setTTLFilter).
+func (m *Manager) listen(la netip.AddrPort) (*listener, error) {
+	v4 := la.Addr().Is4()
 	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		if err := rc.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+			serr = listenOptions(int(fd), v4)
 		}); err != nil {
 			return err
 		}
 		return serr
 	}}
-	pc, err := lc.ListenPacket(context.Background(), "udp", la.String())
+	network := "udp6"
+	if v4 {
+		network = "udp4"
+	}
+	pc, err := lc.ListenPacket(context.Background(), network, la.String())
 	if err != nil {
 		return nil, fmt.Errorf("bfd: listen on %s: %w", la, err)
 	}
-	conn := pc.(*net.UDPConn)
-	minTTL := singleHopMinTTL
-	if multihop {
-		minTTL = multihopMinTTL
-	}
-	var read func([]byte) (int, int, netip.Addr, error)
-	if la.Addr().Is4() {
-		p := ipv4.NewPacketConn(conn)
-		if err := p.SetControlMessage(ipv4.FlagTTL, true); err != nil {
-			_ = conn.Close()
-			return nil, fmt.Errorf("bfd: receive TTLs on %s: %w", la, err)
-		}
-		read = func(b []byte) (int, int, netip.Addr, error) {
-			n, cm, src, err := p.ReadFrom(b)
-			ttl := -1
-			if cm != nil {
-				ttl = cm.TTL
-			}
-			return n, ttl, addrOf(src), err
-		}
-	} else {
-		p := ipv6.NewPacketConn(conn)
-		if err := p.SetControlMessage(ipv6.FlagHopLimit, true); err != nil {
-			_ = conn.Close()
-			return nil, fmt.Errorf("bfd: receive hop limits on %s: %w", la, err)
-		}
-		read = func(b []byte) (int, int, netip.Addr, error) {
-			n, cm, src, err := p.ReadFrom(b)
-			ttl := -1
-			if cm != nil {
-				ttl = cm.HopLimit
-			}
-			return n, ttl, addrOf(src), err
-		}
-	}
-	l := &listener{conn: conn}
-	go m.readLoop(la, read, minTTL, multihop)
+	l := &listener{conn: pc.(*net.UDPConn)}
+	go m.readLoop(la, l.conn)
 	return l, nil
 }
 
-func addrOf(a net.Addr) netip.Addr {
-	if u, ok := a.(*net.UDPAddr); ok {
-		return u.AddrPort().Addr().Unmap()
+// listenOptions sets a listening socket's options: shared address,
+// received TTLs or hop limits, and the kernel's drop count.
+func listenOptions(fd int, v4 bool) error {
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		return fmt.Errorf("bfd: SO_REUSEADDR: %w", err)
 	}
-	return netip.Addr{}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1); err != nil {
+		return fmt.Errorf("bfd: SO_RXQ_OVFL: %w", err)
+	}
+	if v4 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_RECVTTL, 1); err != nil {
+			return fmt.Errorf("bfd: receive TTLs: %w", err)
+		}
+		return nil
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_RECVHOPLIMIT, 1); err != nil {
+		return fmt.Errorf("bfd: receive hop limits: %w", err)
+	}
+	return nil
 }
 
-// readLoop reads la's packets until its socket closes and hands each valid
-// one to its session.
-func (m *Manager) readLoop(la netip.AddrPort, read func([]byte) (int, int, netip.Addr, error), minTTL int, multihop bool) {
+// setTTLFilter attaches to c a socket filter that drops, in the kernel,
+// every packet whose TTL (IPv6 hop limit) is below minTTL. Linux applies
+// IP_MINTTL and IPV6_MINHOPCOUNT to TCP only: a UDP socket with them set
+// still receives a TTL 1 datagram, so the check is a classic BPF program
+// reading the IP header (SKF_NET_OFF). The kernel counts what it drops
+// in the socket's drop counter, which the reader reports (reason
+// "kernel").
+func setTTLFilter(c *net.UDPConn, v4 bool, minTTL int) error {
+	field := int32(skfNetOff + 7) // IPv6 hop limit
+	if v4 {
+		field = skfNetOff + 8 // IPv4 TTL
+	}
+	off := uint32(field) //nolint:gosec // the negative offset's two's complement, as the kernel reads it
+	prog := []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_B | unix.BPF_ABS, K: off},
+		{Code: unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K, Jt: 0, Jf: 1, K: uint32(minTTL)}, //nolint:gosec // 1 to 255
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0xffffffff},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("bfd: TTL filter: %w", err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}) //nolint:gosec // four instructions
+	}); err != nil {
+		return fmt.Errorf("bfd: TTL filter: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("bfd: TTL filter %d: %w", minTTL, serr)
+	}
+	return nil
+}
+
+// skfNetOff is SKF_NET_OFF: a classic BPF load at this offset plus n reads
+// byte n of the network header.
+const skfNetOff = -0x100000
+
+// readMeta is what a received packet's control messages say.
+type readMeta struct {
+	// ttl is the TTL or hop limit, -1 when unknown.
+	ttl int
+	// drops is the socket's drop count, when hasDrops.
+	drops    uint32
+	hasDrops bool
+}
+
+// parseControl reads the TTL or hop limit and the drop count from oob.
+func parseControl(oob []byte) readMeta {
+	meta := readMeta{ttl: -1}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return meta
+	}
+	for _, msg := range msgs {
+		h := msg.Header
+		switch {
+		case len(msg.Data) < 4:
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TTL, h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_HOPLIMIT:
+			meta.ttl = int(int32(binary.NativeEndian.Uint32(msg.Data))) //nolint:gosec // the kernel's int
+		case h.Level == unix.SOL_SOCKET && h.Type == unix.SO_RXQ_OVFL:
+			meta.drops, meta.hasDrops = binary.NativeEndian.Uint32(msg.Data), true
+		}
+	}
+	return meta
+}
+
+// readLoop reads la's packets until its socket closes and hands each one
+// that passes the packet's own checks to its session; it counts the
+// others, and the kernel's drops, by reason.
+func (m *Manager) readLoop(la netip.AddrPort, conn *net.UDPConn) {
 	buf := make([]byte, 512)
+	oob := make([]byte, 128)
+	var drops uint32
 	for {
-		n, ttl, src, err := read(buf)
+		n, oobn, _, from, err := conn.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -438,41 +575,51 @@ func (m *Manager) readLoop(la netip.AddrPort, read func([]byte) (int, int, netip
 			continue
 		}
 		now := time.Now()
-		if ttl < minTTL {
-			m.log.V(4).Info("Discarded a BFD packet: TTL below the minimum", "local", la, "from", src, "ttl", ttl, "min", minTTL)
-			continue
+		src := from.Addr().Unmap()
+		meta := parseControl(oob[:oobn])
+		if meta.hasDrops && meta.drops != drops {
+			countDiscard(reasonKernel, uint64(meta.drops-drops))
+			drops = meta.drops
 		}
 		p, err := Unmarshal(buf[:n])
 		if err != nil {
-			m.log.V(4).Info("Discarded a BFD packet", "local", la, "from", src, "err", err)
+			m.discard(la, src, err)
 			continue
 		}
-		r := m.demux(p, src, la.Addr(), multihop)
+		r := m.demux(p, src, la)
 		if r == nil {
-			m.log.V(4).Info("Discarded a BFD packet of no session", "local", la, "from", src, "yourDiscriminator", p.YourDiscriminator)
+			m.discard(la, src, ErrNoSession)
 			continue
 		}
 		select {
-		case r.rx <- received{p: p, at: now}:
+		case r.rx <- received{p: p, raw: append([]byte(nil), buf[:min(n, MaxPacketLen)]...), ttl: meta.ttl, at: now}:
 		default:
 			// The session is behind; its next packet tells the same.
 		}
 	}
 }
 
-// demux finds the session of a packet from src to local.
-func (m *Manager) demux(p Control, src, local netip.Addr, multihop bool) *runner {
+// discard counts a discarded packet and logs it at level 4.
+func (m *Manager) discard(la netip.AddrPort, src netip.Addr, err error) {
+	countDiscard(Reason(err), 1)
+	m.log.V(4).Info("Discarded a BFD packet", "local", la, "from", src, "reason", Reason(err), "err", err)
+}
+
+// demux finds the session of a packet from src to local address and port
+// la: by Your Discriminator when it is nonzero (the session must be the
+// peer's and this socket's), else by the peer's address.
+func (m *Manager) demux(p Control, src netip.Addr, la netip.AddrPort) *runner {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if p.YourDiscriminator != 0 {
 		r := m.byDiscr[p.YourDiscriminator]
-		if r == nil || r.cfg.Peer != src {
+		if r == nil || r.cfg.Peer != src || r.listener != la {
 			return nil
 		}
 		return r
 	}
 	for _, r := range m.sessions {
-		if r.cfg.Peer == src && r.local == local && r.cfg.Multihop == multihop {
+		if r.cfg.Peer == src && r.listener == la {
 			return r
 		}
 	}
@@ -487,8 +634,10 @@ type runner struct {
 	port     uint16
 	tx       *sender
 	listener netip.AddrPort
-	log      klog.Logger
-	notify   func(Event)
+	// minTTL is the least TTL the session accepts.
+	minTTL int
+	log    klog.Logger
+	notify func(Event)
 
 	// s is owned by the run goroutine.
 	s      *Session
@@ -558,11 +707,10 @@ func (r *runner) run(ctx context.Context) {
 			ch = r.s.Expire(time.Now())
 			armDetect()
 		case p := <-r.rx:
-			ch = r.s.Receive(p.p, p.at)
-			if ch.Changed() {
-				r.log.V(4).Info("BFD packet changed the session's state", "state", p.p.State, "diag", p.p.Diag, "myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)
+			var ok bool
+			if ch, ok = r.receive(p); !ok {
+				continue
 			}
-			r.count(func(s *Status) { s.PacketsIn++ })
 			armDetect()
 			if ch.SendFinal {
 				r.send(true)
@@ -586,6 +734,29 @@ func (r *runner) run(ctx context.Context) {
 	}
 }
 
+// receive checks p against the session, its TTL first (Accept moves the
+// authentication sequence), and applies it; ok is false when p was
+// discarded, which changes nothing but the counters.
+func (r *runner) receive(p received) (ch Change, ok bool) {
+	err := ErrTTL
+	if p.ttl >= r.minTTL {
+		err = r.s.Accept(p.p, p.raw, p.at)
+	}
+	if err != nil {
+		countDiscard(Reason(err), 1)
+		r.count(func(s *Status) { s.Discarded++ })
+		r.log.V(4).Info("Discarded a BFD packet", "reason", Reason(err), "err", err, "ttl", p.ttl, "state", p.p.State,
+			"myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)
+		return Change{}, false
+	}
+	ch = r.s.Receive(p.p, p.at)
+	if ch.Changed() {
+		r.log.V(4).Info("BFD packet changed the session's state", "state", p.p.State, "diag", p.p.Diag, "myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)
+	}
+	r.count(func(s *Status) { s.PacketsIn++ })
+	return ch, true
+}
+
 // shutdown sends the AdminDown packets of a removed session.
 func (r *runner) shutdown() {
 	ch := r.s.Shutdown()
@@ -601,8 +772,7 @@ func (r *runner) shutdown() {
 
 // send sends one packet.
 func (r *runner) send(final bool) {
-	p := r.s.Packet(final)
-	b := p.Marshal(make([]byte, 0, controlLen))
+	b := r.s.AppendPacket(make([]byte, 0, MaxPacketLen), final)
 	_, err := r.tx.conn.WriteToUDPAddrPort(b, netip.AddrPortFrom(r.cfg.Peer, r.port))
 	r.count(func(s *Status) {
 		if err != nil {
@@ -624,7 +794,7 @@ func (r *runner) count(f func(*Status)) {
 func (r *runner) record(ch Change, now time.Time) {
 	snap := r.snapshot(now)
 	r.mu.Lock()
-	snap.PacketsIn, snap.PacketsOut, snap.Downs, snap.Err = r.status.PacketsIn, r.status.PacketsOut, r.status.Downs, r.status.Err
+	snap.PacketsIn, snap.PacketsOut, snap.Downs, snap.Discarded, snap.Err = r.status.PacketsIn, r.status.PacketsOut, r.status.Downs, r.status.Discarded, r.status.Err
 	if !ch.Changed() {
 		snap.Since = r.status.Since
 	}

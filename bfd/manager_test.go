@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/ipv4"
 	"k8s.io/klog/v2/ktesting"
 )
 
@@ -155,5 +156,129 @@ func TestSenderSocket(t *testing.T) {
 	}
 	if a, b := randomDiscriminator(), randomDiscriminator(); a == b {
 		t.Errorf("two discriminators in a row are both %d", a)
+	}
+}
+
+// upPairOn starts sessions "b" on ma (local a1, peer a2) and "a" on mb
+// (the reverse) with cfg's multihop, minimum TTL and authentication, and
+// waits until both are Up.
+func upPairOn(t *testing.T, a1, a2 netip.Addr, cfg SessionConfig) (ma, mb *Manager) {
+	t.Helper()
+	ma = NewManager(ktesting.NewLogger(t, ktesting.NewConfig()), nil)
+	mb = NewManager(ktesting.NewLogger(t, ktesting.NewConfig()), nil)
+	t.Cleanup(ma.Close)
+	t.Cleanup(mb.Close)
+	ca, cb := cfg, cfg
+	ca.Peer, ca.Local, ca.Timers = a2, a1, fast
+	cb.Peer, cb.Local, cb.Timers = a1, a2, fast
+	if err := ma.Set("b", ca); err != nil {
+		t.Fatal(err)
+	}
+	if err := mb.Set("a", cb); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, ma, "b", Up, 5*time.Second)
+	waitState(t, mb, "a", Up, 5*time.Second)
+	return ma, mb
+}
+
+// sendWithTTL sends b from src (any port) to dst with the given TTL.
+func sendWithTTL(t *testing.T, src netip.Addr, dst netip.AddrPort, ttl int, b []byte) {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	if err := ipv4.NewPacketConn(c).SetTTL(ttl); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteToUDPAddrPort(b, dst); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMultihopMinTTL runs multihop sessions over loopback (addresses of
+// their own, so that other tests' sessions do not share the sockets): a
+// Down packet with the session's own discriminators and a TTL below the
+// minimum leaves the session Up. Below the least minimum of the socket's
+// sessions the kernel's filter drops it (counted "kernel"); between that
+// and a session's own minimum the session drops it (counted "ttl"). At or
+// above the minimum the same packet takes the session Down, so the
+// discriminators were right.
+func TestMultihopMinTTL(t *testing.T) {
+	a1, a2, a3 := netip.MustParseAddr("127.0.0.41"), netip.MustParseAddr("127.0.0.42"), netip.MustParseAddr("127.0.0.43")
+	ma, _ := upPairOn(t, a1, a2, SessionConfig{Multihop: true})
+	// A second multihop session on a's socket, toward a silent peer,
+	// accepting TTL 64: the kernel filter now passes 64 and up.
+	if err := ma.Set("bird", SessionConfig{Peer: a3, Local: a1, Multihop: true, MinTTL: 64, Timers: fast}); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := ma.Status("b")
+	forged := Control{State: Down, Diag: DiagDetectionTimeExpired, DetectMult: 3, MyDiscriminator: st.RemoteDiscr, YourDiscriminator: st.LocalDiscr,
+		DesiredMinTx: time.Second, RequiredMinRx: time.Second}.Marshal(nil)
+	dst := netip.AddrPortFrom(a1, MultihopPort)
+	for _, tc := range []struct {
+		ttl    int
+		reason string
+	}{{1, reasonKernel}, {63, reasonKernel}, {64, "ttl"}, {253, "ttl"}} {
+		kernel, ttl := Discarded(reasonKernel), Discarded("ttl")
+		before, _ := ma.Status("b")
+		sendWithTTL(t, a2, dst, tc.ttl, forged)
+		// The kernel's count arrives with the next packet the socket
+		// receives (the peer sends every 100ms).
+		time.Sleep(400 * time.Millisecond)
+		after, _ := ma.Status("b")
+		if after.State != Up || after.Downs != before.Downs {
+			t.Fatalf("TTL %d: session %+v, want it Up", tc.ttl, after)
+		}
+		gotKernel, gotTTL := Discarded(reasonKernel)-kernel, Discarded("ttl")-ttl
+		if tc.reason == reasonKernel && (gotKernel != 1 || gotTTL != 0) || tc.reason == "ttl" && (gotKernel != 0 || gotTTL != 1 || after.Discarded != before.Discarded+1) {
+			t.Fatalf("TTL %d: %d kernel and %d ttl discards (session's %d), want one, %s", tc.ttl, gotKernel, gotTTL, after.Discarded-before.Discarded, tc.reason)
+		}
+	}
+	// The silent peer's session goes: the filter is back at 254.
+	ma.Remove("bird")
+	kernel := Discarded(reasonKernel)
+	sendWithTTL(t, a2, dst, 64, forged)
+	time.Sleep(400 * time.Millisecond)
+	if got := Discarded(reasonKernel) - kernel; got != 1 {
+		t.Fatalf("TTL 64 after the TTL 64 session left: %d kernel discards, want 1", got)
+	}
+	sendWithTTL(t, a2, dst, 254, forged)
+	waitStatus(t, ma, "b", "one down transition (it comes back Up at once)", 2*time.Second, func(st Status) bool { return st.Downs == 1 })
+}
+
+// TestAuthenticatedManagers runs two Managers with Keyed SHA1 over
+// loopback: Up; a packet without authentication, or signed with another
+// key, is discarded and counted, and the session stays Up.
+func TestAuthenticatedManagers(t *testing.T) {
+	a1, a2 := netip.MustParseAddr("127.0.0.44"), netip.MustParseAddr("127.0.0.45")
+	auth := &Auth{Type: AuthMeticulousKeyedSHA1, KeyID: 7, Key: []byte("a shared secret")}
+	ma, _ := upPairOn(t, a1, a2, SessionConfig{Auth: auth})
+	st, _ := ma.Status("b")
+	p := Control{State: Down, Diag: DiagDetectionTimeExpired, DetectMult: 3, MyDiscriminator: st.RemoteDiscr, YourDiscriminator: st.LocalDiscr,
+		DesiredMinTx: time.Second, RequiredMinRx: time.Second}
+	dst := netip.AddrPortFrom(a1, SingleHopPort)
+	// The attacker does not know the sequence number: its packet fails the
+	// sequence window or the digest, whichever comes first.
+	missing, wrongKey := Discarded("auth_missing"), Discarded("auth_digest")+Discarded("auth_sequence")
+	sendWithTTL(t, a2, dst, 255, p.Marshal(nil))
+	p.AuthPresent, p.AuthType, p.AuthKeyID, p.AuthSeq = true, auth.Type, auth.KeyID, 1<<31
+	wrong := p.Marshal(nil)
+	Sign(wrong, []byte("a guessed secret"))
+	sendWithTTL(t, a2, dst, 255, wrong)
+	time.Sleep(300 * time.Millisecond)
+	if st, _ := ma.Status("b"); st.State != Up || st.Downs != 0 {
+		t.Fatalf("session %+v after forged packets, want Up", st)
+	}
+	if got := Discarded("auth_digest") + Discarded("auth_sequence") - wrongKey; Discarded("auth_missing") != missing+1 || got != 1 {
+		t.Fatalf("auth_missing +%d, auth_digest and auth_sequence +%d; want one each", Discarded("auth_missing")-missing, got)
+	}
+	if err := ma.Set("c", SessionConfig{Peer: a2, Local: a1, Timers: fast, Auth: &Auth{Type: AuthKeyedMD5, Key: []byte("k")}}); err == nil {
+		t.Fatal("keyed MD5 accepted")
+	}
+	if err := ma.Set("c", SessionConfig{Peer: a2, Local: a1, Timers: fast, MinTTL: 64}); err == nil {
+		t.Fatal("a minimum TTL accepted on a single-hop session")
 	}
 }

@@ -44,7 +44,14 @@ func TestUnmarshalDiscards(t *testing.T) {
 		{"version 2", func(b []byte) []byte { b[0] = b[0]&0x1f | 2<<5; return b }, ErrVersion},
 		{"length below 24", func(b []byte) []byte { b[3] = 20; return b }, ErrLength},
 		{"length beyond the packet", func(b []byte) []byte { b[3] = 26; return b }, ErrLength},
-		{"authentication", func(b []byte) []byte { b[1] |= 0x04; b[3] = 26; return append(b, 1, 2) }, ErrAuthRequired},
+		{"authentication, length 24", func(b []byte) []byte { b[1] |= 0x04; return append(b, 1, 2) }, ErrLength},
+		{"authentication section beyond the length", func(b []byte) []byte { b[1] |= 0x04; b[3] = 26; return append(b, 1, 3, 0) }, ErrAuthLength},
+		{"keyed SHA1 section of 24 bytes", func(b []byte) []byte {
+			b[1] |= 0x04
+			b[3] = 48
+			return append(append(b, byte(AuthKeyedSHA1), 24), make([]byte, 22)...)
+		}, ErrAuthLength},
+		{"simple password (the session decides)", func(b []byte) []byte { b[1] |= 0x04; b[3] = 28; return append(b, 1, 4, 1, 'x') }, nil},
 		{"multiplier 0", func(b []byte) []byte { b[2] = 0; return b }, ErrDetectMult},
 		{"multipoint", func(b []byte) []byte { b[1] |= 0x01; return b }, ErrMultipoint},
 		{"my discriminator 0", func(b []byte) []byte { copy(b[4:8], []byte{0, 0, 0, 0}); return b }, ErrMyDiscr},
@@ -78,16 +85,26 @@ func FuzzUnmarshal(f *testing.F) {
 	c := Control{State: Up, DetectMult: 3, MyDiscriminator: 1, YourDiscriminator: 2, DesiredMinTx: time.Second}
 	f.Add(c.Marshal(nil))
 	f.Add([]byte{})
+	c.AuthPresent, c.AuthType, c.AuthKeyID, c.AuthSeq = true, AuthKeyedSHA1, 7, 42
+	signed := c.Marshal(nil)
+	Sign(signed, []byte("secret"))
+	f.Add(signed)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := Unmarshal(b)
 		if err != nil {
 			return
+		}
+		if p.AuthPresent && !p.AuthType.sha1() {
+			return // Marshal sends no other type
 		}
 		back, err := Unmarshal(p.Marshal(nil))
 		if err != nil {
 			t.Fatalf("re-encoded packet refused: %v", err)
 		}
 		p.Length = controlLen
+		if p.AuthPresent {
+			p.Length = sha1Len
+		}
 		if back != p {
 			t.Fatalf("round trip changed %+v to %+v", p, back)
 		}

@@ -1,6 +1,8 @@
 package bfd
 
 import (
+	"crypto/sha1" //nolint:gosec // RFC 5880 section 6.7.4 specifies SHA1
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"time"
@@ -68,6 +70,67 @@ type Session struct {
 	// deadline is when the detection time runs out; zero when no packet
 	// has been received since the session last went Down.
 	deadline time.Time
+
+	// auth is the authentication in use (nil: none); xmitSeq is
+	// bfd.XmitAuthSeq, rcvSeq bfd.RcvAuthSeq, valid while seqKnown
+	// (bfd.AuthSeqKnown); lastRx is when the last packet was accepted.
+	auth     *Auth
+	xmitSeq  uint32
+	rcvSeq   uint32
+	seqKnown bool
+	lastRx   time.Time
+}
+
+// Auth is a session's authentication (RFC 5880 section 6.7).
+type Auth struct {
+	// Type is AuthKeyedSHA1 or AuthMeticulousKeyedSHA1.
+	Type AuthType
+	// KeyID is the key's ID, which both sides configure.
+	KeyID uint8
+	// Key is the secret, 1 to 20 bytes. It is never logged: it prints
+	// and marshals as "(redacted)".
+	Key Key
+}
+
+// Key is an authentication key: bytes that fmt, klog and JSON print as
+// "(redacted)", so that a logged configuration never shows them.
+type Key []byte
+
+// String returns "(redacted)".
+func (Key) String() string { return "(redacted)" }
+
+// GoString returns "(redacted)", for %#v.
+func (Key) GoString() string { return "(redacted)" }
+
+// MarshalJSON returns "(redacted)" as a JSON string.
+func (Key) MarshalJSON() ([]byte, error) { return []byte(`"(redacted)"`), nil }
+
+// Validate reports an authentication this package cannot run.
+func (a *Auth) Validate() error {
+	switch {
+	case !a.Type.sha1():
+		return fmt.Errorf("bfd authentication type %v is not supported; use keyed SHA1 or meticulous keyed SHA1", a.Type)
+	case len(a.Key) == 0 || len(a.Key) > sha1.Size:
+		return fmt.Errorf("bfd authentication key is %d bytes; use 1 to 20", len(a.Key))
+	}
+	return nil
+}
+
+// Equal reports whether a and b are the same authentication (both nil, or
+// the same type, key ID and key).
+func (a *Auth) Equal(b *Auth) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Type == b.Type && a.KeyID == b.KeyID && subtle.ConstantTimeCompare(a.Key, b.Key) == 1
+}
+
+// String describes the authentication without its key.
+func (a *Auth) String() string {
+	if a == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%v key ID %d", a.Type, a.KeyID)
 }
 
 // NewSession returns a session in state Down with the given (nonzero,
@@ -78,6 +141,20 @@ func NewSession(localDiscr uint32, t Timers) *Session {
 	s.requiredRx = t.MinRx
 	s.txInForce, s.rxInForce = s.desiredTx, s.requiredRx
 	return s
+}
+
+// SetAuth makes the session authenticate its packets and require
+// authenticated ones with a (nil: none, the default), starting its
+// transmit sequence number at seq (RFC 5880 section 6.8.1 asks for a
+// random start). The key is copied.
+func (s *Session) SetAuth(a *Auth, seq uint32) {
+	s.seqKnown = false
+	s.xmitSeq = seq
+	if a == nil {
+		s.auth = nil
+		return
+	}
+	s.auth = &Auth{Type: a.Type, KeyID: a.KeyID, Key: append(Key(nil), a.Key...)}
 }
 
 // State returns the local session state.
@@ -144,8 +221,34 @@ func (s *Session) DetectDeadline() time.Time { return s.deadline }
 
 // Packet returns the Control packet to send now; final answers a Poll.
 // A Poll sequence sets the P bit on every periodic packet until the Final
-// arrives; a Final never carries P (RFC 5880 section 6.5).
+// arrives; a Final never carries P (RFC 5880 section 6.5). With
+// authentication the packet carries the next sequence number (each call
+// takes one: RFC 5880 section 6.7.4 lets Keyed SHA1 and requires
+// Meticulous Keyed SHA1 to increase it on every packet) and no digest yet:
+// AppendPacket signs it.
 func (s *Session) Packet(final bool) Control {
+	c := s.packet(final)
+	if s.auth != nil {
+		c.AuthPresent, c.AuthType, c.AuthKeyID = true, s.auth.Type, s.auth.KeyID
+		s.xmitSeq++
+		c.AuthSeq = s.xmitSeq
+	}
+	return c
+}
+
+// AppendPacket appends the packet to send now (see Packet), signed when
+// the session authenticates.
+func (s *Session) AppendPacket(b []byte, final bool) []byte {
+	start := len(b)
+	b = s.Packet(final).Marshal(b)
+	if s.auth != nil {
+		Sign(b[start:], s.auth.Key)
+	}
+	return b
+}
+
+// packet is the packet to send now, without authentication.
+func (s *Session) packet(final bool) Control {
 	return Control{
 		Version:           Version,
 		Diag:              s.localDiag,
@@ -184,9 +287,78 @@ type Change struct {
 // Changed reports whether the state changed.
 func (c Change) Changed() bool { return c.From != c.To }
 
-// Receive applies a valid packet (one Unmarshal accepted and the caller
-// matched to this session) received at now: the reception rules of RFC
-// 5880 section 6.8.6.
+// Accept applies the reception rules of RFC 5880 section 6.8.6 that
+// depend on the session to p, a packet Unmarshal accepted, as received
+// (raw) at now; it returns nil when the packet is the session's, or one
+// of the Err values when it must be discarded. The rules:
+//
+//   - a nonzero Your Discriminator must be this session's;
+//   - a zero Your Discriminator (the peer does not know this session yet)
+//     is accepted while the session is Down or AdminDown; while it is
+//     Init or Up only from the peer's own session telling it is Down or
+//     AdminDown, known by its My Discriminator (FRR 8.4's bfdd sends its
+//     last packet that way when it replaces a session as BGP comes up;
+//     discarding it reset BGP on every BGP up). Forging it needs the
+//     peer's random discriminator, which only an attacker who sees the
+//     session's packets has. Without the rule, a packet forged with the
+//     peer's address alone took an Up session down;
+//   - while Up, My Discriminator must be the peer's: it does not change
+//     during a session;
+//   - the A bit must match the session's authentication, and with
+//     authentication the type, key ID, digest and sequence number must
+//     pass (RFC 5880 section 6.7.4).
+//
+// A packet that passes moves the receive sequence number; call Receive
+// next.
+func (s *Session) Accept(p Control, raw []byte, now time.Time) error {
+	up := s.state == Init || s.state == Up
+	switch {
+	case p.YourDiscriminator != 0 && p.YourDiscriminator != s.localDiscr:
+		return ErrNoSession
+	case p.YourDiscriminator == 0 && up && (p.MyDiscriminator != s.remoteDiscr || p.State != Down && p.State != AdminDown):
+		return ErrSessionUp
+	case s.state == Up && p.MyDiscriminator != s.remoteDiscr:
+		return ErrPeerDiscr
+	}
+	if s.auth == nil {
+		if p.AuthPresent {
+			return ErrAuthRequired
+		}
+		s.lastRx = now
+		return nil
+	}
+	if !p.AuthPresent {
+		return ErrAuthMissing
+	}
+	if p.AuthType != s.auth.Type || p.AuthKeyID != s.auth.KeyID {
+		return ErrAuthKey
+	}
+	// bfd.AuthSeqKnown lapses after two detection times without a packet.
+	if s.seqKnown && (s.lastRx.IsZero() || now.Sub(s.lastRx) > 2*max(s.detectTime(), time.Duration(s.timers.Multiplier)*SlowTx)) {
+		s.seqKnown = false
+	}
+	if s.seqKnown {
+		// Modular distance from the last accepted number: within 3 x
+		// bfd.DetectMult, at least 1 for Meticulous Keyed SHA1.
+		d := p.AuthSeq - s.rcvSeq
+		least := uint32(0)
+		if s.auth.Type == AuthMeticulousKeyedSHA1 {
+			least = 1
+		}
+		if d < least || d > 3*uint32(s.timers.Multiplier) {
+			return ErrAuthSeq
+		}
+	}
+	if !verify(raw, s.auth.Key) {
+		return ErrAuthDigest
+	}
+	s.rcvSeq, s.seqKnown, s.lastRx = p.AuthSeq, true, now
+	return nil
+}
+
+// Receive applies a valid packet (one Unmarshal accepted, the caller
+// matched to this session, and Accept accepted) received at now: the
+// reception rules of RFC 5880 section 6.8.6 that change the session.
 func (s *Session) Receive(p Control, now time.Time) Change {
 	ch := Change{From: s.state}
 	s.remoteDiscr = p.MyDiscriminator

@@ -1,6 +1,7 @@
 package bfd
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -23,16 +24,31 @@ func newPair(ta, tb Timers) *pair {
 // send delivers one packet of from to to and answers a Poll with a Final.
 func (p *pair) send(t *testing.T, from, to *Session, final bool) Change {
 	t.Helper()
-	b := from.Packet(final).Marshal(nil)
-	c, err := Unmarshal(b)
+	ch, err := p.deliver(from, to, final)
 	if err != nil {
 		t.Fatalf("packet of %d refused: %v", from.LocalDiscriminator(), err)
 	}
+	return ch
+}
+
+// deliver sends one packet of from to to through the wire format and
+// Accept, and answers a Poll with a Final; it returns Accept's error.
+func (p *pair) deliver(from, to *Session, final bool) (Change, error) {
+	b := from.AppendPacket(nil, final)
+	c, err := Unmarshal(b)
+	if err != nil {
+		return Change{}, err
+	}
+	if err := to.Accept(c, b, p.now); err != nil {
+		return Change{From: to.State(), To: to.State()}, err
+	}
 	ch := to.Receive(c, p.now)
 	if ch.SendFinal {
-		p.send(t, to, from, true)
+		if _, err := p.deliver(to, from, true); err != nil {
+			return ch, err
+		}
 	}
-	return ch
+	return ch, nil
 }
 
 // exchange sends one periodic packet each way, a then b.
@@ -249,32 +265,55 @@ func TestTimersValidate(t *testing.T) {
 	}
 }
 
-// TestPeerResetIsNotAFailure: an Up session that hears a Down saying "no
-// diagnostic" (the peer started a new session, as FRR's bfdd does when
-// bgpd re-registers it) or "neighbor signaled session down" (FRR's bfdd
-// deleting its old session) goes Down marked PeerReset, and comes back Up;
-// a Down after the peer's detection time expired is a failure.
+// TestPeerResetIsNotAFailure: an Up session that hears the peer's own
+// session (its discriminator) say Down with "neighbor signaled session
+// down" (FRR's bfdd deleting a session, with Your Discriminator 0 as
+// bfdd sends it) or "no diagnostic" goes Down marked PeerReset, and comes
+// back Up with the peer's new session; a Down after the peer's detection
+// time expired is a failure. A new session of the peer (another
+// discriminator, Your Discriminator 0) is not heard while Up: only the
+// detection time ends the old one.
 func TestPeerResetIsNotAFailure(t *testing.T) {
 	p := upPair(t, fast, fast)
+	old := p.b
 	p.b = NewSession(99, fast)
-	ch := p.send(t, p.b, p.a, false)
+	if _, err := p.deliver(p.b, p.a, false); !errors.Is(err, ErrSessionUp) || p.a.State() != Up {
+		t.Fatalf("a (%v) heard the peer's new session while Up: %v, want ErrSessionUp", p.a.State(), err)
+	}
+	// The peer deletes its old session: Down, "neighbor signaled session
+	// down", Your Discriminator 0.
+	bye := old.Packet(false)
+	bye.State, bye.Diag, bye.YourDiscriminator = Down, DiagNeighborDown, 0
+	if err := p.a.Accept(bye, bye.Marshal(nil), p.now); err != nil {
+		t.Fatalf("the peer's deletion refused: %v", err)
+	}
+	ch := p.a.Receive(bye, p.now)
 	if ch.From != Up || ch.To != Down || !ch.PeerReset {
-		t.Fatalf("a after the new session's Down: %+v, want Up to Down with PeerReset", ch)
+		t.Fatalf("a after the peer's deletion: %+v, want Up to Down with PeerReset", ch)
 	}
 	if (Event{From: ch.From, To: ch.To, RemoteState: Down, PeerReset: true}).Failure() {
 		t.Fatal("a peer's reset counted as a path failure")
 	}
+	// a still names the old session (2) until the new one speaks: the new
+	// one discards those packets, as the peer's would.
 	for range 4 {
-		p.exchange(t)
+		for _, d := range [][2]*Session{{p.b, p.a}, {p.a, p.b}} {
+			if _, err := p.deliver(d[0], d[1], false); err != nil && !errors.Is(err, ErrNoSession) {
+				t.Fatal(err)
+			}
+		}
 	}
 	if p.a.State() != Up || p.a.RemoteDiscriminator() != 99 {
 		t.Fatalf("a: %v with remote discriminator %d, want Up with the new session 99", p.a.State(), p.a.RemoteDiscriminator())
 	}
-	// The peer deletes its session saying "neighbor signaled down".
-	bye := p.b.Packet(false)
-	bye.State, bye.Diag = Down, DiagNeighborDown
-	if ch := p.a.Receive(bye, p.now); ch.To != Down || !ch.PeerReset {
-		t.Fatalf("a after the peer's deletion: %+v, want Down with PeerReset", ch)
+	// The new session restarts with "no diagnostic", its discriminator.
+	again := p.b.Packet(false)
+	again.State, again.Diag = Down, DiagNone
+	if err := p.a.Accept(again, again.Marshal(nil), p.now); err != nil {
+		t.Fatal(err)
+	}
+	if ch := p.a.Receive(again, p.now); ch.To != Down || !ch.PeerReset {
+		t.Fatalf("a after the peer's reset: %+v, want Down with PeerReset", ch)
 	}
 	for range 4 {
 		p.exchange(t)

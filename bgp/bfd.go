@@ -45,7 +45,8 @@ func (g *GoBGP) syncBFD(want map[string]*Peer) {
 		if w.BFD == nil {
 			continue
 		}
-		err := g.bfd.Set(name, bfd.SessionConfig{Peer: w.Address, Local: w.SourceAddress, Multihop: w.BFD.Multihop, Timers: bfdTimers(w.BFD)})
+		err := g.bfd.Set(name, bfd.SessionConfig{Peer: w.Address, Local: w.SourceAddress, Multihop: w.BFD.Multihop, MinTTL: w.BFD.MinTTL,
+			Timers: bfdTimers(w.BFD), Auth: w.BFD.Auth})
 		if err != nil {
 			g.bfdErr[name] = fmt.Sprintf("cannot run BFD: %v", err)
 			g.log.Error(err, "Cannot run the BFD session; the BGP session runs without it", "peer", name, "address", w.Address)

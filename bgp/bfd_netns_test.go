@@ -3,6 +3,7 @@
 package bgp_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -123,8 +124,8 @@ func TestBFDWithFRR(t *testing.T) {
 }
 
 // TestBFDWithBIRD runs the speaker's BFD against BIRD's, multihop (RFC
-// 5883), as BIRD asks for a multihop BGP session: the session comes Up on
-// both sides, and a frozen BIRD makes the speaker reset the BGP session
+// 5883), as BIRD asks for a multihop BGP session, with the minimum TTL
+// BIRD needs (64): the session comes Up on both sides, and a frozen BIRD makes the speaker reset the BGP session
 // through BFD, long before the hold time.
 func TestBFDWithBIRD(t *testing.T) {
 	netns.Require(t)
@@ -137,7 +138,8 @@ func TestBFDWithBIRD(t *testing.T) {
 	s, _ := newSpeaker(t, host.Addr().String())
 	peer := bgp.Peer{Name: "bird", Address: tor.Addr(), Port: uint16(b.Port), ASN: routerASN, LocalASN: localASN, SourceAddress: host.Addr(),
 		HoldTime: 9 * time.Second, KeepaliveTime: 3 * time.Second, EBGPMultiHop: 2,
-		BFD: &bgp.BFD{MinTx: 100 * time.Millisecond, MinRx: 100 * time.Millisecond, Multiplier: 3, Multihop: true}}
+		// BIRD sends multihop BFD with TTL 64 (docs/tor.md).
+		BFD: &bgp.BFD{MinTx: 100 * time.Millisecond, MinRx: 100 * time.Millisecond, Multiplier: 3, Multihop: true, MinTTL: 64}}
 	if err := s.SetPeers(ctxT(), []bgp.Peer{peer}); err != nil {
 		t.Fatal(err)
 	}
@@ -172,5 +174,49 @@ func TestBFDWithBIRD(t *testing.T) {
 	}
 	if err := b.WaitEstablished("speaker", 20*time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBFDRouterRemovesBFD: the router removes BFD for the neighbor first,
+// as docs/tor.md says to: FRR's bfdd deletes its session, and the
+// speaker's BFD session goes Down without counting as a failure, so the
+// speaker does not reset the BGP session for it.
+func TestBFDRouterRemovesBFD(t *testing.T) {
+	netns.Require(t)
+	ns := netns.New(t, "bfd-rm")
+	host, tor := pfx("10.254.83.1/30"), pfx("10.254.83.2/30")
+	netns.Veth(t, nil, "vcbfd3", host.String(), ns, "eth0", tor.String())
+	timers := routers.BFD{MinTx: 100 * time.Millisecond, MinRx: 100 * time.Millisecond, Multiplier: 3}
+	f := routers.StartFRR(t, routers.FRRConfig{ASN: routerASN, ListenAddress: tor.Addr(), Netns: ns.Name, Zebra: true,
+		Neighbors: []routers.FRRNeighbor{{Address: host.Addr(), ASN: localASN, HoldTime: 9 * time.Second, KeepaliveTime: 3 * time.Second, BFD: &timers}}})
+	s, ev := newSpeaker(t, host.Addr().String())
+	peer := bgp.Peer{Name: "tor", Address: tor.Addr(), Port: uint16(f.Port), ASN: routerASN, LocalASN: localASN, SourceAddress: host.Addr(), //nolint:gosec // a listening port
+		HoldTime: 9 * time.Second, KeepaliveTime: 3 * time.Second,
+		BFD: &bgp.BFD{MinTx: 100 * time.Millisecond, MinRx: 100 * time.Millisecond, Multiplier: 3}}
+	if err := s.SetPeers(ctxT(), []bgp.Peer{peer}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.WaitBFDUp(host.Addr(), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	session := func() bgp.SessionState { return onlySession(t, s) }
+	// FRR 8.4 replaces its BFD session once BGP is up (TestBFDWithFRR).
+	time.Sleep(3 * time.Second)
+	eventually(t, 20*time.Second, "BGP and BFD are up", func() bool { ss := session(); return ss.BFD == "Up" && ss.Established() })
+	before := session()
+	if _, err := f.Vtysh("configure terminal", "router bgp "+strconv.Itoa(routerASN), "no neighbor "+host.Addr().String()+" bfd"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the speaker's BFD session leaves Up", func() bool { return session().BFD != "Up" })
+	time.Sleep(2 * time.Second)
+	after := session()
+	t.Logf("after the router removed BFD: %+v", after)
+	for _, e := range ev.all() {
+		if strings.Contains(e.Reason, "BFD session down") {
+			t.Fatalf("the speaker reset the BGP session for BFD when the router removed BFD: %+v (before %+v)", e, before)
+		}
+	}
+	if !after.Established() || after.Transitions != before.Transitions {
+		t.Fatalf("BGP session %+v after the router removed BFD, want it untouched (before %+v)", after, before)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"context"
 	"net/netip"
 	"time"
+
+	"github.com/vipcast/vipcast/bfd"
 )
 
 // Family is a BGP address family vipcast negotiates: IPv4 or IPv6 unicast.
@@ -91,9 +93,17 @@ type BFD struct {
 	// router's packets stop for this many of its intervals.
 	Multiplier uint8
 	// Multihop selects RFC 5883 multihop BFD (UDP port 4784, a TTL of at
-	// least 254 accepted) instead of RFC 5881 single hop (UDP port 3784,
+	// least MinTTL accepted) instead of RFC 5881 single hop (UDP port 3784,
 	// TTL 255 only).
 	Multihop bool
+	// MinTTL is the least TTL (IPv6 hop limit) of the multihop packets
+	// accepted, 1 to 255; 0 means bfd.DefaultMultihopMinTTL (254). BIRD
+	// sends multihop BFD with TTL 64. Only with Multihop.
+	MinTTL uint8
+	// Auth, when set, authenticates the BFD packets (Keyed SHA1, RFC 5880
+	// section 6.7.4); its key prints as "(redacted)". A change of it
+	// restarts the BFD session.
+	Auth *bfd.Auth
 }
 
 // DefaultMaxPrefixes is Peer.MaxPrefixes when unset. vipcast accepts no

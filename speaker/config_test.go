@@ -14,6 +14,7 @@ import (
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
 	fx "github.com/vipcast/vipcast/api/v1alpha1/v1alpha1test"
+	"github.com/vipcast/vipcast/bfd"
 	"github.com/vipcast/vipcast/bgp"
 )
 
@@ -556,5 +557,76 @@ func TestPeersForNodeAddressConflict(t *testing.T) {
 				t.Errorf("pool peerSelector selects %v, want %v", got, wantSel)
 			}
 		})
+	}
+}
+
+// TestPeersForNodeBFDHardening: spec.bfd.minimumTTL reaches the session
+// (254 by default for multihop, nothing for single hop), and
+// spec.bfd.authentication's key is read from its Secret; a missing Secret
+// or a key that is not 1 to 20 bytes leaves the peer out with a message
+// that names the Secret and never the key.
+func TestPeersForNodeBFDHardening(t *testing.T) {
+	bird := mkPeer("bird", "10.0.0.240", nil)
+	bird.Spec.EBGPMultiHop = ptr.To[int32](2)
+	bird.Spec.BFD = &v1alpha1.BFDConfig{Multihop: true, MinimumTTL: ptr.To[int32](64),
+		Authentication: &v1alpha1.BFDAuthentication{Type: v1alpha1.BFDAuthMeticulousKeyedSHA1, KeyID: 9,
+			SecretRef: v1alpha1.SecretKeyReference{Namespace: "vipcast", Name: "bfd", Key: "bird"}}}
+	mh := mkPeer("multihop", "10.0.0.241", nil)
+	mh.Spec.EBGPMultiHop = ptr.To[int32](2)
+	mh.Spec.BFD = &v1alpha1.BFDConfig{Multihop: true}
+	single := mkPeer("single", "10.0.0.242", nil)
+	single.Spec.BFD = &v1alpha1.BFDConfig{}
+	gone := mkPeer("gone", "10.0.0.243", nil)
+	gone.Spec.BFD = &v1alpha1.BFDConfig{Authentication: &v1alpha1.BFDAuthentication{Type: v1alpha1.BFDAuthKeyedSHA1,
+		SecretRef: v1alpha1.SecretKeyReference{Namespace: "vipcast", Name: "gone"}}}
+	long := mkPeer("long", "10.0.0.244", nil)
+	long.Spec.BFD = &v1alpha1.BFDConfig{Authentication: &v1alpha1.BFDAuthentication{Type: v1alpha1.BFDAuthKeyedSHA1,
+		SecretRef: v1alpha1.SecretKeyReference{Namespace: "vipcast", Name: "bfd", Key: "long"}}}
+	const longKey = "a key of twenty-one b"
+	secrets := func(ref *v1alpha1.SecretKeyReference) (string, error) {
+		switch {
+		case ref.Name == "bfd" && ref.KeyOrDefault() == "bird":
+			return "bird-key", nil
+		case ref.Name == "bfd" && ref.KeyOrDefault() == "long":
+			return longKey, nil
+		}
+		return "", errors.New("secret vipcast/gone not found")
+	}
+	got, errs := PeersForNode([]*v1alpha1.BGPPeer{bird, mh, single, gone, long}, testNode(), secrets)
+	byName := map[string]bgp.Peer{}
+	for _, p := range got {
+		byName[p.Name] = p
+	}
+	if b := byName["bird"].BFD; b == nil || b.MinTTL != 64 || !b.Multihop ||
+		!b.Auth.Equal(&bfd.Auth{Type: bfd.AuthMeticulousKeyedSHA1, KeyID: 9, Key: bfd.Key("bird-key")}) {
+		t.Errorf("bird: BFD %+v, want multihop, minimum TTL 64, meticulous keyed SHA1 key ID 9 with the Secret's key", b)
+	}
+	if b := byName["multihop"].BFD; b == nil || b.MinTTL != 254 || b.Auth != nil {
+		t.Errorf("multihop: BFD %+v, want minimum TTL 254 and no authentication", b)
+	}
+	if b := byName["single"].BFD; b == nil || b.MinTTL != 0 || b.Auth != nil {
+		t.Errorf("single: BFD %+v, want no minimum TTL (single hop: 255) and no authentication", b)
+	}
+	want := map[string][]string{
+		"gone": {v1alpha1.ReasonSecretNotFound, "spec.bfd.authentication.secretRef", `Secret vipcast/gone key "password"`},
+		"long": {v1alpha1.ReasonInvalidConfig, "spec.bfd.authentication.secretRef", "21 bytes", "1 to 20"},
+	}
+	if len(errs) != len(want) || len(got) != 3 {
+		t.Fatalf("peers %v, errors %v; want 3 peers and errors for %v", got, errs, want)
+	}
+	for _, e := range errs {
+		w := want[e.Peer]
+		if w == nil || e.Reason != w[0] {
+			t.Errorf("unexpected error %v", e)
+			continue
+		}
+		for _, s := range w[1:] {
+			if !strings.Contains(e.Error(), s) {
+				t.Errorf("%s: %q does not contain %q", e.Peer, e, s)
+			}
+		}
+		if strings.Contains(e.Error(), longKey) {
+			t.Errorf("%s: the message shows the key: %q", e.Peer, e)
+		}
 	}
 }

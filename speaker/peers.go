@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/bfd"
 	"github.com/vipcast/vipcast/bgp"
 )
 
@@ -118,10 +119,45 @@ func PeersForNode(peers []*v1alpha1.BGPPeer, node Node, password func(ref *v1alp
 			}
 			bp.Password = pw
 		}
+		if a := p.Spec.BFD; a != nil && a.Authentication != nil && bp.BFD != nil {
+			auth, perr := bfdAuth(p.Name, a.Authentication, password)
+			if perr != nil {
+				errs = append(errs, *perr)
+				continue
+			}
+			b := *bp.BFD
+			b.Auth = auth
+			bp.BFD = &b
+		}
 		out = append(out, bp)
 	}
 	slices.SortFunc(errs, func(a, b PeerError) int { return strings.Compare(a.Peer, b.Peer) })
 	return out, errs
+}
+
+// bfdAuth resolves spec.bfd.authentication of peer name: its key from the
+// Secret, 1 to 20 bytes. Messages name the Secret, never the key.
+func bfdAuth(name string, a *v1alpha1.BFDAuthentication, secret func(ref *v1alpha1.SecretKeyReference) (string, error)) (*bfd.Auth, *PeerError) {
+	ref := &a.SecretRef
+	where := fmt.Sprintf("Secret %s/%s key %q", ref.Namespace, ref.Name, ref.KeyOrDefault())
+	if secret == nil {
+		return nil, &PeerError{name, v1alpha1.ReasonSecretNotFound, "spec.bfd.authentication.secretRef: no way to read " + where}
+	}
+	key, err := secret(ref)
+	if err != nil {
+		return nil, &PeerError{name, v1alpha1.ReasonSecretNotFound,
+			fmt.Sprintf("spec.bfd.authentication.secretRef: cannot read the BFD key from %s: %v; the session is not opened until the Secret exists and the speaker may read it", where, err)}
+	}
+	typ := bfd.AuthKeyedSHA1
+	if a.Type == v1alpha1.BFDAuthMeticulousKeyedSHA1 {
+		typ = bfd.AuthMeticulousKeyedSHA1
+	}
+	auth := &bfd.Auth{Type: typ, KeyID: uint8(a.KeyID), Key: bfd.Key(key)} //nolint:gosec // Check refused key IDs outside 0-255
+	if err := auth.Validate(); err != nil {
+		return nil, &PeerError{name, v1alpha1.ReasonInvalidConfig,
+			fmt.Sprintf("spec.bfd.authentication.secretRef: the BFD key in %s is %d bytes; Keyed SHA1 keys are 1 to 20 bytes: store a shorter key, the same as the router's", where, len(key))}
+	}
+	return auth, nil
 }
 
 // translatePeer converts a BGPPeer without its password. selected is false
@@ -174,6 +210,9 @@ func translatePeer(p *v1alpha1.BGPPeer, node Node) (bgp.Peer, bool, *PeerError) 
 		out.BFD = &bgp.BFD{MinTx: b.MinTxOrDefault(), MinRx: b.MinRxOrDefault(),
 			Multiplier: uint8(b.MultiplierOrDefault()), //nolint:gosec // Check refused multipliers outside 2-255
 			Multihop:   b.Multihop}
+		if b.Multihop {
+			out.BFD.MinTTL = uint8(b.MinimumTTLOrDefault()) //nolint:gosec // Check refused TTLs outside 1-255
+		}
 	}
 	return out, true, nil
 }

@@ -68,19 +68,50 @@ func (s *BGPPeerSpec) Check() *PeerProblem {
 		}
 	}
 	if b := s.BFD; b != nil {
-		for _, iv := range []struct {
-			field string
-			d     time.Duration
-		}{{"minTx", b.MinTxOrDefault()}, {"minRx", b.MinRxOrDefault()}} {
-			if iv.d < 10*time.Millisecond || iv.d > time.Minute {
-				return bad(ReasonInvalidConfig, "spec.bfd.%s %v is out of range: use 10ms to 60s, such as 300ms", iv.field, iv.d)
-			}
+		if prob := b.check(s.EBGPMultiHopOrDefault()); prob != nil {
+			return prob
 		}
-		if m := b.MultiplierOrDefault(); m < 2 || m > 255 {
-			return bad(ReasonInvalidConfig, "spec.bfd.multiplier %d is out of range: use 2 to 255, such as 3", m)
+	}
+	return nil
+}
+
+// check returns the first problem of the BFD settings of a peer whose
+// eBGP TTL is ebgpMultiHop, or nil.
+func (b *BFDConfig) check(ebgpMultiHop int32) *PeerProblem {
+	bad := func(reason, format string, args ...any) *PeerProblem {
+		return &PeerProblem{Reason: reason, Message: fmt.Sprintf(format, args...)}
+	}
+	for _, iv := range []struct {
+		field string
+		d     time.Duration
+	}{{"minTx", b.MinTxOrDefault()}, {"minRx", b.MinRxOrDefault()}} {
+		if iv.d < 10*time.Millisecond || iv.d > time.Minute {
+			return bad(ReasonInvalidConfig, "spec.bfd.%s %v is out of range: use 10ms to 60s, such as 300ms", iv.field, iv.d)
 		}
-		if s.EBGPMultiHopOrDefault() > 1 && !b.Multihop {
-			return bad(ReasonInvalidConfig, "spec.bfd.multihop must be true when spec.ebgpMultiHop is above 1: single-hop BFD (RFC 5881) uses TTL 255 and does not cross a router; set bfd.multihop: true, or remove bfd")
+	}
+	if m := b.MultiplierOrDefault(); m < 2 || m > 255 {
+		return bad(ReasonInvalidConfig, "spec.bfd.multiplier %d is out of range: use 2 to 255, such as 3", m)
+	}
+	if ebgpMultiHop > 1 && !b.Multihop {
+		return bad(ReasonInvalidConfig, "spec.bfd.multihop must be true when spec.ebgpMultiHop is above 1: single-hop BFD (RFC 5881) uses TTL 255 and does not cross a router; set bfd.multihop: true, or remove bfd")
+	}
+	if b.MinimumTTL != nil {
+		if !b.Multihop {
+			return bad(ReasonInvalidConfig, "spec.bfd.minimumTTL applies to multihop BFD only: single-hop BFD (RFC 5881) accepts TTL 255 alone; set bfd.multihop: true, or remove bfd.minimumTTL")
+		}
+		if ttl := *b.MinimumTTL; ttl < 1 || ttl > 255 {
+			return bad(ReasonInvalidConfig, "spec.bfd.minimumTTL %d is out of range: use 1 to 255 (254 for a router one hop away that sends TTL 255, 64 for BIRD)", ttl)
+		}
+	}
+	if a := b.Authentication; a != nil {
+		if a.Type != BFDAuthKeyedSHA1 && a.Type != BFDAuthMeticulousKeyedSHA1 {
+			return bad(ReasonInvalidConfig, "spec.bfd.authentication.type %q is not supported: use KeyedSHA1 or MeticulousKeyedSHA1", a.Type)
+		}
+		if a.KeyID < 0 || a.KeyID > 255 {
+			return bad(ReasonInvalidConfig, "spec.bfd.authentication.keyID %d is out of range: use 0 to 255, the router's key ID", a.KeyID)
+		}
+		if a.SecretRef.Name == "" || a.SecretRef.Namespace == "" {
+			return bad(ReasonInvalidConfig, "spec.bfd.authentication.secretRef needs a name and a namespace: name the Secret holding the shared key")
 		}
 	}
 	return nil

@@ -55,6 +55,28 @@ func TestBGPPeerSpecCheck(t *testing.T) {
 		{"BFD minRx too long", func(s *v1alpha1.BGPPeerSpec) { s.BFD = &v1alpha1.BFDConfig{MinRx: dur(61 * time.Second)} }, v1alpha1.ReasonInvalidConfig, "spec.bfd.minRx"},
 		{"BFD multiplier 1", func(s *v1alpha1.BGPPeerSpec) { s.BFD = &v1alpha1.BFDConfig{Multiplier: ptr.To[int32](1)} }, v1alpha1.ReasonInvalidConfig, "spec.bfd.multiplier"},
 		{"BFD multiplier 256", func(s *v1alpha1.BGPPeerSpec) { s.BFD = &v1alpha1.BFDConfig{Multiplier: ptr.To[int32](256)} }, v1alpha1.ReasonInvalidConfig, "spec.bfd.multiplier"},
+		{"multihop BFD with BIRD's minimum TTL and authentication", func(s *v1alpha1.BGPPeerSpec) {
+			s.EBGPMultiHop, s.BFD = ptr.To[int32](2), &v1alpha1.BFDConfig{Multihop: true, MinimumTTL: ptr.To[int32](64),
+				Authentication: &v1alpha1.BFDAuthentication{Type: v1alpha1.BFDAuthKeyedSHA1, KeyID: 255, SecretRef: v1alpha1.SecretKeyReference{Name: "k", Namespace: "ns"}}}
+		}, "", ""},
+		{"BFD minimum TTL on single hop", func(s *v1alpha1.BGPPeerSpec) {
+			s.BFD = &v1alpha1.BFDConfig{MinimumTTL: ptr.To[int32](64)}
+		}, v1alpha1.ReasonInvalidConfig, "spec.bfd.minimumTTL applies to multihop BFD only"},
+		{"BFD minimum TTL 0", func(s *v1alpha1.BGPPeerSpec) {
+			s.BFD = &v1alpha1.BFDConfig{Multihop: true, MinimumTTL: ptr.To[int32](0)}
+		}, v1alpha1.ReasonInvalidConfig, "spec.bfd.minimumTTL 0 is out of range"},
+		{"BFD minimum TTL 256", func(s *v1alpha1.BGPPeerSpec) {
+			s.BFD = &v1alpha1.BFDConfig{Multihop: true, MinimumTTL: ptr.To[int32](256)}
+		}, v1alpha1.ReasonInvalidConfig, "spec.bfd.minimumTTL 256 is out of range"},
+		{"BFD authentication MD5", func(s *v1alpha1.BGPPeerSpec) {
+			s.BFD = &v1alpha1.BFDConfig{Authentication: &v1alpha1.BFDAuthentication{Type: "KeyedMD5", SecretRef: v1alpha1.SecretKeyReference{Name: "k", Namespace: "ns"}}}
+		}, v1alpha1.ReasonInvalidConfig, "spec.bfd.authentication.type"},
+		{"BFD authentication key ID 256", func(s *v1alpha1.BGPPeerSpec) {
+			s.BFD = &v1alpha1.BFDConfig{Authentication: &v1alpha1.BFDAuthentication{Type: v1alpha1.BFDAuthKeyedSHA1, KeyID: 256, SecretRef: v1alpha1.SecretKeyReference{Name: "k", Namespace: "ns"}}}
+		}, v1alpha1.ReasonInvalidConfig, "spec.bfd.authentication.keyID"},
+		{"BFD authentication without a Secret", func(s *v1alpha1.BGPPeerSpec) {
+			s.BFD = &v1alpha1.BFDConfig{Authentication: &v1alpha1.BFDAuthentication{Type: v1alpha1.BFDAuthKeyedSHA1}}
+		}, v1alpha1.ReasonInvalidConfig, "spec.bfd.authentication.secretRef"},
 		{"single-hop BFD for a multihop session", func(s *v1alpha1.BGPPeerSpec) {
 			s.EBGPMultiHop, s.BFD = ptr.To[int32](2), &v1alpha1.BFDConfig{}
 		}, v1alpha1.ReasonInvalidConfig, "spec.bfd.multihop"},

@@ -27,6 +27,25 @@ const (
 	DefaultBFDInterval = 300 * time.Millisecond
 	// DefaultBFDMultiplier is bfd.multiplier when unset.
 	DefaultBFDMultiplier int32 = 3
+	// DefaultBFDMinimumTTL is bfd.minimumTTL when unset: multihop BFD
+	// packets from a router one hop away (sent with TTL 255) and no
+	// farther are accepted, FRR's default.
+	DefaultBFDMinimumTTL int32 = 254
+)
+
+// BFDAuthenticationType is a BFD authentication type (RFC 5880 section
+// 6.7).
+//
+// +kubebuilder:validation:Enum=KeyedSHA1;MeticulousKeyedSHA1
+type BFDAuthenticationType string
+
+// The BFD authentication types vipcast implements.
+const (
+	// BFDAuthKeyedSHA1 is Keyed SHA1 (RFC 5880 section 6.7.4).
+	BFDAuthKeyedSHA1 BFDAuthenticationType = "KeyedSHA1"
+	// BFDAuthMeticulousKeyedSHA1 is Meticulous Keyed SHA1: the sequence
+	// number grows with every packet, so no packet can be replayed.
+	BFDAuthMeticulousKeyedSHA1 BFDAuthenticationType = "MeticulousKeyedSHA1"
 )
 
 // AddressFamily is a BGP address family (AFI/SAFI) negotiated with a peer.
@@ -193,6 +212,8 @@ type BGPPeerSpec struct {
 }
 
 // BFDConfig configures the BFD session of a BGPPeer.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.minimumTTL) || (has(self.multihop) && self.multihop)",fieldPath=".minimumTTL",message="bfd.minimumTTL applies to multihop BFD only: single-hop BFD (RFC 5881) accepts TTL 255 alone; set bfd.multihop: true, or remove bfd.minimumTTL"
 type BFDConfig struct {
 	// minTx is the desired minimum interval between the BFD packets a
 	// node sends once the session is Up, between 10ms and 60s, such as
@@ -226,11 +247,63 @@ type BFDConfig struct {
 	Multiplier *int32 `json:"multiplier,omitempty"`
 
 	// multihop selects multihop BFD (RFC 5883: UDP port 4784, packets with
-	// a TTL of 254 or more accepted) for a router that is not directly
+	// a TTL of minimumTTL, 254 by default, or more accepted) for a router that is not directly
 	// connected; required when ebgpMultiHop is above 1. Defaults to false:
 	// single hop (RFC 5881: UDP port 3784, TTL 255 only).
 	// +optional
 	Multihop bool `json:"multihop,omitempty"`
+
+	// minimumTTL is the least IP TTL (IPv6 hop limit) of the multihop BFD
+	// packets a node accepts, from 1 to 255: 255 minus the number of
+	// routers between the node and the peer, for a peer that sends with
+	// TTL 255 (FRR). BIRD sends multihop BFD packets with TTL 64: set 64
+	// for a directly connected BIRD peer, one less per router between. Packets with a lower TTL are dropped in
+	// the kernel (they come from farther away, such as a forged packet)
+	// and counted in vipcast_bfd_discarded_packets_total. Only with
+	// multihop: true. Defaults to 254.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=255
+	MinimumTTL *int32 `json:"minimumTTL,omitempty"`
+
+	// authentication authenticates the BFD packets with a key both sides
+	// share (RFC 5880 section 6.7.4): packets without it, with another
+	// key or with a sequence number out of order are discarded. The router
+	// must be configured with the same type, key ID and key (BIRD supports
+	// it; FRR's bfdd does not). When unset, packets are not authenticated.
+	// +optional
+	Authentication *BFDAuthentication `json:"authentication,omitempty"`
+}
+
+// BFDAuthentication configures the authentication of a BFD session.
+type BFDAuthentication struct {
+	// type is KeyedSHA1 or MeticulousKeyedSHA1 (the sequence number grows
+	// with every packet, so that no packet can be replayed; BIRD calls it
+	// "meticulous keyed sha1").
+	// +required
+	Type BFDAuthenticationType `json:"type"`
+
+	// keyID is the key's ID, from 0 to 255, the same on both sides (BIRD's
+	// password "id").
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=255
+	KeyID int32 `json:"keyID"`
+
+	// secretRef names the Secret key holding the shared key, 1 to 20
+	// bytes. Its namespace must be one of the speaker's BGP password
+	// namespaces, as for passwordSecretRef.
+	// +required
+	SecretRef SecretKeyReference `json:"secretRef"`
+}
+
+// MinimumTTLOrDefault returns minimumTTL, or DefaultBFDMinimumTTL when
+// unset.
+func (b *BFDConfig) MinimumTTLOrDefault() int32 {
+	if b.MinimumTTL == nil {
+		return DefaultBFDMinimumTTL
+	}
+	return *b.MinimumTTL
 }
 
 // MinTxOrDefault returns minTx, or DefaultBFDInterval when unset.

@@ -22,6 +22,30 @@ type BFD struct {
 	MinTx, MinRx time.Duration
 	// Multiplier is the detect multiplier.
 	Multiplier int
+	// Auth, when set, authenticates the session's packets (BIRD only:
+	// FRR's bfdd has no BFD authentication).
+	Auth *BFDAuth
+}
+
+// BFDAuth is a BFD authentication as BIRD configures it.
+type BFDAuth struct {
+	// Meticulous selects Meticulous Keyed SHA1 instead of Keyed SHA1.
+	Meticulous bool
+	// KeyID and Key are the key's ID and the shared key.
+	KeyID int
+	Key   string
+}
+
+// birdAuth renders the authentication lines of a BIRD bfd block.
+func (a *BFDAuth) birdAuth() string {
+	if a == nil {
+		return ""
+	}
+	kind := "keyed sha1"
+	if a.Meticulous {
+		kind = "meticulous keyed sha1"
+	}
+	return fmt.Sprintf(" authentication %s; password %q { id %d; };", kind, a.Key, a.KeyID)
 }
 
 // bfdProfile is the name of neighbor i's BFD profile in bfdd.conf.
@@ -40,6 +64,21 @@ func bfddConfig(cfg FRRConfig) string {
 	}
 	b.WriteString("!\n")
 	return b.String()
+}
+
+// checkBFD fails the test when cfg asks for BFD FRR cannot run: without
+// zebra (bgpd reaches bfdd through it), or with authentication (bfdd has
+// none; test it with BIRD).
+func (cfg FRRConfig) checkBFD(t harness.T) {
+	t.Helper()
+	if cfg.hasBFD() && !cfg.Zebra {
+		t.Fatal("frr: BFD requires Netns and Zebra: bgpd reaches bfdd through zebra")
+	}
+	for _, n := range cfg.Neighbors {
+		if n.BFD != nil && n.BFD.Auth != nil {
+			t.Fatal("frr: bfdd has no BFD authentication; test it with BIRD")
+		}
+	}
 }
 
 // hasBFD reports whether a neighbor of cfg runs BFD.

@@ -221,7 +221,8 @@ func birdConfig(cfg BIRDConfig, port int) string {
 func birdBFDProtocol(neighbors []BIRDNeighbor) string {
 	for _, n := range neighbors {
 		if n.BFD != nil {
-			opts := fmt.Sprintf("min rx interval %d ms; min tx interval %d ms; multiplier %d;", n.BFD.MinRx.Milliseconds(), n.BFD.MinTx.Milliseconds(), n.BFD.Multiplier)
+			opts := fmt.Sprintf("min rx interval %d ms; min tx interval %d ms; multiplier %d;", n.BFD.MinRx.Milliseconds(), n.BFD.MinTx.Milliseconds(), n.BFD.Multiplier) +
+				n.BFD.Auth.birdAuth()
 			return fmt.Sprintf("protocol bfd {\n  multihop { %s };\n  interface \"*\" { %s };\n}\n", opts, opts)
 		}
 	}
@@ -407,6 +408,9 @@ type BIRDBFDSession struct {
 	Interface string
 	// State is Up, Down, Init or AdminDown.
 	State string
+	// Since is when State was entered, as BIRD prints it: a session that
+	// went down and came back shows a later time.
+	Since string
 	// Interval is the transmit interval, Timeout the detection time.
 	Interval, Timeout time.Duration
 }
@@ -438,7 +442,7 @@ func parseBIRDBFD(out string) []BIRDBFDSession {
 			x, _ := strconv.ParseFloat(v, 64)
 			return time.Duration(x * float64(time.Second))
 		}
-		sessions = append(sessions, BIRDBFDSession{Address: addr, Interface: f[1], State: f[2],
+		sessions = append(sessions, BIRDBFDSession{Address: addr, Interface: f[1], State: f[2], Since: strings.Join(f[3:len(f)-2], " "),
 			Interval: secs(f[len(f)-2]).Round(time.Millisecond), Timeout: secs(f[len(f)-1]).Round(time.Millisecond)})
 	}
 	return sessions

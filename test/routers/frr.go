@@ -79,6 +79,10 @@ type FRRNeighbor struct {
 	// timers (bfdd; requires FRRConfig.Netns and Zebra). bgpd drops the
 	// BGP session when it goes down.
 	BFD *BFD
+	// EBGPMultiHop, when above 1, sets "ebgp-multihop" and "update-source"
+	// (ListenAddress): the neighbor is not directly connected, and its
+	// BFD session is multihop (RFC 5883).
+	EBGPMultiHop int
 }
 
 // FRR is a running bgpd.
@@ -114,9 +118,7 @@ func StartFRR(t harness.T, cfg FRRConfig) *FRR {
 	if cfg.Zebra && cfg.Netns == "" {
 		t.Fatal("frr: Zebra requires Netns: zebra would change the test machine's routes")
 	}
-	if cfg.hasBFD() && !cfg.Zebra {
-		t.Fatal("frr: BFD requires Netns and Zebra: bgpd reaches bfdd through zebra")
-	}
+	cfg.checkBFD(t)
 	var dir string
 	var port int
 	var err error
@@ -181,6 +183,9 @@ func frrConfig(cfg FRRConfig) string {
 		}
 		if n.HoldTime > 0 {
 			fmt.Fprintf(&b, " neighbor %s timers %d %d\n", n.Address, int(n.KeepaliveTime.Seconds()), int(n.HoldTime.Seconds()))
+		}
+		if n.EBGPMultiHop > 1 {
+			fmt.Fprintf(&b, " neighbor %s ebgp-multihop %d\n neighbor %s update-source %s\n", n.Address, n.EBGPMultiHop, n.Address, cfg.ListenAddress)
 		}
 	}
 	for i, n := range cfg.Neighbors {
