@@ -45,7 +45,8 @@ import (
 //     heldSetups, the chart upgraded from one to the next
 //     (heldAcrossECMP); the last turns on the chart's default two tiers,
 //     which the cluster keeps;
-//  6. sourceranges-twotier: sourceRanges again, in two tiers;
+//  6. sourceranges-twotier: sourceRanges again, in two tiers, but for
+//     the nodes' own connections;
 //  7. lifecycle: an upgrade and a CCM restart under traffic, a drain, a
 //     node joining, helm uninstall (clusterLifecycle).
 //
@@ -79,7 +80,7 @@ func TestCluster(t *testing.T) {
 			return
 		}
 	}
-	if !t.Run("sourceranges", func(t *testing.T) { sourceRanges(t, l, vip) }) {
+	if !t.Run("sourceranges", func(t *testing.T) { sourceRanges(t, l, vip, true) }) {
 		return
 	}
 	scenarios := []struct {
@@ -96,7 +97,7 @@ func TestCluster(t *testing.T) {
 			}
 		}},
 		{"sourceranges-twotier", func(t *testing.T) {
-			sourceRanges(t, l, vip)
+			sourceRanges(t, l, vip, false)
 			// The lifecycle's drain would refuse a pod that no
 			// controller owns.
 			deleteClientPod(t, l)

@@ -19,7 +19,13 @@ import (
 // kube-proxy modes, two tiers after held). Each change is timed from the
 // patch until every new connection from the client, spread by ECMP over
 // the nodes, gets the new answer; the ranges are cleared at the end.
-func sourceRanges(t *testing.T, l *lab.Lab, vip netip.Addr) {
+//
+// With nodes false the nodes' own connections are not checked: with two
+// tiers a node's own connection to a VIP leaves from the VIP and the pod's
+// answer, addressed to the VIP, stays on the pod's node (the in-cluster
+// path of the Service-contract issue), so it fails whatever the ranges
+// say, and a check of it could not fail.
+func sourceRanges(t *testing.T, l *lab.Lab, vip netip.Addr, nodes bool) {
 	ctx := t.Context()
 	addr := netip.AddrPortFrom(vip, 80)
 	url := "http://" + addr.String() + "/"
@@ -39,6 +45,9 @@ func sourceRanges(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		t.Errorf("pod %s (%s), outside the ranges, got an answer through %s: %q", pod.Name, pod.Status.PodIP, addr, out)
 	}
 	for _, n := range l.Nodes {
+		if !nodes {
+			break
+		}
 		if out := nodeGet(ctx, t, n, url); strings.HasPrefix(out, "web-") {
 			t.Errorf("node %s, outside the ranges, got an answer through %s: %q", n.Name, addr, out)
 		}
@@ -51,6 +60,9 @@ func sourceRanges(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		t.Errorf("pod %s (%s), inside the ranges, got no answer through %s: %q", pod.Name, pod.Status.PodIP, addr, out)
 	}
 	for _, n := range l.Nodes {
+		if !nodes {
+			break
+		}
 		if out := nodeGet(ctx, t, n, url); !strings.HasPrefix(out, "web-") {
 			t.Errorf("node %s, whose address is in the ranges, got no answer through %s: %q", n.Name, addr, out)
 		}
