@@ -3,17 +3,14 @@
 package ipvs
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -171,27 +168,9 @@ func listenNode(t *testing.T, port int) *atomic.Int32 {
 // (no answer at all).
 func (c *client) reach(t *testing.T, to netip.AddrPort) string {
 	t.Helper()
-	var nc net.Conn
-	err := inNS(t, c.ns, func() (err error) {
-		nc, err = net.DialTimeout("tcp", to.String(), time.Second)
-		return err
-	})
-	var ne net.Error
-	switch {
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return "refused"
-	case errors.As(err, &ne) && ne.Timeout():
-		return "dropped"
-	case err != nil:
-		return "error: " + err.Error()
-	}
-	defer nc.Close()
-	_ = nc.SetDeadline(time.Now().Add(3 * time.Second))
-	line, err := bufio.NewReader(nc).ReadString('\n')
-	if f := strings.Fields(line); len(f) > 0 {
-		return f[0]
-	}
-	return fmt.Sprintf("no greeting: %v", err)
+	var got string
+	must(t, inNS(t, c.ns, func() error { got = reachFrom(netip.Addr{}, to); return nil }))
+	return got
 }
 
 // noServer is what a client sees of a virtual server without real
