@@ -1239,16 +1239,7 @@ func (d *Dataplane) restrict(p FilterPlan, f *failures) {
 	if !d.guard || len(p.AddSources)+len(p.AddRestricted)+len(p.DelSources) == 0 {
 		return
 	}
-	lifted := make(map[Key]bool, len(p.DelRestricted))
-	for _, k := range p.DelRestricted {
-		lifted[k] = true
-	}
-	var narrowed []SourceRange
-	for _, r := range p.DelSources {
-		if !lifted[r.Key] {
-			narrowed = append(narrowed, r)
-		}
-	}
+	narrowed, _ := p.splitDelSources()
 	if err := d.nft.update(d.nft.sources, sourceElems(p.AddSources), sourceElems(narrowed)); err != nil {
 		for _, r := range append(slices.Clone(p.AddSources), narrowed...) {
 			f.addKey(r.Key, "source range "+r.String(), err)
@@ -1268,16 +1259,7 @@ func (d *Dataplane) unrestrict(p FilterPlan, f *failures) {
 	if !d.guard || len(p.DelRestricted) == 0 {
 		return
 	}
-	lifted := make(map[Key]bool, len(p.DelRestricted))
-	for _, k := range p.DelRestricted {
-		lifted[k] = true
-	}
-	var rs []SourceRange
-	for _, r := range p.DelSources {
-		if lifted[r.Key] {
-			rs = append(rs, r)
-		}
-	}
+	_, rs := p.splitDelSources()
 	if err := d.nft.update(d.nft.restricted, nil, keyElems(p.DelRestricted)); err != nil {
 		f.add("lift source-range restrictions", err)
 		return

@@ -294,3 +294,17 @@ func flatSources(m map[Key][]netip.Prefix) map[SourceRange]struct{} {
 	}
 	return out
 }
+
+// splitDelSources splits p.DelSources into the ranges of virtual servers
+// that stay restricted (narrowed, taken out before the ports open) and
+// those whose restriction p lifts (taken out after the ports close).
+func (p FilterPlan) splitDelSources() (narrowed, lifted []SourceRange) {
+	for _, r := range p.DelSources {
+		if slices.Contains(p.DelRestricted, r.Key) {
+			lifted = append(lifted, r)
+		} else {
+			narrowed = append(narrowed, r)
+		}
+	}
+	return narrowed, lifted
+}

@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -134,15 +135,11 @@ func (n *nftTables) readFilter() (Filter, error) {
 		slices.SortFunc(f.Sources[k], comparePrefix)
 	}
 	for _, set := range n.vips {
-		els, err := n.conn.GetSetElements(set)
+		vips, err := n.readAddrs(set)
 		if err != nil {
-			return f, fmt.Errorf("nftables set %s %s: %w", set.Table.Name, set.Name, err)
+			return f, err
 		}
-		for _, e := range els {
-			if a, ok := netip.AddrFromSlice(e.Key); ok {
-				f.VIPs[a] = struct{}{}
-			}
-		}
+		maps.Copy(f.VIPs, vips)
 	}
 	return f, nil
 }
