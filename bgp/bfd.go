@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	api "github.com/osrg/gobgp/v4/api"
 
@@ -101,11 +102,12 @@ func (g *GoBGP) bfdLoop(ctx context.Context) {
 
 // handleBFD resets the BGP session of a peer whose BFD session failed
 // (went from Up to Down, not by the router's AdminDown nor its reset of
-// the BFD session), at once, with a
-// Cease "Administrative Reset" carrying the reason; gobgp reopens it after
-// a second's idle hold and its connection wait (2.5–3 s in all), and it
-// comes back when the path does. Every change is reported
-// through OnSessionChange.
+// the BFD session), bfdResetGrace later and only if the session is still
+// Established then (resetAfterBFD), with a Cease "Administrative Reset"
+// carrying the reason; gobgp reopens it after a second's idle hold and its
+// connection wait (2.5–3 s in all). When the router ends the session
+// first, gobgp holds it Idle for 5 s before it connects again. Every
+// change is reported through OnSessionChange.
 func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 	g.mu.Lock()
 	p := g.peers[ev.Key]
@@ -127,9 +129,7 @@ func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 		}
 		g.smu.Unlock()
 		g.log.Info("BFD session went down: resetting the BGP session", "peer", p.Name, "address", p.Address, "diag", ev.Diag.String())
-		if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: addr, Communication: reason}); err != nil {
-			g.log.Error(err, "Cannot reset the BGP session after BFD went down", "peer", p.Name, "address", p.Address)
-		}
+		time.AfterFunc(bfdResetGrace, func() { g.resetAfterBFD(ctx, ev.Key, p, reason) })
 	case ev.PeerReset:
 		g.log.Info("The router reset its BFD session without a path failure: the BGP session is kept", "peer", p.Name, "address", p.Address)
 	default:
@@ -151,6 +151,41 @@ func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 	ss.Address = p.Address
 	g.fillBFD(&ss, p.Name)
 	g.onChange(ss)
+}
+
+// bfdResetGrace is how long handleBFD waits before it resets a session
+// whose BFD failed. gobgp queues a reset for the session's Established
+// state and keeps it when the session ends first: a reset asked for just
+// before the router's own NOTIFICATION (both arrive together when a frozen
+// node thaws) would end the next session the moment it comes up, a
+// withdrawal and an extra 3 s at the router. Within the grace the router's
+// NOTIFICATION, if it sent one, has ended the session; a path that failed
+// one way only is reset bfdResetGrace later than BFD saw it.
+const bfdResetGrace = 100 * time.Millisecond
+
+// resetAfterBFD resets peer key's BGP session after its BFD failure if p
+// is still that peer's configuration and gobgp still has the session
+// Established.
+func (g *GoBGP) resetAfterBFD(ctx context.Context, key string, p *Peer, reason string) {
+	g.mu.Lock()
+	current := g.peers[key] == p && !g.stopped
+	g.mu.Unlock()
+	if !current || ctx.Err() != nil {
+		return
+	}
+	addr := p.Address.String()
+	var state api.PeerState_SessionState
+	if err := g.srv.ListPeer(ctx, &api.ListPeerRequest{Address: addr}, func(ap *api.Peer) { state = ap.GetState().GetSessionState() }); err != nil {
+		g.log.Error(err, "Cannot read the BGP session's state after BFD went down", "peer", p.Name, "address", p.Address)
+		return
+	}
+	if state != api.PeerState_SESSION_STATE_ESTABLISHED {
+		g.log.V(2).Info("The BGP session ended before the reset BFD asked for", "peer", p.Name, "address", p.Address, "state", state.String())
+		return
+	}
+	if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: addr, Communication: reason}); err != nil {
+		g.log.Error(err, "Cannot reset the BGP session after BFD went down", "peer", p.Name, "address", p.Address)
+	}
 }
 
 // fillBFD sets ss's BFD state from the session of peer name, if it has

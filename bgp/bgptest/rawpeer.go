@@ -279,6 +279,17 @@ func isClosed(c chan struct{}) bool {
 	}
 }
 
+// Drop closes the current session's connection without a NOTIFICATION,
+// as a router that lost its TCP state does; the speaker connects again.
+func (p *RawPeer) Drop() {
+	p.mu.Lock()
+	s := p.cur
+	p.mu.Unlock()
+	if s != nil {
+		s.shut()
+	}
+}
+
 // Established returns how many sessions have reached Established.
 func (p *RawPeer) Established() int {
 	p.mu.Lock()
