@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -102,12 +103,8 @@ func (g *GoBGP) bfdLoop(ctx context.Context) {
 
 // handleBFD resets the BGP session of a peer whose BFD session failed
 // (went from Up to Down, not by the router's AdminDown nor its reset of
-// the BFD session), bfdResetGrace later and only if the session is still
-// Established then (resetAfterBFD), with a Cease "Administrative Reset"
-// carrying the reason; gobgp reopens it after a second's idle hold and its
-// connection wait (2.5–3 s in all). When the router ends the session
-// first, gobgp holds it Idle for 5 s before it connects again. Every
-// change is reported through OnSessionChange.
+// the BFD session): see resetAfterBFD. Every change is reported through
+// OnSessionChange.
 func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 	g.mu.Lock()
 	p := g.peers[ev.Key]
@@ -129,7 +126,7 @@ func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 		}
 		g.smu.Unlock()
 		g.log.Info("BFD session went down: resetting the BGP session", "peer", p.Name, "address", p.Address, "diag", ev.Diag.String())
-		time.AfterFunc(bfdResetGrace, func() { g.resetAfterBFD(ctx, ev.Key, p, reason) })
+		go g.resetAfterBFD(ctx, ev.Key, p, reason)
 	case ev.PeerReset:
 		g.log.Info("The router reset its BFD session without a path failure: the BGP session is kept", "peer", p.Name, "address", p.Address)
 	default:
@@ -153,39 +150,75 @@ func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 	g.onChange(ss)
 }
 
-// bfdResetGrace is how long handleBFD waits before it resets a session
-// whose BFD failed. gobgp queues a reset for the session's Established
-// state and keeps it when the session ends first: a reset asked for just
-// before the router's own NOTIFICATION (both arrive together when a frozen
-// node thaws) would end the next session the moment it comes up, a
-// withdrawal and an extra 3 s at the router. Within the grace the router's
-// NOTIFICATION, if it sent one, has ended the session; a path that failed
-// one way only is reset bfdResetGrace later than BFD saw it.
+// bfdResetGrace is how long resetAfterBFD waits to see how the session
+// ended.
 const bfdResetGrace = 100 * time.Millisecond
 
-// resetAfterBFD resets peer key's BGP session after its BFD failure if p
-// is still that peer's configuration and gobgp still has the session
-// Established.
+// resetAfterBFD ends the BGP session of peer key (configuration p) after
+// its BFD failure so that it starts again at once. While gobgp has it
+// Established it sends a Cease "Administrative Reset" carrying the reason;
+// gobgp then holds the session Idle for a second and connects again (2.5–3
+// s in all). When the session ended otherwise (the router's NOTIFICATION,
+// which arrives together with the local detection when a frozen node
+// thaws, won the race or came first), gobgp holds it Idle for 5 s, and a
+// reset asked for meanwhile stays queued and ends the next session the
+// moment it comes up (a withdrawal at the router and 3 s more); so
+// bfdResetGrace later, a session that did not end with that Cease is
+// recreated (the neighbor deleted and added again, with the same
+// configuration and filters): nothing stays queued, and gobgp connects
+// within 2 s. A session held down for its prefix limit is left alone.
 func (g *GoBGP) resetAfterBFD(ctx context.Context, key string, p *Peer, reason string) {
-	g.mu.Lock()
-	current := g.peers[key] == p && !g.stopped
-	g.mu.Unlock()
-	if !current || ctx.Err() != nil {
-		return
-	}
 	addr := p.Address.String()
-	var state api.PeerState_SessionState
-	if err := g.srv.ListPeer(ctx, &api.ListPeerRequest{Address: addr}, func(ap *api.Peer) { state = ap.GetState().GetSessionState() }); err != nil {
+	state, err := g.sessionState(ctx, addr)
+	if err != nil {
 		g.log.Error(err, "Cannot read the BGP session's state after BFD went down", "peer", p.Name, "address", p.Address)
 		return
 	}
-	if state != api.PeerState_SESSION_STATE_ESTABLISHED {
-		g.log.V(2).Info("The BGP session ended before the reset BFD asked for", "peer", p.Name, "address", p.Address, "state", state.String())
+	if state == api.PeerState_SESSION_STATE_ESTABLISHED {
+		if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: addr, Communication: reason}); err != nil {
+			g.log.Error(err, "Cannot reset the BGP session after BFD went down", "peer", p.Name, "address", p.Address)
+		}
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(bfdResetGrace):
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.peers[key] != p || g.stopped {
+		return // reconfigured or stopped meanwhile
+	}
+	g.smu.Lock()
+	t := g.states[addr]
+	clean := t == nil || t.state == "Established" || t.reopen != nil || resetSent(t.lastDown)
+	g.smu.Unlock()
+	if clean {
 		return
 	}
-	if err := g.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: addr, Communication: reason}); err != nil {
-		g.log.Error(err, "Cannot reset the BGP session after BFD went down", "peer", p.Name, "address", p.Address)
+	g.log.Info("The BGP session ended before the reset BFD asked for: recreating it", "peer", p.Name, "address", p.Address, "ended", t.lastDown)
+	if err := g.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr}); err != nil {
+		g.log.Error(err, "Cannot recreate the BGP session after BFD went down", "peer", p.Name, "address", p.Address)
+		return
 	}
+	if err := g.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: toAPIPeer(p)}); err != nil {
+		// The next SetPeers adds it again: g.peers no longer has it.
+		delete(g.peers, key)
+		g.log.Error(err, "Cannot add the BGP session again after BFD went down", "peer", p.Name, "address", p.Address)
+	}
+}
+
+// resetSent reports whether gobgp's disconnect message says it ended the
+// session with a Cease "Administrative Reset" of its own.
+func resetSent(msg string) bool {
+	return strings.Contains(msg, "notification-sent") && strings.Contains(msg, "administrative reset")
+}
+
+// sessionState is gobgp's state of the session with addr.
+func (g *GoBGP) sessionState(ctx context.Context, addr string) (api.PeerState_SessionState, error) {
+	var state api.PeerState_SessionState
+	err := g.srv.ListPeer(ctx, &api.ListPeerRequest{Address: addr}, func(ap *api.Peer) { state = ap.GetState().GetSessionState() })
+	return state, err
 }
 
 // fillBFD sets ss's BFD state from the session of peer name, if it has

@@ -18,9 +18,9 @@ import (
 // TestBFDResetOnlyEstablished checks the BGP reset a BFD failure asks for
 // against a raw router on loopback: while the session is Established the
 // router gets a Cease "Administrative Reset" and the session comes back;
-// when the router ended the session first (before the failure, or just
-// after it, as when a frozen node thaws), no reset is left queued in gobgp
-// to end the next session the moment it comes up.
+// when the router ended the session first (before the failure, or at the
+// same moment, as when a frozen node thaws), the session comes back and no
+// reset is left queued in gobgp to end it the moment it comes up.
 func TestBFDResetOnlyEstablished(t *testing.T) {
 	self := netip.MustParseAddr("127.0.13.8")
 	router := bgptest.StartRawPeer(t, netip.MustParseAddr("127.0.13.9"), 65013)
@@ -71,11 +71,14 @@ func TestBFDResetOnlyEstablished(t *testing.T) {
 	g.handleBFD(ctx, failure)
 	up("after the router ended the session before the BFD failure", 3)
 
-	// BFD fails, and the router ends the session at the same moment.
+	// BFD fails, and the router ends the session at the same moment:
+	// either may win; the next session stays up either way.
 	g.handleBFD(ctx, failure)
 	router.Drop()
 	up("after the router ended the session as BFD failed", 4)
-	if n := router.Notifications(); len(n) != 1 {
-		t.Errorf("router got %v; want only the first reset", n)
+	for _, n := range router.Notifications() {
+		if n.Code != 6 || n.Subcode != 4 {
+			t.Errorf("router got %v; want only Cease/Administrative Reset", router.Notifications())
+		}
 	}
 }

@@ -99,6 +99,9 @@ type sessionTrack struct {
 	// bfdDown, set when a BFD failure reset the session, is the reason
 	// shown until the session is Established again.
 	bfdDown string
+	// lastDown is why gobgp last ended the session (its disconnect
+	// message), kept until the session is Established again.
+	lastDown string
 
 	// limitStreak counts the consecutive prefix-limit shutdowns (see
 	// prefixLimitRestart), limitShutdowns all of them.

@@ -65,6 +65,9 @@ func (g *GoBGP) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time
 		return
 	}
 	wasUp, upSince := t.state == "Established", t.since
+	if wasUp && state != "Established" {
+		t.lastDown = ev.Peer.State.DisconnectMessage
+	}
 	if t.state != state {
 		t.state, t.since = state, now
 		t.transitions++
