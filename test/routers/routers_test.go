@@ -4,15 +4,24 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestFRRRoutes checks that Routes reads locally originated routes.
 func TestFRRRoutes(t *testing.T) {
 	nets := []netip.Prefix{netip.MustParsePrefix("10.7.0.0/24"), netip.MustParsePrefix("10.7.1.0/24"), netip.MustParsePrefix("fd00:7::/64")}
 	f := StartFRR(t, FRRConfig{ListenAddress: netip.MustParseAddr("127.0.7.1"), Networks: nets})
-	r, err := f.Routes(IPv4)
-	if err != nil {
-		t.Fatal(err)
+	// bgpd selects the best paths after it announced itself started:
+	// right after the start they may be there without it.
+	var r map[netip.Prefix][]Path
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if r, err = f.Routes(IPv4); err != nil {
+			t.Fatal(err)
+		}
+		if len(r) == 2 && len(r[nets[1]]) == 1 && r[nets[1]][0].Best || time.Now().After(deadline) {
+			break
+		}
 	}
 	if len(r) != 2 || len(r[nets[0]]) != 1 || !r[nets[1]][0].Best {
 		out, _ := f.Vtysh("show bgp ipv4 unicast 10.7.0.0/24 json", "show bgp ipv4 unicast 10.7.1.0/24 json")
