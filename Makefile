@@ -226,6 +226,7 @@ FUZZ_TARGETS := \
 	./ccm/:FuzzRequestFor \
 	./ipvs/:FuzzDiff \
 	./ipvs/:FuzzCheckSyncMessage \
+	./ipvs/:FuzzFilterSyncMessage \
 	./speaker/:FuzzNodeFrom \
 	./speaker/:FuzzPeersForNode \
 	./speaker/:FuzzCompile \
@@ -251,7 +252,7 @@ bench: tools routers ## print the ipam, CCM, speaker, dataplane (one tier and tw
 	$(GO) test -tags controlplane -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
 	$(GO) test -tags routing -count=1 -timeout 10m -run '^$$' -bench BenchmarkAnnounce10k -benchtime 3x ./bgp/ 2>&1 | tee _output/bench-bgp.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -tags routing -count=1 -timeout 30m -run '^$$' -bench BenchmarkSpeakerAnnounce -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-speaker.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
-	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkDiff' -benchmem ./ipvs/ | tee _output/bench-ipvs-diff.txt
+	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkDiff|BenchmarkRelayCheck' -benchmem ./ipvs/ | tee _output/bench-ipvs-diff.txt
 	$(GO) test -tags kernel -count=1 -timeout 30m -run '^$$' -bench BenchmarkKernelDataplane -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-ipvs.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -tags kernel -count=1 -timeout 10m -run '^$$' -bench BenchmarkTwoTier -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-twotier.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -tags kernel -count=1 -timeout 10m -run '^$$' -bench BenchmarkGuestCopy -benchtime 1x ./test/vm/ 2>&1 | tee _output/bench-guest-copy.txt | grep -E '^Benchmark|^ok|FAIL'

@@ -84,9 +84,12 @@ type Dataplane struct {
 	// connSyncErr is why the daemons Options.ConnSync asked for are not
 	// running.
 	connSyncErr error
-	// relay carries the daemons' messages with ConnSync.Relay.
-	relay *relay
-	cache State // the kernel as last read, plus what was applied since
+	// relay carries the daemons' messages with ConnSync.Relay; targets
+	// are the tier-1 virtual servers it lets connections name, kept with
+	// cache.
+	relay   *relay
+	targets syncTargets
+	cache   State // the kernel as last read, plus what was applied since
 	// filter is the VIP filter as last read, plus what was applied since
 	// (valid with cache).
 	filter Filter
@@ -274,7 +277,7 @@ func (d *Dataplane) runConnSync(c ConnSync) error {
 	if err := startConnSync(c); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
-	if d.relay, err = startRelay(peer, c.ID, *c.Relay); err != nil {
+	if d.relay, err = startRelay(peer, c.ID, *c.Relay, &d.targets); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
 	d.connSync = &c
@@ -289,6 +292,18 @@ func (d *Dataplane) SetSyncPeers(peers []netip.Addr) {
 	defer d.mu.Unlock()
 	if d.relay != nil {
 		d.relay.setPeers(peers)
+	}
+}
+
+// SetSyncKeys replaces the keys the connection sync relay
+// (ConnSync.Relay) signs its datagrams with and checks the other nodes'
+// with (syncauth.go); the zero SyncKeys turns authentication off. Without
+// a relay it does nothing.
+func (d *Dataplane) SetSyncKeys(k SyncKeys) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.relay != nil {
+		d.relay.keys.Store(&k)
 	}
 }
 
@@ -626,6 +641,7 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 		p.Tier2 = DiffTier2(Tier2Of(desired), kern.tier2)
 	}
 	d.cache, d.filter, d.tier2, d.stale = actual, kern.filter, kern.tier2, false
+	d.targets.reset(d.cache)
 	f := d.applyPlan(p)
 	if d.tunnel {
 		if err := d.repairTunnelNode(); err != nil {
@@ -826,6 +842,7 @@ func (d *Dataplane) refresh() error {
 		return err
 	}
 	d.cache, d.filter, d.tier2, d.stale = k.st, k.filter, k.tier2, false
+	d.targets.reset(d.cache)
 	return nil
 }
 
@@ -872,6 +889,7 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	p.ApplyTo(&d.cache)
 	p.Filter.ApplyTo(&d.filter)
 	p.Tier2.ApplyTo(d.tier2)
+	d.targets.update(d.cache, p.serviceKeys())
 	return f
 }
 

@@ -54,6 +54,23 @@ type Plan struct {
 	Lost []Key
 }
 
+// serviceKeys returns the virtual servers p adds, changes or deletes, or
+// whose real servers it changes (with repeats).
+func (p Plan) serviceKeys() []Key {
+	var out []Key
+	for _, svcs := range [][]Service{p.AddServices, p.UpdateServices} {
+		for _, s := range svcs {
+			out = append(out, s.Key())
+		}
+	}
+	for _, bcs := range [][]BackendChange{p.DelBackends, p.UpdateBackends, p.AddBackends} {
+		for _, b := range bcs {
+			out = append(out, b.Key)
+		}
+	}
+	return append(out, p.DelServices...)
+}
+
 // Len is the number of kernel operations in p.
 func (p Plan) Len() int {
 	return len(p.AddVIPs) + len(p.AddSNAT) + len(p.DelSNAT) + len(p.AddServices) + len(p.UpdateServices) + len(p.DelBackends) +

@@ -516,8 +516,12 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 				// Node watch tells it.
 				for n, d := range dps {
 					d.SetSyncPeers([]netip.Addr{f.fabricAddr(1 - n)})
+					d.SetSyncKeys(testSyncKeys(t))
 				}
 				relayRefusesStrangers(t, f, dps[1])
+			}
+			if withSync && !f.v6 {
+				forgedSyncRefused(t, f, dps, mode)
 			}
 			if withSync {
 				link := "peer"

@@ -5,11 +5,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -28,12 +30,16 @@ import (
 // kernel wrote them; a relay never passes on what another relay sent it,
 // so no message goes round.
 //
-// What the relay accepts: datagrams from the addresses Dataplane's peers
-// (Dataplane.SetSyncPeers; none until then) that are IPVS sync messages of protocol
-// version 1 with the Dataplane's sync ID (checkSyncMessage). The sync
-// protocol has no authentication, with or without a relay: anyone who can
-// send from a node's address can enter connections in the other nodes'
-// tables, as anyone on the shared link can with multicast.
+// What the relay accepts (syncfilter.go, syncauth.go): datagrams from the
+// addresses of Dataplane's peers (Dataplane.SetSyncPeers; none until then),
+// signed with one of the relays' keys (Dataplane.SetSyncKeys; without keys
+// the source address alone decides), sent within syncMaxSkew, that are
+// IPVS sync messages of protocol version 1 with the Dataplane's sync ID;
+// of each message only the connections the node's own tier 1 could have
+// written go on (filterSyncMessage). Multicast sync on a shared link has
+// none of this: the tunnel guard takes the group's datagrams from node
+// addresses only (tunnelguard.go), and anyone who can forge a node's
+// address on that link can still enter connections.
 
 // The sync veth pair and its addresses.
 const (
@@ -89,10 +95,26 @@ type RelayStats struct {
 	Sent uint64
 	// Received are messages from peers sent into the local backup.
 	Received uint64
-	// Dropped are datagrams refused: from an unknown address, not a
-	// sync message of this sync ID, or that could not be sent on.
-	Dropped uint64
+	// Dropped are datagrams refused, DroppedBy the same by reason
+	// (SyncDropUnknownSource, SyncDropUnsigned, SyncDropUnknownKey,
+	// SyncDropBadMAC, SyncDropStale, SyncDropMalformed, SyncDropEmpty,
+	// SyncDropSendFailed).
+	Dropped   uint64
+	DroppedBy map[string]uint64
+	// DroppedConns are connections left out of messages that went on or
+	// were dropped as SyncDropEmpty, by reason (SyncDropNotTunnel,
+	// SyncDropUnknownTarget); ClampedConns those whose timeout was cut.
+	DroppedConns map[string]uint64
+	ClampedConns uint64
 }
+
+// Why a relay drops a datagram, besides the keys' reasons (syncauth.go)
+// and SyncDropMalformed.
+const (
+	SyncDropUnknownSource = "unknown-source"
+	SyncDropEmpty         = "no-connection-left"
+	SyncDropSendFailed    = "send-failed"
+)
 
 // checkSyncMessage reports why b is not one IPVS sync message of protocol
 // version 1 with sync ID id (0: any), as the kernel's master writes them:
@@ -124,9 +146,19 @@ type relay struct {
 
 	mu    sync.Mutex
 	peers map[netip.Addr]struct{}
+	// keys sign and check the datagrams between relays; targets are what
+	// a relayed connection may name (the Dataplane's tier 1).
+	keys    atomic.Pointer[SyncKeys]
+	targets *syncTargets
+	now     func() time.Time
 
-	sent, received, dropped atomic.Uint64
-	wg                      sync.WaitGroup
+	sent, received atomic.Uint64
+	cmu            sync.Mutex // guards the drop counters
+	dropped        uint64
+	droppedBy      map[string]uint64
+	droppedConns   map[string]uint64
+	clampedConns   uint64
+	wg             sync.WaitGroup
 }
 
 // prepareSyncRelay makes the veth pair the relay's daemons run on, with
@@ -179,9 +211,8 @@ func PrepareSyncRelay() error {
 
 // startRelay opens the relay's sockets in the calling thread's network
 // namespace and starts carrying messages of sync ID id.
-func startRelay(peerIndex int, id uint8, c SyncRelay) (*relay, error) {
-	r := &relay{id: id, port: c.port(), group: netip.AddrPortFrom(netip.MustParseAddr(syncMcastGroup), syncMcastPort)}
-	r.setPeers(nil)
+func startRelay(peerIndex int, id uint8, c SyncRelay, targets *syncTargets) (*relay, error) {
+	r := newRelay(id, c.port(), targets)
 	var err error
 	defer func() {
 		if err != nil {
@@ -202,6 +233,15 @@ func startRelay(peerIndex int, id uint8, c SyncRelay) (*relay, error) {
 	go r.pump(r.local, &r.sent, r.toPeers)
 	go r.pump(r.wide, &r.received, r.toBackup)
 	return r, nil
+}
+
+// newRelay returns a relay without sockets.
+func newRelay(id uint8, port uint16, targets *syncTargets) *relay {
+	r := &relay{id: id, port: port, group: netip.AddrPortFrom(netip.MustParseAddr(syncMcastGroup), syncMcastPort),
+		targets: targets, now: time.Now, droppedBy: map[string]uint64{}, droppedConns: map[string]uint64{}}
+	r.setPeers(nil)
+	r.keys.Store(&SyncKeys{})
+	return r
 }
 
 // listenGroup opens a socket that receives the sync group's datagrams
@@ -307,11 +347,10 @@ func (r *relay) known(a netip.Addr) bool {
 	return ok
 }
 
-// pump reads conn's datagrams until conn is closed and hands each sync
-// message of the relay's sync ID to pass, which sends it on and reports
-// how many times it did (counted in done) and failed to; anything else is
-// dropped.
-func (r *relay) pump(conn *net.UDPConn, done *atomic.Uint64, pass func(msg []byte, from netip.AddrPort) (ok, failed int)) {
+// pump reads conn's datagrams until conn is closed and hands each to
+// pass, which sends it on and reports how many times it did (counted in
+// done); pass counts what it drops.
+func (r *relay) pump(conn *net.UDPConn, done *atomic.Uint64, pass func(msg []byte, from netip.AddrPort) int) {
 	defer r.wg.Done()
 	buf := make([]byte, syncMaxMessage)
 	for {
@@ -319,42 +358,92 @@ func (r *relay) pump(conn *net.UDPConn, done *atomic.Uint64, pass func(msg []byt
 		switch {
 		case errors.Is(err, net.ErrClosed):
 			return
-		case err != nil, checkSyncMessage(buf[:n], r.id) != nil:
-			r.dropped.Add(1)
+		case err != nil:
+			r.drop(SyncDropMalformed)
 			continue
 		}
-		ok, failed := pass(buf[:n], from)
-		done.Add(uint64(ok))          //nolint:gosec // a count
-		r.dropped.Add(uint64(failed)) //nolint:gosec // a count
+		done.Add(uint64(pass(buf[:n], from))) //nolint:gosec // a count
 	}
 }
 
-// toPeers sends the local master's message to every peer.
-func (r *relay) toPeers(msg []byte, _ netip.AddrPort) (ok, failed int) {
+// drop counts a datagram dropped for reason.
+func (r *relay) drop(reason string) {
+	r.cmu.Lock()
+	r.dropped++
+	r.droppedBy[reason]++
+	r.cmu.Unlock()
+}
+
+// toPeers sends the local master's message, signed, to every peer.
+func (r *relay) toPeers(msg []byte, _ netip.AddrPort) (ok int) {
+	if checkSyncMessage(msg, r.id) != nil {
+		r.drop(SyncDropMalformed)
+		return 0
+	}
+	msg = r.keys.Load().seal(msg, r.now())
 	for _, p := range r.peerList() {
 		if _, err := r.wide.WriteToUDPAddrPort(msg, p); err != nil {
-			failed++
+			r.drop(SyncDropSendFailed)
 			continue
 		}
 		ok++
 	}
-	return ok, failed
+	return ok
 }
 
-// toBackup sends a peer's message into the local backup; one from an
-// address that is not a peer's is dropped.
-func (r *relay) toBackup(msg []byte, from netip.AddrPort) (ok, failed int) {
-	if !r.known(from.Addr()) {
-		return 0, 1
+// toBackup sends into the local backup what check lets through of a
+// peer's datagram.
+func (r *relay) toBackup(b []byte, from netip.AddrPort) int {
+	msg, reason := r.check(b, from)
+	if msg == nil {
+		r.drop(reason)
+		return 0
 	}
 	if _, err := r.inject.WriteToUDPAddrPort(msg, r.group); err != nil {
-		return 0, 1
+		r.drop(SyncDropSendFailed)
+		return 0
 	}
-	return 1, 0
+	return 1
+}
+
+// check returns the message of datagram b from address from with only
+// the connections the relay lets in, or nil and why it is dropped: from an
+// address not a peer's, not signed with a current key or stale, not a sync
+// message of the relay's sync ID, or with no connection left.
+func (r *relay) check(b []byte, from netip.AddrPort) ([]byte, string) {
+	if !r.known(from.Addr()) {
+		return nil, SyncDropUnknownSource
+	}
+	msg, err := r.keys.Load().open(b, r.now())
+	if err != nil {
+		return nil, err.Error()
+	}
+	if checkSyncMessage(msg, r.id) != nil {
+		return nil, SyncDropMalformed
+	}
+	out, res := filterSyncMessage(msg, r.targets.allows)
+	r.cmu.Lock()
+	for reason, n := range res.Dropped {
+		if reason != SyncDropMalformed {
+			r.droppedConns[reason] += uint64(n) //nolint:gosec // a count
+		}
+	}
+	r.clampedConns += uint64(res.Clamped) //nolint:gosec // a count
+	r.cmu.Unlock()
+	switch {
+	case res.Dropped[SyncDropMalformed] > 0:
+		return nil, SyncDropMalformed
+	case out == nil:
+		return nil, SyncDropEmpty
+	}
+	return out, ""
 }
 
 func (r *relay) stats() RelayStats {
-	return RelayStats{Sent: r.sent.Load(), Received: r.received.Load(), Dropped: r.dropped.Load()}
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	return RelayStats{Sent: r.sent.Load(), Received: r.received.Load(), Dropped: r.dropped,
+		DroppedBy: maps.Clone(r.droppedBy), DroppedConns: maps.Clone(r.droppedConns), ClampedConns: r.clampedConns}
 }
 
 func (r *relay) closeSockets() {

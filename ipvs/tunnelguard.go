@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -26,7 +27,14 @@ import (
 //	iifname "vcloop1" accept
 //	meta l4proto { 4, 41 } ip saddr != @tunnel-sources counter drop
 //
-// (ip6: ip6 saddr). The loop's packets are the node's own tier 1 to itself.
+// (ip6: ip6 saddr), and in the ip table one more for the IPVS sync
+// daemons' multicast (connsync.go), which the kernel's backup takes from
+// anyone on its link:
+//
+//	iifname != "vcsync0" ip daddr 224.0.0.81 udp dport 8848 ip saddr != @tunnel-sources counter drop
+//
+// (the relay's veth pair carries what the relay let through, from its own
+// link-local address). The loop's packets are the node's own tier 1 to itself.
 // Until the speaker has given the sources once, the set is empty and the
 // second rule is left out (a new table must not drop the tunnel's traffic
 // of the moment before the speaker knows the nodes); a restarted speaker
@@ -86,16 +94,35 @@ func (n *nftTables) queueGuardRules(i int, t *nftables.Table, set *nftables.Set,
 	if fam.addrLen == 16 {
 		saddrOff = 8
 	}
-	for _, proto := range []byte{unix.IPPROTO_IPIP, unix.IPPROTO_IPV6} {
-		n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	fromStranger := func() []expr.Any {
+		return []expr.Any{
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: saddrOff, Len: fam.addrLen},
 			&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID, Invert: true},
 			&expr.Counter{},
 			&expr.Verdict{Kind: expr.VerdictDrop},
-		}})
+		}
 	}
+	for _, proto := range []byte{unix.IPPROTO_IPIP, unix.IPPROTO_IPV6} {
+		n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		}, fromStranger()...)})
+	}
+	if fam.addrLen != 4 {
+		return
+	}
+	// The sync daemons' group, but on the relay's own veth pair.
+	group := netip.MustParseAddr(syncMcastGroup).As4()
+	n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append([]expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(SyncLink)},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: group[:]},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, syncMcastPort)},
+	}, fromStranger()...)})
 }
 
 // queueRemoveTunnelGuard queues the deletion of table t's guard chain and

@@ -849,7 +849,8 @@ func nodeWarning(ctx context.Context, t *testing.T, client *fake.Clientset, node
 // direction, and a speaker without a relay has no samples.
 func TestRelayMetrics(t *testing.T) {
 	const name = "vipcast_ipvs_conn_sync_relay_messages_total"
-	stats, on := ipvs.RelayStats{Sent: 4, Received: 3, Dropped: 1}, true
+	stats, on := ipvs.RelayStats{Sent: 4, Received: 3, Dropped: 1,
+		DroppedBy: map[string]uint64{ipvs.SyncDropBadMAC: 1}, DroppedConns: map[string]uint64{ipvs.SyncDropUnknownTarget: 2}, ClampedConns: 3}, true
 	reg := prometheus.NewRegistry()
 	if err := RegisterRelayMetrics(reg, func() (ipvs.RelayStats, bool) { return stats, on }); err != nil {
 		t.Fatal(err)
@@ -867,9 +868,40 @@ func TestRelayMetrics(t *testing.T) {
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), name); err != nil {
 		t.Error(err)
 	}
+	for metric, want := range map[string]string{
+		"vipcast_ipvs_conn_sync_relay_dropped_messages_total":    `{reason="bad-mac"} 1`,
+		"vipcast_ipvs_conn_sync_relay_dropped_connections_total": `{reason="unknown-target"} 2`,
+		"vipcast_ipvs_conn_sync_relay_clamped_connections_total": ` 3`,
+	} {
+		if problems, err := testutil.GatherAndLint(reg, metric); err != nil || len(problems) != 0 {
+			t.Errorf("lint %s: %v %v", metric, problems, err)
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, mf := range mfs {
+			if mf.GetName() != metric {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				labels := ""
+				for _, l := range m.GetLabel() {
+					labels += fmt.Sprintf("{%s=%q}", l.GetName(), l.GetValue())
+				}
+				got = append(got, fmt.Sprintf("%s %g", labels, m.GetCounter().GetValue()))
+			}
+		}
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("%s: %q, want %q", metric, got, want)
+		}
+	}
 	on = false
-	if n := testutil.CollectAndCount(reg, name); n != 0 {
-		t.Errorf("%d samples without a relay, want none", n)
+	for _, metric := range []string{name, "vipcast_ipvs_conn_sync_relay_dropped_messages_total", "vipcast_ipvs_conn_sync_relay_clamped_connections_total"} {
+		if n := testutil.CollectAndCount(reg, metric); n != 0 {
+			t.Errorf("%s: %d samples without a relay, want none", metric, n)
+		}
 	}
 }
 
@@ -877,10 +909,16 @@ func TestRelayMetrics(t *testing.T) {
 func relayHelp(t *testing.T, reg *prometheus.Registry) string {
 	t.Helper()
 	mfs, err := reg.Gather()
-	if err != nil || len(mfs) != 1 {
-		t.Fatalf("gather: %d families, %v", len(mfs), err)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return mfs[0].GetHelp()
+	for _, mf := range mfs {
+		if mf.GetName() == "vipcast_ipvs_conn_sync_relay_messages_total" {
+			return mf.GetHelp()
+		}
+	}
+	t.Fatalf("gather: no vipcast_ipvs_conn_sync_relay_messages_total among %d families", len(mfs))
+	return ""
 }
 
 // orderLog is the order in which a dataplane and a BGP engine saw VIPs:

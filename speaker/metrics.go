@@ -137,26 +137,44 @@ func (m *Metrics) contacted(t time.Time) {
 // relayCollector reads the connection sync relay's counters at each
 // scrape (see RegisterRelayMetrics).
 type relayCollector struct {
-	desc  *prometheus.Desc
-	stats func() (ipvs.RelayStats, bool)
+	desc, dropped, conns, clamped *prometheus.Desc
+	stats                         func() (ipvs.RelayStats, bool)
 }
 
 // RegisterRelayMetrics registers
 // vipcast_ipvs_conn_sync_relay_messages_total{direction}, read from stats
 // at each scrape: the sync daemons' messages the relay sent to other
-// nodes, received from them (and passed to the local backup), and dropped.
-// Without a relay (stats' ok false) it has no samples.
+// nodes, received from them (and passed to the local backup), and dropped;
+// vipcast_ipvs_conn_sync_relay_dropped_messages_total{reason} (the dropped
+// ones by reason), vipcast_ipvs_conn_sync_relay_dropped_connections_total{reason}
+// (connections left out of the messages: not tunnelled, or not to a
+// tier-1 virtual server and real server of this node) and
+// vipcast_ipvs_conn_sync_relay_clamped_connections_total.
+// Without a relay (stats' ok false) they have no samples.
 func RegisterRelayMetrics(reg prometheus.Registerer, stats func() (ipvs.RelayStats, bool)) error {
 	return reg.Register(relayCollector{
 		desc: prometheus.NewDesc("vipcast_ipvs_conn_sync_relay_messages_total",
-			"IPVS sync messages the connection sync relay (--conn-sync-transport=relay) handled, by direction: sent (the local master's, once per other node), received (from other nodes, passed to the local backup) and dropped (from an address that is not a node's, not a sync message of this sync ID, or not sent on).",
+			"IPVS sync messages the connection sync relay (--conn-sync-transport=relay) handled, by direction: sent (the local master's, once per other node), received (from other nodes, passed to the local backup) and dropped (see vipcast_ipvs_conn_sync_relay_dropped_messages_total).",
 			[]string{"direction"}, nil),
+		dropped: prometheus.NewDesc("vipcast_ipvs_conn_sync_relay_dropped_messages_total",
+			"Datagrams the connection sync relay dropped, by reason: unknown-source (not a node's address), unsigned, unknown-key, bad-mac, stale (more than 30 s from this node's clock: a replay, or clocks apart), malformed (not a sync message of this sync ID), no-connection-left (every connection left out), send-failed.",
+			[]string{"reason"}, nil),
+		conns: prometheus.NewDesc("vipcast_ipvs_conn_sync_relay_dropped_connections_total",
+			"Connections the relay left out of the messages it took, by reason: not-tunnel (another forwarding method than tier 1's) and unknown-target (no tier-1 virtual server of this node with that real server).",
+			[]string{"reason"}, nil),
+		clamped: prometheus.NewDesc("vipcast_ipvs_conn_sync_relay_clamped_connections_total",
+			"Connections the relay passed on with their timeout cut to one hour.", nil, nil),
 		stats: stats,
 	})
 }
 
 // Describe implements prometheus.Collector.
-func (c relayCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c relayCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.dropped
+	ch <- c.conns
+	ch <- c.clamped
+}
 
 // Collect implements prometheus.Collector.
 func (c relayCollector) Collect(ch chan<- prometheus.Metric) {
@@ -170,4 +188,11 @@ func (c relayCollector) Collect(ch chan<- prometheus.Metric) {
 	}{{"sent", s.Sent}, {"received", s.Received}, {"dropped", s.Dropped}} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v.n), v.dir)
 	}
+	for reason, n := range s.DroppedBy {
+		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(n), reason)
+	}
+	for reason, n := range s.DroppedConns {
+		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.CounterValue, float64(n), reason)
+	}
+	ch <- prometheus.MustNewConstMetric(c.clamped, prometheus.CounterValue, float64(s.ClampedConns))
 }

@@ -91,6 +91,8 @@ func TestParseFlagsTunnel(t *testing.T) {
 		{args: []string{"--conn-sync-interface", "eth0/1"}, wantErr: "is not a link name"},
 		{args: []string{"--conn-sync-transport", "unicast"}, wantErr: `--conn-sync-transport="unicast": use "multicast" (one L2 segment) or "relay"`},
 		{args: []string{"--conn-sync-transport", "relay", "--conn-sync-interface", "eth0"}, wantErr: "--conn-sync-interface=eth0 with --conn-sync-transport=relay: the relay's daemons run on their own veth pair"},
+		{args: []string{"--conn-sync-key-dir", "/keys"}, wantErr: "--conn-sync-key-dir=/keys without the relay: the keys sign the relay's datagrams"},
+		{args: []string{"--conn-sync-key-dir", "/keys", "--conn-sync-transport", "relay", "--conn-sync-interface", "none"}, wantErr: "--conn-sync-key-dir=/keys without the relay"},
 		{args: []string{"--conn-sync-relay-port", "0"}, wantErr: "--conn-sync-relay-port=0 is out of 1..65535"},
 		{args: []string{"--conn-sync-relay-port", "65536"}, wantErr: "--conn-sync-relay-port=65536 is out of 1..65535"},
 	} {

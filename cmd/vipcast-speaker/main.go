@@ -76,6 +76,7 @@ type flags struct {
 	connSyncID       int
 	connSyncVia      string
 	connSyncPort     int
+	connSyncKeyDir   string
 	owner            *ownerDaemonSet
 }
 
@@ -102,6 +103,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.tunnelPrefixFlag, "tunnel-prefix", "", "Turns on the two-tier dataplane (established flows survive ECMP changes, the pods see the client): an IPv4 prefix, optionally followed by a comma and an IPv6 prefix, such as 100.127.0.0/16,fd00:7f::/64. Each node's tunnel address is the IPv4 prefix with the host bits of the node's IPv4 InternalIP, and its IPv6 tunnel address the IPv6 prefix with those of its IPv6 InternalIP. IPv6 VIPs go through the two tiers to the IPv6 tunnel addresses; without an IPv6 prefix, only when --conn-sync-interface is none (6in4 to the IPv4 ones). Every speaker of the cluster must have the same value. Empty keeps one tier.")
 	fs.StringVar(&f.connSyncLink, "conn-sync-interface", connSyncAuto, "With --tunnel-prefix: the link on which the kernel's IPVS sync daemons share each node's tier-1 connections with the other nodes (multicast 224.0.0.81, UDP 8848, not routed), so that a flow ECMP moves after the nodes' endpoints changed still reaches its pod. \""+connSyncAuto+"\" is the link holding the node's InternalIP; \""+connSyncOff+"\" turns it off. Without an IPv6 tunnel prefix, sync keeps IPv6 VIPs on one tier (the kernel does not sync their 6in4 connections).")
 	fs.StringVar(&f.connSyncVia, "conn-sync-transport", connSyncMulticast, "How the IPVS sync daemons' messages reach the other nodes: \""+connSyncMulticast+"\" on the link --conn-sync-interface names (the nodes of one L2 segment), or \""+connSyncRelay+"\": the daemons run on a veth pair of the node's own (vcsync0/vcsync1) and the speaker passes their messages by unicast UDP (--conn-sync-relay-port) to every other node's InternalIP, for nodes on different subnets (a rack each, a /31 to the ToR each). With the relay, --conn-sync-interface is auto or none.")
+	fs.StringVar(&f.connSyncKeyDir, "conn-sync-key-dir", "", "With --conn-sync-transport=relay: a directory of keys, one file per key named by its ID (1 to 255, at least 32 bytes each; a mounted Secret), that the relays sign their datagrams with (the highest ID) and check the other nodes' with (any of them). Read again every 10 s: add a key of a higher ID to rotate, remove the old one once every node has the new. Empty: datagrams go unsigned and the relay trusts the source address alone.")
 	fs.IntVar(&f.connSyncPort, "conn-sync-relay-port", ipvs.DefaultSyncRelayPort, "With --conn-sync-transport=relay: the UDP port the relays use on every node's InternalIP. Every speaker of the cluster must have the same value.")
 	fs.IntVar(&f.connSyncID, "conn-sync-id", defaultConnSyncID, "The IPVS sync ID (0 to 255) of --conn-sync-interface: a node takes only messages with its own ID. Every speaker of the cluster must have the same value; another cluster (or keepalived pair) on the same link needs another one.")
 	fs.IntVar(&f.tunnelMTU, "tunnel-mtu", 0, "The fabric's MTU, for the two-tier dataplane's MSS clamp (MTU less 60; for IPv6 VIPs less 100, or 80 through 6in4); 0 uses the MTU of the link of the node's default route.")
@@ -327,7 +329,7 @@ func run(f *flags) error {
 		TunnelPrefix6:      f.tunnelPrefix6,
 	}
 	if f.ipvs {
-		dp, err := openDataplane(logger, f, nodeIP, nodeIP6, reg)
+		dp, err := openDataplane(ctx, logger, f, nodeIP, nodeIP6, reg)
 		if err != nil {
 			return err
 		}
@@ -394,6 +396,9 @@ func (f *flags) checkTunnel() error {
 	default:
 		return fmt.Errorf("--conn-sync-transport=%q: use %q (one L2 segment) or %q (nodes on different subnets)", f.connSyncVia, connSyncMulticast, connSyncRelay)
 	}
+	if f.connSyncKeyDir != "" && (f.connSyncVia != connSyncRelay || f.connSyncLink == connSyncOff) {
+		return fmt.Errorf("--conn-sync-key-dir=%s without the relay: the keys sign the relay's datagrams; use it with --conn-sync-transport=relay, or leave it empty", f.connSyncKeyDir)
+	}
 	if f.connSyncPort < 1 || f.connSyncPort > 65535 {
 		return fmt.Errorf("--conn-sync-relay-port=%d is out of 1..65535: use the same port on every speaker, such as %d", f.connSyncPort, ipvs.DefaultSyncRelayPort)
 	}
@@ -458,10 +463,10 @@ func dataplaneOptions(f *flags, nodeIP, nodeIP6 netip.Addr) (ipvs.Options, error
 	return opts, nil
 }
 
-// openDataplane opens the IPVS dataplane. The kernel state outlives the
-// process on purpose: a restarted speaker takes it over without dropping a
-// connection.
-func openDataplane(logger klog.Logger, f *flags, nodeIP, nodeIP6 netip.Addr, reg prometheus.Registerer) (*ipvs.Dataplane, error) {
+// openDataplane opens the IPVS dataplane and gives its connection sync
+// relay its keys. The kernel state outlives the process on purpose: a
+// restarted speaker takes it over without dropping a connection.
+func openDataplane(ctx context.Context, logger klog.Logger, f *flags, nodeIP, nodeIP6 netip.Addr, reg prometheus.Registerer) (*ipvs.Dataplane, error) {
 	opts, err := dataplaneOptions(f, nodeIP, nodeIP6)
 	if err != nil {
 		return nil, err
@@ -477,6 +482,10 @@ func openDataplane(logger klog.Logger, f *flags, nodeIP, nodeIP6 netip.Addr, reg
 	if c := dp.ConnSync(); c != nil {
 		logger.Info("Sharing this node's tier-1 connections with the other nodes (IPVS sync daemons)", "interface", c.Interface, "syncID", c.ID, "relay", c.Relay != nil)
 	}
+	if err := startSyncKeys(ctx, logger, f, dp); err != nil {
+		_ = dp.Close()
+		return nil, err
+	}
 	if p := dp.ConnSyncProblem(); p != nil {
 		logger.Error(p, "The IPVS sync daemons did not start; serving without connection sync (a Warning Event on the Node says so too)")
 	}
@@ -491,6 +500,32 @@ func openDataplane(logger klog.Logger, f *flags, nodeIP, nodeIP6 netip.Addr, reg
 		}
 	}
 	return dp, nil
+}
+
+// syncKeysInterval is how often the speaker reads --conn-sync-key-dir.
+const syncKeysInterval = 10 * time.Second
+
+// startSyncKeys gives the relay its keys from --conn-sync-key-dir and
+// watches them for changes; without the flag it says the relay trusts
+// source addresses alone. A key directory that does not read stops the
+// start: a relay without the cluster's keys would drop every message.
+func startSyncKeys(ctx context.Context, logger klog.Logger, f *flags, dp *ipvs.Dataplane) error {
+	c := dp.ConnSync()
+	if c == nil || c.Relay == nil {
+		return nil
+	}
+	if f.connSyncKeyDir == "" {
+		logger.Info("The connection sync relay's datagrams are not authenticated: it takes them from the other nodes' addresses alone. Set --conn-sync-key-dir (the chart does) to sign them.")
+		return nil
+	}
+	keys, err := ipvs.LoadSyncKeys(f.connSyncKeyDir)
+	if err != nil {
+		return fmt.Errorf("--conn-sync-key-dir: %w (the chart's Secret <release>-conn-sync-keys holds them)", err)
+	}
+	dp.SetSyncKeys(keys)
+	logger.Info("The connection sync relay signs and checks its datagrams", "keys", keys.Len(), "sendKeyID", keys.SendID())
+	go speaker.WatchSyncKeys(klog.NewContext(ctx, logger), f.connSyncKeyDir, keys, dp, syncKeysInterval)
+	return nil
 }
 
 // closeDataplane releases the IPVS and netlink handles, logging a failure;

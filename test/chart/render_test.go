@@ -439,6 +439,7 @@ func TestRenderDefaults(t *testing.T) {
 	want := map[string]int{
 		"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 4, "RoleBinding": 4,
 		"Deployment": 1, "PodDisruptionBudget": 1, "DaemonSet": 1, "Namespace": 1,
+		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}
 	if got := r.Kinds(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("kinds %v, want %v", got, want)
@@ -610,6 +611,36 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		if len(relayed.InitContainers) != 1 || !slices.Equal(relayed.InitContainers[0].Args, []string{"prepare-node", "--tunnel", "--conn-sync-relay"}) {
 			t.Errorf("relay: init containers %+v: want one running prepare-node --tunnel --conn-sync-relay", relayed.InitContainers)
 		}
+		// The relays' keys: a Secret the chart makes, mounted read-only,
+		// or the operator's; none without the relay.
+		relayR := render(t, "speaker: {ipvs: {enabled: true, tunnelPrefix: 100.127.0.0/16, connSync: {transport: relay}}}")
+		keys := one[corev1.Secret](t, relayR, "Secret", "vipcast-speaker-conn-sync-keys")
+		if k := keys.Data["1"]; len(k) != 64 || len(keys.Data) != 1 {
+			t.Errorf("relay keys Secret: %d keys, key 1 of %d bytes; want one of 64", len(keys.Data), len(k))
+		}
+		wantKeyMount := func(name string, spec corev1.PodSpec, secret string) {
+			t.Helper()
+			wantArg(t, name, spec.Containers[0].Args, "--conn-sync-key-dir", "/etc/vipcast/conn-sync-keys")
+			m := spec.Containers[0].VolumeMounts
+			if len(spec.Volumes) != 1 || spec.Volumes[0].Secret == nil || spec.Volumes[0].Secret.SecretName != secret ||
+				len(m) != 1 || m[0].MountPath != "/etc/vipcast/conn-sync-keys" || !m[0].ReadOnly || len(spec.InitContainers[0].VolumeMounts) != 0 {
+				t.Errorf("%s: volumes %+v, mounts %+v: want Secret %s read-only in the speaker only", name, spec.Volumes, m, secret)
+			}
+		}
+		wantKeyMount("relay", checkSpeaker(t, relayR, "3s", 3).Spec.Template.Spec, "vipcast-speaker-conn-sync-keys")
+		own := render(t, "speaker: {ipvs: {enabled: true, tunnelPrefix: 100.127.0.0/16, connSync: {transport: relay, keySecret: sync-keys}}}")
+		if n := len(own.Find("Secret", "vipcast-speaker-conn-sync-keys")); n != 0 {
+			t.Errorf("keySecret set: the chart made its own Secret too")
+		}
+		wantKeyMount("relay with keySecret", checkSpeaker(t, own, "3s", 3).Spec.Template.Spec, "sync-keys")
+		for _, values := range []string{"speaker: {ipvs: {enabled: true, tunnelPrefix: 100.127.0.0/16}}",
+			"speaker: {ipvs: {enabled: true, tunnelPrefix: 100.127.0.0/16, connSync: {transport: relay, interface: none}}}"} {
+			r := render(t, values)
+			spec := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec
+			if _, ok := arg(spec.Containers[0].Args, "--conn-sync-key-dir"); ok || len(spec.Volumes) != 0 || len(r.Find("Secret", "vipcast-speaker-conn-sync-keys")) != 0 {
+				t.Errorf("%s: a key directory, volume or Secret without the relay", values)
+			}
+		}
 		def := checkSpeaker(t, render(t, ""), "3s", 3).Spec.Template.Spec
 		if _, ok := arg(def.Containers[0].Args, "--tunnel-prefix"); ok || !slices.Equal(def.InitContainers[0].Args, []string{"prepare-node"}) {
 			t.Errorf("default: args %q, init args %q: want one tier", def.Containers[0].Args, def.InitContainers[0].Args)
@@ -623,7 +654,7 @@ func TestRenderSpeakerVariants(t *testing.T) {
 			`tunnelPrefix: "100.127.0.0/16,fd00:7f::/127"`: "tunnelPrefix", `tunnelPrefix: "fd00:7f::/64"`: "tunnelPrefix",
 			"connSync: {id: 256}": "connSync", "connSync: {interface: a/b}": "connSync", "connSync: {interface: \"\"}": "connSync",
 			"connSync: {transport: unicast}": "transport", "connSync: {relayPort: 0}": "relayPort",
-			"connSync: {transport: relay, interface: eth0}": "interface"} {
+			"connSync: {transport: relay, interface: eth0}": "interface", "connSync: {keySecret: Bad_Name}": "keySecret"} {
 			if _, err := Render(release, namespace, []byte("speaker: {ipvs: {enabled: true, "+bad+"}}")); err == nil || !strings.Contains(err.Error(), key) {
 				t.Errorf("%s: err = %v, want one naming %s", bad, err, key)
 			}

@@ -87,6 +87,15 @@ The convergence delay in whole seconds, rounded up. The schema allows only
 Namespaces where the speaker may read BGP password Secrets, as a JSON list.
 The release namespace is refused: it holds Helm's release Secrets.
 */}}
+{{- /* The name of the Secret of the connection sync relay's keys, empty
+when the relay is off (no two tiers, another transport, or sync off). */ -}}
+{{- define "vipcast.speaker.connSyncKeys" -}}
+{{- $c := .Values.speaker.ipvs.connSync -}}
+{{- if and .Values.speaker.ipvs.enabled .Values.speaker.ipvs.tunnelPrefix (eq $c.transport "relay") (ne $c.interface "none") -}}
+{{- default (printf "%s-conn-sync-keys" (include "vipcast.speaker.fullname" .)) $c.keySecret -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "vipcast.speaker.secretNamespaces" -}}
 {{- $ns := .Values.speaker.bgpPasswordSecrets.namespaces | default list -}}
 {{- if has .Release.Namespace $ns -}}
