@@ -11,12 +11,14 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -190,6 +192,93 @@ func TestApplyToAPIServer(t *testing.T) {
 		}
 	}
 	t.Run("speaker reads Secrets as itself", func(t *testing.T) { speakerSecretAccess(ctx, t, cp) })
+	t.Run("only vipcast-ccm writes the pool record", func(t *testing.T) { poolRecordPolicy(ctx, t, cp) })
+}
+
+// poolRecordPolicy makes real requests as a tenant with the edit role in
+// its own namespace and as vipcast-ccm's ServiceAccount (impersonated)
+// against the chart's admission policy: the tenant cannot create a Service
+// with vipcast.io/allocated-from-pool nor set or change it (which would
+// pick the pool whose BGP attributes and rules its VIPs get), and may
+// still edit the Service otherwise and drop the annotation; vipcast-ccm
+// sets and changes it.
+func poolRecordPolicy(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) {
+	const ns, record = "tenant-a", "vipcast.io/allocated-from-pool"
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The edit role's rules: the ClusterRole edit aggregates them, by
+	// kube-controller-manager, which this control plane does not run.
+	if _, err := cp.Client.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "tenant-edit"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:aggregate-to-edit"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "deployer", Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	as := func(sa string) *kubernetes.Clientset {
+		saNS, name, _ := strings.Cut(sa, "/")
+		cfg := rest.CopyConfig(cp.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + saNS + ":" + name,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + saNS, "system:authenticated"}}
+		c, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	tenant, ccm := as(ns+"/deployer"), as(namespace+"/vipcast-ccm")
+	svc := func(name string, ann map[string]string) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: ann}, Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}}}
+	}
+	patch := func(c *kubernetes.Clientset, name, value string) error {
+		v := "null"
+		if value != "" {
+			v = `"` + value + `"`
+		}
+		_, err := c.CoreV1().Services(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+record+`":`+v+`}}}`), metav1.PatchOptions{})
+		return err
+	}
+	denied := func(what string, err error) {
+		t.Helper()
+		if !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), record) || !strings.Contains(err.Error(), "only vipcast-ccm sets it") {
+			t.Errorf("tenant %s: err = %v, want a denial naming %s and who sets it", what, err, record)
+		}
+	}
+	// The policy is in force once the API server has loaded it, and the
+	// RoleBinding once its authorizer has: wait for the first denial by
+	// the policy.
+	deadline := time.Now().Add(30 * time.Second)
+	var err error
+	for {
+		_, err = tenant.CoreV1().Services(ns).Create(ctx, svc("db", map[string]string{record: "public"}), metav1.CreateOptions{})
+		if err != nil && strings.Contains(err.Error(), record) || time.Now().After(deadline) {
+			break
+		}
+		_ = cp.Client.CoreV1().Services(ns).Delete(ctx, "db", metav1.DeleteOptions{})
+		time.Sleep(200 * time.Millisecond)
+	}
+	denied("creates a Service with the record", err)
+	if _, err := tenant.CoreV1().Services(ns).Create(ctx, svc("db", map[string]string{"vipcast.io/pool": "internal"}), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("tenant creates a Service without the record: %v", err)
+	}
+	denied("sets the record", patch(tenant, "db", "public"))
+	if err := patch(ccm, "db", "internal"); err != nil {
+		t.Errorf("vipcast-ccm sets the record: %v", err)
+	}
+	denied("changes the record", patch(tenant, "db", "public"))
+	if _, err := tenant.CoreV1().Services(ns).Patch(ctx, "db", types.MergePatchType, []byte(`{"metadata":{"labels":{"tier":"db"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Errorf("tenant labels its Service (the record unchanged): %v", err)
+	}
+	if err := patch(tenant, "db", ""); err != nil {
+		t.Errorf("tenant drops the record (vipcast-ccm writes it again): %v", err)
+	}
+	if err := patch(ccm, "db", "public"); err != nil {
+		t.Errorf("vipcast-ccm changes the record: %v", err)
+	}
+	got, err := cp.Client.CoreV1().Services(ns).Get(ctx, "db", metav1.GetOptions{})
+	if err != nil || got.Annotations[record] != "public" {
+		t.Errorf("record %q, %v; want public, vipcast-ccm's last write", got.Annotations[record], err)
+	}
 }
 
 // speakerSecretAccess makes real requests as the speaker's ServiceAccount
