@@ -520,6 +520,14 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 				}
 				relayRefusesStrangers(t, f, dps[1])
 			}
+			if withSync {
+				// As the speaker does: the guard's drop rules are in force
+				// while the flows run, so the sync daemons' own messages
+				// must pass them.
+				for _, d := range dps {
+					must(t, d.SetTunnelSources(f.tunnelSources()))
+				}
+			}
 			if withSync && !f.v6 {
 				forgedSyncRefused(t, f, dps, mode)
 			}

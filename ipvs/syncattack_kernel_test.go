@@ -24,6 +24,20 @@ func testSyncKeys(t testing.TB) SyncKeys {
 	return k
 }
 
+// tunnelSources are the nodes' addresses, as the speaker gives them to
+// SetTunnelSources: their addresses on the shared link and the fabric, and
+// their tunnel addresses.
+func (f *moveFabric) tunnelSources() []netip.Addr {
+	out := []netip.Addr{ip("10.53.0.1"), ip("10.53.0.2")}
+	for n := range f.nodes {
+		out = append(out, f.fabricAddr(n), tunnelAddr(n), tunnelAddr6(n))
+		if f.v6 {
+			out = append(out, ip(fmt.Sprintf("fd00:51:%d::1", n)))
+		}
+	}
+	return out
+}
+
 // forgedConn is a sync connection of a client of the fabric's VIP on port
 // movePort, tunnelled to daddr: what node B's backup would enter.
 func (f *moveFabric) forgedConn(client netip.Addr, daddr netip.Addr) syncConnSpec {
@@ -123,7 +137,6 @@ func forgedSyncRefused(t *testing.T, f *moveFabric, dps [2]*Dataplane, mode stri
 		// A host on the nodes' link with an address of its own (node A's
 		// namespace, a second address), then node A itself.
 		addAddr(t, f.hNode[0], "peer", "10.53.0.99/24")
-		must(t, dps[1].SetTunnelSources([]netip.Addr{ip("10.53.0.1"), ip("10.53.0.2"), f.fabricAddr(0), f.fabricAddr(1), f.tunnelAddr(0), f.tunnelAddr(1)}))
 		group := netip.AddrPortFrom(ip(syncMcastGroup), syncMcastPort)
 		sendFrom(t, f, 0, ip("10.53.0.99"), group, "peer", syncMessage(96, f.forgedConn(client(94), attacker)))
 		sendFrom(t, f, 0, ip("10.53.0.1"), group, "peer", syncMessage(96, f.forgedConn(client(95), f.tunnelAddr(0))))

@@ -31,10 +31,11 @@ import (
 // daemons' multicast (connsync.go), which the kernel's backup takes from
 // anyone on its link:
 //
-//	iifname != "vcsync0" ip daddr 224.0.0.81 udp dport 8848 ip saddr != @tunnel-sources counter drop
+//	iifname != { "vcsync0", "vcsync1" } ip daddr 224.0.0.81 udp dport 8848 ip saddr != @tunnel-sources counter drop
 //
-// (the relay's veth pair carries what the relay let through, from its own
-// link-local address). The loop's packets are the node's own tier 1 to itself.
+// (the relay's veth pair carries the master's messages to the relay and
+// what the relay let through to the backup, from its link-local
+// addresses). The loop's packets are the node's own tier 1 to itself.
 // Until the speaker has given the sources once, the set is empty and the
 // second rule is left out (a new table must not drop the tunnel's traffic
 // of the moment before the speaker knows the nodes); a restarted speaker
@@ -111,11 +112,14 @@ func (n *nftTables) queueGuardRules(i int, t *nftables.Table, set *nftables.Set,
 	if fam.addrLen != 4 {
 		return
 	}
-	// The sync daemons' group, but on the relay's own veth pair.
+	// The sync daemons' group, but on the relay's own veth pair: the
+	// master's messages to the relay arrive on its end, the relay's to the
+	// backup on the other.
 	group := netip.MustParseAddr(syncMcastGroup).As4()
 	n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append([]expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(SyncLink)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(SyncPeer)},
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
