@@ -27,9 +27,12 @@ const (
 	// share a VIP when their ports do not clash and their
 	// externalTrafficPolicy is the same.
 	AnnotationSharingKey = "vipcast.io/sharing-key"
-	// AnnotationAllowSharedIPAcrossNamespaces ("true" or "false") lets a
-	// Service share a VIP under its sharing key with Services of other
-	// namespaces that set it to "true" too.
+	// AnnotationAllowSharedIPAcrossNamespaces names, comma-separated, the
+	// other namespaces whose Services a Service agrees to share a VIP with
+	// under its sharing key; each must name the other's namespace, and
+	// Local Services never share across namespaces. "false" or empty names
+	// none; "true" (any namespace that opts in, before this release) is
+	// refused: it let any namespace that knew the key join.
 	AnnotationAllowSharedIPAcrossNamespaces = "vipcast.io/allow-shared-ip-across-namespaces"
 )
 
@@ -88,12 +91,12 @@ func RequestFor(svc *v1.Service, nsLabels map[string]string) (ipam.Request, erro
 // whether it may be shared across namespaces.
 func baseRequest(svc *v1.Service) ipam.Request {
 	req := ipam.Request{
-		Owner:                 Owner(svc),
-		Namespace:             svc.Namespace,
-		ServiceLabels:         svc.Labels,
-		LocalTrafficPolicy:    svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
-		SharingKey:            strings.TrimSpace(svc.Annotations[AnnotationSharingKey]),
-		ShareAcrossNamespaces: strings.EqualFold(strings.TrimSpace(svc.Annotations[AnnotationAllowSharedIPAcrossNamespaces]), "true"),
+		Owner:               Owner(svc),
+		Namespace:           svc.Namespace,
+		ServiceLabels:       svc.Labels,
+		LocalTrafficPolicy:  svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
+		SharingKey:          strings.TrimSpace(svc.Annotations[AnnotationSharingKey]),
+		ShareWithNamespaces: shareNamespaces(svc.Annotations[AnnotationAllowSharedIPAcrossNamespaces]),
 	}
 	if len(svc.Spec.Selector) > 0 {
 		req.PodSelector = labels.SelectorFromSet(svc.Spec.Selector).String()
@@ -109,22 +112,46 @@ func baseRequest(svc *v1.Service) ipam.Request {
 }
 
 // checkCrossNamespace validates the vipcast.io/allow-shared-ip-across-namespaces
-// annotation: "true" or "false", and only next to a sharing key.
+// annotation: namespace names, or "false", and only next to a sharing key.
 func checkCrossNamespace(svc *v1.Service) error {
 	raw, ok := svc.Annotations[AnnotationAllowSharedIPAcrossNamespaces]
 	if !ok {
 		return nil
 	}
-	v := strings.ToLower(strings.TrimSpace(raw))
-	if v != "true" && v != "false" {
-		return invalid("annotation %s is %q; set it to \"true\" to share this Service's VIP with Services of other namespaces that set it too, or to \"false\" (the default)",
-			AnnotationAllowSharedIPAcrossNamespaces, raw)
+	v := strings.TrimSpace(raw)
+	if strings.EqualFold(v, "true") {
+		return invalid("annotation %s is \"true\", which would let any namespace that knows the sharing key join; name the namespaces whose Services may share this Service's VIP instead, comma-separated (such as \"team-b,team-c\"), each of which must name %s in turn",
+			AnnotationAllowSharedIPAcrossNamespaces, svc.Namespace)
 	}
-	if v == "true" && strings.TrimSpace(svc.Annotations[AnnotationSharingKey]) == "" {
-		return invalid("annotation %s is \"true\" but the Service has no %s; set the same sharing key on every Service that should share a VIP, or remove %s",
+	names := shareNamespaces(raw)
+	for _, ns := range names {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return invalid("annotation %s: %q is not a namespace name (%s); name the namespaces whose Services may share this Service's VIP, comma-separated, or \"false\"",
+				AnnotationAllowSharedIPAcrossNamespaces, ns, strings.Join(errs, "; "))
+		}
+	}
+	if len(names) > 0 && strings.TrimSpace(svc.Annotations[AnnotationSharingKey]) == "" {
+		return invalid("annotation %s names namespaces but the Service has no %s; set the same sharing key on every Service that should share a VIP, or remove %s",
 			AnnotationAllowSharedIPAcrossNamespaces, AnnotationSharingKey, AnnotationAllowSharedIPAcrossNamespaces)
 	}
 	return nil
+}
+
+// shareNamespaces returns the namespaces the annotation value raw names:
+// comma-separated, trimmed, none for "false" or "true" (which
+// checkCrossNamespace refuses).
+func shareNamespaces(raw string) []string {
+	v := strings.TrimSpace(raw)
+	if strings.EqualFold(v, "false") || strings.EqualFold(v, "true") {
+		return nil
+	}
+	var out []string
+	for _, ns := range strings.Split(v, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			out = append(out, ns)
+		}
+	}
+	return out
 }
 
 // requestedIPs merges the vipcast.io/ips annotation and the deprecated

@@ -263,9 +263,9 @@ func requestForCases(t testing.TB) []requestForCase {
 			want: ipam.Request{Families: v4, SharingKey: long},
 		},
 		{
-			name: "sharing across namespaces, any case, trimmed",
-			opts: []svcOption{withAnnotation(AnnotationSharingKey, "dns"), withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, " True ")},
-			want: ipam.Request{Families: v4, SharingKey: "dns", ShareAcrossNamespaces: true},
+			name: "sharing with named namespaces, trimmed",
+			opts: []svcOption{withAnnotation(AnnotationSharingKey, "dns"), withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, " team-b, team-c ,")},
+			want: ipam.Request{Families: v4, SharingKey: "dns", ShareWithNamespaces: []string{"team-b", "team-c"}},
 		},
 		{
 			name: "sharing across namespaces off",
@@ -404,13 +404,18 @@ func requestForErrorCases() []requestForErrorCase {
 			wantIn: []string{AnnotationSharingKey, "253"},
 		},
 		{
-			name:   "sharing across namespaces neither true nor false",
-			opts:   []svcOption{withAnnotation(AnnotationSharingKey, "dns"), withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "yes")},
-			wantIn: []string{AnnotationAllowSharedIPAcrossNamespaces, `"yes"`, `"true"`},
+			name:   "sharing across namespaces with any namespace (the old \"true\")",
+			opts:   []svcOption{withAnnotation(AnnotationSharingKey, "dns"), withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, " True ")},
+			wantIn: []string{AnnotationAllowSharedIPAcrossNamespaces, `"true"`, "any namespace that knows the sharing key", "name the namespaces", "shop"},
+		},
+		{
+			name:   "sharing across namespaces with a name that is no namespace's",
+			opts:   []svcOption{withAnnotation(AnnotationSharingKey, "dns"), withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "team-b,Team_C")},
+			wantIn: []string{AnnotationAllowSharedIPAcrossNamespaces, `"Team_C" is not a namespace name`},
 		},
 		{
 			name:   "sharing across namespaces without a sharing key",
-			opts:   []svcOption{withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "true")},
+			opts:   []svcOption{withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "team-b")},
 			wantIn: []string{AnnotationAllowSharedIPAcrossNamespaces, AnnotationSharingKey},
 		},
 	}

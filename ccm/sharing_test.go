@@ -21,7 +21,9 @@ func inNamespace(ns string) svcOption {
 func TestSharingBetweenServices(t *testing.T) {
 	key := withAnnotation(AnnotationSharingKey, "k")
 	sel := withSelector(map[string]string{"app": "shop"})
-	cross := withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "true")
+	// shop's Services name other, other's name shop.
+	withShop := withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "other")
+	withOther := withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "shop, team-c")
 	tests := []struct {
 		name        string
 		first, next []svcOption
@@ -64,19 +66,33 @@ func TestSharingBetweenServices(t *testing.T) {
 			first:  []svcOption{key, withPorts(port("", 80))},
 			next:   []svcOption{inNamespace("other"), key, withPorts(port("", 443))},
 			reason: ipam.ReasonInUse,
-			frags:  []string{"other/web", "shop/web, of another namespace", "sharing keys are per namespace", AnnotationAllowSharedIPAcrossNamespaces, "not set on other/web and shop/web"},
+			frags:  []string{"other/web", "shop/web, of another namespace", "sharing keys are per namespace", AnnotationAllowSharedIPAcrossNamespaces, "other/web does not name shop; shop/web does not name other"},
 		},
 		{
-			name:   "another namespace, only the newcomer opts in",
+			name:   "another namespace, only the newcomer names the other",
 			first:  []svcOption{key, withPorts(port("", 80))},
-			next:   []svcOption{inNamespace("other"), key, cross, withPorts(port("", 443))},
+			next:   []svcOption{inNamespace("other"), key, withOther, withPorts(port("", 443))},
 			reason: ipam.ReasonInUse,
-			frags:  []string{"not set on shop/web"},
+			frags:  []string{"shop/web does not name other"},
 		},
 		{
-			name:  "another namespace, both opt in",
-			first: []svcOption{key, cross, withPorts(port("", 80))},
-			next:  []svcOption{inNamespace("other"), key, cross, withPorts(port("", 443))},
+			name:   "another namespace, the first names a third one",
+			first:  []svcOption{key, withAnnotation(AnnotationAllowSharedIPAcrossNamespaces, "team-c"), withPorts(port("", 80))},
+			next:   []svcOption{inNamespace("other"), key, withOther, withPorts(port("", 443))},
+			reason: ipam.ReasonInUse,
+			frags:  []string{"shop/web does not name other"},
+		},
+		{
+			name:  "another namespace, each names the other",
+			first: []svcOption{key, withShop, withPorts(port("", 80))},
+			next:  []svcOption{inNamespace("other"), key, withOther, withPorts(port("", 443))},
+		},
+		{
+			name:   "another namespace, each names the other, both Local with the same selector",
+			first:  []svcOption{key, withShop, sel, withLocalPolicy(), withPorts(port("", 80))},
+			next:   []svcOption{inNamespace("other"), key, withOther, sel, withLocalPolicy(), withPorts(port("", 443))},
+			reason: ipam.ReasonPolicyClash,
+			frags:  []string{"of another namespace", "a pod selector selects pods of its own namespace only", "use Cluster on both"},
 		},
 	}
 	for _, tc := range tests {

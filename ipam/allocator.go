@@ -246,7 +246,7 @@ func (a *Allocator) Restore(req Request, ips []netip.Addr) error {
 	nr := &normReq{}
 	err := normalize(Request{
 		Owner: req.Owner, Namespace: req.Namespace, SharingKey: req.SharingKey,
-		ShareAcrossNamespaces: req.ShareAcrossNamespaces, Ports: req.Ports,
+		ShareWithNamespaces: req.ShareWithNamespaces, Ports: req.Ports,
 		LocalTrafficPolicy: req.LocalTrafficPolicy, PodSelector: req.PodSelector,
 		Families: req.Families,
 	}, nr)

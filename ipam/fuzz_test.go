@@ -185,8 +185,9 @@ func (w *fuzzWorld) request(r *byteReader) Request {
 		Ports:              fuzzPorts[r.pick(len(fuzzPorts))],
 		LocalTrafficPolicy: flags&1 != 0,
 		PodSelector:        []string{"app=x", "app=y"}[flags>>1&1],
-		// Mostly opted in, so that cross-namespace shares happen.
-		ShareAcrossNamespaces: flags&48 != 0,
+		// Mostly naming the other namespace, so that cross-namespace
+		// shares happen; sometimes naming one that does not hold owners.
+		ShareWithNamespaces: [][]string{nil, {otherNamespace(owner[:2])}, {"n1", "n2"}, {"n3"}}[flags>>4&3],
 	}
 	if req.Pool == "zz" && flags&12 != 12 {
 		req.Pool = "" // keep unknown pools rare
@@ -422,11 +423,24 @@ func (w *fuzzWorld) checkJoins(req Request, before, after []netip.Addr) {
 	}
 }
 
+// otherNamespace is the fuzz owners' namespace that is not ns.
+func otherNamespace(ns string) string {
+	if ns == "n1" {
+		return "n2"
+	}
+	return "n1"
+}
+
 // joinRefused is the reference for today's sharing rules beyond the key
 // and the ports (which checkWorld checks for every holder).
 func joinRefused(req, other Request) string {
-	if req.Namespace != other.Namespace && !(req.ShareAcrossNamespaces && other.ShareAcrossNamespaces) {
-		return "Services of different namespaces share without both opting in"
+	if req.Namespace != other.Namespace {
+		if !slices.Contains(req.ShareWithNamespaces, other.Namespace) || !slices.Contains(other.ShareWithNamespaces, req.Namespace) {
+			return "Services of different namespaces share without each naming the other's namespace"
+		}
+		if req.LocalTrafficPolicy || other.LocalTrafficPolicy {
+			return "Local Services of different namespaces share"
+		}
 	}
 	if req.LocalTrafficPolicy != other.LocalTrafficPolicy {
 		return "a Local and a Cluster Service share"

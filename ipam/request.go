@@ -56,7 +56,7 @@ func normalize(req Request, n *normReq) error {
 	n.attrs = shareAttrs{
 		key:         req.SharingKey,
 		namespace:   req.Namespace,
-		crossNS:     req.ShareAcrossNamespaces,
+		shareWith:   sortedNamespaces(req.ShareWithNamespaces),
 		ports:       sortedPorts(req.Ports),
 		local:       req.LocalTrafficPolicy,
 		podSelector: req.PodSelector,

@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -9,7 +10,7 @@ import (
 )
 
 // crossNamespaceAnnotation is the Service annotation the CCM reads into
-// Request.ShareAcrossNamespaces, named in errors so users know the fix.
+// Request.ShareWithNamespaces, named in errors so users know the fix.
 const crossNamespaceAnnotation = "vipcast.io/allow-shared-ip-across-namespaces"
 
 // shareAttrs are the parts of a request that decide whether two owners may
@@ -17,10 +18,23 @@ const crossNamespaceAnnotation = "vipcast.io/allow-shared-ip-across-namespaces"
 type shareAttrs struct {
 	key         string
 	namespace   string
-	crossNS     bool   // shares with other namespaces that opt in too
-	ports       []Port // sorted by comparePorts, without duplicates
+	shareWith   []string // other namespaces it agrees to share with, sorted
+	ports       []Port   // sorted by comparePorts, without duplicates
 	local       bool
 	podSelector string
+}
+
+// sortedNamespaces returns a sorted copy of namespaces without duplicates.
+func sortedNamespaces(namespaces []string) []string {
+	out := slices.Clone(namespaces)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// names reports whether a agrees to share with namespace ns.
+func (a *shareAttrs) names(ns string) bool {
+	_, ok := slices.BinarySearch(a.shareWith, ns)
+	return ok
 }
 
 // comparePorts orders ports by protocol, then number.
@@ -91,19 +105,27 @@ func keyConflict(ip netip.Addr, name string, a *shareAttrs, h *owner) *Error {
 }
 
 // ruleConflict checks the sharing rules older releases did not have: the
-// same namespace unless both opt in, and the same traffic policy.
+// same namespace unless each names the other's, never Local across
+// namespaces, and the same traffic policy.
 func ruleConflict(ip netip.Addr, name string, a *shareAttrs, h *owner) *Error {
-	if a.namespace != h.attrs.namespace && !(a.crossNS && h.attrs.crossNS) {
+	if a.namespace != h.attrs.namespace {
 		var missing []string
-		if !a.crossNS {
-			missing = append(missing, name)
+		if !a.names(h.attrs.namespace) {
+			missing = append(missing, fmt.Sprintf("%s does not name %s", name, h.attrs.namespace))
 		}
-		if !h.attrs.crossNS {
-			missing = append(missing, h.name)
+		if !h.attrs.names(a.namespace) {
+			missing = append(missing, fmt.Sprintf("%s does not name %s", h.name, a.namespace))
 		}
-		return newError(ReasonInUse,
-			"%s: address %s is already in use by %s, of another namespace, under sharing key %q; sharing keys are per namespace: to share across namespaces set annotation %s: \"true\" on every Service sharing it (it is not set on %s), or request another address",
-			name, ip, h.name, a.key, crossNamespaceAnnotation, strings.Join(missing, " and "))
+		if len(missing) > 0 {
+			return newError(ReasonInUse,
+				"%s: address %s is already in use by %s, of another namespace, under sharing key %q; sharing keys are per namespace: to share across namespaces each Service names the other's namespace in annotation %s (%s), or request another address",
+				name, ip, h.name, a.key, crossNamespaceAnnotation, strings.Join(missing, "; "))
+		}
+		if a.local || h.attrs.local {
+			return newError(ReasonPolicyClash,
+				"%s: cannot share address %s with %s, of another namespace, under sharing key %q: with externalTrafficPolicy Local the nodes announce the VIP by the Services' endpoints, and a pod selector selects pods of its own namespace only, so another namespace's pods would draw the traffic; use Cluster on both, or request another address",
+				name, ip, h.name, a.key)
+		}
 	}
 	if a.local != h.attrs.local {
 		return newError(ReasonPolicyClash,

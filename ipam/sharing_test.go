@@ -355,37 +355,48 @@ func TestFirstClash(t *testing.T) {
 }
 
 // TestSharingAcrossNamespaces: sharing keys are per namespace; Services of
-// different namespaces share only when every one of them opts in.
+// different namespaces share only when each names the other's namespace,
+// and never with externalTrafficPolicy Local.
 func TestSharingAcrossNamespaces(t *testing.T) {
 	a := newAlloc(t, Pool{Name: "p", Addresses: []string{"10.0.0.0/29"}, AutoAssign: true})
-	req := func(owner string, cross bool, port int32) Request {
+	req := func(owner string, with []string, port int32) Request {
 		r := shareReq(owner, "k", tcp(port))
 		r.Namespace = strings.Split(owner, "/")[0]
-		r.ShareAcrossNamespaces = cross
+		r.ShareWithNamespaces = with
 		return r
 	}
-	mustAssign(t, a, req("victim/web", false, 80), "p", "10.0.0.0")
+	mustAssign(t, a, req("victim/web", nil, 80), "p", "10.0.0.0")
 	// Another namespace, the same key: its own address, not the victim's.
-	mustAssign(t, a, req("other/x", false, 443), "p", "10.0.0.1")
+	mustAssign(t, a, req("other/x", nil, 443), "p", "10.0.0.1")
 	mustHolders(t, a, "10.0.0.0", "victim/web")
 	// Asking for the victim's address is refused, naming it and the fix.
-	mustFail(t, a, withIPs(req("other/y", false, 444), "10.0.0.0"), ReasonInUse,
+	mustFail(t, a, withIPs(req("other/y", nil, 444), "10.0.0.0"), ReasonInUse,
 		`other/y: address 10.0.0.0 is already in use by victim/web, of another namespace, under sharing key "k"`,
-		"sharing keys are per namespace", `vipcast.io/allow-shared-ip-across-namespaces: "true"`, "not set on other/y and victim/web")
-	// Opting in alone is not enough: every sharer must.
-	mustFail(t, a, withIPs(req("other/y", true, 444), "10.0.0.0"), ReasonInUse, "not set on victim/web")
-	mustAssign(t, a, req("other/y", true, 444), "p", "10.0.0.1") // joins other/x
-	// The same namespace needs no opt-in, whatever the sharers set.
-	mustAssign(t, a, req("victim/api", true, 8080), "p", "10.0.0.0")
+		"sharing keys are per namespace", "each Service names the other's namespace in annotation vipcast.io/allow-shared-ip-across-namespaces",
+		"other/y does not name victim; victim/web does not name other")
+	// Naming the victim's namespace alone is not enough: the victim must
+	// name the joiner's.
+	mustFail(t, a, withIPs(req("other/y", []string{"victim"}, 444), "10.0.0.0"), ReasonInUse, "victim/web does not name other")
+	mustAssign(t, a, req("other/y", []string{"victim"}, 444), "p", "10.0.0.1") // joins other/x
+	// The same namespace needs nothing named.
+	mustAssign(t, a, req("victim/api", []string{"blue"}, 8080), "p", "10.0.0.0")
 	mustHolders(t, a, "10.0.0.0", "victim/api", "victim/web")
 
-	// When everyone opts in, namespaces do not matter.
-	mustAssign(t, a, req("blue/dns", true, 53), "p", "10.0.0.2")
-	mustAssign(t, a, withIPs(req("green/dns", true, 54), "10.0.0.2"), "p", "10.0.0.2")
+	// Each naming the other: they share; a third namespace, named by one
+	// only, does not join.
+	mustAssign(t, a, req("blue/dns", []string{"green"}, 53), "p", "10.0.0.2")
+	mustAssign(t, a, withIPs(req("green/dns", []string{"blue", "red"}, 54), "10.0.0.2"), "p", "10.0.0.2")
 	mustHolders(t, a, "10.0.0.2", "blue/dns", "green/dns")
-	// A sharer withdrawing its opt-in moves away; the others keep the VIP.
-	mustAssign(t, a, req("green/dns", false, 54), "p", "10.0.0.3")
+	mustFail(t, a, withIPs(req("red/dns", []string{"blue", "green"}, 55), "10.0.0.2"), ReasonInUse, "blue/dns does not name red")
+	// A sharer withdrawing its consent moves away; the others keep the VIP.
+	mustAssign(t, a, req("green/dns", nil, 54), "p", "10.0.0.3")
 	mustHolders(t, a, "10.0.0.2", "blue/dns")
+
+	// Local across namespaces: refused even when each names the other.
+	local := func(r Request) Request { r.LocalTrafficPolicy, r.PodSelector = true, "app=dns"; return r }
+	mustAssign(t, a, local(req("blue/lb", []string{"green"}, 80)), "p", "10.0.0.4")
+	mustFail(t, a, withIPs(local(req("green/lb", []string{"blue"}, 81)), "10.0.0.4"), ReasonPolicyClash,
+		"of another namespace", "a pod selector selects pods of its own namespace only")
 	checkOK(t, a)
 }
 
@@ -397,7 +408,9 @@ func TestRestoreLegacyShareAcrossNamespaces(t *testing.T) {
 	req := func(owner string, cross bool, port int32) Request {
 		r := shareReq(owner, "k", tcp(port))
 		r.Namespace = strings.Split(owner, "/")[0]
-		r.ShareAcrossNamespaces = cross
+		if cross {
+			r.ShareWithNamespaces = []string{"one", "two", "three"}
+		}
 		return r
 	}
 	for _, r := range []Request{req("one/a", false, 80), req("two/b", false, 443)} {

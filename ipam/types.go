@@ -118,12 +118,15 @@ type Request struct {
 	RequireAllFamilies bool
 	// SharingKey lets owners of the same namespace with the same key share
 	// an address when their ports do not clash and their traffic policies
-	// agree (see ShareAcrossNamespaces for other namespaces).
+	// agree (see ShareWithNamespaces for other namespaces).
 	SharingKey string
-	// ShareAcrossNamespaces lets the owner share an address with owners of
-	// other namespaces that set it too. Sharing keys are per namespace
-	// (Namespace): without it, owners of different namespaces never share.
-	ShareAcrossNamespaces bool
+	// ShareWithNamespaces are the other namespaces whose owners this owner
+	// agrees to share an address with: owners of two namespaces share only
+	// when each names the other's namespace, and never with
+	// LocalTrafficPolicy (a pod selector selects pods of its own namespace
+	// only). Sharing keys are per namespace (Namespace): without it, owners
+	// of different namespaces never share.
+	ShareWithNamespaces []string
 	// Ports are the owner's ports, checked for clashes between sharers.
 	Ports []Port
 	// LocalTrafficPolicy is true for externalTrafficPolicy: Local.

@@ -278,7 +278,9 @@ func (m *model) randomize(s *v1.Service, aspect string) {
 		setAnn(annSharingKey, pick("", "", "k1", "k2"))
 	case "across":
 		if s.Annotations[annSharingKey] != "" {
-			setAnn(annAcrossNamespaces, pick("", "true"))
+			// The other namespace (both, sometimes), or a namespace of
+			// none of the model's Services.
+			setAnn(annAcrossNamespaces, pick("", "m1,m2", otherModelNamespace(s.Namespace), "m3"))
 		} else {
 			setAnn(annAcrossNamespaces, "")
 		}
@@ -601,16 +603,30 @@ func holdersOf(st *modelState) map[netip.Addr][]string {
 // makes it when a "sharing" edit drops the key of a Service that opted in
 // across namespaces).
 func refusedSharing(s *v1.Service) bool {
-	return s.Annotations[annAcrossNamespaces] == "true" && s.Annotations[annSharingKey] == ""
+	return s.Annotations[annAcrossNamespaces] != "" && s.Annotations[annSharingKey] == ""
+}
+
+// otherModelNamespace is the model's namespace that is not ns.
+func otherModelNamespace(ns string) string {
+	if ns == modelNamespaces[0] {
+		return modelNamespaces[1]
+	}
+	return modelNamespaces[0]
+}
+
+// namesNamespace reports whether s agrees to share with Services of ns.
+func namesNamespace(s *v1.Service, ns string) bool {
+	return slices.Contains(strings.Split(s.Annotations[annAcrossNamespaces], ","), ns)
 }
 
 // mayShare reports whether two Services may hold one VIP: the same
-// sharing key; the same namespace, or both opted in to sharing across
-// namespaces; no common port; the same traffic policy, and for Local the
+// sharing key; the same namespace, or each naming the other's namespace
+// and neither Local; no common port; the same traffic policy, and for Local the
 // same pods.
 func mayShare(a, b *v1.Service) bool {
 	key := a.Annotations[annSharingKey]
-	across := a.Annotations[annAcrossNamespaces] == "true" && b.Annotations[annAcrossNamespaces] == "true"
+	across := namesNamespace(a, b.Namespace) && namesNamespace(b, a.Namespace) &&
+		a.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal
 	return key != "" && key == b.Annotations[annSharingKey] &&
 		(a.Namespace == b.Namespace || across) &&
 		!portsClash(a, b) &&

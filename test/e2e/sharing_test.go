@@ -71,25 +71,34 @@ func TestSharingRefusals(t *testing.T) {
 	e.createService(ccmtest.LBService("team-b", "asks", key, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(22)))
 	e.createService(ccmtest.LBService("team-b", "auto", key, withPorts(2222)))
 	e.waitEvent("team-b", "asks", "10.70.0.5", "team-a/web", "sharing keys are per namespace",
-		ccm.AnnotationAllowSharedIPAcrossNamespaces, "not set on team-b/asks and team-a/web")
+		ccm.AnnotationAllowSharedIPAcrossNamespaces, "team-b/asks does not name team-a; team-a/web does not name team-b")
 	if ip := e.waitVIP("team-b", "auto"); ip.String() == "10.70.0.5" {
 		t.Errorf("team-b/auto joined team-a/web's VIP %s across namespaces", ip)
 	}
-	// Opting in on one side only changes nothing.
-	cross := withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "true")
-	e.createService(ccmtest.LBService("team-b", "asks-opted-in", key, cross, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(23)))
-	e.waitEvent("team-b", "asks-opted-in", "team-a/web", "not set on team-a/web")
-	// When both opt in, they share.
+	// Naming the other namespace on one side only changes nothing.
+	namesA := withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "team-a")
+	e.createService(ccmtest.LBService("team-b", "asks-opted-in", key, namesA, withAnnotation(ccm.AnnotationIPs, "10.70.0.5"), withPorts(23)))
+	e.waitEvent("team-b", "asks-opted-in", "team-a/web", "team-a/web does not name team-b")
+	// When each names the other's namespace, they share.
 	e.Namespace("team-c", nil)
-	e.createService(ccmtest.LBService("team-a", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), cross, withPorts(53)))
+	e.createService(ccmtest.LBService("team-a", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"),
+		withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "team-c"), withPorts(53)))
 	dns := e.waitVIP("team-a", "dns")
-	e.createService(ccmtest.LBService("team-c", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), cross, withPorts(5353)))
+	e.createService(ccmtest.LBService("team-c", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), namesA, withPorts(5353)))
 	if ip := e.waitVIP("team-c", "dns"); ip != dns {
-		t.Errorf("team-c/dns got %s, want to share team-a/dns's %s (both opted in)", ip, dns)
+		t.Errorf("team-c/dns got %s, want to share team-a/dns's %s (each names the other)", ip, dns)
 	}
-	// A malformed opt-in is an Event naming the annotation.
-	e.createService(ccmtest.LBService("team-b", "bad-opt-in", key, withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "yes")))
-	e.waitEvent("team-b", "bad-opt-in", ccm.AnnotationAllowSharedIPAcrossNamespaces, `"yes"`)
+	// team-b knows the key and names team-a, which does not name it: it
+	// does not join (the old "true" let it).
+	e.createService(ccmtest.LBService("team-b", "dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), namesA,
+		withAnnotation(ccm.AnnotationIPs, dns.String()), withPorts(5354)))
+	e.waitEvent("team-b", "dns", dns.String(), "does not name team-b")
+	// A malformed opt-in, and the old "true", are Events naming the
+	// annotation and the fix.
+	e.createService(ccmtest.LBService("team-b", "bad-opt-in", key, withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "Team_A")))
+	e.waitEvent("team-b", "bad-opt-in", ccm.AnnotationAllowSharedIPAcrossNamespaces, `"Team_A" is not a namespace name`)
+	e.createService(ccmtest.LBService("team-b", "any-opt-in", key, withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "true")))
+	e.waitEvent("team-b", "any-opt-in", ccm.AnnotationAllowSharedIPAcrossNamespaces, "name the namespaces")
 
 	// A Cluster Service of team-a with the same key still joins.
 	e.createService(ccmtest.LBService("team-a", "cluster-auto", key, withPorts(8080)))
@@ -99,7 +108,7 @@ func TestSharingRefusals(t *testing.T) {
 
 	now := e.ListServices("team-a", "team-b")
 	checkUnchanged(t, before, now)
-	for _, name := range []string{"team-a/local-asks", "team-b/asks", "team-b/asks-opted-in", "team-b/bad-opt-in"} {
+	for _, name := range []string{"team-a/local-asks", "team-b/asks", "team-b/asks-opted-in", "team-b/dns", "team-b/bad-opt-in", "team-b/any-opt-in"} {
 		if ing := now[name].Status.LoadBalancer.Ingress; len(ing) != 0 {
 			t.Errorf("%s got %v despite the refusal", name, ing)
 		}
@@ -131,6 +140,11 @@ func TestSharingUpgrade(t *testing.T) {
 	e.Namespace("team-b", nil)
 	published(ccmtest.LBService("team-a", "old-web", key, withPorts(80)), "10.70.0.10")
 	published(ccmtest.LBService("team-b", "old-web", key, withPorts(443)), "10.70.0.10")
+	// Both opted in with the old "true", which this release refuses: they
+	// keep the VIP they share.
+	anyNS := withAnnotation(ccm.AnnotationAllowSharedIPAcrossNamespaces, "true")
+	published(ccmtest.LBService("team-a", "old-dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), anyNS, withPorts(53)), "10.70.0.11")
+	published(ccmtest.LBService("team-b", "old-dns", withAnnotation(ccm.AnnotationSharingKey, "dns"), anyNS, withPorts(5353)), "10.70.0.11")
 	before := e.snapshotAll("team-a", "team-b")
 
 	e.StartCCM("a")
@@ -148,6 +162,9 @@ func TestSharingUpgrade(t *testing.T) {
 		ns, name, _ := strings.Cut(key, "/")
 		e.waitEventReason(ns, name, v1.EventTypeNormal, "EnsuredLoadBalancer")
 	}
+
+	e.waitEventReason("team-b", "old-dns", v1.EventTypeWarning, ccm.ReasonLegacySharedVIP, "team-a/old-dns", "does not name team-a")
+	e.waitEvent("team-a", "old-dns", ccm.AnnotationAllowSharedIPAcrossNamespaces, "name the namespaces")
 
 	// Newcomers follow today's rules against every holder.
 	e.createService(ccmtest.LBService("team-a", "new-cluster", key, app, withAnnotation(ccm.AnnotationIPs, "10.70.0.9"), withPorts(8080)))
