@@ -92,8 +92,8 @@ func TestTreatAsWithdraw(t *testing.T) {
 	if n := atk.Notifications(); len(n) != 0 || atk.Established() != 1 {
 		t.Errorf("the router got %v and established %d sessions; want no NOTIFICATION and one session", n, atk.Established())
 	}
-	var state api.PeerState_SessionState
-	if err := g.srv.ListPeer(ctx, &api.ListPeerRequest{Address: atk.Addr.String()}, func(p *api.Peer) { state = p.GetState().GetSessionState() }); err != nil {
+	state, err := g.sessionState(ctx, atk.Addr.String())
+	if err != nil {
 		t.Fatal(err)
 	}
 	if state != api.PeerState_SESSION_STATE_ESTABLISHED {
