@@ -40,6 +40,19 @@ type View struct {
 	// Tunnels6 is each node's IPv6 tunnel address by node name (nil: none,
 	// IPv6 VIPs go 6in4 to the IPv4 ones).
 	Tunnels6 map[string]netip.Addr
+	// SpeakersReady, when not nil, are the nodes whose speaker is ready
+	// (a ready endpoint of Options.SpeakerService on that node): tier 1
+	// gives the other nodes weight 0, so they take no new flows while a
+	// node that is ready can (twoTierBackends). Nil: every node is taken
+	// as ready.
+	SpeakersReady map[string]bool
+}
+
+// speakerReady reports whether tier 1 may send new flows to node: this
+// node always (its own speaker is the one computing), others when their
+// speaker is ready or readiness is not watched.
+func (v *View) speakerReady(node string) bool {
+	return v.SpeakersReady == nil || node == v.Node.Name || v.SpeakersReady[node]
 }
 
 // Pool is one admitted IPPool as the routing decisions need it.

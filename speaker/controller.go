@@ -96,6 +96,15 @@ type Options struct {
 	// them to the IPv4 tunnel addresses (6in4), when the Dataplane gives
 	// them the two tiers at all (TwoTierIPv6).
 	TunnelPrefix6 netip.Prefix
+	// SpeakerService, with TunnelPrefix, is the namespace/name of a
+	// headless Service that selects the speakers' pods: a node is ready
+	// for tier 1 while its speaker's pod is a ready endpoint of it (its
+	// kubelet says the readiness probe passes), and the other nodes' tier
+	// 1 sends new flows only to nodes that are, or to none of them when no
+	// ready node hosts an endpoint (drainUnready). Only EndpointSlices the
+	// EndpointSlice controller manages count. Empty: every node with a
+	// tunnel address takes flows.
+	SpeakerService string
 }
 
 // Controller is the speaker's reconciler: it watches Services,
@@ -122,6 +131,9 @@ type Controller struct {
 	// for a VIP of a Service vipcast serves (see unannounced); owned by
 	// the worker goroutine.
 	notAnnounced map[string]string
+	// unready are the nodes tier 1 last took as not ready, comma-joined
+	// (reportTier1); owned by the worker goroutine.
+	unready string
 
 	mu    sync.Mutex
 	ready readiness

@@ -702,6 +702,96 @@ func TestControllerTwoTier(t *testing.T) {
 	})
 }
 
+// TestControllerTier1Readiness: with SpeakerService, tier 1 gives weight 0
+// to a node whose speaker has no ready endpoint of that Service (it took
+// 2/3 of the new flows before, with no speaker to decapsulate them), takes
+// it back when its speaker's endpoint turns ready, drops it again when the
+// endpoint goes not ready, and ignores an EndpointSlice the EndpointSlice
+// controller does not manage.
+func TestControllerTier1Readiness(t *testing.T) {
+	client := fakeServices(1) // Service a, VIP 10.100.0.1, one endpoint on n2
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, n := range []struct{ name, addr string }{{"n2", "10.0.0.3"}, {"n3", "10.0.0.4"}} {
+		node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name},
+			Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.addr}}}}
+		if _, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slice := testSlice("a") // endpoints on n2 and n3
+	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.244.1.1"}, NodeName: ptr.To("n3"),
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The speakers' Service: n2's speaker is ready, n3 has none yet.
+	speakers := func(name string, managed bool, ready map[string]bool) *discoveryv1.EndpointSlice {
+		s := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "vipcast", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: "speakers"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+		}
+		if managed {
+			s.Labels[discoveryv1.LabelManagedBy] = managedByController
+		}
+		for _, node := range slices.Sorted(maps.Keys(ready)) {
+			s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.0.0.9"}, NodeName: ptr.To(node),
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready[node])}})
+		}
+		return s
+	}
+	sl := client.DiscoveryV1().EndpointSlices("vipcast")
+	if _, err := sl.Create(ctx, speakers("speakers-1", true, map[string]bool{"n2": true}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dp := &tunnelDataplane{}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: 100 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16"),
+		SpeakerService: "vipcast/speakers"}) // dp.last is the last resync's state
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	key := ipvs.Key{VIP: netip.MustParseAddr("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}
+	waitTier1 := func(what, want string) {
+		t.Helper()
+		eventually(t, what, func() bool {
+			st, _ := dp.last()
+			return fmt.Sprint(st.Services[key].Backends) == want
+		}, func() string {
+			st, _ := dp.last()
+			return fmt.Sprintf("tier 1 %v, want %s", st.Services[key].Backends, want)
+		})
+	}
+	waitTier1("n3 without a speaker drained", "[100.127.0.3:80 w1 ipip 100.127.0.4:80 w0 ipip]")
+
+	// A slice someone wrote by hand does not make n3 ready.
+	if _, err := sl.Create(ctx, speakers("forged", false, map[string]bool{"n3": true}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// n3's speaker turns ready: its endpoint in the managed slice.
+	if _, err := sl.Update(ctx, speakers("speakers-1", true, map[string]bool{"n2": true, "n3": false}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitTier1("n3 still drained (endpoint not ready, forged slice ignored)", "[100.127.0.3:80 w1 ipip 100.127.0.4:80 w0 ipip]")
+	if _, err := sl.Update(ctx, speakers("speakers-1", true, map[string]bool{"n2": true, "n3": true}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitTier1("n3 ready takes flows", "[100.127.0.3:80 w1 ipip 100.127.0.4:80 w1 ipip]")
+
+	// n2's speaker goes away (its pod deleted: its endpoint too).
+	if _, err := sl.Update(ctx, speakers("speakers-1", true, map[string]bool{"n3": true}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitTier1("n2 drained", "[100.127.0.3:80 w0 ipip 100.127.0.4:80 w1 ipip]")
+
+	// Neither ready: both keep their weight rather than refuse every flow.
+	if err := sl.Delete(ctx, "speakers-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitTier1("fallback to the unready nodes", "[100.127.0.3:80 w1 ipip 100.127.0.4:80 w1 ipip]")
+}
+
 // twoTier6Dataplane is a tunnelDataplane that answers TwoTierIPv6 as
 // *ipvs.Dataplane does.
 type twoTier6Dataplane struct {

@@ -221,7 +221,8 @@ func (v *View) tunnelsOf(fam int) map[string]netip.Addr {
 //     gives them.
 //
 // An endpoint without nodeName, or on a node without tunnel address, has
-// no way in: it is left out and reported.
+// no way in: it is left out and reported. A node whose speaker is not
+// ready (view.speakerReady) drains: see drainUnready.
 func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, view *View, fams [2]bool) ([][2]tiers, []string) {
 	all := dataplaneBackendsByNode(svc, endpointSlices, ports)
 	out := make([][2]tiers, len(ports))
@@ -229,6 +230,8 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 	// unreachable: nodes without a way in, each with the kind of tunnel
 	// address it lacks ("" or "IPv6 ").
 	unreachable := map[string]map[string]bool{}
+	nodeOf := map[netip.Addr]string{} // tunnel address → node name
+	fallback := false                 // drainUnready fell back somewhere
 	for i, p := range ports {
 		for fam := range all[i] {
 			if !fams[fam] {
@@ -257,9 +260,16 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 					}
 				}
 				out[i][fam].nodes = append(out[i][fam].nodes, ipvs.Backend{Addr: tunnel, Port: p.port, Weight: ready, Tunnel: true})
+				nodeOf[tunnel] = node
 			}
 			out[i][fam].nodes = sortBackends(out[i][fam].nodes)
+			if drainUnready(out[i][fam].nodes, nodeOf, view) {
+				fallback = true
+			}
 		}
+	}
+	if fallback {
+		problems = append(problems, "no node whose speaker is ready hosts a ready endpoint: tier 1 sends new flows to the nodes whose speaker is not ready rather than refuse them")
 	}
 	for _, node := range slices.Sorted(maps.Keys(unreachable)) {
 		if node == "" {
@@ -271,6 +281,41 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 		}
 	}
 	return out, problems
+}
+
+// drainUnready gives weight 0 to the tier-1 real servers (nodes, by
+// tunnel address in nodeOf) whose node's speaker is not ready, so that no
+// new flow goes to a node that may not decapsulate it (no speaker, one
+// that crash-loops or lacks the tunnel), while the flows it already has go
+// on. When that leaves no weight at all but the nodes had some, it keeps
+// them as they were, as kube-proxy falls back to terminating endpoints: a
+// node whose speaker restarts keeps its kernel state and still serves, and
+// trying it is better than refusing every new flow. It reports whether it
+// fell back.
+func drainUnready(nodes []ipvs.Backend, nodeOf map[netip.Addr]string, view *View) (fellBack bool) {
+	if view.SpeakersReady == nil {
+		return false
+	}
+	readyWeight, unready := 0, 0
+	for _, b := range nodes {
+		if view.speakerReady(nodeOf[b.Addr]) {
+			readyWeight += b.Weight
+		} else if b.Weight > 0 {
+			unready++
+		}
+	}
+	if unready == 0 {
+		return false
+	}
+	if readyWeight == 0 {
+		return true
+	}
+	for i := range nodes {
+		if !view.speakerReady(nodeOf[nodes[i].Addr]) {
+			nodes[i].Weight = 0
+		}
+	}
+	return false
 }
 
 // dataplaneBackendsByNode returns, per port and family, the backends of

@@ -764,9 +764,43 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 		slices     []*discoveryv1.EndpointSlice
 		tunnelIPv6 bool
 		tunnels6   map[string]netip.Addr
+		ready      map[string]bool // View.SpeakersReady
 		want       []ipvs.Service
 		problems   []string
 	}{
+		{
+			name: "a node whose speaker is not ready drains",
+			svc:  dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
+				readyEP("10.1.0.1", "n1"), readyEP("10.2.0.1", "n2"))},
+			ready: map[string]bool{}, // n1 is this node: always ready
+			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 1), tun("10.52.0.2", 0)},
+				[]ipvs.Backend{be("10.1.0.1", 8080, 1)})},
+		},
+		{
+			name: "a node whose speaker is ready takes flows",
+			svc:  dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
+				readyEP("10.1.0.1", "n1"), readyEP("10.2.0.1", "n2"))},
+			ready: map[string]bool{"n2": true, "n3": false},
+			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 1), tun("10.52.0.2", 1)},
+				[]ipvs.Backend{be("10.1.0.1", 8080, 1)})},
+		},
+		{
+			name: "only nodes whose speaker is not ready host endpoints: they keep their weight",
+			svc:  dpSvc("192.0.2.10", "2001:db8::10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
+				readyEP("10.2.0.1", "n2")), eps6},
+			tunnelIPv6: true,
+			ready:      map[string]bool{"n3": true},
+			want: []ipvs.Service{
+				twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.2", 1)}, nil),
+				// IPv6: n1 (this node) is ready, so n2 drains.
+				twoTier("2001:db8::10", []ipvs.Backend{tun("10.52.0.1", 1), tun("10.52.0.2", 0)},
+					[]ipvs.Backend{be("2001:db8:1::1", 8080, 1)}),
+			},
+			problems: []string{"no node whose speaker is ready hosts a ready endpoint"},
+		},
 		{
 			name:       "dual stack with IPv6 tunnel addresses: IPv6 tier 1 over them, IPv4 over the IPv4 ones",
 			svc:        dpSvc("192.0.2.10", "2001:db8::10"),
@@ -859,6 +893,7 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 			node.Name = "n1"
 			view := dpView(t, node)
 			view.Tunnels, view.TunnelIPv6, view.Tunnels6 = tunnels, tc.tunnelIPv6, tc.tunnels6
+			view.SpeakersReady = tc.ready
 			got, problems := ServiceDataplane(tc.svc, tc.slices, view)
 			checkDataplane(t, got, problems, tc.want, tc.problems)
 		})

@@ -49,6 +49,9 @@ type watched struct {
 	allNodesFrom informers.SharedInformerFactory
 	pools        cache.SharedIndexInformer
 	peers        cache.SharedIndexInformer
+	// speakerService is Options.SpeakerService when tier 1 follows the
+	// speakers' readiness; empty otherwise.
+	speakerService string
 	// secrets has one Secret informer per password namespace, by namespace.
 	secrets map[string]cache.SharedIndexInformer
 	// secretFactories start them.
@@ -85,6 +88,12 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	}
 	if err := w.slices.AddIndexers(cache.Indexers{sliceIndex: sliceServiceKey}); err != nil {
 		return nil, fmt.Errorf("endpointslice index: %w", err)
+	}
+	if opts.TunnelPrefix.IsValid() && opts.SpeakerService != "" {
+		w.speakerService = opts.SpeakerService
+		if _, err := w.slices.AddEventHandler(speakersHandler(q, opts.SpeakerService)); err != nil {
+			return nil, fmt.Errorf("event handler: %w", err)
+		}
 	}
 	handlers := []struct {
 		inf cache.SharedIndexInformer
@@ -205,6 +214,75 @@ func sliceServiceKey(obj any) ([]string, error) {
 		return nil, nil
 	}
 	return []string{s.Namespace + "/" + name}, nil
+}
+
+// managedByController is the EndpointSlice controller's value of the
+// discoveryv1.LabelManagedBy label.
+const managedByController = "endpointslice-controller.k8s.io"
+
+// readyNodes returns the nodes of a's ready endpoints (conditions.ready
+// true or unset), when a is an EndpointSlice the EndpointSlice controller
+// manages; nil otherwise.
+func readyNodes(a any) map[string]bool {
+	if t, ok := a.(cache.DeletedFinalStateUnknown); ok {
+		a = t.Obj
+	}
+	s, ok := a.(*discoveryv1.EndpointSlice)
+	if !ok || s.Labels[discoveryv1.LabelManagedBy] != managedByController {
+		return nil
+	}
+	out := map[string]bool{}
+	for _, e := range s.Endpoints {
+		if e.NodeName != nil && *e.NodeName != "" && (e.Conditions.Ready == nil || *e.Conditions.Ready) {
+			out[*e.NodeName] = true
+		}
+	}
+	return out
+}
+
+// speakersHandler enqueues a full recompute when an EndpointSlice of the
+// speakers' Service (key, namespace/name) comes, goes, or changes which
+// nodes have a ready speaker.
+func speakersHandler(q workqueue.TypedRateLimitingInterface[string], key string) cache.ResourceEventHandler {
+	ours := func(obj any) bool {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		ks, _ := sliceServiceKey(obj)
+		return len(ks) == 1 && ks[0] == key
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if ours(obj) {
+				q.Add(keyConfig)
+			}
+		},
+		UpdateFunc: func(old, cur any) {
+			if ours(cur) && !maps.Equal(readyNodes(old), readyNodes(cur)) {
+				q.Add(keyConfig)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if ours(obj) {
+				q.Add(keyConfig)
+			}
+		},
+	}
+}
+
+// speakersReady returns the nodes with a ready speaker: a ready endpoint
+// of the speakers' Service (Options.SpeakerService) in an EndpointSlice
+// the EndpointSlice controller manages. Nil when readiness is not watched.
+func (w *watched) speakersReady() map[string]bool {
+	if w.speakerService == "" {
+		return nil
+	}
+	objs, _ := w.slices.GetIndexer().ByIndex(sliceIndex, w.speakerService)
+	out := map[string]bool{}
+	for _, o := range objs {
+		maps.Copy(out, readyNodes(o))
+	}
+	return out
 }
 
 // service returns the Service with the given key from the cache; nil when

@@ -19,6 +19,7 @@ type Metrics struct {
 	drift          prometheus.Counter
 	serviceErrors  *prometheus.GaugeVec
 	lastContact    prometheus.Gauge
+	tier1Nodes     *prometheus.GaugeVec
 }
 
 // The reasons of vipcast_speaker_service_errors.
@@ -70,11 +71,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "vipcast_speaker_apiserver_last_contact_timestamp_seconds",
 			Help: "Unix time of the API server's last answer to the speaker's probe (every 10s); 0 before the first. While the API server is unreachable the speaker keeps its sessions, routes and IPVS as they are: alert on time() minus this.",
 		}),
+		tier1Nodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vipcast_speaker_tier1_nodes",
+			Help: "With two tiers and --speaker-service: the nodes with a tunnel address, by whether their speaker is ready (a ready endpoint of the speakers' Service). Tier 1 sends no new flow to a not_ready node while a ready one hosts an endpoint.",
+		}, []string{"state"}),
 	}
 	for _, r := range []string{reasonScheduler, reasonKernel} {
 		m.serviceErrors.WithLabelValues(r).Set(0)
 	}
-	for _, c := range []prometheus.Collector{m.announced, m.syncSeconds, m.virtualServers, m.changes, m.drift, m.serviceErrors, m.lastContact} {
+	for _, c := range []prometheus.Collector{m.announced, m.syncSeconds, m.virtualServers, m.changes, m.drift, m.serviceErrors, m.lastContact, m.tier1Nodes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -85,6 +90,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) observeSync(kind string, start time.Time) {
 	if m != nil {
 		m.syncSeconds.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	}
+}
+
+func (m *Metrics) setTier1Nodes(ready, notReady int) {
+	if m != nil {
+		m.tier1Nodes.WithLabelValues("ready").Set(float64(ready))
+		m.tier1Nodes.WithLabelValues("not_ready").Set(float64(notReady))
 	}
 }
 

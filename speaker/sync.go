@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -92,9 +94,40 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 	view.Tunnels = tunnels
 	view.TunnelIPv6 = tunnels != nil && on6
 	view.Tunnels6 = tunnels6
+	if tunnels != nil {
+		view.SpeakersReady = c.watch.speakersReady()
+		c.reportTier1(ctx, tunnels, view)
+	}
 	c.report.poolProblems(ctx, poolErrs)
 	c.view = view
 	return n, peers, nil
+}
+
+// maxUnreadyLogged bounds the nodes a tier-1 log line names.
+const maxUnreadyLogged = 10
+
+// reportTier1 says which nodes with a tunnel address tier 1 takes as not
+// ready (view.speakerReady): the metric, and a log line when that set
+// changes.
+func (c *Controller) reportTier1(ctx context.Context, tunnels map[string]netip.Addr, view *View) {
+	if view.SpeakersReady == nil {
+		return
+	}
+	var unready []string
+	for _, name := range slices.Sorted(maps.Keys(tunnels)) {
+		if !view.speakerReady(name) {
+			unready = append(unready, name)
+		}
+	}
+	c.opts.Metrics.setTier1Nodes(len(tunnels)-len(unready), len(unready))
+	msg := strings.Join(unready, ",")
+	if msg == c.unready {
+		return
+	}
+	c.unready = msg
+	shown := unready[:min(len(unready), maxUnreadyLogged)]
+	klog.FromContext(ctx).Info("Tier 1 sends no new flows to nodes whose speaker is not ready (no ready endpoint of the speakers' Service there)",
+		"service", c.opts.SpeakerService, "notReady", len(unready), "nodes", shown, "ready", len(tunnels)-len(unready))
 }
 
 // connSyncProblem is why the Dataplane runs without the connection sync

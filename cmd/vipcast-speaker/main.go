@@ -69,6 +69,7 @@ type flags struct {
 	classless        bool
 	classes          lbclass.Selector
 	tunnelPrefixFlag string
+	speakerService   string // --speaker-service, namespace/name
 	tunnelPrefix     netip.Prefix
 	tunnelPrefix6    netip.Prefix
 	tunnelMTU        int
@@ -111,6 +112,7 @@ func parseFlags(args []string) (*flags, error) {
 		f.owner, err = parseOwnerDaemonSet(v)
 		return err
 	})
+	fs.StringVar(&f.speakerService, "speaker-service", "", "With --tunnel-prefix: namespace/name of a headless Service that selects the speakers' pods (the chart makes one). Tier 1 sends new flows only to nodes whose speaker is a ready endpoint of it, so a node without a working speaker (excluded by the DaemonSet's nodeSelector, crash-looping, lacking the tunnel modules) gets none; when no such node hosts an endpoint, to the others rather than none. Empty: to every node with a tunnel address.")
 	fs.StringVar(&f.class, lbclass.FlagClass, "", "The spec.loadBalancerClass of the Services vipcast serves, such as vipcast.io/bgp; empty serves no class. Must be the CCM's value.")
 	fs.BoolVar(&f.classless, lbclass.FlagClassless, true, "Also serve Services without a spec.loadBalancerClass. Default: true without --"+lbclass.FlagClass+", false with it. Must be the CCM's value.")
 	klog.InitFlags(fs)
@@ -327,6 +329,7 @@ func run(f *flags) error {
 		DataplaneProbe:     f.dataplaneProbe,
 		TunnelPrefix:       f.tunnelPrefix,
 		TunnelPrefix6:      f.tunnelPrefix6,
+		SpeakerService:     f.speakerService,
 	}
 	if f.ipvs {
 		dp, err := openDataplane(ctx, logger, f, nodeIP, nodeIP6, reg)
@@ -401,6 +404,15 @@ func (f *flags) checkTunnel() error {
 	}
 	if f.connSyncPort < 1 || f.connSyncPort > 65535 {
 		return fmt.Errorf("--conn-sync-relay-port=%d is out of 1..65535: use the same port on every speaker, such as %d", f.connSyncPort, ipvs.DefaultSyncRelayPort)
+	}
+	if f.speakerService != "" {
+		ns, name, ok := strings.Cut(f.speakerService, "/")
+		switch {
+		case !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1035Label(name)) > 0:
+			return fmt.Errorf("--speaker-service=%q is not namespace/name: use the headless Service that selects the speakers' pods, such as vipcast-system/vipcast-speaker", f.speakerService)
+		case f.tunnelPrefixFlag == "":
+			return fmt.Errorf("--speaker-service=%s without --tunnel-prefix: it chooses the nodes of the two-tier dataplane's tier 1; set --tunnel-prefix, or leave it empty", f.speakerService)
+		}
 	}
 	if f.tunnelPrefixFlag == "" {
 		return nil

@@ -2,6 +2,7 @@ package chart
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -596,6 +598,19 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		wantArg(t, "speaker", spec.Containers[0].Args, "--tunnel-mtu", "9000")
 		wantArg(t, "speaker", spec.Containers[0].Args, "--conn-sync-interface", "auto")
 		wantArg(t, "speaker", spec.Containers[0].Args, "--conn-sync-id", "96")
+		// Tier 1 follows the speakers' readiness: a headless Service that
+		// selects exactly the DaemonSet's pods.
+		wantArg(t, "speaker", spec.Containers[0].Args, "--speaker-service", namespace+"/vipcast-speaker")
+		tr := render(t, "speaker: {ipvs: {enabled: true, tunnelPrefix: 100.127.0.0/16}}")
+		ss := one[corev1.Service](t, tr, "Service", "vipcast-speaker")
+		ds := checkSpeaker(t, tr, "3s", 3)
+		if ss.Spec.ClusterIP != corev1.ClusterIPNone || ss.Spec.PublishNotReadyAddresses || !maps.Equal(ss.Spec.Selector, ds.Spec.Selector.MatchLabels) ||
+			!labels.SelectorFromSet(ss.Spec.Selector).Matches(labels.Set(ds.Spec.Template.Labels)) {
+			t.Errorf("speakers' Service %+v: want headless, ready pods only, selecting the DaemonSet's pods (%v)", ss.Spec, ds.Spec.Selector.MatchLabels)
+		}
+		if n := len(render(t, "").Find("Service", "vipcast-speaker")); n != 0 {
+			t.Errorf("one tier: the speakers' Service rendered")
+		}
 		dual := checkSpeaker(t, render(t, `speaker: {ipvs: {enabled: true, tunnelPrefix: "100.127.0.0/16,fd00:7f::/64"}}`), "3s", 3).Spec.Template.Spec
 		wantArg(t, "speaker", dual.Containers[0].Args, "--tunnel-prefix", "100.127.0.0/16,fd00:7f::/64")
 		named := checkSpeaker(t, render(t, "speaker: {ipvs: {enabled: true, tunnelPrefix: 100.127.0.0/16, connSync: {interface: none, id: 7}}}"), "3s", 3).Spec.Template.Spec

@@ -102,6 +102,7 @@ func TestCluster(t *testing.T) {
 			// controller owns.
 			deleteClientPod(t, l)
 		}},
+		{"tier1ready", func(t *testing.T) { tier1Ready(t, l, vip) }},
 		{"lifecycle", func(t *testing.T) { clusterLifecycle(t, l, vip) }},
 	}
 	for _, sc := range scenarios {
