@@ -299,7 +299,11 @@ func testMoveOneTier(t *testing.T) {
 
 // oneTierNodes programs both nodes of f with today's Dataplane: IPVS NAT to
 // every pod and source NAT (externalTrafficPolicy Cluster).
-func oneTierNodes(t testing.TB, f *moveFabric) {
+func oneTierNodes(t testing.TB, f *moveFabric) { oneTierNodesWith(t, f, nil) }
+
+// oneTierNodesWith is oneTierNodes with mod (when not nil) applied to each
+// virtual server first.
+func oneTierNodesWith(t testing.TB, f *moveFabric, mod func(*Service)) {
 	t.Helper()
 	var backends []Backend
 	for _, p := range f.allPods() {
@@ -308,6 +312,10 @@ func oneTierNodes(t testing.TB, f *moveFabric) {
 	tcp := Service{VIP: moveVIP, Port: movePort, Protocol: TCP, SNAT: true, Backends: backends}
 	udp := tcp
 	udp.Protocol = UDP
+	if mod != nil {
+		mod(&tcp)
+		mod(&udp)
+	}
 	for n, ns := range f.nodes {
 		var d *Dataplane
 		err := inNS(t, ns, func() (err error) {
@@ -528,6 +536,9 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 					must(t, d.SetTunnelSources(f.tunnelSources()))
 				}
 			}
+			if relayed {
+				relayGuarded(t, f, dps[1])
+			}
 			if withSync && !f.v6 {
 				forgedSyncRefused(t, f, dps, mode)
 			}
@@ -664,6 +675,34 @@ func relayRefusesStrangers(t *testing.T, f *moveFabric, d *Dataplane) {
 			t.Fatalf("node B's relay did not drop a message from an unknown address within 5s: %+v, before %+v", after, before)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// relayGuarded sends node B's relay, once the tunnel guard has its
+// sources, the datagram relayRefusesStrangers sent before (which reached
+// the relay): the guard drops it in the kernel, and the relay sees
+// nothing.
+func relayGuarded(t *testing.T, f *moveFabric, d *Dataplane) {
+	t.Helper()
+	before, _ := d.RelayStats()
+	msg := []byte{0, 96, 0, 8, 0, 1, 0, 0}
+	must(t, inNS(t, f.client, func() error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(f.fabricAddr(1), DefaultSyncRelayPort)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for range 3 {
+			if _, err := c.Write(msg); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	time.Sleep(time.Second)
+	// Before the guard, the relay counted such a datagram as dropped.
+	if after, _ := d.RelayStats(); after.Dropped != before.Dropped {
+		t.Errorf("node B's relay saw datagrams from a stranger behind the tunnel guard: %+v, before %+v", after, before)
 	}
 }
 

@@ -85,6 +85,9 @@ type nftTables struct {
 	// (tunnelguard.go); guardHave what they hold (nil: unknown).
 	guardSet  [2]*nftables.Set
 	guardHave [2]map[netip.Addr]struct{}
+	// relayPort is the connection sync relay's UDP port (0: no relay),
+	// which the tunnel guard opens to the tunnel sources only.
+	relayPort uint16
 	// slowPaths counts the batches that failed and were redone one element
 	// at a time (for tests: a batch should fail only on drift).
 	slowPaths int

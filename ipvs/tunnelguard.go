@@ -33,6 +33,11 @@ import (
 //
 //	iifname != { "vcsync0", "vcsync1" } ip daddr 224.0.0.81 udp dport 8848 ip saddr != @tunnel-sources counter drop
 //
+// and with the relay (ConnSync.Relay) one for its port, which only the
+// other nodes' relays send to (from their node addresses):
+//
+//	udp dport 8849 ip saddr != @tunnel-sources counter drop
+//
 // (the relay's veth pair carries the master's messages to the relay and
 // what the relay let through to the backup, from its link-local
 // addresses). The loop's packets are the node's own tier 1 to itself.
@@ -111,6 +116,14 @@ func (n *nftTables) queueGuardRules(i int, t *nftables.Table, set *nftables.Set,
 	}
 	if fam.addrLen != 4 {
 		return
+	}
+	if n.relayPort != 0 {
+		n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, n.relayPort)},
+		}, fromStranger()...)})
 	}
 	// The sync daemons' group, but on the relay's own veth pair: the
 	// master's messages to the relay arrive on its end, the relay's to the

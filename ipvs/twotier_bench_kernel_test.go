@@ -40,7 +40,17 @@ import (
 //     against pod pa1's own IPv6 address, and twotier6/direct6;
 //   - ip6ip6: the IPv6 VIP through the two tiers to IPv6 tunnel
 //     addresses with connection sync (the default with an IPv6 tunnel
-//     prefix), and ip6ip6/direct6.
+//     prefix), and ip6ip6/direct6;
+//   - what the filters cost: onetierranges and twotierranges are onetier
+//     and twotier with spec.loadBalancerSourceRanges enforced (three
+//     ranges, the client's among them: every packet is looked up), the
+//     two tiers also with the tunnel guard in force (the nodes' addresses
+//     as tunnel sources); onetierranges/onetier and
+//     twotierranges/twotier;
+//   - what sync authentication costs: relay and relaysigned are two tiers
+//     with connection sync through the relay (guard in force), its
+//     datagrams unsigned and signed (HMAC-SHA256, SetSyncKeys): every new
+//     connection is sent to the other node; relaysigned/relay.
 //
 // TCG figures say nothing about real speed; the ratios do.
 //
@@ -88,12 +98,50 @@ func BenchmarkTwoTier(b *testing.B) {
 		twoTierNodeSync(b, in6, n, &ConnSync{Address: ip(peer), ID: 96})
 	}
 	in6.steer(b, 0)
+	// The filters: source ranges that hold the client, in one and two
+	// tiers, and the tunnel guard.
+	ranges := func(s *Service) {
+		s.Restricted = true
+		s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("10.50.0.0/24"), netip.MustParsePrefix("198.51.100.7/32")}
+	}
+	oneRanges := newMoveFabric(b)
+	oneTierNodesWith(b, oneRanges, ranges)
+	oneRanges.steer(b, 0)
+	twoRanges := newMoveFabric(b)
+	for n := range twoRanges.nodes {
+		d, desired := twoTierNode(b, twoRanges, n)
+		for k, s := range desired.Services {
+			ranges(&s)
+			desired.Services[k] = s
+		}
+		if _, err := d.Sync(desired); err != nil {
+			b.Fatalf("node %d: Sync with source ranges: %v", n, err)
+		}
+		must(b, d.SetTunnelSources(twoRanges.tunnelSources()))
+	}
+	twoRanges.steer(b, 0)
+	// Connection sync through the relay, unsigned and signed.
+	relayed := func(signed bool) *moveFabric {
+		f := newMoveFabric(b)
+		for n := range f.nodes {
+			d, _ := twoTierNodeSync(b, f, n, &ConnSync{ID: 96, Relay: &SyncRelay{Address: f.fabricAddr(n)}})
+			d.SetSyncPeers([]netip.Addr{f.fabricAddr(1 - n)})
+			if signed {
+				d.SetSyncKeys(testSyncKeys(b))
+			}
+			must(b, d.SetTunnelSources(f.tunnelSources()))
+		}
+		f.steer(b, 0)
+		return f
+	}
+	relay, relaySigned := relayed(false), relayed(true)
 
 	paths := []struct {
 		name string
 		f    *moveFabric
 		to   netip.AddrPort
-	}{{"direct", two, direct}, {"onetier", one, vip}, {"twotier", two, vip}, {"twotiersync", synced, vip}, {"direct6", two6, direct6}, {"twotier6", two6, vip6}, {"ip6ip6", in6, vip6}}
+	}{{"direct", two, direct}, {"onetier", one, vip}, {"twotier", two, vip}, {"twotiersync", synced, vip}, {"direct6", two6, direct6}, {"twotier6", two6, vip6}, {"ip6ip6", in6, vip6},
+		{"onetierranges", oneRanges, vip}, {"twotierranges", twoRanges, vip}, {"relay", relay, vip}, {"relaysigned", relaySigned, vip}}
 	conns := map[string]float64{}
 	rtts := map[string]time.Duration{}
 	for _, p := range paths {
@@ -112,6 +160,10 @@ func BenchmarkTwoTier(b *testing.B) {
 		conns["direct"], conns["onetier"], conns["twotier"], conns["twotiersync"], rtts["direct"], rtts["onetier"], rtts["twotier"], rtts["twotiersync"])
 	fmt.Fprintf(os.Stderr, "bench: IPv6 connections/s direct %.0f, two tiers 6in4 %.0f, ip6ip6 with sync %.0f; median round trip direct %s, 6in4 %s, ip6ip6 %s\n",
 		conns["direct6"], conns["twotier6"], conns["ip6ip6"], rtts["direct6"], rtts["twotier6"], rtts["ip6ip6"])
+	fmt.Fprintf(os.Stderr, "bench: filters: connections/s one tier %.0f, with source ranges %.0f; two tiers %.0f, with source ranges and the tunnel guard %.0f; median round trip %s, %s; %s, %s\n",
+		conns["onetier"], conns["onetierranges"], conns["twotier"], conns["twotierranges"], rtts["onetier"], rtts["onetierranges"], rtts["twotier"], rtts["twotierranges"])
+	fmt.Fprintf(os.Stderr, "bench: relay: connections/s unsigned %.0f, signed %.0f; median round trip %s, %s\n",
+		conns["relay"], conns["relaysigned"], rtts["relay"], rtts["relaysigned"])
 	for _, p := range paths {
 		b.ReportMetric(conns[p.name], p.name+"-conn/s")
 		b.ReportMetric(float64(rtts[p.name].Microseconds()), p.name+"-rtt-us")
@@ -122,6 +174,9 @@ func BenchmarkTwoTier(b *testing.B) {
 	b.ReportMetric(conns["twotier6"]/conns["direct6"], "twotier6/direct6")
 	b.ReportMetric(conns["ip6ip6"]/conns["direct6"], "ip6ip6/direct6")
 	b.ReportMetric(float64((rtts["twotier"] - rtts["direct"]).Microseconds()), "twotier-added-us")
+	b.ReportMetric(conns["onetierranges"]/conns["onetier"], "onetierranges/onetier")
+	b.ReportMetric(conns["twotierranges"]/conns["twotier"], "twotierranges/twotier")
+	b.ReportMetric(conns["relaysigned"]/conns["relay"], "relaysigned/relay")
 }
 
 // BenchmarkTwoTierEndpoints measures the two-tier Dataplane's work for

@@ -103,6 +103,7 @@ func TestCluster(t *testing.T) {
 			deleteClientPod(t, l)
 		}},
 		{"tier1ready", func(t *testing.T) { tier1Ready(t, l, vip) }},
+		{"attacks", func(t *testing.T) { attacks(t, l) }},
 		{"lifecycle", func(t *testing.T) { clusterLifecycle(t, l, vip) }},
 	}
 	for _, sc := range scenarios {

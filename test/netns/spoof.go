@@ -34,6 +34,55 @@ func (ns *NS) SpoofUDP(src, dst netip.AddrPort, ttl uint8, payload []byte) error
 	})
 }
 
+// SpoofIPIP sends one IPIP packet over IPv4 from inside ns: an outer
+// header from outer's source to its destination (a node address), with
+// protocol 4, around a UDP datagram from inner's source to its
+// destination, as a host on the fabric injects packets with a forged
+// source through a node's tunnel. ns must have a route to the outer
+// destination.
+func (ns *NS) SpoofIPIP(outerSrc, outerDst netip.Addr, innerSrc, innerDst netip.AddrPort, payload []byte) error {
+	if !outerSrc.Is4() || !outerDst.Is4() || !innerSrc.Addr().Is4() || !innerDst.Addr().Is4() {
+		return errors.New("netns: SpoofIPIP builds IPv4 packets only")
+	}
+	inner := udp4Packet(innerSrc, innerDst, 64, payload)
+	// The kernel fills in the outer header's checksum, not the inner's.
+	binary.BigEndian.PutUint16(inner[10:], ipv4HeaderChecksum(inner[:20]))
+	const ipLen = 20
+	pkt := make([]byte, ipLen+len(inner))
+	pkt[0] = 0x45
+	binary.BigEndian.PutUint16(pkt[2:], uint16(len(pkt))) //nolint:gosec // a test packet, far below 64 KiB
+	pkt[8] = 64
+	pkt[9] = unix.IPPROTO_IPIP
+	s, d := outerSrc.As4(), outerDst.As4()
+	copy(pkt[12:16], s[:])
+	copy(pkt[16:20], d[:])
+	copy(pkt[ipLen:], inner)
+	return ns.do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+		if err != nil {
+			return fmt.Errorf("netns: raw socket: %w", err)
+		}
+		defer func() { _ = unix.Close(fd) }()
+		if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: d}); err != nil {
+			return fmt.Errorf("netns: send a forged IPIP packet to %s: %w", outerDst, err)
+		}
+		return nil
+	})
+}
+
+// ipv4HeaderChecksum is the checksum of an IPv4 header whose checksum
+// field is zero.
+func ipv4HeaderChecksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return ^uint16(sum)
+}
+
 // udp4Packet returns an IPv4 header (DSCP CS6, the class BFD uses), a UDP
 // header with its checksum, and payload. The kernel fills in the IP
 // header's checksum and identification.

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 
 	"github.com/vipcast/vipcast/ipvs"
@@ -95,6 +96,7 @@ func ReadState() (State, error) {
 		out.Tables = append(out.Tables, fmt.Sprintf("%s %s", familyName(t.Family), t.Name))
 	}
 	slices.Sort(out.Tables)
+	out.GuardDrops = guardDrops(conn, tables)
 	links, err := netlink.LinkList()
 	if err != nil {
 		return out, fmt.Errorf("links: %w", err)
@@ -112,6 +114,39 @@ func ReadState() (State, error) {
 	}
 	slices.Sort(out.SyncDaemons)
 	return out, nil
+}
+
+// guardDrops sums the packet counters of the rules of chain tunnel-guard
+// in table ip vipcast that look a set up (the drop rules); -1 when there
+// is none.
+func guardDrops(conn *nftables.Conn, tables []*nftables.Table) int64 {
+	for _, t := range tables {
+		if t.Family != nftables.TableFamilyIPv4 || t.Name != "vipcast" {
+			continue
+		}
+		rules, err := conn.GetRules(t, &nftables.Chain{Name: "tunnel-guard", Table: t})
+		if err != nil {
+			return -1
+		}
+		var sum int64 = -1
+		for _, r := range rules {
+			var lookup bool
+			var packets int64 = -1
+			for _, e := range r.Exprs {
+				switch e := e.(type) {
+				case *expr.Lookup:
+					lookup = true
+				case *expr.Counter:
+					packets = int64(e.Packets) //nolint:gosec // a packet count
+				}
+			}
+			if lookup && packets >= 0 {
+				sum = max(sum, 0) + packets
+			}
+		}
+		return sum
+	}
+	return -1
 }
 
 func familyName(f nftables.TableFamily) string {

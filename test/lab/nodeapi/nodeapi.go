@@ -21,6 +21,12 @@ type State struct {
 	// SyncDaemons are the IPVS sync daemons running, as
 	// ipvs.SyncDaemon.String gives them ("master on eth0, sync ID 96").
 	SyncDaemons []string `json:"syncDaemons"`
+	// GuardDrops is the sum of the packet counters of the drop rules of
+	// vipcast's tunnel guard (chain tunnel-guard of table ip vipcast: the
+	// rules that look the source up in the set of tunnel sources), -1
+	// when the chain has none. Read through netlink: Debian bookworm's nft
+	// prints nothing for vipcast's tables.
+	GuardDrops int64 `json:"guardDrops"`
 }
 
 // Service is one IPVS virtual server.

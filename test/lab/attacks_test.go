@@ -1,0 +1,135 @@
+//go:build lab
+
+package lab_test
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/vipcast/vipcast/test/lab"
+)
+
+// attacks runs, in the real cluster with the chart's two tiers, the
+// attacks of the trust issue that need no test-only setup:
+//
+//   - a host on the fabric that is not a node (the client behind the
+//     ToR) sends IPIP packets to node1's address, around a datagram from a
+//     forged pod address to one of node1's pods: node1's tunnel guard drops
+//     each before decapsulation (its counters grow by as many);
+//   - a tenant's ServiceAccount with the cluster's own `edit` role on the
+//     demo namespace sets vipcast.io/allocated-from-pool on the demo
+//     Service: the chart's admission policy denies it, naming the
+//     annotation, while the same tenant may set another annotation (RBAC
+//     alone does not refuse it).
+func attacks(t *testing.T, l *lab.Lab) {
+	t.Run("forged IPIP", func(t *testing.T) { forgedIPIP(t, l) })
+	t.Run("tenant sets the pool record", func(t *testing.T) { tenantPoolRecord(t, l) })
+}
+
+// guardDrops is node n's tunnel guard's count of dropped packets
+// (nodeapi.State.GuardDrops).
+func guardDrops(t *testing.T, n *lab.Node) int64 {
+	t.Helper()
+	st, err := n.State(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GuardDrops < 0 {
+		t.Fatalf("%s: no drop rule in the tunnel guard (tables %v)", n.Name, st.Tables)
+	}
+	return st.GuardDrops
+}
+
+func forgedIPIP(t *testing.T, l *lab.Lab) {
+	node1 := l.Nodes[0]
+	if len(node1.Pods) == 0 {
+		t.Fatalf("no demo pod on %s", node1.Name)
+	}
+	pod := netip.AddrPortFrom(node1.Pods[0].Addr, 8080)
+	forged := netip.AddrPortFrom(netip.MustParseAddr("10.244.200.9"), 5353)
+	const sent = 10
+	before := guardDrops(t, node1)
+	for range sent {
+		if err := l.ClientNS.SpoofIPIP(netip.MustParseAddr("192.168.50.2"), node1.Addr, forged, pod, []byte("forged")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The counters are read after the packets crossed the ToR: poll briefly.
+	var after int64
+	for range 20 {
+		if after = guardDrops(t, node1); after-before >= sent {
+			break
+		}
+	}
+	if after-before < sent {
+		t.Errorf("%s's tunnel guard dropped %d of %d IPIP packets from the client, a host that is not a node", node1.Name, after-before, sent)
+	} else {
+		t.Logf("%s's tunnel guard dropped %d packets for %d forged IPIP packets from the client", node1.Name, after-before, sent)
+	}
+}
+
+func tenantPoolRecord(t *testing.T, l *lab.Lab) {
+	ctx := t.Context()
+	admin := l.CP.Client
+	const sa = "tenant"
+	ns := lab.DemoNamespace
+	if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "tenant-edit"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}},
+	}
+	if _, err := admin.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = admin.RbacV1().RoleBindings(ns).Delete(ctx, rb.Name, metav1.DeleteOptions{})
+		_ = admin.CoreV1().ServiceAccounts(ns).Delete(ctx, sa, metav1.DeleteOptions{})
+		_, _ = admin.CoreV1().Services(ns).Patch(ctx, lab.DemoService, types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"example.com/tenant":null}}}`), metav1.PatchOptions{})
+	})
+	cfg := rest.CopyConfig(l.CP.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":" + sa}
+	tenant, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := func(p string) error {
+		_, err := tenant.CoreV1().Services(ns).Patch(ctx, lab.DemoService, types.MergePatchType, []byte(p), metav1.PatchOptions{})
+		return err
+	}
+	// The control: the tenant edits its Service (RBAC lets it).
+	if err := patch(`{"metadata":{"annotations":{"example.com/tenant":"x"}}}`); err != nil {
+		t.Fatalf("tenant with edit could not annotate its own Service: %v", err)
+	}
+	before, err := admin.CoreV1().Services(ns).Get(ctx, lab.DemoService, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const record = "vipcast.io/allocated-from-pool"
+	err = patch(`{"metadata":{"annotations":{"` + record + `":"some-other-pool"}}}`)
+	if err == nil || !strings.Contains(err.Error(), record) {
+		t.Errorf("tenant set %s: err = %v, want a denial naming it", record, err)
+	} else {
+		t.Logf("tenant denied: %v", err)
+	}
+	after, err := admin.CoreV1().Services(ns).Get(ctx, lab.DemoService, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Annotations[record] != before.Annotations[record] {
+		t.Errorf("%s went from %q to %q", record, before.Annotations[record], after.Annotations[record])
+	}
+}
