@@ -96,6 +96,14 @@ const (
 // on reports whether c asks for the sync daemons to run.
 func (c *ConnSync) on() bool { return c != nil && !c.Off }
 
+// relayPort is the relay's UDP port when c asks for the relay, else 0.
+func (c *ConnSync) relayPort() uint16 {
+	if !c.on() || c.Relay == nil {
+		return 0
+	}
+	return c.Relay.port()
+}
+
 func (c ConnSync) check() error {
 	if c.Relay != nil {
 		return c.Relay.check()

@@ -154,9 +154,7 @@ func New(opts Options) (*Dataplane, error) {
 			_ = d.Close() // releases the netlink handles; never fails
 			return nil, fmt.Errorf("nftables (source NAT for externalTrafficPolicy Cluster, VIP filter): %w", err)
 		}
-		if opts.ConnSync.on() && opts.ConnSync.Relay != nil {
-			d.nft.relayPort = opts.ConnSync.Relay.port()
-		}
+		d.nft.relayPort = opts.ConnSync.relayPort()
 		if err := d.setupTunnel(opts.Tunnel); err != nil {
 			_ = d.Close()
 			return nil, err
