@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/util/retry"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/ccm"
@@ -127,14 +128,19 @@ func TestBadInput(t *testing.T) {
 		s, err := e.CP.Client.CoreV1().Services("bad").Get(context.Background(), "g1", metav1.GetOptions{})
 		return err == nil && s.Annotations[ccm.AnnotationPool] == "main", err
 	})
-	main, err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), "main", metav1.GetOptions{})
+	// vipcast-ccm writes the pool's status meanwhile: a conflict is retried.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		main, err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Get(context.Background(), "main", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := unstructured.SetNestedStringSlice(main.Object, []string{"elsewhere"}, "spec", "allocation", "namespaces"); err != nil {
+			return err
+		}
+		_, err = e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Update(context.Background(), main, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unstructured.SetNestedStringSlice(main.Object, []string{"elsewhere"}, "spec", "allocation", "namespaces"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.CP.Dynamic.Resource(vipcastv1alpha1.IPPoolsResource).Update(context.Background(), main, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.Eventually(30*time.Second, "pool main's new generation to be loaded", func() (bool, error) {
