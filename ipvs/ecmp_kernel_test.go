@@ -652,16 +652,7 @@ func moveTerminating(t *testing.T, fabric func(testing.TB) *moveFabric) {
 func relayRefusesStrangers(t *testing.T, f *moveFabric, d *Dataplane) {
 	t.Helper()
 	before, _ := d.RelayStats()
-	msg := []byte{0, 96, 0, 8, 0, 1, 0, 0}
-	must(t, inNS(t, f.client, func() error {
-		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(f.fabricAddr(1), DefaultSyncRelayPort)))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_, err = c.Write(msg)
-		return err
-	}))
+	sendStrangerToRelay(t, f, 1)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		after, _ := d.RelayStats()
@@ -678,13 +669,11 @@ func relayRefusesStrangers(t *testing.T, f *moveFabric, d *Dataplane) {
 	}
 }
 
-// relayGuarded sends node B's relay, once the tunnel guard has its
-// sources, the datagram relayRefusesStrangers sent before (which reached
-// the relay): the guard drops it in the kernel, and the relay sees
-// nothing.
-func relayGuarded(t *testing.T, f *moveFabric, d *Dataplane) {
+// sendStrangerToRelay sends node B's relay n datagrams shaped like a sync
+// message of its sync ID, from the ToR's address on node B's subnet (an
+// address that is not a node's).
+func sendStrangerToRelay(t *testing.T, f *moveFabric, n int) {
 	t.Helper()
-	before, _ := d.RelayStats()
 	msg := []byte{0, 96, 0, 8, 0, 1, 0, 0}
 	must(t, inNS(t, f.client, func() error {
 		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(f.fabricAddr(1), DefaultSyncRelayPort)))
@@ -692,13 +681,23 @@ func relayGuarded(t *testing.T, f *moveFabric, d *Dataplane) {
 			return err
 		}
 		defer c.Close()
-		for range 3 {
+		for range n {
 			if _, err := c.Write(msg); err != nil {
 				return err
 			}
 		}
 		return nil
 	}))
+}
+
+// relayGuarded sends node B's relay, once the tunnel guard has its
+// sources, the datagram relayRefusesStrangers sent before (which reached
+// the relay): the guard drops it in the kernel, and the relay sees
+// nothing.
+func relayGuarded(t *testing.T, f *moveFabric, d *Dataplane) {
+	t.Helper()
+	before, _ := d.RelayStats()
+	sendStrangerToRelay(t, f, 3)
 	time.Sleep(time.Second)
 	// Before the guard, the relay counted such a datagram as dropped.
 	if after, _ := d.RelayStats(); after.Dropped != before.Dropped {

@@ -786,6 +786,8 @@ func TestControllerTier1Readiness(t *testing.T) {
 	waitTier1("n2 drained", "[100.127.0.3:80 w0 ipip 100.127.0.4:80 w1 ipip]")
 
 	// Neither ready: both keep their weight rather than refuse every flow.
+	// The forged slice still says n3 is ready: were it read, n2 alone
+	// would drain here.
 	if err := sl.Delete(ctx, "speakers-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
