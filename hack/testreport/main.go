@@ -765,9 +765,17 @@ func (s summary) closingLine() string {
 	return l
 }
 
-// write prints the report: failures, skips, the table, why the run fails,
-// and the closing line.
+// write prints the report: skips, the table, the failures, why the run
+// fails, and the closing line. The failures come last, where a reader of
+// the end of a long log (a CI page showing its head and tail) finds them.
 func (s summary) write(w *printer, c config) {
+	if len(s.skips) > 0 {
+		w.printf("\n==== skipped tests (%d) ====\n", len(s.skips))
+		for _, sk := range s.skips {
+			w.printf("SKIP %s: %s\n", sk.name, sk.reason)
+		}
+	}
+	s.writeTable(w, c)
 	if len(s.failures) > 0 {
 		w.printf("\n==== failure summary (every line in %s) ====\n", logName(c))
 		for _, f := range s.failures {
@@ -777,13 +785,6 @@ func (s summary) write(w *printer, c config) {
 			}
 		}
 	}
-	if len(s.skips) > 0 {
-		w.printf("\n==== skipped tests (%d) ====\n", len(s.skips))
-		for _, sk := range s.skips {
-			w.printf("SKIP %s: %s\n", sk.name, sk.reason)
-		}
-	}
-	s.writeTable(w, c)
 	for _, r := range s.reasons {
 		w.printf("FAIL: %s\n", r)
 	}

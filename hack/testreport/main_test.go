@@ -150,7 +150,11 @@ func TestFixtureRun(t *testing.T) {
 		t.Errorf("TestPeers/hold is not printed under TestPeers:\n%s", r.stdout)
 	}
 
-	// Failure summary, then skips, then the table.
+	// Skips, the table, then the failure summary: last, where the tail of
+	// a long log shows it.
+	if i, j := strings.Index(r.stdout, "==== wall times"), strings.Index(r.stdout, "==== failure summary"); i < 0 || j < i {
+		t.Errorf("the failure summary does not come after the table:\n%s", r.stdout)
+	}
 	for _, want := range []string{
 		"==== failure summary",
 		"--- FAIL: github.com/vipcast/vipcast/bgp TestPeers/hold (",

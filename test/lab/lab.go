@@ -365,9 +365,16 @@ func (l *Lab) dumpConsoles() {
 			continue
 		}
 		data, _ := os.ReadFile(n.Console)
-		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		if len(lines) > 60 {
-			lines = lines[len(lines)-60:]
+		var lines []string
+		for _, l := range strings.Split(strings.TrimRight(string(data), "\n"), "\n") {
+			// The kubelet's wait for its Node at boot: hundreds of
+			// lines that say nothing about a failure.
+			if !strings.Contains(l, "because node is not registered yet") && !strings.Contains(l, "Error getting the current node from lister") {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) > 40 {
+			lines = lines[len(lines)-40:]
 		}
 		l.t.Logf("--- %s console (last %d lines of %s):\n%s", n.Name, len(lines), n.Console, strings.Join(lines, "\n"))
 	}
