@@ -44,6 +44,10 @@ type Options struct {
 	// cannot start (a link that does not exist) do not fail New: the
 	// Dataplane runs without them and ConnSyncProblem says why.
 	ConnSync *ConnSync
+	// HostGuard says who may reach the speaker's metrics listener
+	// (hostguard.go); the guard's BFD rule follows SetBFDPeers. Without
+	// nftables (NoSNAT and NoFilter) there is no guard.
+	HostGuard HostGuard
 }
 
 // Dataplane programs the kernel of this node: IPVS virtual and real servers
@@ -149,22 +153,33 @@ func New(opts Options) (*Dataplane, error) {
 			return nil, fmt.Errorf("two-tier dataplane: %w", err)
 		}
 	}
-	if d.snat || d.guard {
-		if d.nft, err = newNFTables(d.snat); err != nil {
-			_ = d.Close() // releases the netlink handles; never fails
-			return nil, fmt.Errorf("nftables (source NAT for externalTrafficPolicy Cluster, VIP filter): %w", err)
-		}
-		d.nft.relayPort = opts.ConnSync.relayPort()
-		if err := d.setupTunnel(opts.Tunnel); err != nil {
-			_ = d.Close()
-			return nil, err
-		}
+	err = d.setupNFT(opts)
+	if err == nil {
+		err = d.setupConnSync(opts.ConnSync)
 	}
-	if err := d.setupConnSync(opts.ConnSync); err != nil {
-		_ = d.Close()
+	if err != nil {
+		_ = d.Close() // releases the netlink handles; never fails
 		return nil, err
 	}
 	return d, nil
+}
+
+// setupNFT opens vipcast's nftables tables, unless source NAT and the VIP
+// filter are both off, and sets up the host guard and the two-tier chains
+// in them.
+func (d *Dataplane) setupNFT(opts Options) error {
+	if !d.snat && !d.guard {
+		return nil
+	}
+	var err error
+	if d.nft, err = newNFTables(d.snat); err != nil {
+		return fmt.Errorf("nftables (source NAT for externalTrafficPolicy Cluster, VIP filter): %w", err)
+	}
+	d.nft.relayPort = opts.ConnSync.relayPort()
+	if err := d.nft.setupHostGuards(opts.HostGuard); err != nil {
+		return err
+	}
+	return d.setupTunnel(opts.Tunnel)
 }
 
 // chooseIPv6 decides how IPv6 VIPs go with opts: ip6ip6 to IPv6 tunnel

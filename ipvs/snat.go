@@ -85,6 +85,11 @@ type nftTables struct {
 	// (tunnelguard.go); guardHave what they hold (nil: unknown).
 	guardSet  [2]*nftables.Set
 	guardHave [2]map[netip.Addr]struct{}
+	// hostGuard is the host guard's configuration; bfdSet its sets of BFD
+	// peers and bfdHave what they hold (nil: unknown) (hostguard.go).
+	hostGuard HostGuard
+	bfdSet    [2]*nftables.Set
+	bfdHave   [2]map[netip.Addr]struct{}
 	// relayPort is the connection sync relay's UDP port (0: no relay),
 	// which the tunnel guard opens to the tunnel sources only.
 	relayPort uint16

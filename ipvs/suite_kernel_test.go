@@ -17,4 +17,4 @@ import (
 // TestSchedulerConsistency ran first, so it needs a fresh kernel.
 var kernelSuite = vm.NewSuite(twoTierVMOptions(vm.Options{Timeout: 15 * time.Minute}),
 	"TestKernel", "TestSchedulerConsistency", "TestKernelTwoTier", "TestKernelTier1Order",
-	"TestKernelTeardown", "TestKernelTunnelGuard", "TestKernelEntryDefence")
+	"TestKernelTeardown", "TestKernelTunnelGuard", "TestKernelEntryDefence", "TestKernelHostGuard")

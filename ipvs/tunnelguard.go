@@ -56,24 +56,31 @@ const (
 // its rules, the drop rule only when the set has elements. It returns the
 // set and the sources it holds.
 func (n *nftTables) setupTunnelGuard(i int, t *nftables.Table) (*nftables.Set, map[netip.Addr]struct{}, error) {
-	addrType := tier2Families[i].addrType
-	have := map[netip.Addr]struct{}{}
-	set, err := n.conn.GetSetByName(t, tunnelSourcesSet)
-	if err == nil && set != nil && !set.IsMap && set.KeyType.Bytes == addrType.Bytes {
-		if have, err = n.readAddrs(set); err != nil {
-			return nil, nil, err
-		}
-	} else {
-		if set != nil {
-			n.conn.DelSet(set)
-		}
-		set = &nftables.Set{Table: t, Name: tunnelSourcesSet, KeyType: addrType}
-		if err := n.conn.AddSet(set, nil); err != nil {
-			return nil, nil, fmt.Errorf("set %s %s: %w", familyName(t.Family), tunnelSourcesSet, err)
-		}
+	set, have, err := n.addrSet(i, t, tunnelSourcesSet)
+	if err != nil {
+		return nil, nil, err
 	}
 	n.queueGuardRules(i, t, set, len(have) > 0)
 	return set, have, nil
+}
+
+// addrSet returns table t's (family i) set of addresses name with what it
+// holds, kept when it exists with that type, else queued afresh (empty).
+func (n *nftTables) addrSet(i int, t *nftables.Table, name string) (*nftables.Set, map[netip.Addr]struct{}, error) {
+	addrType := tier2Families[i].addrType
+	set, err := n.conn.GetSetByName(t, name)
+	if err == nil && set != nil && !set.IsMap && set.KeyType.Bytes == addrType.Bytes {
+		have, err := n.readAddrs(set)
+		return set, have, err
+	}
+	if set != nil {
+		n.conn.DelSet(set)
+	}
+	set = &nftables.Set{Table: t, Name: name, KeyType: addrType}
+	if err := n.conn.AddSet(set, nil); err != nil {
+		return nil, nil, fmt.Errorf("set %s %s: %w", familyName(t.Family), name, err)
+	}
+	return set, map[netip.Addr]struct{}{}, nil
 }
 
 // queueGuardRules queues the guard chain of table t (family i) with its
@@ -109,7 +116,7 @@ func (n *nftTables) queueGuardRules(i int, t *nftables.Table, set *nftables.Set,
 		}
 	}
 	for _, proto := range []byte{unix.IPPROTO_IPIP, unix.IPPROTO_IPV6} {
-		n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append([]expr.Any{
+		n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, UserData: []byte(dropTunnel), Exprs: append([]expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 		}, fromStranger()...)})
@@ -118,7 +125,7 @@ func (n *nftTables) queueGuardRules(i int, t *nftables.Table, set *nftables.Set,
 		return
 	}
 	if n.relayPort != 0 {
-		n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append([]expr.Any{
+		n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, UserData: []byte(dropRelay), Exprs: append([]expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
@@ -129,7 +136,7 @@ func (n *nftTables) queueGuardRules(i int, t *nftables.Table, set *nftables.Set,
 	// master's messages to the relay arrive on its end, the relay's to the
 	// backup on the other.
 	group := netip.MustParseAddr(syncMcastGroup).As4()
-	n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append([]expr.Any{
+	n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, UserData: []byte(dropSyncMulticast), Exprs: append([]expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(SyncLink)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(SyncPeer)},
@@ -161,6 +168,17 @@ func (n *nftTables) queueRemoveTunnelGuard(t *nftables.Table) bool {
 // addresses of that family in addrs, with the guard's drop rule in force
 // whenever the set is not empty, in one transaction.
 func (n *nftTables) setTunnelSources(addrs []netip.Addr) error {
+	return n.syncGuardSets("tunnel sources", n.guardSet, &n.guardHave, addrs, func(i int, set *nftables.Set, on bool) {
+		n.queueGuardRules(i, n.tables[i], set, on)
+	})
+}
+
+// syncGuardSets makes each family's set in sets (nil: that family has
+// none) hold exactly the addresses of addrs of its family, in one
+// transaction; requeue(i, set, on) queues family i's rules again when its
+// set goes from empty to not, or back (on: it has elements). have caches
+// what the sets hold (nil: unknown, read them first) and is kept current.
+func (n *nftTables) syncGuardSets(what string, sets [2]*nftables.Set, have *[2]map[netip.Addr]struct{}, addrs []netip.Addr, requeue func(i int, set *nftables.Set, on bool)) error {
 	var want [2]map[netip.Addr]struct{}
 	for i := range want {
 		want[i] = map[netip.Addr]struct{}{}
@@ -173,20 +191,18 @@ func (n *nftTables) setTunnelSources(addrs []netip.Addr) error {
 		want[famIndex(a)][a] = struct{}{}
 	}
 	changed := false
-	for i, t := range n.tables {
-		set := n.guardSet[i]
+	for i, set := range sets {
 		if set == nil {
 			continue
 		}
-		if n.guardHave[i] == nil {
-			have, err := n.readAddrs(set)
+		if have[i] == nil {
+			h, err := n.readAddrs(set)
 			if err != nil {
 				return err
 			}
-			n.guardHave[i] = have
+			have[i] = h
 		}
-		have := n.guardHave[i]
-		add, del := missing(want[i], have), missing(have, want[i])
+		add, del := missing(want[i], have[i]), missing(have[i], want[i])
 		if len(add) == 0 && len(del) == 0 {
 			continue
 		}
@@ -199,8 +215,8 @@ func (n *nftTables) setTunnelSources(addrs []netip.Addr) error {
 		if err := queueElements(n.conn.SetDeleteElements, set, addrElements(del)); err != nil {
 			return err
 		}
-		if (len(have) > 0) != (len(want[i]) > 0) {
-			n.queueGuardRules(i, t, set, len(want[i]) > 0)
+		if (len(have[i]) > 0) != (len(want[i]) > 0) {
+			requeue(i, set, len(want[i]) > 0)
 		}
 	}
 	if !changed {
@@ -208,12 +224,12 @@ func (n *nftTables) setTunnelSources(addrs []netip.Addr) error {
 	}
 	if err := n.conn.Flush(); err != nil {
 		// What the sets hold is unknown now: the next call reads them.
-		n.guardHave = [2]map[netip.Addr]struct{}{}
-		return fmt.Errorf("nftables tables %s: tunnel sources: %w", snatTable, err)
+		*have = [2]map[netip.Addr]struct{}{}
+		return fmt.Errorf("nftables tables %s: %s: %w", snatTable, what, err)
 	}
-	for i := range n.guardHave {
-		if n.guardSet[i] != nil {
-			n.guardHave[i] = want[i]
+	for i := range have {
+		if sets[i] != nil {
+			have[i] = want[i]
 		}
 	}
 	return nil

@@ -5,7 +5,6 @@ package ipvs
 import (
 	"encoding/binary"
 	"fmt"
-	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -75,25 +74,7 @@ func TestKernelTunnelGuard(t *testing.T) {
 // payloads it receives.
 func podUDP(t *testing.T, b *backend, port int) <-chan string {
 	t.Helper()
-	var pc net.PacketConn
-	must(t, inNS(t, b.ns, func() (err error) {
-		pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port))
-		return err
-	}))
-	t.Cleanup(func() { pc.Close() })
-	ch := make(chan string, 16)
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, _, err := pc.ReadFrom(buf)
-			if err != nil {
-				close(ch)
-				return
-			}
-			ch <- string(buf[:n])
-		}
-	}()
-	return ch
+	return nsUDP(t, b.ns, netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(port))) //nolint:gosec // a test port
 }
 
 // sendIPIP sends, from the ToR (the client namespace, with a raw socket
@@ -117,6 +98,11 @@ func sendIPIP(t *testing.T, f *moveFabric, outer, node, inner, dst netip.Addr, p
 		defer unix.Close(fd)
 		return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: node.As4()})
 	}))
+	return received(recv, marker)
+}
+
+// received reports whether recv gets marker within a second.
+func received(recv <-chan string, marker string) bool {
 	deadline := time.After(time.Second)
 	for {
 		select {

@@ -1124,3 +1124,38 @@ func TestControllerAnnouncesOnlyWhatItProgrammed(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardMetrics: the guards' drop counters are read at each scrape, by
+// reason; a failed read is reported as the scrape's error, not as zeros.
+func TestGuardMetrics(t *testing.T) {
+	const name = "vipcast_ipvs_guard_dropped_packets_total"
+	drops, readErr := map[string]uint64{"bfd": 2, "tunnel": 7}, error(nil)
+	reg := prometheus.NewRegistry()
+	if err := RegisterGuardMetrics(reg, func() (map[string]uint64, error) { return drops, readErr }); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := testutil.GatherAndLint(reg, name); err != nil || len(problems) != 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+	drops = map[string]uint64{"bfd": 3, "tunnel": 7, "metrics": 1}
+	if n, err := testutil.GatherAndCount(reg, name); err != nil || n != 3 {
+		t.Errorf("samples %d, %v; want 3", n, err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+		}
+	}
+	if fmt.Sprint(got) != "map[bfd:3 metrics:1 tunnel:7]" {
+		t.Errorf("samples %v, want bfd 3, metrics 1, tunnel 7", got)
+	}
+	readErr = errors.New("netlink: no such table")
+	if _, err := reg.Gather(); err == nil || !strings.Contains(err.Error(), "no such table") {
+		t.Errorf("a failed read: gather err = %v, want the read's error", err)
+	}
+}

@@ -208,3 +208,38 @@ func (c relayCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.clamped, prometheus.CounterValue, float64(s.ClampedConns))
 }
+
+// guardCollector reads the guards' drop counters at each scrape (see
+// RegisterGuardMetrics).
+type guardCollector struct {
+	desc  *prometheus.Desc
+	drops func() (map[string]uint64, error)
+}
+
+// RegisterGuardMetrics registers vipcast_ipvs_guard_dropped_packets_total{reason},
+// read from drops (the kernel's counters, ipvs.Dataplane.GuardDrops) at
+// each scrape: the packets the tunnel guard and the host guard dropped
+// before they reached a tunnel device or a listener of the speaker.
+func RegisterGuardMetrics(reg prometheus.Registerer, drops func() (map[string]uint64, error)) error {
+	return reg.Register(guardCollector{
+		desc: prometheus.NewDesc("vipcast_ipvs_guard_dropped_packets_total",
+			"Packets the node's guards dropped in the kernel, by what they were for: tunnel (IPIP, 6in4, ip6ip6 from an address that is no node's), relay and sync-multicast (connection sync from a non-node), bfd (BFD from an address the node runs no BFD session with), metrics (the metrics port from a source --metrics-allowed-sources does not name). A guard not in force has no sample; its counters restart when its rules are rewritten.",
+			[]string{"reason"}, nil),
+		drops: drops,
+	})
+}
+
+// Describe implements prometheus.Collector.
+func (c guardCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c guardCollector) Collect(ch chan<- prometheus.Metric) {
+	drops, err := c.drops()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	for reason, n := range drops {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), reason)
+	}
+}

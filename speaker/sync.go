@@ -170,6 +170,25 @@ type tunnelGuard interface {
 	SetTunnelSources(addrs []netip.Addr) error
 }
 
+// bfdGuard is what the host guard needs: the routers this node runs BFD
+// sessions with; *ipvs.Dataplane implements it.
+type bfdGuard interface {
+	SetBFDPeers(peers []netip.Addr) error
+}
+
+// bfdPeers returns the addresses of the peers with BFD, sorted, without
+// duplicates.
+func bfdPeers(peers []bgp.Peer) []netip.Addr {
+	var out []netip.Addr
+	for _, p := range peers {
+		if p.BFD != nil {
+			out = append(out, p.Address)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
 // syncPeerSetter is what the connection sync relay needs: the other
 // nodes' addresses; *ipvs.Dataplane implements it (without a relay its
 // SetSyncPeers does nothing).
@@ -376,6 +395,15 @@ func (c *Controller) serviceRoutes(svc *v1.Service, slices []*discoveryv1.Endpoi
 func (c *Controller) syncSessions(ctx context.Context, peers []*vipcastv1alpha1.BGPPeer, node Node) ([]string, error) {
 	bgpPeers, problems := PeersForNode(peers, node, c.watch.passwords())
 	c.report.peerProblems(ctx, peers, problems)
+	// The guard first: a new BFD session's first packets must get in. A
+	// failure does not hold the sessions back; the configuration is
+	// synced again after a back-off.
+	if g, ok := c.opts.Dataplane.(bfdGuard); ok {
+		if err := g.SetBFDPeers(bfdPeers(bgpPeers)); err != nil {
+			klog.FromContext(ctx).Error(err, "The host guard's BFD peers are not set: a new peer's BFD packets may be dropped until they are")
+			c.queue.AddRateLimited(keyConfig)
+		}
+	}
 	if err := c.opts.BGP.SetPeers(ctx, bgpPeers); err != nil {
 		return nil, fmt.Errorf("configuring BGP peers: %w", err)
 	}

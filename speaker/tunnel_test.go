@@ -3,8 +3,11 @@ package speaker
 import (
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/vipcast/vipcast/bgp"
 )
 
 func TestTunnelAddress(t *testing.T) {
@@ -73,5 +76,27 @@ func TestTunnels(t *testing.T) {
 				t.Errorf("%s: problem %d = %q, want it to contain %q", tc.prefix, i, problems[i], w)
 			}
 		}
+	}
+}
+
+// TestBFDPeers: the host guard's BFD peers are the addresses of the peers
+// with BFD, both families, sorted, each once; peers without BFD are left
+// out (their routers get no BFD packets through).
+func TestBFDPeers(t *testing.T) {
+	a := netip.MustParseAddr
+	peers := []bgp.Peer{
+		{Name: "tor-b", Address: a("10.0.0.2"), BFD: &bgp.BFD{}},
+		{Name: "tor-a", Address: a("10.0.0.1"), BFD: &bgp.BFD{}},
+		{Name: "tor-a-again", Address: a("10.0.0.1"), BFD: &bgp.BFD{}},
+		{Name: "tor-v6", Address: a("fd00::1"), BFD: &bgp.BFD{}},
+		{Name: "route-server", Address: a("10.0.9.9")},
+	}
+	got := bfdPeers(peers)
+	want := []netip.Addr{a("10.0.0.1"), a("10.0.0.2"), a("fd00::1")}
+	if !slices.Equal(got, want) {
+		t.Errorf("bfdPeers = %v, want %v", got, want)
+	}
+	if got := bfdPeers(peers[4:]); len(got) != 0 {
+		t.Errorf("no peer with BFD: %v, want none", got)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -55,6 +56,7 @@ type flags struct {
 	nodeName         string
 	routerID         string
 	metricsAddr      string
+	metricsSources   []netip.Prefix
 	convergenceDelay time.Duration
 	resync           time.Duration
 	qps              float64
@@ -88,6 +90,10 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the Node this speaker runs on (default $NODE_NAME).")
 	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID (an IPv4 address); default: the Node's first IPv4 InternalIP, else derived from the node name.")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", defaultMetricsAddr, "host:port serving /metrics, /healthz and /readyz (plain HTTP); \"0\" turns it off. The host must be a specific address, such as the node's ($(NODE_IP) from status.hostIP): every address (\":7473\", \"0.0.0.0\", \"[::]\") would include the VIPs.")
+	fs.Func("metrics-allowed-sources", "Comma-separated prefixes (such as the pod CIDR Prometheus scrapes from) that may reach --metrics-bind-address besides the node's own addresses; with IPVS, the host guard drops (and counts) the rest. 0.0.0.0/0 (::/0) lets every source of the family in. Empty: the node itself only (the kubelet's probes).", func(v string) (err error) {
+		f.metricsSources, err = parseSources(v)
+		return err
+	})
 	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "On SIGTERM, how long to keep serving after withdrawing the routes, so routers converge before the sessions close.")
 	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
 	fs.Func("bgp-password-namespaces", "Comma-separated namespaces whose Secrets BGPPeers may name in spec.passwordSecretRef; the speaker lists and watches the Secrets there and reads no others. Empty: no passwords (a BGPPeer with a passwordSecretRef is refused).", func(v string) (err error) {
@@ -181,6 +187,40 @@ func parseNamespaces(v string) ([]string, error) {
 		out = append(out, ns)
 	}
 	return out, nil
+}
+
+// parseSources parses --metrics-allowed-sources.
+func parseSources(v string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a prefix: write it as address/length, such as 10.244.0.0/16 or 192.0.2.7/32", f)
+		}
+		if p != p.Masked() {
+			return nil, fmt.Errorf("%q has host bits set: write %v", f, p.Masked())
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// hostGuard is the dataplane's host guard for the metrics listener.
+func (f *flags) hostGuard() ipvs.HostGuard {
+	g := ipvs.HostGuard{MetricsSources: f.metricsSources}
+	host, port, err := net.SplitHostPort(f.metricsAddr)
+	if err != nil {
+		return g // "0": no listener
+	}
+	a, err1 := netip.ParseAddr(host)
+	p, err2 := strconv.ParseUint(port, 10, 16)
+	if err1 == nil && err2 == nil {
+		g.Metrics = netip.AddrPortFrom(a, uint16(p))
+	}
+	return g
 }
 
 // defaultMetricsAddr serves the metrics on loopback only: the chart passes
@@ -449,7 +489,7 @@ func (f *flags) checkTunnel() error {
 // (a node without one keeps IPv6 VIPs on one tier).
 func dataplaneOptions(f *flags, nodeIP, nodeIP6 netip.Addr) (ipvs.Options, error) {
 	// Without connection sync the daemons of an earlier run with it stop.
-	opts := ipvs.Options{LinkName: f.ipvsLink, ConnSync: &ipvs.ConnSync{Off: true, ID: uint8(f.connSyncID)}} //nolint:gosec // checked: 0..255
+	opts := ipvs.Options{LinkName: f.ipvsLink, ConnSync: &ipvs.ConnSync{Off: true, ID: uint8(f.connSyncID)}, HostGuard: f.hostGuard()} //nolint:gosec // checked: 0..255
 	if !f.tunnelPrefix.IsValid() {
 		return opts, nil
 	}
@@ -487,7 +527,7 @@ func openDataplane(ctx context.Context, logger klog.Logger, f *flags, nodeIP, no
 	if err != nil {
 		return nil, fmt.Errorf("opening IPVS (load the ip_vs modules and grant NET_ADMIN, or pass --ipvs=false to announce routes only): %w", err)
 	}
-	if err := speaker.RegisterRelayMetrics(reg, dp.RelayStats); err != nil {
+	if err := errors.Join(speaker.RegisterRelayMetrics(reg, dp.RelayStats), speaker.RegisterGuardMetrics(reg, dp.GuardDrops)); err != nil {
 		_ = dp.Close()
 		return nil, fmt.Errorf("metrics: %w", err)
 	}

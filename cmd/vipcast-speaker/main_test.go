@@ -1,8 +1,13 @@
 package main
 
 import (
+	"net/netip"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/vipcast/vipcast/ipvs"
 )
 
 // TestMetricsBindAddress: the metrics endpoints are never served on every
@@ -50,5 +55,35 @@ func TestMetricsBindAddress(t *testing.T) {
 				t.Errorf("metrics address %q, want %q", f.metricsAddr, tt.want)
 			}
 		})
+	}
+}
+
+// TestMetricsAllowedSources checks --metrics-allowed-sources and the host
+// guard the dataplane gets from it and --metrics-bind-address: prefixes
+// (blanks ignored), a malformed one or one with host bits refused naming
+// the flag and the fix; the listener's address and port passed on, none
+// when metrics are off.
+func TestMetricsAllowedSources(t *testing.T) {
+	base := []string{"--node-name", "n1", "--metrics-bind-address", "[10.0.0.11]:7473"}
+	for _, tc := range []struct {
+		args    []string
+		want    ipvs.HostGuard
+		wantErr string
+	}{
+		{args: nil, want: ipvs.HostGuard{Metrics: netip.MustParseAddrPort("10.0.0.11:7473")}},
+		{args: []string{"--metrics-allowed-sources", "10.244.0.0/16, fd00::/56,,"}, want: ipvs.HostGuard{
+			Metrics:        netip.MustParseAddrPort("10.0.0.11:7473"),
+			MetricsSources: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00::/56")}}},
+		{args: []string{"--metrics-bind-address", "0"}, want: ipvs.HostGuard{}},
+		{args: []string{"--metrics-allowed-sources", "10.244.0.0"}, wantErr: `metrics-allowed-sources: "10.244.0.0" is not a prefix: write it as address/length`},
+		{args: []string{"--metrics-allowed-sources", "10.244.1.7/16"}, wantErr: `metrics-allowed-sources: "10.244.1.7/16" has host bits set: write 10.244.0.0/16`},
+	} {
+		f, ok := parseChecked(t, append(slices.Clone(base), tc.args...), tc.wantErr)
+		if !ok {
+			continue
+		}
+		if got := f.hostGuard(); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%q: host guard %+v, want %+v", tc.args, got, tc.want)
+		}
 	}
 }

@@ -699,6 +699,26 @@ func TestRenderSpeakerVariants(t *testing.T) {
 			t.Errorf("one replica without a PDB: %v", err)
 		}
 	})
+	t.Run("metrics: allowed sources passed on; a ServiceMonitor needs them", func(t *testing.T) {
+		r := render(t, "speaker: {metrics: {enabled: true, port: 7473, allowedSources: [10.244.0.0/16, \"fd00::/56\"]}}")
+		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
+		wantArg(t, "speaker", c.Args, "--metrics-allowed-sources", "10.244.0.0/16,fd00::/56")
+		if v, ok := arg(checkSpeaker(t, render(t, ""), "3s", 3).Spec.Template.Spec.Containers[0].Args, "--metrics-allowed-sources"); ok {
+			t.Errorf("defaults pass --metrics-allowed-sources=%s, want none (the node itself only)", v)
+		}
+		_, err := Render(release, namespace, []byte("serviceMonitor: {enabled: true}"))
+		if err == nil || !strings.Contains(err.Error(), "set speaker.metrics.allowedSources to the pod CIDR(s) Prometheus runs in") {
+			t.Errorf("ServiceMonitor without allowed sources: err = %v, want one naming speaker.metrics.allowedSources", err)
+		}
+		for _, values := range []string{
+			"serviceMonitor: {enabled: true}\nspeaker: {metrics: {enabled: true, port: 7473, allowedSources: [10.244.0.0/16]}}",
+			"serviceMonitor: {enabled: true}\nspeaker: {ipvs: {enabled: false}}", // no IPVS, no guard
+		} {
+			if _, err := Render(release, namespace, []byte(values)); err != nil {
+				t.Errorf("%q: %v", values, err)
+			}
+		}
+	})
 	t.Run("metrics off: no probes", func(t *testing.T) {
 		r := render(t, "speaker: {metrics: {enabled: false, port: 7473}}")
 		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
@@ -747,6 +767,7 @@ func TestSchemaRejectsWrongType(t *testing.T) {
 		{"delay with two units", "speaker: {convergenceDelay: 1m30s}", []string{"/speaker/convergenceDelay"}},
 		{"bad pull policy", "speaker: {image: {pullPolicy: Sometimes}}", []string{"/speaker/image/pullPolicy"}},
 		{"port out of range", "speaker: {metrics: {enabled: true, port: 70000}}", []string{"/speaker/metrics/port"}},
+		{"metrics source not a prefix", "speaker: {metrics: {enabled: true, port: 7473, allowedSources: [10.244.0.0]}}", []string{"/speaker/metrics/allowedSources/0"}},
 		{"ipvs link too long", "speaker: {ipvs: {link: averyveryverylonglinkname}}", []string{"/speaker/ipvs/link"}},
 		{"pool without spec", "ipPools: [{name: public}]", []string{"/ipPools/0", "spec"}},
 		{"secret namespace not a name", "speaker: {bgpPasswordSecrets: {namespaces: [Not_A_Namespace]}}", []string{"/speaker/bgpPasswordSecrets/namespaces/0"}},

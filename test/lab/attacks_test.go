@@ -4,9 +4,11 @@ package lab_test
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -25,6 +27,11 @@ import (
 //     ToR) sends IPIP packets to node1's address, around a datagram from a
 //     forged pod address to one of node1's pods: node1's tunnel guard drops
 //     each before decapsulation (its counters grow by as many);
+//   - the same host sends BFD control packets to node1's BFD ports and
+//     opens a connection to its metrics port: node1's host guard drops
+//     them (vipcast_ipvs_guard_dropped_packets_total{reason="bfd"} and
+//     {reason="metrics"} grow), while the ToR, a BFD peer and an allowed
+//     metrics source, keeps its BFD session and reads the metrics;
 //   - a tenant's ServiceAccount with the cluster's own `edit` role on the
 //     demo namespace sets vipcast.io/allocated-from-pool on the demo
 //     Service: the chart's admission policy denies it, naming the
@@ -32,7 +39,54 @@ import (
 //     alone does not refuse it).
 func attacks(t *testing.T, l *lab.Lab) {
 	t.Run("forged IPIP", func(t *testing.T) { forgedIPIP(t, l) })
+	t.Run("stranger to BFD and metrics", func(t *testing.T) { strangerToHostPorts(t, l) })
 	t.Run("tenant sets the pool record", func(t *testing.T) { tenantPoolRecord(t, l) })
+}
+
+func strangerToHostPorts(t *testing.T, l *lab.Lab) {
+	node1, client := l.Nodes[0], netip.MustParseAddr("192.168.50.2")
+	const bfdDrops, metricsDrops = `vipcast_ipvs_guard_dropped_packets_total{reason="bfd"}`, `vipcast_ipvs_guard_dropped_packets_total{reason="metrics"}`
+	metric := func(series string) float64 {
+		t.Helper()
+		v, err := node1.Metric(t.Context(), series) // from the ToR, an allowed source
+		if err != nil {
+			t.Fatalf("%s: reading %s from the ToR: %v", node1.Name, series, err)
+		}
+		return v
+	}
+	bfdBefore, metricsBefore := metric(bfdDrops), metric(metricsDrops)
+	// A BFD Control packet (version 1, Down, detect multiplier 3, length
+	// 24) with Your Discriminator 0, from a host that is no BFD peer.
+	bfd := []byte{0x20, 0x40, 3, 24, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0x0f, 0x42, 0x40, 0, 0x0f, 0x42, 0x40, 0, 0, 0, 0}
+	const sent = 5
+	for _, port := range []uint16{3784, 4784} {
+		for range sent {
+			if err := l.ClientNS.SpoofUDP(netip.AddrPortFrom(client, 49152), netip.AddrPortFrom(node1.Addr, port), 255, bfd); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	if c, err := l.ClientNS.DialContext(ctx, "tcp", net.JoinHostPort(node1.Addr.String(), lab.MetricsPort)); err == nil {
+		c.Close()
+		t.Errorf("the client, not an allowed metrics source, connected to %s's metrics port", node1.Name)
+	}
+	var bfdGot, metricsGot float64
+	for range 20 {
+		if bfdGot, metricsGot = metric(bfdDrops)-bfdBefore, metric(metricsDrops)-metricsBefore; bfdGot >= 2*sent && metricsGot >= 1 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if bfdGot < 2*sent || metricsGot < 1 {
+		t.Errorf("%s's host guard dropped %v of %d BFD packets and %v metrics connection attempts from the client", node1.Name, bfdGot, 2*sent, metricsGot)
+	} else {
+		t.Logf("%s's host guard dropped %v BFD packets (of %d) and %v packets to the metrics port from the client", node1.Name, bfdGot, 2*sent, metricsGot)
+	}
+	if st, err := l.ToR.Neighbor(node1.Addr); err != nil || st.State != "Established" {
+		t.Errorf("the ToR's session with %s: %+v, %v; want Established", node1.Name, st, err)
+	}
 }
 
 // guardDrops is node n's tunnel guard's count of dropped packets

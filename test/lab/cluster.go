@@ -524,8 +524,9 @@ func (l *Lab) HelmValuesFile(v SpeakerValues) (string, error) {
 speaker:
   image: {repository: vipcast/vipcast-speaker, tag: %q}
   convergenceDelay: 2s
+  metrics: {allowedSources: [%s/32]}
 %s  ipvs: %s}
-`, v.Tag, v.Tag, speaker, ipvs)
+`, v.Tag, v.Tag, torAddr, speaker, ipvs)
 	l.values++
 	path := filepath.Join(l.Opts.Dir, fmt.Sprintf("values-%d-%s.yaml", l.values, v.Tag))
 	return path, os.WriteFile(path, []byte(values), 0o600)

@@ -75,6 +75,8 @@ var DefaultModules = []string{
 // source NAT (externalTrafficPolicy: Cluster).
 var OptionalModules = []string{
 	"nf_nat", "nf_tables", "nft_ct", "nft_nat", "nft_chain_nat", "nft_masq", "nf_conntrack_netlink",
+	// The host guard's metrics rules (fib saddr type local).
+	"nft_fib", "nft_fib_ipv4", "nft_fib_ipv6",
 }
 
 // InVM reports whether this process is the test binary inside the VM.
