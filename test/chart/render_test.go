@@ -751,6 +751,29 @@ func TestRenderSpeakerVariants(t *testing.T) {
 		}
 		wantArg(t, "speaker", checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0].Args, "--bgp-password-secrets", "b/tor-b,a/tor-a.md5,a/bfd")
 	})
+	t.Run("a BGPPeer of the values naming a Secret not in the list", func(t *testing.T) {
+		const peers = `bgpPeers:
+  - name: tor-a
+    spec:
+      peerAddress: 192.0.2.1
+      peerASN: 64500
+      localASN: 64501
+      passwordSecretRef: {namespace: bgp, name: tor-a-md5}
+      bfd: {authentication: {type: KeyedSHA1, keyID: 1, secretRef: {namespace: bgp, name: tor-a-bfd, key: key}}}
+`
+		if _, err := Render(release, namespace, []byte(peers+"speaker: {bgpPasswordSecrets: {secrets: [bgp/tor-a-md5, bgp/tor-a-bfd]}}")); err != nil {
+			t.Errorf("both Secrets named: %v", err)
+		}
+		for secrets, want := range map[string]string{
+			"[bgp/tor-a-bfd]":            "bgpPeers[0] (tor-a): spec.passwordSecretRef names the Secret bgp/tor-a-md5, which the speaker may not read: add bgp/tor-a-md5 to speaker.bgpPasswordSecrets.secrets",
+			"[bgp/tor-a-md5, bgp/other]": "bgpPeers[0] (tor-a): spec.bfd.authentication.secretRef names the Secret bgp/tor-a-bfd, which the speaker may not read: add bgp/tor-a-bfd to speaker.bgpPasswordSecrets.secrets",
+		} {
+			_, err := Render(release, namespace, []byte(peers+"speaker: {bgpPasswordSecrets: {secrets: "+secrets+"}}"))
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("secrets %s: err = %v, want %q", secrets, err, want)
+			}
+		}
+	})
 	t.Run("release namespace refused", func(t *testing.T) {
 		for _, list := range []string{"[vipcast-system/tor-a-md5]", "[vipcast-bgp-passwords/tor-a-md5, vipcast-system/sh.helm.release.v1.vipcast.v1]"} {
 			_, err := Render(release, namespace, []byte("speaker: {bgpPasswordSecrets: {secrets: "+list+"}}"))
