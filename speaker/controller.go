@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -60,10 +61,11 @@ type Options struct {
 	// probe): a client whose requests time out. Nil uses Client, whose
 	// watches must not time out.
 	Calls kubernetes.Interface
-	// PasswordNamespaces are the namespaces whose Secrets BGPPeers may
-	// name for TCP MD5 passwords; the speaker watches the Secrets there
-	// and reads no others.
-	PasswordNamespaces []string
+	// PasswordSecrets are the Secrets BGPPeers may name for TCP MD5
+	// passwords and BFD keys; the speaker watches each of them alone (a
+	// field selector on its name, which RBAC resourceNames allow) and
+	// reads no other.
+	PasswordSecrets []types.NamespacedName
 	// Resync is how often the whole configuration is recomputed from the
 	// informers' caches.
 	Resync time.Duration

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
@@ -31,10 +32,10 @@ const sliceIndex = "service"
 
 // watched holds the speaker's informers and reads the API objects from
 // their caches, decoded: Services, EndpointSlices, this Node, IPPools and
-// BGPPeers, and the password Secrets of the namespaces the speaker may
-// read them from. Nothing is read from the API server outside the
-// informers, so an outage changes nothing the decisions see: the caches
-// keep the last state until the watches resume.
+// BGPPeers, and the password Secrets it is told to read, each by name.
+// Nothing is read from the API server outside the informers, so an outage
+// changes nothing the decisions see: the caches keep the last state until
+// the watches resume.
 type watched struct {
 	nodeName string
 	factory  informers.SharedInformerFactory
@@ -52,8 +53,9 @@ type watched struct {
 	// speakerService is Options.SpeakerService when tier 1 follows the
 	// speakers' readiness; empty otherwise.
 	speakerService string
-	// secrets has one Secret informer per password namespace, by namespace.
-	secrets map[string]cache.SharedIndexInformer
+	// secrets has one Secret informer per password Secret
+	// (Options.PasswordSecrets), by namespace/name.
+	secrets map[types.NamespacedName]cache.SharedIndexInformer
 	// secretFactories start them.
 	secretFactories []informers.SharedInformerFactory
 }
@@ -428,23 +430,29 @@ func decode(ctx context.Context, obj any, into runtime.Object) bool {
 	return true
 }
 
-// watchSecrets creates a Secret informer for each of the namespaces BGP
-// passwords may come from (Options.PasswordNamespaces). A change of a
-// Secret's data recomputes the sessions; the cached Secrets keep only
-// their name, namespace and data.
+// watchSecrets creates a Secret informer for each Secret BGP passwords
+// and BFD keys may come from (Options.PasswordSecrets): namespaced, with
+// the field selector metadata.name=<name>, the only list and watch the
+// API server authorizes with RBAC resourceNames, so the speaker needs no
+// access to the other Secrets of the namespace. A change of a Secret's
+// data recomputes the sessions; the cached Secrets keep only their name,
+// namespace and data.
 func (w *watched) watchSecrets(opts Options, q workqueue.TypedRateLimitingInterface[string]) error {
-	w.secrets = map[string]cache.SharedIndexInformer{}
-	for _, ns := range opts.PasswordNamespaces {
-		if _, dup := w.secrets[ns]; dup {
+	w.secrets = map[types.NamespacedName]cache.SharedIndexInformer{}
+	for _, k := range opts.PasswordSecrets {
+		if _, dup := w.secrets[k]; dup {
 			continue
 		}
 		f := informers.NewSharedInformerFactoryWithOptions(opts.Client, 0,
-			informers.WithNamespace(ns), informers.WithTransform(secretData))
+			informers.WithNamespace(k.Namespace), informers.WithTransform(secretData),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", k.Name).String()
+			}))
 		inf := f.Core().V1().Secrets().Informer()
 		if _, err := inf.AddEventHandler(configHandler(q, sameSecret)); err != nil {
-			return fmt.Errorf("secret event handler for namespace %s: %w", ns, err)
+			return fmt.Errorf("secret event handler for %s: %w", k, err)
 		}
-		w.secrets[ns] = inf
+		w.secrets[k] = inf
 		w.secretFactories = append(w.secretFactories, f)
 	}
 	return nil
@@ -471,18 +479,19 @@ func sameSecret(old, cur any) bool {
 	return ok1 && ok2 && maps.EqualFunc(o.Data, n.Data, bytes.Equal)
 }
 
-// passwords returns the lookup PeersForNode uses for TCP MD5 passwords,
-// read from the Secret informers' caches: only a confirmed deletion or
-// change of a Secret changes a session, never an unreachable API server.
+// passwords returns the lookup PeersForNode uses for TCP MD5 passwords
+// and BFD keys, read from the Secret informers' caches: only a confirmed
+// deletion or change of a Secret changes a session, never an unreachable
+// API server. A Secret the speaker does not watch is refused with the fix.
 func (w *watched) passwords() func(*vipcastv1alpha1.SecretKeyReference) (string, error) {
 	return func(ref *vipcastv1alpha1.SecretKeyReference) (string, error) {
-		k := ref.Namespace + "/" + ref.Name
-		inf, ok := w.secrets[ref.Namespace]
+		k := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
+		inf, ok := w.secrets[k]
 		if !ok {
-			return "", fmt.Errorf("secret %s is in a namespace the speaker does not read passwords from (%s): move it to one of them, or add %s to the speaker's --bgp-password-namespaces (chart value speaker.bgpPasswordSecrets.namespaces)",
-				k, w.passwordNamespaces(), ref.Namespace)
+			return "", fmt.Errorf("secret %s is not one the speaker may read (%s): add %s to the speaker's --bgp-password-secrets (chart value speaker.bgpPasswordSecrets.secrets)",
+				k, w.passwordSecrets(), k)
 		}
-		obj, exists, err := inf.GetStore().GetByKey(k)
+		obj, exists, err := inf.GetStore().GetByKey(k.String())
 		if err != nil {
 			return "", fmt.Errorf("secret %s from cache: %w", k, err)
 		}
@@ -498,11 +507,23 @@ func (w *watched) passwords() func(*vipcastv1alpha1.SecretKeyReference) (string,
 	}
 }
 
-// passwordNamespaces names the namespaces passwords are read from, for
+// maxNamedSecrets is how many of the Secrets it reads passwordSecrets
+// names before it counts the rest: a message goes into an Event.
+const maxNamedSecrets = 5
+
+// passwordSecrets names the Secrets passwords are read from, for
 // messages.
-func (w *watched) passwordNamespaces() string {
+func (w *watched) passwordSecrets() string {
 	if len(w.secrets) == 0 {
-		return "none: --bgp-password-namespaces is empty"
+		return "it reads none: --bgp-password-secrets is empty"
 	}
-	return "namespaces " + strings.Join(slices.Sorted(maps.Keys(w.secrets)), ", ")
+	names := make([]string, 0, len(w.secrets))
+	for k := range w.secrets {
+		names = append(names, k.String())
+	}
+	slices.Sort(names)
+	if n := len(names); n > maxNamedSecrets {
+		names = append(names[:maxNamedSecrets], fmt.Sprintf("and %d more", n-maxNamedSecrets))
+	}
+	return "it reads " + strings.Join(names, ", ")
 }

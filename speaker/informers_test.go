@@ -1,21 +1,27 @@
 package speaker
 
 import (
+	"fmt"
+	"maps"
 	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
 )
 
 // TestPasswordsFromSecretCache checks that BGP passwords come from the
-// Secret informers of the password namespaces: a Secret there is read,
-// its change is seen, its deletion makes it not found, and a Secret in
-// another namespace is refused with a message naming the flag — all
+// Secret informers of the named Secrets: each lists and watches its own
+// namespace with the field selector metadata.name=<name> (what RBAC
+// resourceNames allow), a named Secret is read, its change is seen, its
+// deletion makes it not found, and its creation found again — all
 // without a request of the lookup's own.
 func TestPasswordsFromSecretCache(t *testing.T) {
 	secret := &v1.Secret{
@@ -26,19 +32,45 @@ func TestPasswordsFromSecretCache(t *testing.T) {
 	client := fake.NewClientset(secret)
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
 	defer q.ShutDown()
-	w, err := newWatched(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t), PasswordNamespaces: []string{"bgp", "bgp"}}, q)
+	tor := types.NamespacedName{Namespace: "bgp", Name: "tor"}
+	bfdKey := types.NamespacedName{Namespace: "fabric", Name: "tor-bfd"}
+	w, err := newWatched(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t), PasswordSecrets: []types.NamespacedName{tor, bfdKey, tor}}, q)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := w.start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	// One list and one watch per named Secret (the duplicate ignored), in
+	// its namespace, by its name.
+	selectors := func() map[string]int {
+		out := map[string]int{}
+		for _, a := range client.Actions() {
+			if a.GetResource().Resource != "secrets" {
+				continue
+			}
+			var sel string
+			switch a := a.(type) {
+			case k8stesting.ListAction:
+				sel = a.GetListRestrictions().Fields.String()
+			case k8stesting.WatchAction:
+				sel = a.GetWatchRestrictions().Fields.String()
+			}
+			out[a.GetVerb()+" "+a.GetNamespace()+" "+sel]++
+		}
+		return out
+	}
+	want := map[string]int{"list bgp metadata.name=tor": 1, "watch bgp metadata.name=tor": 1,
+		"list fabric metadata.name=tor-bfd": 1, "watch fabric metadata.name=tor-bfd": 1}
+	eventually(t, "a list and a watch of each named Secret", func() bool { return maps.Equal(selectors(), want) },
+		func() string { return fmt.Sprint(selectors(), ", want ", want) })
+
 	lookup := w.passwords()
 	ref := &v1alpha1.SecretKeyReference{Namespace: "bgp", Name: "tor"}
 	if got, err := lookup(ref); err != nil || got != "s3cret" {
 		t.Fatalf("password = %q, %v; want s3cret", got, err)
 	}
-	cached, _, _ := w.secrets["bgp"].GetStore().GetByKey("bgp/tor")
+	cached, _, _ := w.secrets[tor].GetStore().GetByKey("bgp/tor")
 	if s := cached.(*v1.Secret); len(s.Annotations) != 0 {
 		t.Errorf("the cached Secret keeps annotations %v; want only name, namespace and data", s.Annotations)
 	}
@@ -56,17 +88,68 @@ func TestPasswordsFromSecretCache(t *testing.T) {
 		_, err := lookup(ref)
 		return err != nil && strings.Contains(err.Error(), "secret bgp/tor not found")
 	}, func() string { return "" })
-	if got := len(client.Actions()) - requests; got != 2 {
-		t.Errorf("the lookups made %d requests besides the test's update and delete; want none", got-2)
+	// A named Secret created after the start (the BFD key here) is read
+	// from the watch.
+	bfdRef := &v1alpha1.SecretKeyReference{Namespace: "fabric", Name: "tor-bfd", Key: "key"}
+	if _, err := lookup(bfdRef); err == nil || !strings.Contains(err.Error(), "secret fabric/tor-bfd not found") {
+		t.Errorf("the BFD key before its Secret exists: err = %v, want not found", err)
+	}
+	if _, err := client.CoreV1().Secrets("fabric").Create(t.Context(), &v1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "tor-bfd", Namespace: "fabric"}, Data: map[string][]byte{"key": []byte("k")},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the created BFD key", func() bool { got, _ := lookup(bfdRef); return got == "k" }, func() string { return "" })
+	if got := len(client.Actions()) - requests; got != 3 {
+		t.Errorf("the lookups made %d requests besides the test's update, delete and create; want none", got-3)
+	}
+}
+
+// TestPasswordNotInList: a BGPPeer whose password or BFD key names a
+// Secret the speaker was not told to read, another one of a password
+// namespace included, is left out with SecretNotFound and a message that
+// names the Secret, the Secrets it reads and the fix: the flag and the
+// chart value.
+func TestPasswordNotInList(t *testing.T) {
+	w := &watched{secrets: map[types.NamespacedName]cache.SharedIndexInformer{
+		{Namespace: "bgp", Name: "tor"}: cache.NewSharedIndexInformer(&cache.ListWatch{}, &v1.Secret{}, 0, cache.Indexers{}),
+	}}
+	md5 := mkPeer("md5", "10.0.0.250", nil)
+	md5.Spec.PasswordSecretRef = &v1alpha1.SecretKeyReference{Namespace: "bgp", Name: "tor-b"}
+	bfdAuth := mkPeer("bfd", "10.0.0.251", nil)
+	bfdAuth.Spec.BFD = &v1alpha1.BFDConfig{Authentication: &v1alpha1.BFDAuthentication{Type: v1alpha1.BFDAuthKeyedSHA1,
+		SecretRef: v1alpha1.SecretKeyReference{Namespace: "fabric", Name: "tor-bfd", Key: "key"}}}
+	got, errs := PeersForNode([]*v1alpha1.BGPPeer{md5, bfdAuth}, testNode(), w.passwords())
+	if len(got) != 0 || len(errs) != 2 {
+		t.Fatalf("peers %v, problems %v; want both left out", got, errs)
+	}
+	want := map[string][]string{
+		"md5": {"spec.passwordSecretRef", "secret bgp/tor-b is not one the speaker may read (it reads bgp/tor)",
+			"add bgp/tor-b to the speaker's --bgp-password-secrets (chart value speaker.bgpPasswordSecrets.secrets)"},
+		"bfd": {"spec.bfd.authentication.secretRef", "secret fabric/tor-bfd is not one the speaker may read",
+			"add fabric/tor-bfd to the speaker's --bgp-password-secrets (chart value speaker.bgpPasswordSecrets.secrets)"},
+	}
+	for _, e := range errs {
+		if e.Reason != v1alpha1.ReasonSecretNotFound {
+			t.Errorf("%s: reason %s, want %s", e.Peer, e.Reason, v1alpha1.ReasonSecretNotFound)
+		}
+		for _, s := range want[e.Peer] {
+			if !strings.Contains(e.Message, s) {
+				t.Errorf("%s: %q does not contain %q", e.Peer, e.Message, s)
+			}
+		}
 	}
 
-	_, err = lookup(&v1alpha1.SecretKeyReference{Namespace: "default", Name: "tor"})
-	if err == nil || !strings.Contains(err.Error(), "--bgp-password-namespaces") || !strings.Contains(err.Error(), "namespaces bgp") {
-		t.Errorf("a Secret outside the password namespaces: err = %v; want one naming them and --bgp-password-namespaces", err)
-	}
 	none := &watched{}
-	if _, err := none.passwords()(ref); err == nil || !strings.Contains(err.Error(), "--bgp-password-namespaces is empty") {
-		t.Errorf("no password namespaces: err = %v; want one saying the flag is empty", err)
+	if _, err := none.passwords()(md5.Spec.PasswordSecretRef); err == nil || !strings.Contains(err.Error(), "it reads none: --bgp-password-secrets is empty") {
+		t.Errorf("no password Secrets: err = %v; want one saying the flag is empty", err)
+	}
+	many := &watched{secrets: map[types.NamespacedName]cache.SharedIndexInformer{}}
+	for i := range 7 {
+		many.secrets[types.NamespacedName{Namespace: "bgp", Name: fmt.Sprintf("tor-%d", i)}] = nil
+	}
+	if _, err := many.passwords()(md5.Spec.PasswordSecretRef); err == nil || !strings.Contains(err.Error(), "(it reads bgp/tor-0, bgp/tor-1, bgp/tor-2, bgp/tor-3, bgp/tor-4, and 2 more)") {
+		t.Errorf("seven password Secrets: err = %v; want five named and the other two counted", err)
 	}
 }
 

@@ -291,8 +291,8 @@ type BFDAuthentication struct {
 	KeyID int32 `json:"keyID"`
 
 	// secretRef names the Secret key holding the shared key, 1 to 20
-	// bytes. Its namespace must be one of the speaker's BGP password
-	// namespaces, as for passwordSecretRef.
+	// bytes. The Secret must be one the speaker is told to read, as for
+	// passwordSecretRef.
 	// +required
 	SecretRef SecretKeyReference `json:"secretRef"`
 }
@@ -340,11 +340,11 @@ type SecretKeyReference struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	Name string `json:"name"`
 
-	// namespace is the namespace of the Secret. It must be one of the
-	// speaker's BGP password namespaces (its --bgp-password-namespaces; with
-	// the Helm chart, speaker.bgpPasswordSecrets.namespaces, by default
-	// vipcast-bgp-passwords), the only namespaces where the speaker may read
-	// Secrets.
+	// namespace is the namespace of the Secret. The Secret, namespace/name,
+	// must be one the speaker is told to read (its --bgp-password-secrets;
+	// with the Helm chart, speaker.bgpPasswordSecrets.secrets, such as
+	// vipcast-bgp-passwords/tor-a-md5): the speaker reads those Secrets and
+	// no other.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63

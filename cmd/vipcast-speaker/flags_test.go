@@ -8,31 +8,44 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/vipcast/vipcast/ipvs"
 )
 
-// TestParseFlagsPasswordNamespaces checks --bgp-password-namespaces: a
-// comma-separated list of namespace names (blanks ignored), empty by
-// default, and a malformed name refused naming the flag and the fix.
-func TestParseFlagsPasswordNamespaces(t *testing.T) {
+// TestParseFlagsPasswordSecrets checks --bgp-password-secrets: a
+// comma-separated list of namespace/name (blanks ignored), empty by
+// default; a malformed entry or a duplicate is refused naming the flag,
+// the entry and the fix, and the removed --bgp-password-namespaces is
+// refused naming its replacement.
+func TestParseFlagsPasswordSecrets(t *testing.T) {
 	base := []string{"--node-name", "n1"}
+	nn := func(ns, name string) types.NamespacedName { return types.NamespacedName{Namespace: ns, Name: name} }
 	for _, tc := range []struct {
 		args    []string
-		want    []string
+		want    []types.NamespacedName
 		wantErr string
 	}{
 		{args: nil, want: nil},
-		{args: []string{"--bgp-password-namespaces", "vipcast-bgp-passwords"}, want: []string{"vipcast-bgp-passwords"}},
-		{args: []string{"--bgp-password-namespaces", "a, b,,c"}, want: []string{"a", "b", "c"}},
-		{args: []string{"--bgp-password-namespaces", ""}, want: nil},
-		{args: []string{"--bgp-password-namespaces", "Fabric"}, wantErr: `bgp-password-namespaces: "Fabric" is not a namespace name`},
-		{args: []string{"--bgp-password-namespaces", "a/b"}, wantErr: "use lowercase letters, digits and '-'"},
+		{args: []string{"--bgp-password-secrets", "vipcast-bgp-passwords/tor-a-md5"}, want: []types.NamespacedName{nn("vipcast-bgp-passwords", "tor-a-md5")}},
+		{args: []string{"--bgp-password-secrets", "a/x, b/y.z,,a/y"}, want: []types.NamespacedName{nn("a", "x"), nn("b", "y.z"), nn("a", "y")}},
+		{args: []string{"--bgp-password-secrets", ""}, want: nil},
+		{args: []string{"--bgp-password-secrets", "tor-a-md5"}, wantErr: `bgp-password-secrets: "tor-a-md5" is not namespace/name: name each Secret with its namespace, such as vipcast-bgp-passwords/tor-a-md5`},
+		{args: []string{"--bgp-password-secrets", "a/b/c"}, wantErr: `"a/b/c" is not namespace/name`},
+		{args: []string{"--bgp-password-secrets", "/tor"}, wantErr: `"/tor": "" is not a namespace name`},
+		{args: []string{"--bgp-password-secrets", "Fabric/tor"}, wantErr: `bgp-password-secrets: "Fabric/tor": "Fabric" is not a namespace name`},
+		{args: []string{"--bgp-password-secrets", "fabric.passwords/tor"}, wantErr: "use lowercase letters, digits and '-'"},
+		{args: []string{"--bgp-password-secrets", "fabric/"}, wantErr: `"fabric/": "" is not a Secret name`},
+		{args: []string{"--bgp-password-secrets", "fabric/Tor_A"}, wantErr: `"fabric/Tor_A": "Tor_A" is not a Secret name`},
+		{args: []string{"--bgp-password-secrets", "a/x,b/y, a/x"}, wantErr: "bgp-password-secrets: a/x is named twice: name each Secret once"},
+		{args: []string{"--bgp-password-namespaces", "vipcast-bgp-passwords"}, wantErr: "bgp-password-namespaces: this flag was removed: name each Secret instead with --bgp-password-secrets=<namespace>/<name>"},
+		{args: []string{"--bgp-password-namespaces="}, wantErr: "(chart value speaker.bgpPasswordSecrets.secrets)"},
 	} {
 		f, ok := parseChecked(t, append(slices.Clone(base), tc.args...), tc.wantErr)
 		switch {
 		case !ok:
-		case !slices.Equal(f.passwordNS, tc.want):
-			t.Errorf("%q: namespaces %q, want %q", tc.args, f.passwordNS, tc.want)
+		case !slices.Equal(f.passwordSecrets, tc.want):
+			t.Errorf("%q: Secrets %v, want %v", tc.args, f.passwordSecrets, tc.want)
 		}
 	}
 }

@@ -35,6 +35,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
@@ -65,7 +66,7 @@ type flags struct {
 	ipvsLink         string
 	dataplaneResync  time.Duration
 	dataplaneProbe   time.Duration
-	passwordNS       []string
+	passwordSecrets  []types.NamespacedName
 	prefixRestart    time.Duration
 	class            string
 	classless        bool
@@ -96,9 +97,12 @@ func parseFlags(args []string) (*flags, error) {
 	})
 	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "On SIGTERM, how long to keep serving after withdrawing the routes, so routers converge before the sessions close.")
 	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
-	fs.Func("bgp-password-namespaces", "Comma-separated namespaces whose Secrets BGPPeers may name in spec.passwordSecretRef; the speaker lists and watches the Secrets there and reads no others. Empty: no passwords (a BGPPeer with a passwordSecretRef is refused).", func(v string) (err error) {
-		f.passwordNS, err = parseNamespaces(v)
+	fs.Func("bgp-password-secrets", "Comma-separated namespace/name of the Secrets BGPPeers may name for TCP MD5 passwords (spec.passwordSecretRef) and BFD keys (spec.bfd.authentication.secretRef), such as vipcast-bgp-passwords/tor-a-md5; the speaker watches each of them by name and reads no other Secret. Empty: none (a BGPPeer naming a Secret is refused).", func(v string) (err error) {
+		f.passwordSecrets, err = parseSecretNames(v)
 		return err
+	})
+	fs.Func("bgp-password-namespaces", "Removed: use --bgp-password-secrets, which names each Secret.", func(string) error {
+		return errors.New("this flag was removed: name each Secret instead with --bgp-password-secrets=<namespace>/<name>,..., such as --bgp-password-secrets=vipcast-bgp-passwords/tor-a-md5 (chart value speaker.bgpPasswordSecrets.secrets); the speaker no longer reads every Secret of a namespace")
 	})
 	fs.Float64Var(&f.qps, "kube-api-qps", 50, "Queries per second to the API server.")
 	fs.IntVar(&f.burst, "kube-api-burst", 100, "Burst of queries to the API server.")
@@ -173,18 +177,31 @@ func (f *flags) check() error {
 	return nil
 }
 
-// parseNamespaces parses --bgp-password-namespaces: comma-separated
-// namespace names, blanks ignored.
-func parseNamespaces(v string) ([]string, error) {
-	var out []string
-	for _, ns := range strings.Split(v, ",") {
-		if ns = strings.TrimSpace(ns); ns == "" {
+// parseSecretNames parses --bgp-password-secrets: comma-separated
+// namespace/name, blanks ignored, each named once.
+func parseSecretNames(v string) ([]types.NamespacedName, error) {
+	var out []types.NamespacedName
+	seen := map[types.NamespacedName]bool{}
+	for _, e := range strings.Split(v, ",") {
+		if e = strings.TrimSpace(e); e == "" {
 			continue
 		}
-		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return nil, fmt.Errorf("%q is not a namespace name (%s): use lowercase letters, digits and '-', such as vipcast-bgp-passwords", ns, strings.Join(errs, "; "))
+		ns, name, ok := strings.Cut(e, "/")
+		if !ok || strings.Contains(name, "/") {
+			return nil, fmt.Errorf("%q is not namespace/name: name each Secret with its namespace, such as vipcast-bgp-passwords/tor-a-md5", e)
 		}
-		out = append(out, ns)
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return nil, fmt.Errorf("%q: %q is not a namespace name (%s): use lowercase letters, digits and '-', such as vipcast-bgp-passwords/tor-a-md5", e, ns, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			return nil, fmt.Errorf("%q: %q is not a Secret name (%s): use lowercase letters, digits, '-' and '.', such as vipcast-bgp-passwords/tor-a-md5", e, name, strings.Join(errs, "; "))
+		}
+		k := types.NamespacedName{Namespace: ns, Name: name}
+		if seen[k] {
+			return nil, fmt.Errorf("%s is named twice: name each Secret once", k)
+		}
+		seen[k] = true
+		out = append(out, k)
 	}
 	return out, nil
 }
@@ -356,20 +373,20 @@ func run(f *flags) error {
 		return err
 	}
 	opts := speaker.Options{
-		NodeName:           f.nodeName,
-		Client:             client,
-		Calls:              calls,
-		Dynamic:            dyn,
-		PasswordNamespaces: f.passwordNS,
-		Classes:            f.classes,
-		BGP:                engine,
-		Resync:             f.resync,
-		Metrics:            metrics,
-		DataplaneResync:    f.dataplaneResync,
-		DataplaneProbe:     f.dataplaneProbe,
-		TunnelPrefix:       f.tunnelPrefix,
-		TunnelPrefix6:      f.tunnelPrefix6,
-		SpeakerService:     f.speakerService,
+		NodeName:        f.nodeName,
+		Client:          client,
+		Calls:           calls,
+		Dynamic:         dyn,
+		PasswordSecrets: f.passwordSecrets,
+		Classes:         f.classes,
+		BGP:             engine,
+		Resync:          f.resync,
+		Metrics:         metrics,
+		DataplaneResync: f.dataplaneResync,
+		DataplaneProbe:  f.dataplaneProbe,
+		TunnelPrefix:    f.tunnelPrefix,
+		TunnelPrefix6:   f.tunnelPrefix6,
+		SpeakerService:  f.speakerService,
 	}
 	if f.ipvs {
 		dp, err := openDataplane(ctx, logger, f, nodeIP, nodeIP6, reg)

@@ -17,8 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -78,7 +80,7 @@ func TestApplyToAPIServer(t *testing.T) {
 	createCRD(ctx, t, cp, serviceMonitorCRD())
 
 	// Helm creates objects in the release namespace, which must exist; the
-	// chart creates the BGP password namespaces itself.
+	// chart creates the namespaces of the BGP password Secrets itself.
 	for _, ns := range []string{namespace, "full-system"} {
 		if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("namespace %s: %v", ns, err)
@@ -124,13 +126,11 @@ func TestApplyToAPIServer(t *testing.T) {
 		{speaker, "get", "", "nodes", "", "", "node-1", true},
 		{speaker, "watch", "vipcast.io", "bgppeers", "", "", "", true},
 		{speaker, "create", "", "events", "", "default", "", true},
-		// Secrets: read (informers) in the password namespace only; nothing
-		// in the release namespace, Helm's release Secrets included.
-		{speaker, "get", "", "secrets", "", "vipcast-bgp-passwords", "tor-a-md5", true},
-		{speaker, "list", "", "secrets", "", "vipcast-bgp-passwords", "", true},
-		{speaker, "watch", "", "secrets", "", "vipcast-bgp-passwords", "", true},
-		{speaker, "create", "", "secrets", "", "vipcast-bgp-passwords", "", false},
-		{speaker, "update", "", "secrets", "", "vipcast-bgp-passwords", "tor-a-md5", false},
+		// Secrets: the defaults name none, so the speaker reads no Secret
+		// at all, Helm's release Secrets included.
+		{speaker, "get", "", "secrets", "", "vipcast-bgp-passwords", "tor-a-md5", false},
+		{speaker, "list", "", "secrets", "", "vipcast-bgp-passwords", "", false},
+		{speaker, "watch", "", "secrets", "", "vipcast-bgp-passwords", "tor-a-md5", false},
 		{speaker, "get", "", "secrets", "", namespace, "sh.helm.release.v1.vipcast.v1", false},
 		{speaker, "get", "", "secrets", "", namespace, "tor-a-md5", false},
 		{speaker, "list", "", "secrets", "", namespace, "", false},
@@ -143,8 +143,23 @@ func TestApplyToAPIServer(t *testing.T) {
 		{speaker, "update", "", "services", "status", "web", "", false},
 		{speaker, "update", "", "nodes", "", "", "node-1", false},
 		{speaker, "update", "vipcast.io", "ippools", "status", "", "public", false},
+		// The full example names fabric-passwords/tor-a-md5 and
+		// network-passwords/tor-b-md5 and tor-b-bfd: get, list and watch of
+		// those alone (a list or watch names its Secret with the field
+		// selector metadata.name, which the authorizer sees as the name).
 		{fullSpeaker, "get", "", "secrets", "", "fabric-passwords", "tor-a-md5", true},
-		{fullSpeaker, "watch", "", "secrets", "", "network-passwords", "", true},
+		{fullSpeaker, "list", "", "secrets", "", "fabric-passwords", "tor-a-md5", true},
+		{fullSpeaker, "watch", "", "secrets", "", "fabric-passwords", "tor-a-md5", true},
+		{fullSpeaker, "watch", "", "secrets", "", "network-passwords", "tor-b-md5", true},
+		{fullSpeaker, "get", "", "secrets", "", "network-passwords", "tor-b-bfd", true},
+		{fullSpeaker, "list", "", "secrets", "", "fabric-passwords", "", false},
+		{fullSpeaker, "watch", "", "secrets", "", "network-passwords", "", false},
+		{fullSpeaker, "get", "", "secrets", "", "fabric-passwords", "tor-b-md5", false},
+		{fullSpeaker, "get", "", "secrets", "", "fabric-passwords", "other", false},
+		{fullSpeaker, "list", "", "secrets", "", "network-passwords", "tor-a-md5", false},
+		{fullSpeaker, "update", "", "secrets", "", "fabric-passwords", "tor-a-md5", false},
+		{fullSpeaker, "create", "", "secrets", "", "fabric-passwords", "", false},
+		{fullSpeaker, "delete", "", "secrets", "", "fabric-passwords", "tor-a-md5", false},
 		{fullSpeaker, "get", "", "secrets", "", "full-system", "sh.helm.release.v1.full.v1", false},
 		{fullSpeaker, "get", "", "secrets", "", "full-system", "tor-a-md5", false},
 		{fullSpeaker, "list", "", "secrets", "", "vipcast-bgp-passwords", "", false},
@@ -293,61 +308,115 @@ func poolRecordPolicy(ctx context.Context, t *testing.T, cp *controlplane.Contro
 	}
 }
 
-// speakerSecretAccess makes real requests as the speaker's ServiceAccount
-// (impersonated): it lists, watches and gets the password Secret in the
-// password namespace, and is refused Helm's release Secret and every other
-// Secret of the release namespace and of other namespaces.
+// speakerSecretAccess makes real requests as the full example's speaker
+// ServiceAccount (impersonated), as its Secret informers do: it gets,
+// lists and watches each Secret it names, a list or watch carrying the
+// field selector metadata.name=<name>; it is refused a list or watch of
+// the namespace without that selector, every other Secret of the password
+// namespace, Helm's release Secret, and Secrets anywhere else. The
+// defaults' speaker names no Secret and reads none.
 func speakerSecretAccess(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) {
-	for ns, sec := range map[string]*corev1.Secret{
-		"vipcast-bgp-passwords": {ObjectMeta: metav1.ObjectMeta{Name: "tor-a-md5"}, StringData: map[string]string{"password": "s3cret"}},
-		namespace: {ObjectMeta: metav1.ObjectMeta{Name: "sh.helm.release.v1.vipcast.v1", Labels: map[string]string{"owner": "helm", "name": "vipcast"}},
+	const pwNS, named, other = "fabric-passwords", "tor-a-md5", "not-a-bgp-password"
+	for _, sec := range []*corev1.Secret{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: pwNS, Name: named}, StringData: map[string]string{"password": "s3cret"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: pwNS, Name: other}, StringData: map[string]string{"token": "x"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "full-system", Name: "sh.helm.release.v1.full.v1", Labels: map[string]string{"owner": "helm", "name": "full"}},
 			Type: "helm.sh/release.v1", StringData: map[string]string{"release": "H4sI..."}},
-		"kube-system": {ObjectMeta: metav1.ObjectMeta{Name: "other"}, StringData: map[string]string{"token": "x"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "other"}, StringData: map[string]string{"token": "x"}},
 	} {
-		if _, err := cp.Client.CoreV1().Secrets(ns).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("Secret %s/%s: %v", ns, sec.Name, err)
+		if _, err := cp.Client.CoreV1().Secrets(sec.Namespace).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("Secret %s/%s: %v", sec.Namespace, sec.Name, err)
 		}
 	}
-	cfg := rest.CopyConfig(cp.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + namespace + ":vipcast-speaker",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+	as := func(sa string) *kubernetes.Clientset {
+		ns, name, _ := strings.Cut(sa, "/")
+		cfg := rest.CopyConfig(cp.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{
+			UserName: "system:serviceaccount:" + ns + ":" + name,
+			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+		}
+		c, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
-	as, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
+	spk := as("full-system/full-vipcast-speaker")
+	byName := func(name string) metav1.ListOptions {
+		return metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()}
 	}
-	list, err := as.CoreV1().Secrets("vipcast-bgp-passwords").List(ctx, metav1.ListOptions{})
+
+	list, err := spk.CoreV1().Secrets(pwNS).List(ctx, byName(named))
 	if err != nil || len(list.Items) != 1 || string(list.Items[0].Data["password"]) != "s3cret" {
-		t.Errorf("speaker lists the password namespace: %v, %v; want the one password Secret", err, list)
+		t.Errorf("speaker lists %s/%s by name: %v, %v; want the one password Secret", pwNS, named, err, list)
 	}
-	w, err := as.CoreV1().Secrets("vipcast-bgp-passwords").Watch(ctx, metav1.ListOptions{})
+	// A watch without resourceVersion starts with the Secret as it is.
+	w, err := spk.CoreV1().Secrets(pwNS).Watch(ctx, byName(named))
 	if err != nil {
-		t.Errorf("speaker watches the password namespace: %v", err)
+		t.Errorf("speaker watches %s/%s by name: %v", pwNS, named, err)
 	} else {
+		select {
+		case ev := <-w.ResultChan():
+			if s, ok := ev.Object.(*corev1.Secret); ev.Type != watch.Added || !ok || s.Name != named {
+				t.Errorf("speaker's watch of %s/%s: first event %s %T, want ADDED of the Secret", pwNS, named, ev.Type, ev.Object)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("speaker's watch of %s/%s: no event in 10s, want ADDED of the Secret", pwNS, named)
+		}
 		w.Stop()
 	}
-	if _, err := as.CoreV1().Secrets("vipcast-bgp-passwords").Get(ctx, "tor-a-md5", metav1.GetOptions{}); err != nil {
-		t.Errorf("speaker gets the password Secret: %v", err)
+	if _, err := spk.CoreV1().Secrets(pwNS).Get(ctx, named, metav1.GetOptions{}); err != nil {
+		t.Errorf("speaker gets %s/%s: %v", pwNS, named, err)
 	}
-	for what, call := range map[string]func() error{
+	refused := map[string]func() error{
+		"list " + pwNS + " without the field selector": func() error {
+			_, err := spk.CoreV1().Secrets(pwNS).List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"watch " + pwNS + " without the field selector": func() error {
+			w, err := spk.CoreV1().Secrets(pwNS).Watch(ctx, metav1.ListOptions{})
+			if err == nil {
+				w.Stop()
+			}
+			return err
+		},
+		"get another Secret of " + pwNS: func() error {
+			_, err := spk.CoreV1().Secrets(pwNS).Get(ctx, other, metav1.GetOptions{})
+			return err
+		},
+		"list another Secret of " + pwNS + " by name": func() error {
+			_, err := spk.CoreV1().Secrets(pwNS).List(ctx, byName(other))
+			return err
+		},
+		"watch another Secret of " + pwNS + " by name": func() error {
+			w, err := spk.CoreV1().Secrets(pwNS).Watch(ctx, byName(other))
+			if err == nil {
+				w.Stop()
+			}
+			return err
+		},
 		"get Helm's release Secret": func() error {
-			_, err := as.CoreV1().Secrets(namespace).Get(ctx, "sh.helm.release.v1.vipcast.v1", metav1.GetOptions{})
+			_, err := spk.CoreV1().Secrets("full-system").Get(ctx, "sh.helm.release.v1.full.v1", metav1.GetOptions{})
 			return err
 		},
 		"list the release namespace": func() error {
-			_, err := as.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{})
+			_, err := spk.CoreV1().Secrets("full-system").List(ctx, metav1.ListOptions{})
 			return err
 		},
 		"get a Secret in kube-system": func() error {
-			_, err := as.CoreV1().Secrets("kube-system").Get(ctx, "other", metav1.GetOptions{})
+			_, err := spk.CoreV1().Secrets("kube-system").Get(ctx, "other", metav1.GetOptions{})
 			return err
 		},
 		"list Secrets of every namespace": func() error {
-			_, err := as.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+			_, err := spk.CoreV1().Secrets("").List(ctx, byName(named))
 			return err
 		},
-	} {
+		"the defaults' speaker gets " + pwNS + "/" + named: func() error {
+			_, err := as(namespace+"/vipcast-speaker").CoreV1().Secrets(pwNS).Get(ctx, named, metav1.GetOptions{})
+			return err
+		},
+	}
+	for what, call := range refused {
 		if err := call(); !apierrors.IsForbidden(err) {
 			t.Errorf("speaker may %s: err = %v, want Forbidden", what, err)
 		}

@@ -63,10 +63,6 @@ var (
 		"vipcast.io/speakerstatuses":        {"create", "get"},
 		"vipcast.io/speakerstatuses/status": {"update"},
 	}
-	// Secret informers, in the password namespaces only.
-	wantSpeakerSecretRole = map[string][]string{
-		"/secrets": {"get", "list", "watch"},
-	}
 )
 
 // render renders with the values in valuesYAML and fails the test on error.
@@ -235,8 +231,21 @@ func checkCommon(t *testing.T, r *Rendered) {
 		b := convert[rbacv1.RoleBinding](t, u)
 		checkBinding(t, b.Subjects, b.RoleRef, "Role", "vipcast-speaker-bgp-passwords", "vipcast-speaker")
 	}
+	// Secret informers, one per named Secret: get, list and watch of
+	// those names only (resourceNames), never a whole namespace.
 	for _, u := range r.Find("Role", "vipcast-speaker-bgp-passwords") {
-		checkRules(t, "speaker Secret Role in "+u.GetNamespace(), convert[rbacv1.Role](t, u).Rules, wantSpeakerSecretRole)
+		role := convert[rbacv1.Role](t, u)
+		if len(role.Rules) != 1 || len(role.Rules[0].ResourceNames) == 0 {
+			t.Errorf("speaker Secret Role in %s: rules %+v, want one rule naming its Secrets", u.GetNamespace(), role.Rules)
+			continue
+		}
+		names := role.Rules[0].ResourceNames
+		if !slices.IsSorted(names) || len(slices.Compact(slices.Clone(names))) != len(names) {
+			t.Errorf("speaker Secret Role in %s: resourceNames %q, want sorted, each once", u.GetNamespace(), names)
+		}
+		checkRules(t, "speaker Secret Role in "+u.GetNamespace(), role.Rules, map[string][]string{
+			"/secrets[" + strings.Join(names, ",") + "]": {"get", "list", "watch"},
+		})
 		if u.GetNamespace() == namespace {
 			t.Errorf("speaker may read Secrets in the release namespace %s", namespace)
 		}
@@ -272,14 +281,20 @@ func checkCommon(t *testing.T, r *Rendered) {
 	}
 }
 
-// secretRoleNamespaces lists the namespaces where the speaker may read Secrets.
-func secretRoleNamespaces(r *Rendered) []string {
-	var ns []string
+// passwordSecrets lists the Secrets (namespace/name) the speaker's Roles
+// let it read, sorted.
+func passwordSecrets(t *testing.T, r *Rendered) []string {
+	t.Helper()
+	var out []string
 	for _, u := range r.Find("Role", "vipcast-speaker-bgp-passwords") {
-		ns = append(ns, u.GetNamespace())
+		for _, rule := range convert[rbacv1.Role](t, u).Rules {
+			for _, name := range rule.ResourceNames {
+				out = append(out, u.GetNamespace()+"/"+name)
+			}
+		}
 	}
-	sort.Strings(ns)
-	return ns
+	sort.Strings(out)
+	return out
 }
 
 // checkSpeaker checks the DaemonSet's invariants and returns it.
@@ -438,9 +453,10 @@ func checkCCM(t *testing.T, r *Rendered, replicas int32) *appsv1.Deployment {
 func TestRenderDefaults(t *testing.T) {
 	r := render(t, "")
 	checkCommon(t, r)
+	// No BGP password Secret by default: no password Role or Namespace.
 	want := map[string]int{
-		"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 4, "RoleBinding": 4,
-		"Deployment": 1, "PodDisruptionBudget": 1, "DaemonSet": 1, "Namespace": 1,
+		"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 3, "RoleBinding": 3,
+		"Deployment": 1, "PodDisruptionBudget": 1, "DaemonSet": 1,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}
 	if got := r.Kinds(); fmt.Sprint(got) != fmt.Sprint(want) {
@@ -469,7 +485,8 @@ func TestRenderDefaults(t *testing.T) {
 	}) {
 		t.Errorf("speaker env %+v lacks NODE_IP from status.hostIP", c.Env)
 	}
-	wantArg(t, "speaker", c.Args, "--bgp-password-namespaces", "vipcast-bgp-passwords")
+	// No BGP password Secret by default: no Secret access at all.
+	wantArg(t, "speaker", c.Args, "--bgp-password-secrets", "")
 	wantArg(t, "speaker", c.Args, "--dataplane-resync-period", "1m")
 	if g := *ds.Spec.Template.Spec.TerminationGracePeriodSeconds; g != 38 {
 		t.Errorf("terminationGracePeriodSeconds %d, want 38 (3s delay + the speaker's 30s shutdown bound + 5s)", g)
@@ -486,11 +503,11 @@ func TestRenderDefaults(t *testing.T) {
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("speaker probes: liveness %+v readiness %+v", c.LivenessProbe, c.ReadinessProbe)
 	}
-	if got := secretRoleNamespaces(r); fmt.Sprint(got) != "[vipcast-bgp-passwords]" {
-		t.Errorf("speaker reads Secrets in %v, want vipcast-bgp-passwords only", got)
+	if got := passwordSecrets(t, r); len(got) != 0 || len(r.Find("Namespace", "")) != 0 || len(r.Find("RoleBinding", "vipcast-speaker-bgp-passwords")) != 0 {
+		t.Errorf("speaker reads Secrets %v, %d Namespaces, %d password RoleBindings: want none by default", got, len(r.Find("Namespace", "")), len(r.Find("RoleBinding", "vipcast-speaker-bgp-passwords")))
 	}
-	one[corev1.Namespace](t, r, "Namespace", "vipcast-bgp-passwords")
-	if !strings.Contains(r.Notes, "vipcast-ccm") || !strings.Contains(r.Notes, "create an IPPool") {
+	if !strings.Contains(r.Notes, "vipcast-ccm") || !strings.Contains(r.Notes, "create an IPPool") ||
+		!strings.Contains(r.Notes, "until speaker.bgpPasswordSecrets.secrets names their Secrets") {
 		t.Errorf("NOTES.txt:\n%s", r.Notes)
 	}
 }
@@ -524,12 +541,19 @@ func TestRenderFullExample(t *testing.T) {
 	wantArg(t, "speaker", sc.Args, "--dataplane-resync-period", "30s")
 	wantArg(t, "speaker", sc.Args, "--resync-period", "10m")
 	wantArg(t, "speaker", sc.Args, "--one_output", "true")
-	if got := secretRoleNamespaces(r); fmt.Sprint(got) != "[fabric-passwords network-passwords]" {
-		t.Errorf("speaker reads Secrets in %v, want [fabric-passwords network-passwords]", got)
+	// One Role per namespace of the named Secrets, naming them.
+	if got := fmt.Sprint(passwordSecrets(t, r)); got != "[fabric-passwords/tor-a-md5 network-passwords/tor-b-bfd network-passwords/tor-b-md5]" {
+		t.Errorf("speaker reads Secrets %v, want fabric-passwords/tor-a-md5, network-passwords/tor-b-bfd and tor-b-md5", got)
 	}
-	wantArg(t, "speaker", sc.Args, "--bgp-password-namespaces", "fabric-passwords,network-passwords")
+	if n := len(r.Find("RoleBinding", "vipcast-speaker-bgp-passwords")); n != 2 {
+		t.Errorf("%d password RoleBindings, want one in each of the 2 namespaces", n)
+	}
+	wantArg(t, "speaker", sc.Args, "--bgp-password-secrets", "fabric-passwords/tor-a-md5,network-passwords/tor-b-md5,network-passwords/tor-b-bfd")
 	if n := len(r.Find("Namespace", "")); n != 2 {
-		t.Errorf("%d Namespaces, want the 2 password namespaces", n)
+		t.Errorf("%d Namespaces, want the 2 namespaces of the password Secrets", n)
+	}
+	if !strings.Contains(r.Notes, "fabric-passwords/tor-a-md5 network-passwords/tor-b-bfd network-passwords/tor-b-md5") {
+		t.Errorf("NOTES.txt does not name the password Secrets:\n%s", r.Notes)
 	}
 
 	if n := len(r.Find("IPPool", "")); n != 2 {
@@ -727,26 +751,55 @@ func TestRenderSpeakerVariants(t *testing.T) {
 			t.Errorf("probes or ports without metrics: %+v %+v %+v", c.LivenessProbe, c.ReadinessProbe, c.Ports)
 		}
 	})
-	t.Run("no password namespaces: no Secret access at all", func(t *testing.T) {
-		r := render(t, "speaker: {bgpPasswordSecrets: {namespaces: []}}")
+	t.Run("no password Secrets: no Secret access at all", func(t *testing.T) {
+		r := render(t, "speaker: {bgpPasswordSecrets: {secrets: []}}")
 		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
-		wantArg(t, "speaker", c.Args, "--bgp-password-namespaces", "")
-		if ns := secretRoleNamespaces(r); len(ns) != 0 || len(r.Find("Namespace", "")) != 0 {
-			t.Errorf("Secret Roles in %v, Namespaces %v: want none", ns, r.Find("Namespace", ""))
+		wantArg(t, "speaker", c.Args, "--bgp-password-secrets", "")
+		if got := passwordSecrets(t, r); len(got) != 0 || len(r.Find("Namespace", "")) != 0 {
+			t.Errorf("Secrets %v, Namespaces %v: want none", got, r.Find("Namespace", ""))
 		}
 	})
 	t.Run("namespaces created elsewhere", func(t *testing.T) {
-		r := render(t, "speaker: {bgpPasswordSecrets: {namespaces: [a, b], createNamespaces: false}}")
+		r := render(t, "speaker: {bgpPasswordSecrets: {secrets: [b/tor-b, a/tor-a.md5, a/bfd], createNamespaces: false}}")
 		checkCommon(t, r)
-		if ns := secretRoleNamespaces(r); fmt.Sprint(ns) != "[a b]" || len(r.Find("Namespace", "")) != 0 {
-			t.Errorf("Secret Roles in %v, %d Namespaces: want [a b] and none created", ns, len(r.Find("Namespace", "")))
+		if got := fmt.Sprint(passwordSecrets(t, r)); got != "[a/bfd a/tor-a.md5 b/tor-b]" || len(r.Find("Namespace", "")) != 0 {
+			t.Errorf("Secrets %v, %d Namespaces: want [a/bfd a/tor-a.md5 b/tor-b] and none created", got, len(r.Find("Namespace", "")))
+		}
+		a := r.Find("Role", "vipcast-speaker-bgp-passwords")
+		if len(a) != 2 {
+			t.Fatalf("%d password Roles, want 2 (namespaces a and b)", len(a))
+		}
+		wantArg(t, "speaker", checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0].Args, "--bgp-password-secrets", "b/tor-b,a/tor-a.md5,a/bfd")
+	})
+	t.Run("a BGPPeer of the values naming a Secret not in the list", func(t *testing.T) {
+		const peers = `bgpPeers:
+  - name: tor-a
+    spec:
+      peerAddress: 192.0.2.1
+      peerASN: 64500
+      localASN: 64501
+      passwordSecretRef: {namespace: bgp, name: tor-a-md5}
+      bfd: {authentication: {type: KeyedSHA1, keyID: 1, secretRef: {namespace: bgp, name: tor-a-bfd, key: key}}}
+`
+		if _, err := Render(release, namespace, []byte(peers+"speaker: {bgpPasswordSecrets: {secrets: [bgp/tor-a-md5, bgp/tor-a-bfd]}}")); err != nil {
+			t.Errorf("both Secrets named: %v", err)
+		}
+		for secrets, want := range map[string]string{
+			"[bgp/tor-a-bfd]":            "bgpPeers[0] (tor-a): spec.passwordSecretRef names the Secret bgp/tor-a-md5, which the speaker may not read: add bgp/tor-a-md5 to speaker.bgpPasswordSecrets.secrets",
+			"[bgp/tor-a-md5, bgp/other]": "bgpPeers[0] (tor-a): spec.bfd.authentication.secretRef names the Secret bgp/tor-a-bfd, which the speaker may not read: add bgp/tor-a-bfd to speaker.bgpPasswordSecrets.secrets",
+		} {
+			_, err := Render(release, namespace, []byte(peers+"speaker: {bgpPasswordSecrets: {secrets: "+secrets+"}}"))
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("secrets %s: err = %v, want %q", secrets, err, want)
+			}
 		}
 	})
 	t.Run("release namespace refused", func(t *testing.T) {
-		for _, list := range []string{"[vipcast-system]", "[vipcast-bgp-passwords, vipcast-system]"} {
-			_, err := Render(release, namespace, []byte("speaker: {bgpPasswordSecrets: {namespaces: "+list+"}}"))
-			if err == nil || !strings.Contains(err.Error(), "speaker.bgpPasswordSecrets.namespaces lists the release namespace \"vipcast-system\"") || !strings.Contains(err.Error(), "sh.helm.release.v1") {
-				t.Errorf("namespaces %s: err = %v, want one naming the key, the release namespace and Helm's release Secrets", list, err)
+		for _, list := range []string{"[vipcast-system/tor-a-md5]", "[vipcast-bgp-passwords/tor-a-md5, vipcast-system/sh.helm.release.v1.vipcast.v1]"} {
+			_, err := Render(release, namespace, []byte("speaker: {bgpPasswordSecrets: {secrets: "+list+"}}"))
+			if err == nil || !strings.Contains(err.Error(), "speaker.bgpPasswordSecrets.secrets names vipcast-system/") ||
+				!strings.Contains(err.Error(), `in the release namespace "vipcast-system"`) || !strings.Contains(err.Error(), "sh.helm.release.v1") {
+				t.Errorf("secrets %s: err = %v, want one naming the key, the Secret, the release namespace and Helm's release Secrets", list, err)
 			}
 		}
 	})
@@ -770,7 +823,10 @@ func TestSchemaRejectsWrongType(t *testing.T) {
 		{"metrics source not a prefix", "speaker: {metrics: {enabled: true, port: 7473, allowedSources: [10.244.0.0]}}", []string{"/speaker/metrics/allowedSources/0"}},
 		{"ipvs link too long", "speaker: {ipvs: {link: averyveryverylonglinkname}}", []string{"/speaker/ipvs/link"}},
 		{"pool without spec", "ipPools: [{name: public}]", []string{"/ipPools/0", "spec"}},
-		{"secret namespace not a name", "speaker: {bgpPasswordSecrets: {namespaces: [Not_A_Namespace]}}", []string{"/speaker/bgpPasswordSecrets/namespaces/0"}},
+		{"password Secret without namespace", "speaker: {bgpPasswordSecrets: {secrets: [tor-a-md5]}}", []string{"/speaker/bgpPasswordSecrets/secrets/0"}},
+		{"password Secret namespace not a name", "speaker: {bgpPasswordSecrets: {secrets: [Not_A_Namespace/tor]}}", []string{"/speaker/bgpPasswordSecrets/secrets/0"}},
+		{"password Secret name not a name", "speaker: {bgpPasswordSecrets: {secrets: [bgp/Tor_A]}}", []string{"/speaker/bgpPasswordSecrets/secrets/0"}},
+		{"password Secret named twice", "speaker: {bgpPasswordSecrets: {secrets: [bgp/tor, bgp/tor]}}", []string{"/speaker/bgpPasswordSecrets/secrets"}},
 		{"router ID not IPv4", "speaker: {routerID: 2001:db8::1}", []string{"/speaker/routerID"}},
 		{"router ID malformed", "speaker: {routerID: 10.0.0}", []string{"/speaker/routerID"}},
 		{"router ID out of range", "speaker: {routerID: 10.0.0.256}", []string{"/speaker/routerID"}},
@@ -790,6 +846,7 @@ func TestSchemaRejectsWrongType(t *testing.T) {
 		// Keys that no longer exist name themselves.
 		{"old key speaker.privileged", "speaker: {privileged: false}", []string{"/speaker", "privileged"}},
 		{"old key clusterWide", "speaker: {bgpPasswordSecrets: {clusterWide: true}}", []string{"/speaker/bgpPasswordSecrets", "clusterWide"}},
+		{"old key namespaces", "speaker: {bgpPasswordSecrets: {namespaces: [vipcast-bgp-passwords]}}", []string{"/speaker/bgpPasswordSecrets", "namespaces"}},
 		{"prepareNode not a boolean", "speaker: {ipvs: {enabled: true, prepareNode: yes please}}", []string{"/speaker/ipvs/prepareNode"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -102,7 +102,8 @@ func chartArgs(args []string, drop []string, replace map[string]string) []string
 	return out
 }
 
-// passwordNamespace is the chart's default namespace for BGP password Secrets.
+// passwordNamespace is the namespace of the BGP password Secret the
+// binaries' test names (speaker.bgpPasswordSecrets.secrets).
 const passwordNamespace = "vipcast-bgp-passwords" //nolint:gosec // G101: a namespace name, not a credential
 
 // forbidden returns the lines of a log that report an RBAC refusal.
@@ -137,7 +138,9 @@ func tail(path string, n int) string {
 // The CCM must initialize a node, allocate a VIP, annotate the Service,
 // write the pool's status, hold its Lease and serve /metrics through
 // delegated authentication and authorization; the speaker must become ready
-// and read the BGP password. Neither may log a single "forbidden".
+// and read the BGP password, through its informer of that one Secret (a
+// list and watch by name, what the chart's resourceNames allow). Neither
+// may log a single "forbidden".
 func TestBinariesRunWithChartRBAC(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binaries")
@@ -151,7 +154,7 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	r, err := Render(release, namespace, nil)
+	r, err := Render(release, namespace, []byte("speaker: {bgpPasswordSecrets: {secrets: ["+passwordNamespace+"/tor-a-md5]}}"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,6 @@ func (e *env) startSpeaker(node string, extra ...string) *speakerProc {
 		"--node-name", node,
 		"--metrics-bind-address", "0",
 		"--convergence-delay", "500ms",
-		"--bgp-password-namespaces", "vipcast-system",
 		// Routing only: the speaker runs in the test's own network
 		// namespace, whose kernel may lack IPVS (the dataplane has its
 		// own tier, in a VM).
@@ -413,9 +412,10 @@ func without(m map[string]route, keys ...string) map[string]route {
 
 // TestSpeakerPeers checks sessions as configured by BGPPeers: a TCP MD5
 // password read from a Secret establishes, a wrong one never does, a
-// missing Secret or one outside --bgp-password-namespaces is reported on
-// the BGPPeer, a corrected Secret is picked up from the watch, and changing
-// one BGPPeer leaves the other sessions up.
+// missing Secret or one not named in --bgp-password-secrets (even in the
+// namespace of named ones) is reported on the BGPPeer, a corrected Secret
+// is picked up from the watch of that Secret, and changing one BGPPeer
+// leaves the other sessions up.
 func TestSpeakerPeers(t *testing.T) {
 	e := newEnv(t)
 	speakerAddr := netip.MustParseAddr("127.0.0.2")
@@ -432,18 +432,19 @@ func TestSpeakerPeers(t *testing.T) {
 	e.applyPeer(peerDoc("good", good.Address, good.Port, 64500, 64501, secretRef("bgp-good")))
 	e.applyPeer(peerDoc("bad", bad.Address, bad.Port, 64500, 64501, secretRef("bgp-bad")))
 	e.applyPeer(peerDoc("nosecret", netip.MustParseAddr("127.0.0.6"), 179, 64500, 64501, secretRef("missing")))
-	// A Secret outside the password namespaces is never read.
-	e.secret("default", "bgp-elsewhere", "password", "right-password")
-	e.applyPeer(peerDoc("elsewhere", netip.MustParseAddr("127.0.0.7"), 179, 64500, 64501,
-		"  passwordSecretRef: {namespace: default, name: bgp-elsewhere}\n"))
-	e.startSpeaker("node-a")
+	// A Secret the flag does not name is never read, even beside the
+	// named ones.
+	e.secret("vipcast-system", "bgp-unnamed", "password", "right-password")
+	e.applyPeer(peerDoc("unnamed", netip.MustParseAddr("127.0.0.7"), 179, 64500, 64501, secretRef("bgp-unnamed")))
+	e.startSpeaker("node-a", "--bgp-password-secrets", "vipcast-system/bgp-good,vipcast-system/bgp-bad,vipcast-system/missing")
 
 	if err := good.WaitEstablished(speakerAddr, 30*time.Second); err != nil {
 		t.Fatalf("the right MD5 password: %v", err)
 	}
 	// The missing Secret is named in a Warning Event on its BGPPeer.
 	e.waitEventReason("default", "nosecret", v1.EventTypeWarning, "SecretNotFound", "node-a", "vipcast-system/missing")
-	e.waitEventReason("default", "elsewhere", v1.EventTypeWarning, "SecretNotFound", "node-a", "default/bgp-elsewhere", "--bgp-password-namespaces")
+	e.waitEventReason("default", "unnamed", v1.EventTypeWarning, "SecretNotFound", "node-a", "vipcast-system/bgp-unnamed",
+		"add vipcast-system/bgp-unnamed to the speaker's --bgp-password-secrets (chart value speaker.bgpPasswordSecrets.secrets)")
 	// The wrong password never gets past TCP: FRR drops the segments.
 	time.Sleep(5 * time.Second)
 	if st, err := bad.Neighbor(speakerAddr); err != nil || st.State == "Established" {

@@ -489,8 +489,9 @@ type SpeakerValues struct {
 }
 
 // HelmValuesFile writes the lab's values for charts/vipcast: v, the lab's
-// convergence delay and, with Options.Resync, the speakers' resync
-// periods. One CCM replica (and so no PodDisruptionBudget, which must stay
+// convergence delay, with Options.Resync the speakers' resync periods and,
+// with Options.Password, the demo's password Secret for the speakers to
+// read. One CCM replica (and so no PodDisruptionBudget, which must stay
 // below the replicas): each node is one emulated CPU, and with the chart's
 // two, a rollout restart placed the new CCM pod beside the old one still
 // running (preferred anti-affinity ties while the other old pod
@@ -516,6 +517,9 @@ func (l *Lab) HelmValuesFile(v SpeakerValues) (string, error) {
 	}
 	if v.AllAtOnce {
 		speaker += "  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 100%}}\n"
+	}
+	if l.Opts.Password != "" {
+		speaker += fmt.Sprintf("  bgpPasswordSecrets: {secrets: [%s/%s]}\n", PasswordNamespace, PasswordSecret)
 	}
 	values := fmt.Sprintf(`ccm:
   image: {repository: vipcast/vipcast-ccm, tag: %q}

@@ -89,8 +89,9 @@ type Options struct {
 	// emulated VMs on two shared cores miss tighter keepalives).
 	HoldTime, KeepaliveTime time.Duration
 	// Password, when set, is the TCP MD5 password of the ToR sessions:
-	// FRR's neighbors get it and the demo BGPPeer names a Secret holding
-	// it in PasswordNamespace.
+	// FRR's neighbors get it and the demo BGPPeer names the Secret
+	// PasswordNamespace/PasswordSecret holding it, which the chart's
+	// values name for the speakers.
 	Password string
 	// Resync, when set, is the speakers' --resync-period and
 	// --dataplane-resync-period (default the chart's, 5m and 1m).
@@ -109,9 +110,13 @@ type Options struct {
 // VMs on two shared cores keep them; they would not keep 100 ms x 3.
 var DefaultBFD = routers.BFD{MinTx: 300 * time.Millisecond, MinRx: 300 * time.Millisecond, Multiplier: 3}
 
-// PasswordNamespace is the namespace of the demo's BGP password Secret, the
-// speakers' --bgp-password-namespaces.
-const PasswordNamespace = "vipcast-bgp-passwords" //nolint:gosec // G101: a namespace name, not a credential
+// PasswordNamespace and PasswordSecret name the demo's BGP password
+// Secret, the one the speakers read (speaker.bgpPasswordSecrets.secrets,
+// their --bgp-password-secrets).
+const (
+	PasswordNamespace = "vipcast-bgp-passwords" //nolint:gosec // G101: a namespace name, not a credential
+	PasswordSecret    = "tor-md5"               //nolint:gosec // G101: a Secret's name, not a credential
+)
 
 // Lab is a running topology.
 type Lab struct {
@@ -569,7 +574,7 @@ spec:
   keepaliveTime: %s
 `, PeerName, torAddr, ToRASN, NodeASN, l.Opts.HoldTime, l.Opts.KeepaliveTime)
 	if l.Opts.Password != "" {
-		peer += fmt.Sprintf("  passwordSecretRef: {namespace: %s, name: tor-md5}\n", PasswordNamespace)
+		peer += fmt.Sprintf("  passwordSecretRef: {namespace: %s, name: %s}\n", PasswordNamespace, PasswordSecret)
 	}
 	if b := l.Opts.BFD; bfd && b != nil {
 		peer += fmt.Sprintf("  bfd: {minTx: %s, minRx: %s, multiplier: %d}\n", b.MinTx, b.MinRx, b.Multiplier)
@@ -599,7 +604,7 @@ func (l *Lab) passwordSecret(ctx context.Context) error {
 		return err
 	}
 	_, err := core.Secrets(PasswordNamespace).Create(ctx, &v1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "tor-md5", Namespace: PasswordNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: PasswordSecret, Namespace: PasswordNamespace},
 		Data:       map[string][]byte{"password": []byte(l.Opts.Password)},
 	}, metav1.CreateOptions{})
 	return err

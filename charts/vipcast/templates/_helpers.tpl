@@ -83,10 +83,6 @@ The convergence delay in whole seconds, rounded up. The schema allows only
 {{- end -}}
 {{- end -}}
 
-{{/*
-Namespaces where the speaker may read BGP password Secrets, as a JSON list.
-The release namespace is refused: it holds Helm's release Secrets.
-*/}}
 {{- /* The name of the Secret of the connection sync relay's keys, empty
 when the relay is off (no two tiers, another transport, or sync off). */ -}}
 {{- define "vipcast.speaker.connSyncKeys" -}}
@@ -96,12 +92,26 @@ when the relay is off (no two tiers, another transport, or sync off). */ -}}
 {{- end -}}
 {{- end -}}
 
-{{- define "vipcast.speaker.secretNamespaces" -}}
-{{- $ns := .Values.speaker.bgpPasswordSecrets.namespaces | default list -}}
-{{- if has .Release.Namespace $ns -}}
-{{- fail (printf "speaker.bgpPasswordSecrets.namespaces lists the release namespace %q: the speaker would then read every Secret there, Helm's release Secrets (sh.helm.release.v1.*) included; keep the BGP password Secrets in a namespace of their own, such as vipcast-bgp-passwords" .Release.Namespace) -}}
+{{/*
+The Secrets the speaker may read (speaker.bgpPasswordSecrets.secrets, each
+"namespace/name"), as a JSON object: namespace → sorted names. A Secret of
+the release namespace is refused: that namespace holds Helm's release
+Secrets, and the password Secrets belong in a namespace of their own.
+*/}}
+{{- define "vipcast.speaker.passwordSecrets" -}}
+{{- $byNS := dict -}}
+{{- range $s := .Values.speaker.bgpPasswordSecrets.secrets | default list -}}
+{{- $parts := splitList "/" $s -}}
+{{- if ne (len $parts) 2 -}}
+{{- fail (printf "speaker.bgpPasswordSecrets.secrets: %q is not namespace/name: name each Secret with its namespace, such as vipcast-bgp-passwords/tor-a-md5" $s) -}}
 {{- end -}}
-{{- toJson $ns -}}
+{{- $ns := index $parts 0 -}}
+{{- if eq $ns $.Release.Namespace -}}
+{{- fail (printf "speaker.bgpPasswordSecrets.secrets names %s, in the release namespace %q: that namespace holds Helm's release Secrets (sh.helm.release.v1.*, the whole rendered release); keep the BGP password Secrets in a namespace of their own, such as vipcast-bgp-passwords" $s $.Release.Namespace) -}}
+{{- end -}}
+{{- $_ := set $byNS $ns (append (get $byNS $ns | default list) (index $parts 1) | sortAlpha) -}}
+{{- end -}}
+{{- toJson $byNS -}}
 {{- end -}}
 
 {{/*
