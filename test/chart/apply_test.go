@@ -206,6 +206,7 @@ func TestApplyToAPIServer(t *testing.T) {
 			t.Errorf("%s %s %s/%s/%s in %q name %q: allowed=%v, want %v (%s)", c.sa, c.verb, c.group, c.res, c.sub, c.ns, c.name, got.Status.Allowed, c.allowed, got.Status.Reason)
 		}
 	}
+	t.Run("upgrade refused while a BGPPeer names a Secret not listed", func(t *testing.T) { unlistedSecretUpgrade(ctx, t, cp, full) })
 	t.Run("speaker reads Secrets as itself", func(t *testing.T) { speakerSecretAccess(ctx, t, cp) })
 	t.Run("only vipcast-ccm writes the pool record", func(t *testing.T) { poolRecordPolicy(ctx, t, cp) })
 }
@@ -463,4 +464,48 @@ func mustMapping(t *testing.T, mapper meta.RESTMapper, group, kind string) *meta
 		t.Fatalf("REST mapping of %s.%s: %v", kind, group, err)
 	}
 	return m
+}
+
+// unlistedSecretUpgrade: a BGPPeer in the cluster that the values do not
+// make (one made by hand, or kept from a release that read whole password
+// namespaces) names a Secret speaker.bgpPasswordSecrets.secrets leaves out:
+// helm upgrade (the templates' lookup against the real API server) fails,
+// naming the peer, the Secret and the value to add it to, instead of
+// rolling speakers that would drop its sessions; once the Secret is
+// listed, the upgrade renders.
+func unlistedSecretUpgrade(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, full *Rendered) {
+	var peer *unstructured.Unstructured
+	for _, o := range full.Objects {
+		if o.GetKind() == "BGPPeer" {
+			peer = o.DeepCopy()
+			break
+		}
+	}
+	if peer == nil {
+		t.Fatal("the full example makes no BGPPeer")
+	}
+	peer.SetName("legacy")
+	peer.SetLabels(nil)
+	if err := unstructured.SetNestedStringMap(peer.Object, map[string]string{"namespace": "fabric-passwords", "name": "old-md5"}, "spec", "passwordSecretRef"); err != nil {
+		t.Fatal(err)
+	}
+	unstructured.RemoveNestedField(peer.Object, "spec", "bfd")
+	res := schema.GroupVersionResource{Group: "vipcast.io", Version: "v1alpha1", Resource: "bgppeers"}
+	if _, err := cp.Dynamic.Resource(res).Create(ctx, peer, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Dynamic.Resource(res).Delete(context.Background(), "legacy", metav1.DeleteOptions{}) })
+	values := fullValues(t)
+	_, err := RenderAgainst(cp.Config, "full", "full-system", values)
+	if err == nil || !strings.Contains(err.Error(), "BGPPeer legacy in the cluster: spec.passwordSecretRef names the Secret fabric-passwords/old-md5") ||
+		!strings.Contains(err.Error(), "add fabric-passwords/old-md5 to speaker.bgpPasswordSecrets.secrets") {
+		t.Errorf("upgrade with an unlisted Secret: err = %v, want one naming the peer, the Secret and the value", err)
+	}
+	listed := strings.Replace(string(values), "      - network-passwords/tor-b-bfd\n", "      - network-passwords/tor-b-bfd\n      - fabric-passwords/old-md5\n", 1)
+	if listed == string(values) {
+		t.Fatal("the full example's Secret list moved: update this test")
+	}
+	if _, err := RenderAgainst(cp.Config, "full", "full-system", []byte(listed)); err != nil {
+		t.Errorf("upgrade with the Secret listed: %v", err)
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"helm.sh/helm/v3/pkg/engine"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 )
 
 // KubeVersion is the Kubernetes version the chart is rendered for (the
@@ -47,6 +48,16 @@ type Rendered struct {
 // values (YAML, may be empty): the same steps as `helm install`, without
 // a cluster.
 func Render(name, namespace string, valuesYAML []byte) (*Rendered, error) {
+	return renderChart(name, namespace, valuesYAML, nil)
+}
+
+// RenderAgainst is Render with the templates' lookup answered by the API
+// server of cfg, as helm upgrade does.
+func RenderAgainst(cfg *rest.Config, name, namespace string, valuesYAML []byte) (*Rendered, error) {
+	return renderChart(name, namespace, valuesYAML, cfg)
+}
+
+func renderChart(name, namespace string, valuesYAML []byte, cfg *rest.Config) (*Rendered, error) {
 	ch, err := loader.Load(Dir())
 	if err != nil {
 		return nil, fmt.Errorf("loading the chart: %w", err)
@@ -71,7 +82,11 @@ func Render(name, namespace string, valuesYAML []byte) (*Rendered, error) {
 	if err != nil {
 		return nil, err
 	}
-	files, err := engine.Engine{Strict: false}.Render(ch, top)
+	eng := engine.Engine{Strict: false}
+	if cfg != nil {
+		eng = engine.New(cfg)
+	}
+	files, err := eng.Render(ch, top)
 	if err != nil {
 		return nil, err
 	}
