@@ -119,7 +119,7 @@ func (g *GoBGP) handleBFD(ctx context.Context, ev bfd.Event) {
 		reason := "BFD session down: " + ev.Diag.String()
 		g.smu.Lock()
 		if t := g.states[addr]; t != nil {
-			t.bfdDown, t.bfdDownAt = reason, time.Now()
+			t.bfdDown = reason
 			if t.state != "Established" {
 				t.reason = reason
 			}

@@ -96,10 +96,9 @@ type sessionTrack struct {
 	transitions uint64
 	// maxPrefixes is the peer's Peer.MaxPrefixes.
 	maxPrefixes uint32
-	// bfdDown, set when a BFD failure reset the session (at bfdDownAt),
-	// is the reason shown until the session is Established again.
-	bfdDown   string
-	bfdDownAt time.Time
+	// bfdDown, set when a BFD failure reset the session, is the reason
+	// shown until the session is Established again.
+	bfdDown string
 	// lastDown is why gobgp last ended the session (its disconnect
 	// message), kept until the session is Established again.
 	lastDown string

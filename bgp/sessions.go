@@ -40,7 +40,7 @@ var fsmStateName = map[bgp.FSMState]string{
 // onPeerEvent handles a gobgp peer event: it records the new state, and
 // why the session left Established or failed to reach it, and calls
 // OnSessionChange. gobgp calls it from one goroutine.
-func (g *GoBGP) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, at time.Time) {
+func (g *GoBGP) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
 	if ev == nil || ev.Type != apiutil.PEER_EVENT_STATE {
 		return
 	}
@@ -73,10 +73,6 @@ func (g *GoBGP) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, at time.Tim
 		t.transitions++
 	}
 	switch {
-	case state == "Established" && t.bfdDown != "" && !at.IsZero() && at.Before(t.bfdDownAt):
-		// gobgp made this event before BFD failed, and it arrives late
-		// (its watcher runs behind under load): the reset that
-		// follows ends this session, for the BFD reason.
 	case state == "Established":
 		t.reason, t.bfdDown = "", ""
 		g.glog.clearReason(addr)
