@@ -128,8 +128,13 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]SessionState, error) {
 			ss.Reason, ss.Since, ss.Transitions = t.reason, t.since, t.transitions
 			ss.PrefixLimitShutdowns, ss.ReopenAt = t.limitShutdowns, t.reopenAt
 			if t.state != ss.State {
-				// The watcher has not seen this change yet.
+				// The watcher has not seen this change yet. A session
+				// that left Established after a BFD failure went down
+				// for BFD, whatever gobgp's log says of its Cease.
 				ss.Since = time.Time{}
+				if ss.State != "Established" && t.bfdDown != "" {
+					ss.Reason = t.bfdDown
+				}
 			}
 		}
 		g.smu.Unlock()
