@@ -14,6 +14,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -45,6 +46,16 @@ func attacks(t *testing.T, l *lab.Lab) {
 
 func strangerToHostPorts(t *testing.T, l *lab.Lab) {
 	node1, client := l.Nodes[0], netip.MustParseAddr("192.168.50.2")
+	// BFD on for the attack (fabric turned it off): the guard's BFD rule
+	// is there while the node runs BFD sessions. Off again after, as the
+	// scenarios that follow expect.
+	if err := l.SetPeerBFD(t.Context(), true); err != nil {
+		t.Fatal(err)
+	}
+	defer bfdOff(t, l)
+	if err := l.ToR.WaitBFDUp(node1.Addr, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	const bfdDrops, metricsDrops = `vipcast_ipvs_guard_dropped_packets_total{reason="bfd"}`, `vipcast_ipvs_guard_dropped_packets_total{reason="metrics"}`
 	metric := func(series string) float64 {
 		t.Helper()
@@ -84,8 +95,37 @@ func strangerToHostPorts(t *testing.T, l *lab.Lab) {
 	} else {
 		t.Logf("%s's host guard dropped %v BFD packets (of %d) and %v packets to the metrics port from the client", node1.Name, bfdGot, 2*sent, metricsGot)
 	}
+	if p, err := l.ToR.BFDPeer(node1.Addr); err != nil || p.Status != "up" {
+		t.Errorf("the ToR's BFD session with %s: %+v, %v; want up", node1.Name, p, err)
+	}
 	if st, err := l.ToR.Neighbor(node1.Addr); err != nil || st.State != "Established" {
 		t.Errorf("the ToR's session with %s: %+v, %v; want Established", node1.Name, st, err)
+	}
+}
+
+// bfdOff turns BFD off in the lab's BGPPeer and waits until the ToR's BFD
+// sessions are no longer up and its BGP sessions with every node are
+// Established again (FRR's bgpd restarts them when BFD goes AdminDown).
+func bfdOff(t *testing.T, l *lab.Lab) {
+	ctx := context.Background()
+	if err := l.SetPeerBFD(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range l.Nodes {
+		if err := waitBFDNotUp(ctx, l, n.Addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		for _, n := range l.Nodes {
+			if st, err := l.ToR.Neighbor(n.Addr); err != nil || st.State != "Established" {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("the ToR's sessions with the nodes not Established a minute after BFD was turned off: %v", err)
 	}
 }
 
