@@ -118,7 +118,11 @@ func bfdOff(t *testing.T, l *lab.Lab) {
 	}
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		for _, n := range l.Nodes {
-			if st, err := l.ToR.Neighbor(n.Addr); err != nil || st.State != "Established" {
+			st, err := l.ToR.Neighbor(n.Addr)
+			if err != nil {
+				return false, err
+			}
+			if st.State != "Established" {
 				return false, nil
 			}
 		}
