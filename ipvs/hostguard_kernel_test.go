@@ -46,21 +46,7 @@ func TestKernelHostGuard(t *testing.T) {
 	for i, port := range []int{bfdSingleHopPort, bfdMultihopPort} {
 		bfd[i] = nsUDP(t, f.nodes[0], netip.AddrPortFrom(nodeA, uint16(port))) //nolint:gosec // BFD's ports
 	}
-	var ln net.Listener
-	must(t, inNS(t, f.nodes[0], func() (err error) {
-		ln, err = net.Listen("tcp4", metrics.String())
-		return err
-	}))
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	serve(t, f.nodes[0], metrics.Addr().String(), int(metrics.Port()), "metrics")
 
 	reaches := func(from netip.Addr, port int, recv <-chan string) bool {
 		return sendUDPFrom(t, f.client, from, netip.AddrPortFrom(nodeA, uint16(port)), recv) //nolint:gosec // BFD's ports
