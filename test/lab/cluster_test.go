@@ -76,11 +76,14 @@ func TestCluster(t *testing.T) {
 				kubeProxyFlush(t, l, vip)
 			}
 		})
+		logSessions(t, l, mode)
 		if !ok {
 			return
 		}
 	}
-	if !t.Run("sourceranges", func(t *testing.T) { sourceRanges(t, l, vip, true) }) {
+	ok := t.Run("sourceranges", func(t *testing.T) { sourceRanges(t, l, vip, true) })
+	logSessions(t, l, "sourceranges")
+	if !ok {
 		return
 	}
 	scenarios := []struct {
@@ -107,10 +110,30 @@ func TestCluster(t *testing.T) {
 		{"lifecycle", func(t *testing.T) { clusterLifecycle(t, l, vip) }},
 	}
 	for _, sc := range scenarios {
-		if !t.Run(sc.name, sc.run) {
+		ok := t.Run(sc.name, sc.run)
+		logSessions(t, l, sc.name)
+		if !ok {
 			return
 		}
 	}
+}
+
+// logSessions logs the ToR's count of each node's session drops and the
+// last one's reason after a scenario, so that a later scenario's failure
+// on a flapped session can be told from the flaps the ones before it
+// caused on purpose.
+func logSessions(t *testing.T, l *lab.Lab, after string) {
+	t.Helper()
+	var b strings.Builder
+	for _, n := range l.Nodes {
+		st, err := l.ToR.Neighbor(n.Addr)
+		if err != nil {
+			fmt.Fprintf(&b, "; %s: %v", n.Name, err)
+			continue
+		}
+		fmt.Fprintf(&b, "; %s %s, dropped %d times (last: %q)", n.Name, st.State, st.DroppedCount, st.LastReset)
+	}
+	t.Logf("after %s, the ToR's sessions%s", after, b.String())
 }
 
 // clusterResync is the speakers' --resync-period and

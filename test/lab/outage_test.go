@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,7 +115,7 @@ func readFabric(t *testing.T, l *lab.Lab, vip netip.Addr) fabricState {
 
 // sameFabric fails the test where now differs from before: a next hop, a
 // session that flapped or received an UPDATE, or an IPVS table.
-func sameFabric(t *testing.T, when string, before, now fabricState) {
+func sameFabric(t *testing.T, l *lab.Lab, when string, before, now fabricState) {
 	t.Helper()
 	if !slices.Equal(before.nextHops, now.nextHops) {
 		t.Errorf("%s: the ToR's next hops changed from %v to %v", when, before.nextHops, now.nextHops)
@@ -124,7 +125,7 @@ func sameFabric(t *testing.T, when string, before, now fabricState) {
 	for name, b := range before.sessions {
 		n := now.sessions[name]
 		if n.State != "Established" || n.EstablishedCount != b.EstablishedCount || n.DroppedCount != b.DroppedCount {
-			t.Errorf("%s: the ToR's session with %s flapped: before %+v, now %+v", when, name, b, n)
+			t.Errorf("%s: the ToR's session with %s flapped (last reset: %q): before %+v, now %+v; %s", when, name, n.LastReset, b, n, speakerTail(t, l, name))
 		}
 		if n.UpdatesRecv != b.UpdatesRecv {
 			t.Errorf("%s: the ToR received %d UPDATEs from %s, want none", when, n.UpdatesRecv-b.UpdatesRecv, name)
@@ -133,6 +134,25 @@ func sameFabric(t *testing.T, when string, before, now fabricState) {
 			t.Errorf("%s: %s's IPVS changed from %+v to %+v", when, name, before.ipvs[name], now.ipvs[name])
 		}
 	}
+}
+
+// speakerTail is the last lines of the named node's speaker logs, for a
+// failure's message.
+func speakerTail(t *testing.T, l *lab.Lab, node string) string {
+	t.Helper()
+	const n = 15
+	for _, nd := range l.Nodes {
+		if nd.Name != node {
+			continue
+		}
+		lines, err := nd.SpeakerLogLines(t.Context(), "")
+		if err != nil {
+			return fmt.Sprintf("its speaker's logs: %v", err)
+		}
+		slices.Sort(lines) // each run's file; CRI lines start with their time
+		return fmt.Sprintf("its speaker's last %d log lines:\n%s", min(n, len(lines)), strings.Join(lines[max(0, len(lines)-n):], "\n"))
+	}
+	return "no node " + node
 }
 
 // outageRun stops the API server with stop for the outage, checks that
@@ -156,7 +176,7 @@ func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage,
 	time.Sleep(15 * time.Second)
 	contact := readMetric(t, l, lastContact)
 	time.Sleep(outage - 15*time.Second)
-	sameFabric(t, fmt.Sprintf("%s, %v into the outage", name, outage), before, readFabric(t, l, vip))
+	sameFabric(t, l, fmt.Sprintf("%s, %v into the outage", name, outage), before, readFabric(t, l, vip))
 	if now := readMetric(t, l, lastContact); !reflect.DeepEqual(now, contact) {
 		t.Errorf("%s: %s went from %v to %v during the outage, want no contact", name, lastContact, contact, now)
 	}
@@ -165,7 +185,7 @@ func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage,
 		t.Fatalf("%s: starting the API server again: %v", name, err)
 	}
 	time.Sleep(2*resync + 12*time.Second) // two resyncs and a probe after the return
-	sameFabric(t, name+", after the API server returned", before, readFabric(t, l, vip))
+	sameFabric(t, l, name+", after the API server returned", before, readFabric(t, l, vip))
 	checkHeld(t, held, name+" after the outage", exchanges)
 	for node, v := range readMetric(t, l, lastContact) {
 		if v <= contact[node] {
