@@ -163,6 +163,35 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 		time.Sleep(time.Second)
 		return nil
 	}
+	// drainFirst runs change, which makes node1 withdraw and its
+	// endpoints terminate, in the order that moves flows to a tier 1
+	// that no longer picks node1: node1's speaker frozen, so that it
+	// cannot withdraw yet, until node2's tier 1 gives node1 weight 0.
+	// Otherwise the two nodes' updates race: when the ToR moves node1's
+	// flows before node2 drains node1, node2 still sends them to node1
+	// and keeps those connections there, and the event moves no flow
+	// that needs the sync daemons (seen in TwoTierNoSync's control: all
+	// survived). One tier has no tier 1 to wait for.
+	drainFirst := func(change func() error) func() error {
+		if !twoTier {
+			return change
+		}
+		return func() error {
+			if err := node1.Speaker(ctx, "STOP", false); err != nil {
+				return err
+			}
+			defer func() {
+				if err := node1.Speaker(context.WithoutCancel(ctx), "CONT", false); err != nil {
+					t.Error(err)
+				}
+			}()
+			if err := change(); err != nil {
+				return err
+			}
+			waitIPVS(t, node2, vip, []string{"100.127.0.11:80 w0 ipip", "100.127.0.12:80 w2 ipip"})
+			return nil
+		}
+	}
 	// Each event: prepare (the ECMP group before the flows open), change
 	// it (the ToR moves flows), then change it back; the route over each
 	// step.
@@ -187,12 +216,12 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 		// withdraws) and its endpoints terminating (tier 1 gives it
 		// weight 0); then ready again and uncordoned.
 		{drained, none,
-			func() error {
+			drainFirst(func() error {
 				if err := cordon(node1, "cordon")(); err != nil {
 					return err
 				}
 				return l.SetEndpoints(ctx, ready[2:], ready[:2])
-			},
+			}),
 			func() error {
 				if err := l.SetEndpoints(ctx, ready, nil); err != nil {
 					return err
@@ -212,7 +241,7 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 		// picks node1, and only the connections node1 shared with it
 		// (the IPVS sync daemons) keep node1's pods' flows.
 		{localTerminating, toLocal,
-			func() error { return l.SetEndpoints(ctx, ready[2:], ready[:2]) },
+			drainFirst(func() error { return l.SetEndpoints(ctx, ready[2:], ready[:2]) }),
 			func() error { return l.SetEndpoints(ctx, ready, nil) },
 			[]*lab.Node{node1, node2}, []*lab.Node{node2}, []*lab.Node{node1, node2}},
 	}
