@@ -225,6 +225,11 @@ func (v *View) tunnelsOf(fam int) map[string]netip.Addr {
 // ready (view.speakerReady) drains: see drainUnready.
 func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, view *View, fams [2]bool) ([][2]tiers, []string) {
 	all := dataplaneBackendsByNode(svc, endpointSlices, ports)
+	// Tier 2 is this node's endpoints under the Local rules: they fall
+	// back to serving terminating ones when none of them is ready, even
+	// while tier 1, whose weights follow every node's, sends this node
+	// no new flow.
+	locals := dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, true)
 	out := make([][2]tiers, len(ports))
 	var problems []string
 	// unreachable: nodes without a way in, each with the kind of tunnel
@@ -239,7 +244,7 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 			}
 			for node, bs := range all[i][fam] {
 				if node == view.Node.Name {
-					out[i][fam].local = sortBackends(bs)
+					out[i][fam].local = locals[i][fam]
 				}
 				tunnel, ok := view.tunnelsOf(fam)[node]
 				if !ok || node == "" {
@@ -326,6 +331,7 @@ func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.Endp
 	for i := range out {
 		out[i] = [2]map[string][]ipvs.Backend{{}, {}}
 	}
+	rd := scanEndpoints(svc, endpointSlices, ports, "")
 	targets := make([]uint16, len(ports))
 	for _, s := range endpointSlices {
 		slot, ok := sliceSlot(s)
@@ -334,8 +340,9 @@ func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.Endp
 		}
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
-			addr, weight, ok := endpointBackend(e)
-			if !ok || famSlot(addr) != slot {
+			addr, ok := endpointAddr(e)
+			st := stateOf(e)
+			if !ok || famSlot(addr) != slot || st == epExcluded {
 				continue
 			}
 			node := ""
@@ -344,7 +351,7 @@ func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.Endp
 			}
 			for j, tp := range targets {
 				if tp != 0 {
-					out[j][slot][node] = append(out[j][slot][node], ipvs.Backend{Addr: addr, Port: tp, Weight: weight})
+					out[j][slot][node] = append(out[j][slot][node], ipvs.Backend{Addr: addr, Port: tp, Weight: st.weight(rd[j][slot].fallback(false))})
 				}
 			}
 		}
@@ -417,6 +424,7 @@ func compareDataplanePort(a, b dataplanePort) int {
 // slot, the sorted, deduplicated backends of the families in fams.
 func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, fams [2]bool, nodeName string, local bool) [][2][]ipvs.Backend {
 	out := backendBuffers(svc, endpointSlices, len(ports), fams, nodeName, local)
+	rd := scanEndpoints(svc, endpointSlices, ports, nodeName)
 	targets := make([]uint16, len(ports)) // target port per ServicePort in the current slice
 	for _, s := range endpointSlices {
 		slot, ok := sliceSlot(s)
@@ -428,13 +436,14 @@ func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSl
 			if local && !onNode(e, nodeName) {
 				continue
 			}
-			addr, weight, ok := endpointBackend(e)
-			if !ok || famSlot(addr) != slot {
+			addr, ok := endpointAddr(e)
+			st := stateOf(e)
+			if !ok || famSlot(addr) != slot || st == epExcluded {
 				continue
 			}
 			for j, tp := range targets {
 				if tp != 0 {
-					out[j][slot] = append(out[j][slot], ipvs.Backend{Addr: addr, Port: tp, Weight: weight})
+					out[j][slot] = append(out[j][slot], ipvs.Backend{Addr: addr, Port: tp, Weight: st.weight(rd[j][slot].fallback(local))})
 				}
 			}
 		}
@@ -483,30 +492,6 @@ func backendBuffers(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice
 		}
 	}
 	return out
-}
-
-// endpointBackend returns an endpoint's address and weight: 1 when it is
-// ready (conditions.ready true or unset), 0 when it is terminating and not
-// ready (it drains). It reports false for an endpoint that is neither, or
-// whose first address is missing, zoned, unspecified or unparsable.
-func endpointBackend(e *discoveryv1.Endpoint) (netip.Addr, int, bool) {
-	if len(e.Addresses) == 0 {
-		return netip.Addr{}, 0, false
-	}
-	var weight int
-	switch c := e.Conditions; {
-	case c.Ready == nil || *c.Ready:
-		weight = 1
-	case c.Terminating != nil && *c.Terminating:
-		weight = 0 // drain
-	default:
-		return netip.Addr{}, 0, false
-	}
-	addr, err := netip.ParseAddr(e.Addresses[0])
-	if err != nil || addr.Zone() != "" || addr.IsUnspecified() {
-		return netip.Addr{}, 0, false
-	}
-	return addr.Unmap(), weight, true
 }
 
 // sliceTargets sets targets[i] to the port of s named like ports[i] with

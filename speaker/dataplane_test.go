@@ -68,9 +68,9 @@ func eport(name string, port int32, proto v1.Protocol) discoveryv1.EndpointPort 
 // dpEP is an endpoint: its address, node ("" leaves nodeName unset) and
 // conditions (nil: unset).
 type dpEP struct {
-	addr        string
-	node        string
-	ready, term *bool
+	addr                 string
+	node                 string
+	ready, serving, term *bool
 }
 
 func readyEP(addr, node string) dpEP { return dpEP{addr: addr, node: node, ready: yes} }
@@ -93,7 +93,7 @@ func dpSlice(fam discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps 
 func (e dpEP) endpoint() discoveryv1.Endpoint {
 	ep := discoveryv1.Endpoint{
 		Addresses:  []string{e.addr},
-		Conditions: discoveryv1.EndpointConditions{Ready: e.ready, Terminating: e.term},
+		Conditions: discoveryv1.EndpointConditions{Ready: e.ready, Serving: e.serving, Terminating: e.term},
 	}
 	if e.node != "" {
 		ep.NodeName = ptr.To(e.node)
@@ -280,15 +280,46 @@ func TestServiceDataplane(t *testing.T) {
 		{name: "ready unset or true: weight 1; false: left out; terminating: weight 0",
 			svc: dpSvc("192.0.2.10"),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts,
-				dpEP{addr: "10.244.0.1", node: "n2"},                        // ready unset
-				dpEP{addr: "10.244.0.2", node: "n2", ready: yes, term: no},  // ready
-				dpEP{addr: "10.244.0.3", node: "n2", ready: no},             // not ready
-				dpEP{addr: "10.244.0.4", node: "n2", ready: no, term: no},   // not ready
-				termEP("10.244.0.5", "n2"),                                  // draining
-				dpEP{addr: "10.244.0.6", node: "n2", ready: yes, term: yes}, // ready wins
+				dpEP{addr: "10.244.0.1", node: "n2"},                                    // ready unset
+				dpEP{addr: "10.244.0.2", node: "n2", ready: yes, term: no},              // ready
+				dpEP{addr: "10.244.0.3", node: "n2", ready: no},                         // not ready
+				dpEP{addr: "10.244.0.4", node: "n2", ready: no, term: no},               // not ready
+				termEP("10.244.0.5", "n2"),                                              // serving, terminating: drains while some are ready
+				dpEP{addr: "10.244.0.6", node: "n2", ready: yes, term: yes},             // ready wins
+				dpEP{addr: "10.244.0.7", node: "n2", ready: no, serving: no, term: yes}, // no longer serving: drains
 			)},
 			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP,
-				be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1), be("10.244.0.5", 8080, 0), be("10.244.0.6", 8080, 1))}},
+				be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1), be("10.244.0.5", 8080, 0), be("10.244.0.6", 8080, 1), be("10.244.0.7", 8080, 0))}},
+		// KEP-1669, as kube-proxy's CategorizeEndpoints: when no endpoint
+		// of the category is ready, the serving terminating ones take new
+		// flows; those that no longer serve never do.
+		{name: "no ready endpoint: serving terminating ones get weight 1, the others 0",
+			svc: dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts,
+				termEP("10.244.0.1", "n2"),
+				dpEP{addr: "10.244.0.2", node: "n3", ready: no, serving: yes, term: yes},
+				dpEP{addr: "10.244.0.3", node: "n2", ready: no, serving: no, term: yes},
+				dpEP{addr: "10.244.0.4", node: "n2", ready: no, serving: yes}, // not terminating: out
+			)},
+			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP,
+				be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1), be("10.244.0.3", 8080, 0))}},
+		{name: "Local: no ready endpoint on this node: its serving terminating ones, though other nodes have ready ones",
+			svc: local(dpSvc("192.0.2.10")),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts,
+				termEP("10.244.0.1", "n1"), readyEP("10.244.0.2", "n2"),
+				dpEP{addr: "10.244.0.3", node: "n1", ready: no, serving: no, term: yes})},
+			want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP,
+				be("10.244.0.1", 8080, 1), be("10.244.0.3", 8080, 0)), noSNAT)}},
+		{name: "the fallback is per port: one port's ready endpoints leave the other's terminating ones",
+			svc: withPorts(dpSvc("192.0.2.10"), sport("http", 80, v1.ProtocolTCP), sport("alt", 81, v1.ProtocolTCP)),
+			slices: []*discoveryv1.EndpointSlice{
+				dpSlice(v4, ports(eport("http", 8080, ""), eport("alt", 8081, "")), termEP("10.244.0.1", "n2")),
+				dpSlice(v4, ports(eport("http", 8080, "")), readyEP("10.244.0.2", "n2")),
+			},
+			want: []ipvs.Service{
+				vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 0), be("10.244.0.2", 8080, 1)),
+				vs("192.0.2.10", 81, ipvs.TCP, be("10.244.0.1", 8081, 1)),
+			}},
 		{name: "endpoint without address or with a bad one skipped",
 			svc: dpSvc("192.0.2.10"),
 			slices: func() []*discoveryv1.EndpointSlice {
@@ -563,7 +594,7 @@ func fuzzInput(r *fuzzBytes) (*v1.Service, []*discoveryv1.EndpointSlice) {
 		sl := dpSlice(fuzzFams[head&3], ps)
 		for range n {
 			a, c := r.next(), r.next()
-			e := dpEP{addr: fuzzAddrs[a&7], node: fuzzNodes[a>>3&3], ready: fuzzConds[c&3], term: fuzzConds[c>>2&3]}
+			e := dpEP{addr: fuzzAddrs[a&7], node: fuzzNodes[a>>3&3], ready: fuzzConds[c&3], term: fuzzConds[c>>2&3], serving: fuzzConds[c>>4&3]}
 			sl.Endpoints = append(sl.Endpoints, e.endpoint())
 		}
 		eps = append(eps, sl)
@@ -607,6 +638,11 @@ func naiveDataplane(svc *v1.Service, eps []*discoveryv1.EndpointSlice, view *Vie
 		persistent = 10800
 	}
 	isLocal := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	type cand struct {
+		ap   netip.AddrPort
+		rank int // 2 ready, 1 serving and terminating, 0 terminating
+	}
+	cands := map[ipvs.Key][]cand{}
 	for _, ing := range svc.Status.LoadBalancer.Ingress {
 		vip := netip.MustParseAddr(ing.IP).Unmap()
 		if view.PoolFor(vip) == nil {
@@ -648,16 +684,32 @@ func naiveDataplane(svc *v1.Service, eps []*discoveryv1.EndpointSlice, view *Vie
 					}
 					ap := netip.AddrPortFrom(a.Unmap(), uint16(target))
 					ready := e.Conditions.Ready == nil || *e.Conditions.Ready
+					serving := e.Conditions.Serving == nil || *e.Conditions.Serving
 					term := e.Conditions.Terminating != nil && *e.Conditions.Terminating
 					switch {
 					case ready:
-						ms.backends[ap] = 1
+						cands[key] = append(cands[key], cand{ap, 2})
+					case term && serving:
+						cands[key] = append(cands[key], cand{ap, 1})
 					case term:
-						if _, seen := ms.backends[ap]; !seen {
-							ms.backends[ap] = 0
-						}
+						cands[key] = append(cands[key], cand{ap, 0})
 					}
 				}
+			}
+		}
+	}
+	// Weights: ready 1; serving and terminating 1 when no candidate of
+	// the virtual server is ready, else 0; not serving 0. An address seen
+	// twice keeps its highest weight.
+	for key, cs := range cands {
+		anyReady := slices.ContainsFunc(cs, func(c cand) bool { return c.rank == 2 })
+		for _, c := range cs {
+			w := 0
+			if c.rank == 2 || (c.rank == 1 && !anyReady) {
+				w = 1
+			}
+			if old, seen := m[key].backends[c.ap]; !seen || w > old {
+				m[key].backends[c.ap] = w
 			}
 		}
 	}
@@ -832,12 +884,26 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 			problems: []string{"without nodeName", "node n3 get no traffic: that node has no tunnel address"},
 		},
 		{
-			name: "a node whose endpoints all terminate drains",
+			// Tier 1 follows every node's ready endpoints; tier 2 is
+			// this node's under the Local rules, so the flows that still
+			// reach it (a node whose tier 1 has not drained it yet) get
+			// its serving terminating pod rather than a drop.
+			name: "a node whose endpoints all terminate drains in tier 1, and its tier 2 falls back to them",
 			svc:  dpSvc("192.0.2.10"),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
-				termEP("10.1.0.3", "n1"), readyEP("10.2.0.1", "n2"))},
+				termEP("10.1.0.3", "n1"), readyEP("10.2.0.1", "n2"),
+				dpEP{addr: "10.1.0.4", node: "n1", ready: no, serving: no, term: yes})},
 			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 0), tun("10.52.0.2", 1)},
-				[]ipvs.Backend{be("10.1.0.3", 8080, 0)})},
+				[]ipvs.Backend{be("10.1.0.3", 8080, 1), be("10.1.0.4", 8080, 0)})},
+		},
+		{
+			name: "no ready endpoint anywhere: tier 1 weighs nodes by their serving terminating endpoints",
+			svc:  dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
+				termEP("10.1.0.3", "n1"), termEP("10.2.0.1", "n2"), termEP("10.2.0.2", "n2"),
+				dpEP{addr: "10.1.0.4", node: "n1", ready: no, serving: no, term: yes})},
+			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 1), tun("10.52.0.2", 2)},
+				[]ipvs.Backend{be("10.1.0.3", 8080, 1), be("10.1.0.4", 8080, 0)})},
 		},
 		{
 			name: "no endpoint on this node: tier 1 only",

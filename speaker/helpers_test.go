@@ -51,11 +51,12 @@ func local(s *v1.Service) *v1.Service {
 	return s
 }
 
-// ep is an endpoint on node with the given ready condition (nil: unset).
+// ep is an endpoint on node with the given ready and serving conditions
+// (nil: unset).
 type ep struct {
-	node  string
-	ready *bool
-	term  bool
+	node           string
+	ready, serving *bool
+	term           bool
 }
 
 // mkSlice returns an EndpointSlice of Service name with the endpoints.
@@ -72,7 +73,7 @@ func mkSlice(name string, fam discoveryv1.AddressType, eps ...ep) *discoveryv1.E
 		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
 			Addresses:  []string{addr},
 			NodeName:   ptr.To(e.node),
-			Conditions: discoveryv1.EndpointConditions{Ready: e.ready, Terminating: ptr.To(e.term)},
+			Conditions: discoveryv1.EndpointConditions{Ready: e.ready, Serving: e.serving, Terminating: ptr.To(e.term)},
 		})
 	}
 	return s

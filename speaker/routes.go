@@ -78,12 +78,12 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 		return nil, "node cordoned"
 	}
 	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
-	eps := countEndpoints(svc, endpointSlices, node.Name, local)
+	kinds := &scanEndpoints(svc, endpointSlices, nil, node.Name)[0]
 
 	routes = make([]bgp.Route, 0, len(vips))
 	var reasons []string
 	for _, vip := range vips {
-		r, why := vipRoute(vip, poolspec.HeldBy(svc.Annotations), view, &eps, local)
+		r, why := vipRoute(vip, poolspec.HeldBy(svc.Annotations), view, kinds, local)
 		if why != "" {
 			if !slices.Contains(reasons, why) {
 				reasons = append(reasons, why)
@@ -106,7 +106,7 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 // vipRoute returns the route of one VIP of a Service whose vipcast.io/pool
 // annotation is named under ServiceRoutes' rules, or why it is not
 // announced.
-func vipRoute(vip netip.Addr, named string, view *View, eps *endpointCounts, local bool) (bgp.Route, string) {
+func vipRoute(vip netip.Addr, named string, view *View, kinds *[2]endpointKinds, local bool) (bgp.Route, string) {
 	pool := view.HolderFor(vip, named)
 	switch {
 	case pool == nil:
@@ -114,7 +114,7 @@ func vipRoute(vip netip.Addr, named string, view *View, eps *endpointCounts, loc
 	case pool.Disabled != "":
 		return bgp.Route{}, pool.Disabled
 	}
-	if msg := eps.missing(vip, local); msg != "" {
+	if msg := missing(kinds, vip, local); msg != "" {
 		return bgp.Route{}, msg
 	}
 	nh, ok := view.Node.NextHop(vip)
@@ -141,56 +141,22 @@ func vipRoute(vip netip.Addr, named string, view *View, eps *endpointCounts, loc
 	}, ""
 }
 
-// endpointCounts records, per family (0 IPv4, 1 IPv6), whether a ready
-// endpoint exists anywhere and on this node.
-type endpointCounts struct {
-	any, local [2]bool
-}
-
-// countEndpoints scans the Service's EndpointSlices. Slices of another
-// Service (by namespace or kubernetes.io/service-name label) and FQDN
-// slices are ignored. Without wantLocal, a slice is left at its first ready
-// endpoint.
-func countEndpoints(svc *v1.Service, eps []*discoveryv1.EndpointSlice, nodeName string, wantLocal bool) endpointCounts {
-	var c endpointCounts
-	for _, s := range eps {
-		slot, ok := sliceSlot(s)
-		if !ok || !ownSlice(svc, s) {
-			continue
-		}
-		for i := range s.Endpoints {
-			ep := &s.Endpoints[i]
-			if len(ep.Addresses) == 0 || (ep.Conditions.Ready != nil && !*ep.Conditions.Ready) {
-				continue
-			}
-			c.any[slot] = true
-			if !wantLocal {
-				break // nothing more to learn from this slice
-			}
-			if ep.NodeName != nil && *ep.NodeName == nodeName {
-				c.local[slot] = true
-				break
-			}
-		}
-	}
-	return c
-}
-
-// missing returns why vip may not be announced for lack of endpoints, or "".
-func (c *endpointCounts) missing(vip netip.Addr, local bool) string {
+// missing returns why vip may not be announced for lack of endpoints
+// (endpointKinds.announces), or "". kinds are the Service's, per family.
+func missing(kinds *[2]endpointKinds, vip netip.Addr, local bool) string {
 	slot := famSlot(vip)
-	have := c.any
-	if local {
-		have = c.local
-	}
-	switch {
-	case have[slot]:
+	if kinds[slot].announces(local) {
 		return ""
-	case local && have[1-slot]:
+	}
+	other := kinds[1-slot].announces(local)
+	switch {
+	case local && kinds[slot].localServing:
+		return fmt.Sprintf("externalTrafficPolicy Local and this node's %s endpoints for VIP %s are all terminating, while other nodes have ready ones", familyName(vip), vip)
+	case local && other:
 		return fmt.Sprintf("externalTrafficPolicy Local and no ready %s endpoint on this node for VIP %s", familyName(vip), vip)
 	case local:
 		return "externalTrafficPolicy Local and no ready endpoint on this node"
-	case have[1-slot]:
+	case other:
 		return fmt.Sprintf("no ready %s endpoints for VIP %s", familyName(vip), vip)
 	}
 	return "no ready endpoints"
