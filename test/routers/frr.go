@@ -358,11 +358,6 @@ type NeighborState struct {
 	// UpdatesRecv counts the UPDATE messages received from the neighbor
 	// (FRR's messageStats.updatesRecv).
 	UpdatesRecv int
-	// LastReset is why the session last went down (FRR's lastResetDueTo,
-	// such as "Hold Timer Expired" or "BFD down received"), with the
-	// last NOTIFICATION's reason when there was one; empty until it first
-	// goes down.
-	LastReset string
 }
 
 // Neighbor returns the state of the session with the neighbor at addr.
@@ -372,8 +367,6 @@ func (f *FRR) Neighbor(addr netip.Addr) (NeighborState, error) {
 		Established int    `json:"connectionsEstablished"`
 		Dropped     int    `json:"connectionsDropped"`
 		UptimeMsec  int64  `json:"bgpTimerUpMsec"`
-		ResetDueTo  string `json:"lastResetDueTo"`
-		Notified    string `json:"lastNotificationReason"`
 		Stats       struct {
 			UpdatesRecv int `json:"updatesRecv"`
 		} `json:"messageStats"`
@@ -388,10 +381,7 @@ func (f *FRR) Neighbor(addr netip.Addr) (NeighborState, error) {
 	if !ok {
 		return NeighborState{}, fmt.Errorf("frr has no neighbor %s", addr)
 	}
-	s := NeighborState{State: n.State, EstablishedCount: n.Established, DroppedCount: n.Dropped, UptimeMsec: n.UptimeMsec, UpdatesRecv: n.Stats.UpdatesRecv, LastReset: n.ResetDueTo}
-	if n.Notified != "" {
-		s.LastReset += " (" + n.Notified + ")"
-	}
+	s := NeighborState{State: n.State, EstablishedCount: n.Established, DroppedCount: n.Dropped, UptimeMsec: n.UptimeMsec, UpdatesRecv: n.Stats.UpdatesRecv}
 	for _, af := range n.AFI {
 		s.PfxRcd += af.Accepted
 	}
