@@ -23,16 +23,21 @@ import (
 // each kept open and exchanging one HTTP request (one datagram) every
 // interval, so a test can tell whether established flows survive an event.
 // Every flow must keep reaching the pod that answered it first; a UDP flow
-// may lose two datagrams in a row, not three, and its pod must keep seeing
-// the same client address. A TCP exchange may take up to tcpBroken: a
+// may go unanswered for up to udpBroken, and its pod must keep seeing the
+// same client address. A TCP exchange may take up to tcpBroken: a
 // connection that is reset or answered by another pod fails at once, and
 // one that is black-holed never recovers, while the emulated nodes,
 // starved of CPU on a busy host, can hold a healthy connection's answer
 // for seconds, and TCP's retransmission backoff stretches a few lost
 // segments into more (resent after 0.2, 0.6, 1.4, 3, 6.2, 12.6, 25.4 s).
-// Settle waits until every connection has answered again or failed, so a
-// stall cannot pass for survival; Stalls reports the slow exchanges.
+// A UDP flow's silence has the same causes as a TCP stall (a datagram
+// answered after its one-second deadline is lost to the count), and a
+// flow moved to another pod or dropped for good still fails. Settle waits
+// until every connection has answered again or failed, so a stall cannot
+// pass for survival; Stalls reports the slow exchanges, or for UDP the
+// unanswered datagrams and the longest silence.
 type Held struct {
+	udp    bool
 	mu     sync.Mutex
 	failed map[int]string // connection → what broke it
 	rounds []int          // completed exchanges per connection
@@ -40,6 +45,8 @@ type Held struct {
 	began []time.Time
 	// stalls counts TCP exchanges that took longer than stallShown;
 	// longest is the longest exchange, and longestAt when it ended.
+	// For UDP, stalls counts unanswered datagrams and longest is the
+	// longest time between two answers of one flow.
 	stalls    int
 	longest   time.Duration
 	longestAt time.Time
@@ -53,6 +60,13 @@ const (
 	tcpBroken  = time.Minute
 	stallShown = time.Second
 )
+
+// udpBroken is how long a UDP flow may go unanswered: long enough for the
+// emulated nodes' stalls of a few seconds (TCP rides them out on
+// retransmission; three lost datagrams in a row once failed flows whose
+// TCP neighbours stalled 2.6 s), short enough that a flow black-holed for
+// good fails well within an event.
+const udpBroken = 10 * time.Second
 
 // Hold opens n connections from the client namespace to addr (each
 // answered once before Hold returns) and keeps each exchanging a request
@@ -69,7 +83,7 @@ func (l *Lab) HoldUDP(ctx context.Context, addr netip.AddrPort, n int, interval 
 
 func (l *Lab) hold(ctx context.Context, network string, addr netip.AddrPort, n int, interval time.Duration) (*Held, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	h := &Held{failed: map[int]string{}, rounds: make([]int, n), began: make([]time.Time, n), cancel: cancel}
+	h := &Held{udp: network == "udp", failed: map[int]string{}, rounds: make([]int, n), began: make([]time.Time, n), cancel: cancel}
 	conns := make([]*heldConn, 0, n)
 	for i := range n {
 		c, err := dialHeld(ctx, l, network, addr)
@@ -186,7 +200,7 @@ func (h *Held) run(ctx context.Context, i int, c *heldConn, interval time.Durati
 	defer func() { _ = c.conn.Close() }()
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	lost := 0 // UDP datagrams unanswered in a row
+	answered := time.Now() // the UDP flow's last answer
 	for {
 		select {
 		case <-ctx.Done():
@@ -208,11 +222,20 @@ func (h *Held) run(ctx context.Context, i int, c *heldConn, interval time.Durati
 			}
 			h.mu.Unlock()
 		}
-		if c.udp && errors.Is(err, os.ErrDeadlineExceeded) && lost < 2 {
-			lost++
+		if c.udp && errors.Is(err, os.ErrDeadlineExceeded) && time.Since(answered) < udpBroken {
+			h.mu.Lock()
+			h.stalls++
+			h.mu.Unlock()
 			continue
 		}
-		lost = 0
+		if c.udp && err == nil {
+			h.mu.Lock()
+			if gap := time.Since(answered); gap > h.longest {
+				h.longest, h.longestAt = gap, time.Now()
+			}
+			h.mu.Unlock()
+			answered = time.Now()
+		}
 		h.mu.Lock()
 		switch {
 		case err != nil:
@@ -270,12 +293,16 @@ func (h *Held) Settle(ctx context.Context) {
 }
 
 // Stalls describes the TCP exchanges that took more than a second and the
-// longest one: figures for a test's log, not failures.
+// longest one, or a UDP set's unanswered datagrams and longest silence:
+// figures for a test's log, not failures.
 func (h *Held) Stalls() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.longest == 0 {
 		return "no exchange yet"
+	}
+	if h.udp {
+		return fmt.Sprintf("%d datagrams unanswered, the longest silence %s, ended %s", h.stalls, h.longest.Round(time.Millisecond), h.longestAt.Format("15:04:05.000"))
 	}
 	return fmt.Sprintf("%d exchanges over %s, the longest %s, ended %s", h.stalls, stallShown, h.longest.Round(time.Millisecond), h.longestAt.Format("15:04:05.000"))
 }

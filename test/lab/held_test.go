@@ -18,9 +18,9 @@ import (
 // heldInterval: 150 exchanges a second, which the two emulated nodes carry
 // beside their kubelet, kube-proxy and pods without stalling. At 500 a
 // second, through two tiers, single exchanges took up to 6 s during the
-// events, which TCP rode out and most UDP flows (three datagrams lost in a
-// row) did not; at 2,500 a node's kubelet took over 35 s to restart an
-// exited speaker.
+// events, which TCP rode out and most UDP flows (then failed at three
+// datagrams lost in a row) did not; at 2,500 a node's kubelet took over
+// 35 s to restart an exited speaker.
 const (
 	heldFlows    = 100
 	heldUDP      = 50
@@ -296,12 +296,13 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 		back := waitRoute(t, l, vip, time.Minute, ev.backTo...)
 		time.Sleep(3 * time.Second)
 		held.Settle(ctx)
+		heldU.Settle(ctx)
 		alive, exchanges, broken := held.Status()
 		aliveU, exchangesU, brokenU := heldU.Status()
 		held.Stop()
 		heldU.Stop()
-		t.Logf("%s, %s: %d of %d TCP connections and %d of %d UDP flows survived (%d and %d exchanges, TCP: %s; the ToR's route changed in %v and back in %v)",
-			setup, ev.name, alive, before, aliveU, beforeU, exchanges, exchangesU, held.Stalls(), took.Round(time.Millisecond), back.Round(time.Millisecond))
+		t.Logf("%s, %s: %d of %d TCP connections and %d of %d UDP flows survived (%d and %d exchanges, TCP: %s; UDP: %s; the ToR's route changed in %v and back in %v)",
+			setup, ev.name, alive, before, aliveU, beforeU, exchanges, exchangesU, held.Stalls(), heldU.Stalls(), took.Round(time.Millisecond), back.Round(time.Millisecond))
 		switch {
 		case twoTier && !noSync && (alive != before || aliveU != beforeU):
 			t.Errorf("%s: %d of %d TCP connections and %d of %d UDP flows survived, want all; first failures: %v %v",
