@@ -49,6 +49,10 @@ import (
 // recreates the virtual server (a restarted speaker), so the two kernels
 // list the same real servers in different orders; do the nodes agree?
 //
+// Last, sessionAffinity ClientIP as the speaker programs it (mh without
+// port hashing, persistence): every flow of the one client reaches one
+// real server, the same through both nodes.
+//
 // Asserted (deterministic: the kernel's mh and sh hash keys are constants,
 // the addresses and ports are fixed): mh agrees across nodes on ≥ 95% of
 // the flows, with the same and with different kernel orders; rr on < 60%;
@@ -76,14 +80,18 @@ func TestSchedulerConsistency(t *testing.T) {
 		spreadA, spreadB, spread3 map[string]int
 	}
 	scenarios := []struct {
-		name      string
-		scheduler string
-		flags     uint32
-		removal   bool
+		name       string
+		scheduler  string
+		flags      uint32
+		removal    bool
+		persistent uint32
 	}{
-		{"mh (default: mh-port,mh-fallback)", "", 0, true},
-		{"rr", "rr", 0, false},
-		{"sh (sh-port)", "sh", FlagSched2, true}, // IP_VS_SVC_F_SCHED_SH_PORT
+		{"mh (default: mh-port,mh-fallback)", "", 0, true, 0},
+		{"rr", "rr", 0, false, 0},
+		{"sh (sh-port)", "sh", FlagSched2, true, 0}, // IP_VS_SVC_F_SCHED_SH_PORT
+		// sessionAffinity ClientIP as the speaker programs it: mh
+		// without the port, and persistence.
+		{"mh ClientIP (mh-fallback, persistent)", "mh", FlagMHFallback, false, 600},
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	inOrder := make([]int, nFlows)
@@ -95,7 +103,7 @@ func TestSchedulerConsistency(t *testing.T) {
 		// A VIP per scheduler: every scheduler starts from a fresh
 		// virtual server (the previous one goes with the Sync).
 		vip := netip.AddrFrom4([4]byte{192, 0, 2, byte(100 + i)})
-		svc := Service{VIP: vip, Port: 80, Protocol: TCP, Scheduler: sc.scheduler, Flags: sc.flags}
+		svc := Service{VIP: vip, Port: 80, Protocol: TCP, Scheduler: sc.scheduler, Flags: sc.flags, Persistent: sc.persistent}
 		for _, b := range f.backends {
 			svc.Backends = append(svc.Backends, Backend{Addr: b.v4(), Port: backendPort, Weight: 1})
 		}
@@ -138,6 +146,14 @@ func TestSchedulerConsistency(t *testing.T) {
 			r.sameOrder = share(onA4, onB4, nil)
 		}
 		results = append(results, r)
+		if sc.persistent > 0 {
+			// One client: one real server, the same on both nodes,
+			// whichever source port and whichever node.
+			if len(r.spreadA) != 1 || len(r.spreadB) != 1 || r.same != 1 {
+				t.Errorf("%s: one client's flows reached real servers A %v, B %v (A=B on %s), want one real server, the same on both nodes", sc.name, r.spreadA, r.spreadB, fmt.Sprintf("%.1f%%", 100*r.same))
+			}
+			continue
+		}
 		for _, b := range f.backends {
 			if r.spreadA[b.name] == 0 || r.spreadB[b.name] == 0 {
 				t.Errorf("%s: real server %s got no flow (A %v, B %v)", sc.name, b.name, r.spreadA, r.spreadB)

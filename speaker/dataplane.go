@@ -132,6 +132,9 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 		problems = append(problems, problem)
 	}
 	persistent := sessionPersistence(svc)
+	if persistent > 0 {
+		sched, flags = clientAffinity(sched, flags)
+	}
 	restricted, ranges, problem := sourceRanges(svc)
 	if problem != "" {
 		problems = append(problems, problem)
@@ -386,6 +389,24 @@ func sessionPersistence(svc *v1.Service) uint32 {
 		return uint32(*c.ClientIP.TimeoutSeconds)
 	}
 	return uint32(v1.DefaultClientIPServiceAffinitySeconds)
+}
+
+// clientAffinity returns the scheduler and flags of a Service with
+// sessionAffinity ClientIP: mh (the default) without port hashing, so that
+// every node sends all of one client's connections to the same real
+// server. ECMP spreads a client's connections over the nodes by their
+// source ports, and each node's IPVS persistence is its own: with the port
+// in the hash, each node would pick its own real server (as Cilium, which
+// leaves the port out of its Maglev hash for ClientIP). Another scheduler
+// keeps its flags; its affinity holds per node only.
+func clientAffinity(sched string, flags uint32) (string, uint32) {
+	switch sched {
+	case "":
+		return ipvs.DefaultScheduler, ipvs.DefaultSchedulerFlags &^ ipvs.FlagMHPort
+	case ipvs.DefaultScheduler:
+		return sched, flags &^ ipvs.FlagMHPort
+	}
+	return sched, flags
 }
 
 // dataplanePort is a ServicePort as the dataplane needs it.

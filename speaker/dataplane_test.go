@@ -90,6 +90,14 @@ func dpSlice(fam discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps 
 	return sl
 }
 
+// affine is sessionAffinity ClientIP as the speaker programs it: mh
+// without port hashing, persistent for timeout seconds.
+func affine(timeout uint32) func(*ipvs.Service) {
+	return func(s *ipvs.Service) {
+		s.Scheduler, s.Flags, s.Persistent = ipvs.DefaultScheduler, ipvs.FlagMHFallback, timeout
+	}
+}
+
 func (e dpEP) endpoint() discoveryv1.Endpoint {
 	ep := discoveryv1.Endpoint{
 		Addresses:  []string{e.addr},
@@ -370,13 +378,25 @@ func TestServiceDataplane(t *testing.T) {
 			s := dpSvc("192.0.2.10")
 			s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 			return s
-		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), func(s *ipvs.Service) { s.Persistent = 10800 })}},
+		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), affine(10800))}},
 		{name: "ClientIP affinity with timeout", svc: func() *v1.Service {
 			s := dpSvc("192.0.2.10")
 			s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 			s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](600)}}
 			return s
-		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), func(s *ipvs.Service) { s.Persistent = 600 })}},
+		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), affine(600))}},
+		{name: "ClientIP affinity with the mh annotation: mh without the port", svc: func() *v1.Service {
+			s := dpSvc("192.0.2.10")
+			s.Annotations = map[string]string{AnnotationScheduler: "mh"}
+			s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+			return s
+		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), affine(10800))}},
+		{name: "ClientIP affinity with another scheduler: its own flags (per node)", svc: func() *v1.Service {
+			s := dpSvc("192.0.2.10")
+			s.Annotations = map[string]string{AnnotationScheduler: "sh"}
+			s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+			return s
+		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), func(s *ipvs.Service) { s.Scheduler, s.Persistent = "sh", 10800 })}},
 		{name: "affinity None ignores a config", svc: func() *v1.Service {
 			s := dpSvc("192.0.2.10")
 			s.Spec.SessionAffinity = v1.ServiceAffinityNone
@@ -636,6 +656,9 @@ func naiveDataplane(svc *v1.Service, eps []*discoveryv1.EndpointSlice, view *Vie
 	var persistent uint32
 	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
 		persistent = 10800
+		if sched == "" || sched == "mh" {
+			sched, flags = "mh", ipvs.FlagMHFallback
+		}
 	}
 	isLocal := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
 	type cand struct {
