@@ -59,7 +59,8 @@ import (
 // Terminating and Reweighted change tier 1 on both nodes after the flows
 // opened (node A's pods terminating; node B's weight rising), then move
 // them: without connection sync some are reset (the control), with
-// Options.ConnSync none is.
+// Options.ConnSync none is. ClientIP: one client's connections through
+// both nodes reach one pod (testMoveClientIP).
 func TestECMPMove(t *testing.T) {
 	if !vm.InVM() {
 		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 10 * time.Minute}))
@@ -70,6 +71,7 @@ func TestECMPMove(t *testing.T) {
 	t.Run("Terminating", testMoveTerminating)
 	t.Run("Reweighted", testMoveReweighted)
 	t.Run("IPv6", testMoveIPv6)
+	t.Run("ClientIP", testMoveClientIP)
 }
 
 // twoTierVMOptions adds to o the modules the two-tier dataplane needs on
@@ -77,7 +79,7 @@ func TestECMPMove(t *testing.T) {
 // a module.
 func twoTierVMOptions(o vm.Options) vm.Options {
 	o.Modules = append(slices.Clone(vm.DefaultModules), "ipip", "sit", "ip6_tunnel")
-	o.OptionalModules = append(slices.Clone(vm.OptionalModules), "nft_numgen")
+	o.OptionalModules = append(slices.Clone(vm.OptionalModules), "nft_numgen", "nft_hash")
 	return o
 }
 

@@ -40,11 +40,12 @@ type tier2Family struct {
 	addrLen  uint32 // bytes
 	nat      uint32 // NFPROTO_*
 	daddrOff uint32 // the destination address in the network header
+	saddrOff uint32 // the source address
 }
 
 var tier2Families = [2]tier2Family{
-	{addrType: nftables.TypeIPAddr, addrLen: 4, nat: unix.NFPROTO_IPV4, daddrOff: 16},
-	{addrType: nftables.TypeIP6Addr, addrLen: 16, nat: unix.NFPROTO_IPV6, daddrOff: 24},
+	{addrType: nftables.TypeIPAddr, addrLen: 4, nat: unix.NFPROTO_IPV4, daddrOff: 16, saddrOff: 12},
+	{addrType: nftables.TypeIP6Addr, addrLen: 16, nat: unix.NFPROTO_IPV6, daddrOff: 24, saddrOff: 8},
 }
 
 // keyType is VIP . protocol . port . slot; dataType is endpoint address .
@@ -100,7 +101,7 @@ func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string) error {
 	}
 	if err := n.conn.Flush(); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			err = fmt.Errorf("%w (the kernel lacks an nftables expression they use: numgen is module nft_numgen, which the kernel loads on first use unless module autoloading is off; then load it at boot, /etc/modules-load.d)", err)
+			err = fmt.Errorf("%w (the kernel lacks an nftables expression they use: numgen and jhash are modules nft_numgen and nft_hash, which the kernel loads on first use unless module autoloading is off; then load them at boot, /etc/modules-load.d)", err)
 		}
 		return fmt.Errorf("nftables tables %s, two-tier chains: %w", snatTable, err)
 	}
@@ -148,7 +149,8 @@ func (n *nftTables) queueRemoveTunnel(t *nftables.Table) bool {
 // vcip6tnl and ip6 daddr):
 //
 //	tunnel-raw:   iifname != "tunl0" ip daddr @vips notrack
-//	tunnel-dnat:  iifname "tunl0" dnat ip to ip daddr . meta l4proto . th dport . numgen random mod Tier2Slots map @tier2
+//	tunnel-dnat:  iifname "tunl0" dnat ip to ip daddr . meta l4proto . th dport . jhash ip saddr mod Tier2Slots offset Tier2Slots map @tier2
+//	              iifname "tunl0" dnat ip to ip daddr . meta l4proto . th dport . numgen random mod Tier2Slots map @tier2
 //	tunnel-input: iifname "tunl0" ip daddr @vips counter drop
 //	tunnel-mss:   ct direction reply ct original ip daddr @vips tcp flags & (syn|ack) == syn|ack
 //	              tcp option maxseg size > mss tcp option maxseg size set mss
@@ -171,14 +173,25 @@ func tunnelRules(name string, fam tier2Family, link string, vips, tier2 *nftable
 	case tunnelRaw:
 		return [][]expr.Any{append(iif(expr.CmpOpNeq), daddr, inVIPs, &expr.Notrack{})}
 	case tunnelDNAT:
-		return [][]expr.Any{append(iif(expr.CmpOpEq),
-			daddr,
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: after},
-			&expr.Payload{DestRegister: after + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-			&expr.Numgen{Register: after + 2, Modulus: Tier2Slots, Type: unix.NFT_NG_RANDOM},
-			&expr.Lookup{SourceRegister: 1, SetName: tier2.Name, SetID: tier2.ID, DestRegister: 1, IsDestRegSet: true},
-			&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: 1, RegProtoMin: after, Specified: true},
-		)}
+		// The slot: for a virtual server with client affinity, from a
+		// hash of the client's address (read into the registers after
+		// the slot's), at Tier2Slots and above; a lookup that misses (a
+		// virtual server without affinity) ends the first rule, and the
+		// second draws at random.
+		dnat := func(slot ...expr.Any) []expr.Any {
+			r := append(iif(expr.CmpOpEq),
+				daddr,
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: after},
+				&expr.Payload{DestRegister: after + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+			return append(append(r, slot...),
+				&expr.Lookup{SourceRegister: 1, SetName: tier2.Name, SetID: tier2.ID, DestRegister: 1, IsDestRegSet: true},
+				&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: 1, RegProtoMin: after, Specified: true})
+		}
+		return [][]expr.Any{
+			dnat(&expr.Payload{DestRegister: after + 3, Base: expr.PayloadBaseNetworkHeader, Offset: fam.saddrOff, Len: fam.addrLen},
+				&expr.Hash{SourceRegister: after + 3, DestRegister: after + 2, Length: fam.addrLen, Modulus: Tier2Slots, Offset: Tier2Slots, Seed: affinitySeed, Type: expr.HashTypeJenkins}),
+			dnat(&expr.Numgen{Register: after + 2, Modulus: Tier2Slots, Type: unix.NFT_NG_RANDOM}),
+		}
 	case tunnelIn:
 		return [][]expr.Any{append(iif(expr.CmpOpEq), daddr, inVIPs, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop})}
 	case tunnelMSS:
@@ -214,7 +227,7 @@ func ifname(s string) []byte {
 // the endpoint's address and port.
 func tier2Elem(s Tier2Slot) nftables.SetElement {
 	key := snatElement(s.Key).key
-	key = append(key, binaryutil.NativeEndian.PutUint32(uint32(s.Slot))...) //nolint:gosec // below Tier2Slots
+	key = append(key, binaryutil.NativeEndian.PutUint32(uint32(s.Slot))...) //nolint:gosec // below tier2Space
 	val := s.To.Addr().AsSlice()
 	val = binary.BigEndian.AppendUint16(val, s.To.Port())
 	val = append(val, 0, 0)
@@ -233,7 +246,7 @@ func parseTier2Elem(e nftables.SetElement) (Tier2Slot, bool) {
 	slot := int(binaryutil.NativeEndian.Uint32(e.Key[len(e.Key)-4:]))
 	a, _ := netip.AddrFromSlice(e.Val[:len(e.Val)-4])
 	to := netip.AddrPortFrom(a, binary.BigEndian.Uint16(e.Val[len(e.Val)-4:]))
-	if slot >= Tier2Slots {
+	if slot >= tier2Space {
 		return Tier2Slot{}, false
 	}
 	return Tier2Slot{Key: k, Slot: slot, To: to}, true

@@ -33,7 +33,7 @@ func TestKernelPrepareNode(t *testing.T) {
 			}
 		}
 		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute, Modules: boot, OnDemandModules: []string{"ip_vs", "ipip", "sit", "ip6_tunnel"},
-			OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen")})
+			OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen", "nft_hash")})
 		return
 	}
 	if _, err := os.Stat("/sys/module/ip_vs"); !errors.Is(err, fs.ErrNotExist) {

@@ -23,6 +23,18 @@ import (
 // Services. A slot only chooses the endpoint of a new flow: an established
 // flow keeps its conntrack entry when its slot moves, and so an endpoint
 // that terminates (weight 0: no slot) keeps its flows.
+//
+// A virtual server with client affinity (Service.Persistent, from
+// sessionAffinity ClientIP) keeps its slots at Tier2Slots and above
+// instead, and a rule before the random one draws those from a hash of
+// the client's address alone, so that every connection of one client
+// reaches the same endpoint, as tier 1's mh without port hashing sends
+// them all to the same node:
+//
+//	iifname "tunl0" dnat ip to ip daddr . meta l4proto . th dport . jhash ip saddr mod 32 offset 32 map @tier2
+//
+// A virtual server without affinity has no element there, so the lookup
+// misses and the random rule takes its flows.
 
 // Tier2Slots is the number of slots of a virtual server in the tier-2
 // map: its endpoints on one node share them by weight. With more than
@@ -30,9 +42,20 @@ import (
 // get no new flows through tier 2.
 const Tier2Slots = 32
 
+// tier2Space is the slot numbers of one virtual server in the tier-2 map:
+// Tier2Slots drawn at random, then Tier2Slots drawn by a hash of the
+// client's address (client affinity).
+const tier2Space = 2 * Tier2Slots
+
+// affinitySeed is the seed of the hash of the client's address: fixed, so
+// that a client keeps its endpoint when the speaker rewrites the rule (the
+// kernel draws a random seed when none is given).
+const affinitySeed = 0x76697063 // "vipc"
+
 // Tier2 is the content of the tier-2 map: for each virtual server, the
-// endpoint each slot sends new flows to (Tier2Slots entries; an invalid
-// AddrPort is an empty slot).
+// endpoint each slot sends new flows to (tier2Space entries, an invalid
+// AddrPort is an empty slot: a virtual server's endpoints fill the first
+// Tier2Slots, or with client affinity the last).
 type Tier2 map[Key][]netip.AddrPort
 
 // Tier2Of returns the tier-2 map a desired State needs: the slots of each
@@ -40,12 +63,29 @@ type Tier2 map[Key][]netip.AddrPort
 func Tier2Of(desired State) Tier2 {
 	t := Tier2{}
 	for k, svc := range desired.Services {
-		if slots := Tier2SlotsOf(svc.Local); slots != nil {
+		if slots := tier2Want(svc); slots != nil {
 			k.VIP = k.VIP.Unmap()
 			t[k] = slots
 		}
 	}
 	return t
+}
+
+// tier2Want returns the tier2Space slots of svc: Tier2SlotsOf its Local
+// endpoints, at the random slots or, with client affinity, at the hashed
+// ones; nil without endpoints.
+func tier2Want(svc Service) []netip.AddrPort {
+	slots := Tier2SlotsOf(svc.Local)
+	if slots == nil {
+		return nil
+	}
+	out := make([]netip.AddrPort, tier2Space)
+	off := 0
+	if svc.Persistent > 0 {
+		off = Tier2Slots
+	}
+	copy(out[off:], slots)
+	return out
 }
 
 // Tier2SlotsOf shares Tier2Slots slots among the endpoints with a weight
@@ -130,7 +170,7 @@ func (p Tier2Plan) ApplyTo(t Tier2) {
 		slots, ok := t[k]
 		switch {
 		case !ok:
-			slots = make([]netip.AddrPort, Tier2Slots)
+			slots = make([]netip.AddrPort, tier2Space)
 		case !touched[k]:
 			slots = slices.Clone(slots)
 		}
@@ -139,12 +179,12 @@ func (p Tier2Plan) ApplyTo(t Tier2) {
 		return slots
 	}
 	for _, s := range p.Del {
-		if _, ok := t[s.Key]; ok && s.Slot < Tier2Slots {
+		if _, ok := t[s.Key]; ok && s.Slot < tier2Space {
 			slotsOf(s.Key)[s.Slot] = netip.AddrPort{}
 		}
 	}
 	for _, s := range p.Add {
-		if s.Slot < Tier2Slots {
+		if s.Slot < tier2Space {
 			slotsOf(s.Key)[s.Slot] = s.To
 		}
 	}
@@ -179,7 +219,7 @@ func tier2Step(key Key, desired *Service, have Tier2) Tier2Plan {
 	var want []netip.AddrPort
 	if desired != nil {
 		key = desired.Normalize().Key()
-		want = Tier2SlotsOf(desired.Local)
+		want = tier2Want(*desired)
 	}
 	key.VIP = key.VIP.Unmap()
 	diffSlots(&p, key, want, have[key])
@@ -196,7 +236,7 @@ func diffSlots(p *Tier2Plan, k Key, want, have []netip.AddrPort) {
 		}
 		return netip.AddrPort{}
 	}
-	for i := range Tier2Slots {
+	for i := range tier2Space {
 		w, h := at(want, i), at(have, i)
 		if w == h {
 			continue

@@ -9,6 +9,44 @@ import (
 	"github.com/google/nftables"
 )
 
+// TestTier2Affinity checks where a virtual server's slots go: the random
+// ones without client affinity, the hashed ones (Tier2Slots and above,
+// which the first tunnel-dnat rule draws by the client's address) with
+// it, and that a map element of either kind reads back.
+func TestTier2Affinity(t *testing.T) {
+	pods := []Backend{{Addr: ip("10.1.0.1"), Port: 8080, Weight: 1}, {Addr: ip("10.1.0.2"), Port: 8080, Weight: 1}}
+	for _, persistent := range []uint32{0, 600} {
+		svc := Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Local: pods, Persistent: persistent}
+		slots := Tier2Of(state(svc))[svc.Key()]
+		if len(slots) != tier2Space {
+			t.Fatalf("persistent %d: %d slots, want %d", persistent, len(slots), tier2Space)
+		}
+		filled, from := 0, -1
+		for i, s := range slots {
+			if s.IsValid() {
+				filled++
+				if from < 0 {
+					from = i
+				}
+				e, ok := parseTier2Elem(tier2Elem(Tier2Slot{Key: svc.Key(), Slot: i, To: s}))
+				if !ok || e.Slot != i || e.To != s {
+					t.Errorf("persistent %d: slot %d reads back as %+v (%v)", persistent, i, e, ok)
+				}
+			}
+		}
+		want := 0
+		if persistent > 0 {
+			want = Tier2Slots
+		}
+		if filled != Tier2Slots || from != want {
+			t.Errorf("persistent %d: %d slots filled from slot %d, want %d from %d", persistent, filled, from, Tier2Slots, want)
+		}
+	}
+	if _, ok := parseTier2Elem(tier2Elem(Tier2Slot{Key: Key{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP}, Slot: tier2Space, To: netip.MustParseAddrPort("10.1.0.1:80")})); ok {
+		t.Errorf("a slot past the hashed ones parses")
+	}
+}
+
 func TestTier2SlotsOf(t *testing.T) {
 	a, b, c := ip("10.1.0.1"), ip("10.1.0.2"), ip("10.1.0.3")
 	count := func(slots []netip.AddrPort) map[netip.AddrPort]int {
@@ -92,6 +130,7 @@ func TestDiffTier2(t *testing.T) {
 		return bs
 	}
 	with := func(s Service, local []Backend) Service { s.Local = local; return s }
+	affine := func(s Service) Service { s.Persistent = 600; return s }
 	for _, tc := range []struct {
 		name       string
 		have, want State
@@ -107,6 +146,11 @@ func TestDiffTier2(t *testing.T) {
 		{"last pod terminating", state(with(web, pods("10.1.0.1"))),
 			state(with(web, []Backend{{Addr: ip("10.1.0.1"), Port: 8080}})), Tier2Slots},
 		{"service gone", state(with(web, pods("10.1.0.1")), with(dns, pods("10.1.0.2"))), state(with(dns, pods("10.1.0.2"))), Tier2Slots},
+		// Client affinity moves the slots to the hashed ones: every
+		// random slot goes, every hashed one comes.
+		{"affinity on", state(with(web, pods("10.1.0.1"))), state(affine(with(web, pods("10.1.0.1")))), 2 * Tier2Slots},
+		{"affinity off", state(affine(with(web, pods("10.1.0.1")))), state(with(web, pods("10.1.0.1"))), 2 * Tier2Slots},
+		{"affine pod added", state(affine(with(web, pods("10.1.0.1")))), state(affine(with(web, pods("10.1.0.1", "10.1.0.2")))), Tier2Slots},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			have, want := Tier2Of(tc.have), Tier2Of(tc.want)

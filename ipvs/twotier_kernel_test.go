@@ -28,7 +28,8 @@ import (
 //     tunl0 and the loop's peer with every other interface filtered as
 //     before (a strict "all" to start with);
 //   - Sync programs tier 1 (IPIP real servers) and tier 2 (the map reads
-//     back as Tier2Of the desired state);
+//     back as Tier2Of the desired state, a virtual server with client
+//     affinity at its hashed slots);
 //   - SyncService of one endpoint change touches the tier-2 map only;
 //   - a full Sync repairs a tier-2 element deleted by hand, and the node's
 //     side: the rule and a route deleted by hand, the IPv6 tunnel address
@@ -88,7 +89,8 @@ func TestKernelTwoTier(t *testing.T) {
 	pods := []Backend{{Addr: ip("10.61.1.2"), Port: 8080, Weight: 1}, {Addr: ip("10.61.2.2"), Port: 8080, Weight: 1}}
 	nodes := []Backend{{Addr: self, Port: 80, Weight: 2, Tunnel: true}, {Addr: ip("10.52.0.2"), Port: 80, Weight: 1, Tunnel: true}}
 	web := Service{VIP: ip("192.0.2.80"), Port: 80, Protocol: TCP, Backends: nodes, Local: pods}
-	dns := Service{VIP: ip("192.0.2.80"), Port: 53, Protocol: UDP, Backends: nodes, Local: pods[:1]}
+	// dns has client affinity: its slots are the hashed ones.
+	dns := Service{VIP: ip("192.0.2.80"), Port: 53, Protocol: UDP, Backends: nodes, Local: pods[:1], Scheduler: DefaultScheduler, Flags: FlagMHFallback, Persistent: 600}
 	// Enough other Services that the tier-2 map takes several
 	// transactions (maxElemsPerBatch).
 	const others = 200
@@ -139,7 +141,7 @@ func TestKernelTwoTier(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		gone := Tier2Slot{Key: dns.Key(), Slot: 5, To: pods[0].AddrPort()}
+		gone := Tier2Slot{Key: dns.Key(), Slot: Tier2Slots + 5, To: pods[0].AddrPort()}
 		if err := c.SetDeleteElements(set, []nftables.SetElement{{Key: tier2Elem(gone).Key}}); err != nil {
 			return err
 		}

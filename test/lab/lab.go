@@ -347,7 +347,7 @@ func (l *Lab) vmBase(n *Node, i int, tap string) vm.Options {
 		Modules: append(slices.Clone(vm.DefaultModules), "virtio_pci", "virtio_net", "bridge", "ipip"),
 		// The two-tier dataplane's numgen; the guest has no modprobe for
 		// the kernel to load it on first use, as a node's kernel does.
-		OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen"),
+		OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen", "nft_hash"),
 		Timeout:         1000 * time.Hour, // until the lab is torn down
 		Netns:           l.TorNS.Name,
 		QEMUArgs: []string{
