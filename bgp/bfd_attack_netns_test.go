@@ -208,7 +208,7 @@ func (s *bfdSegment) runAttacks(t *testing.T, cases []attackCase) {
 			if after.BFD != "Up" || after.BFDDowns != before.BFDDowns || !after.Established() || strings.Contains(after.Reason, "BFD") && after.Reason != before.Reason {
 				t.Errorf("forged packet (before the fix: %s) took effect: speaker's session %+v, before %+v", c.oldEffect, after, before)
 			}
-			if r := s.routerView(t); r != router {
+			if r := s.routerView(t); !r.same(router) {
 				t.Errorf("forged packet reached the router's sessions: %s, before %s", r, router)
 			}
 			got := bfd.Discarded(c.reason) - discards
@@ -220,9 +220,36 @@ func (s *bfdSegment) runAttacks(t *testing.T, cases []attackCase) {
 	}
 }
 
-// routerView summarizes the router's side: its BGP session's resets and
-// its BFD session's downs.
-func (s *bfdSegment) routerView(t *testing.T) string {
+// routerState is the router's side of a segment: FRR's counts of its BGP
+// session's resets and its BFD session's downs, or BIRD's BFD state and
+// when it was entered.
+type routerState struct {
+	view  string
+	since time.Time // BIRD: when the BFD state was entered
+}
+
+func (r routerState) String() string {
+	if r.since.IsZero() {
+		return r.view
+	}
+	return r.view + " since " + r.since.Format("15:04:05.000")
+}
+
+// sinceJitter is how far BIRD's printed time of one state change moves
+// between two reads (it derives the wall-clock time from its monotonic
+// clock at each print: 1 ms seen); a session that went down and came
+// back shows a time seconds later.
+const sinceJitter = 50 * time.Millisecond
+
+// same reports whether the router saw no change between o and r.
+func (r routerState) same(o routerState) bool {
+	d := r.since.Sub(o.since)
+	return r.view == o.view && d < sinceJitter && d > -sinceJitter
+}
+
+// routerView reads the router's side: its BGP session's resets and its
+// BFD session's downs (FRR), or its BFD session's state and since (BIRD).
+func (s *bfdSegment) routerView(t *testing.T) routerState {
 	t.Helper()
 	if s.frr != nil {
 		n, err := s.frr.Neighbor(s.host.Addr())
@@ -233,19 +260,28 @@ func (s *bfdSegment) routerView(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return fmt.Sprintf("BGP established %d dropped %d, BFD downs %d", n.EstablishedCount, n.DroppedCount, b.SessionDownEvents)
+		return routerState{view: fmt.Sprintf("BGP established %d dropped %d, BFD downs %d", n.EstablishedCount, n.DroppedCount, b.SessionDownEvents)}
 	}
 	sessions, err := s.bird.BFDSessions()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, b := range sessions {
-		if b.Address == s.host.Addr() {
-			return fmt.Sprintf("BFD %s since %s", b.State, b.Since)
+		if b.Address != s.host.Addr() {
+			continue
 		}
+		f := strings.Fields(b.Since)
+		if len(f) == 0 {
+			t.Fatalf("BIRD's BFD session with %s has no since: %+v", s.host.Addr(), b)
+		}
+		since, err := time.Parse("15:04:05.000", f[len(f)-1])
+		if err != nil {
+			t.Fatalf("BIRD's BFD session with %s: since %q: %v", s.host.Addr(), b.Since, err)
+		}
+		return routerState{view: "BFD " + b.State, since: since}
 	}
 	t.Fatalf("BIRD has no BFD session with %s: %+v", s.host.Addr(), sessions)
-	return ""
+	return routerState{}
 }
 
 // random32 returns a random discriminator other than the excluded ones.
