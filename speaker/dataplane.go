@@ -132,9 +132,7 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 		problems = append(problems, problem)
 	}
 	persistent := sessionPersistence(svc)
-	if persistent > 0 {
-		sched, flags = clientAffinity(sched, flags)
-	}
+	sched, flags = clientAffinity(sched, flags, persistent)
 	restricted, ranges, problem := sourceRanges(svc)
 	if problem != "" {
 		problems = append(problems, problem)
@@ -398,12 +396,15 @@ func sessionPersistence(svc *v1.Service) uint32 {
 // source ports, and each node's IPVS persistence is its own: with the port
 // in the hash, each node would pick its own real server (as Cilium, which
 // leaves the port out of its Maglev hash for ClientIP). Another scheduler
-// keeps its flags; its affinity holds per node only.
-func clientAffinity(sched string, flags uint32) (string, uint32) {
-	switch sched {
-	case "":
+// keeps its flags; its affinity holds per node only. Without persistence
+// (sessionAffinity None) sched and flags are returned as they are.
+func clientAffinity(sched string, flags, persistent uint32) (string, uint32) {
+	switch {
+	case persistent == 0:
+		return sched, flags
+	case sched == "":
 		return ipvs.DefaultScheduler, ipvs.DefaultSchedulerFlags &^ ipvs.FlagMHPort
-	case ipvs.DefaultScheduler:
+	case sched == ipvs.DefaultScheduler:
 		return sched, flags &^ ipvs.FlagMHPort
 	}
 	return sched, flags
