@@ -129,6 +129,9 @@ type Controller struct {
 	status *statusWriter
 
 	view *View // owned by the worker goroutine
+	// bfdGuarded are the BFD peers the host guard lets in, as last set
+	// (syncSessions).
+	bfdGuarded []netip.Addr
 	// notAnnounced says, by Service key, why this node announces no route
 	// for a VIP of a Service vipcast serves (see unannounced); owned by
 	// the worker goroutine.

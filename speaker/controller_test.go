@@ -1159,3 +1159,142 @@ func TestGuardMetrics(t *testing.T) {
 		t.Errorf("a failed read: gather err = %v, want the read's error", err)
 	}
 }
+
+// guardDataplane is a recordingDataplane with the host guard's BFD peers.
+type guardDataplane struct {
+	*recordingDataplane
+	mu    sync.Mutex
+	peers []netip.Addr
+}
+
+func (d *guardDataplane) SetBFDPeers(peers []netip.Addr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.peers = slices.Clone(peers)
+	return nil
+}
+
+func (d *guardDataplane) guarded() []netip.Addr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.peers)
+}
+
+// guardBGP records, at each SetPeers, the peers with BFD it configures and
+// what the host guard lets in at that moment.
+type guardBGP struct {
+	flakyBGP
+	guard *guardDataplane
+	mu    sync.Mutex
+	calls []guardCall
+}
+
+type guardCall struct{ bfd, guarded []netip.Addr }
+
+func (b *guardBGP) SetPeers(_ context.Context, peers []bgp.Peer) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls = append(b.calls, guardCall{bfd: bfdPeers(peers), guarded: b.guard.guarded()})
+	return nil
+}
+
+func (b *guardBGP) lastCall() (guardCall, int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.calls) == 0 {
+		return guardCall{}, 0
+	}
+	return b.calls[len(b.calls)-1], len(b.calls)
+}
+
+// TestControllerBFDGuardOrder checks the order of the host guard's BFD
+// peers around the sessions: a peer with BFD is let in before SetPeers
+// starts its session, and one whose BFD is turned off is shut out only
+// after SetPeers has stopped its session (when the guard narrowed first,
+// the router's packets to the still running session were dropped, it went
+// down on its detection time and reset BGP instead of ending AdminDown:
+// seen in the lab, TestCluster/fabric).
+func TestControllerBFDGuardOrder(t *testing.T) {
+	client := fakeServices(1)
+	scheme := runtime.NewScheme()
+	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
+		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: []string{"10.100.0.0/24"}}}
+	peer := mkPeer("tor", "10.0.0.254", nil)
+	peer.TypeMeta = metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "BGPPeer"}
+	peer.Spec.BFD = &vipcastv1alpha1.BFDConfig{}
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
+		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
+	}, pool, peer)
+	dp := &guardDataplane{recordingDataplane: &recordingDataplane{}}
+	engine := &guardBGP{flakyBGP: flakyBGP{routes: map[netip.Prefix]bgp.Route{}}, guard: dp}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: engine, Dataplane: dp, Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = c.Run(ctx) }()
+
+	tor := netip.MustParseAddr("10.0.0.254")
+	waitCall := func(what string, ok func(guardCall) bool) int {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if call, n := engine.lastCall(); n > 0 && ok(call) {
+				return n
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		call, n := engine.lastCall()
+		t.Fatalf("%s: last of %d SetPeers calls %+v", what, n, call)
+		return 0
+	}
+	waitCall("BFD on", func(c guardCall) bool { return slices.Equal(c.bfd, []netip.Addr{tor}) })
+	engine.mu.Lock()
+	for i, call := range engine.calls {
+		if len(call.bfd) > 0 && !slices.Contains(call.guarded, tor) {
+			t.Errorf("SetPeers call %d started BFD with %s while the guard let in only %v: its first packets would be dropped", i, tor, call.guarded)
+		}
+	}
+	engine.mu.Unlock()
+
+	// BFD off in the BGPPeer.
+	u, err := dyn.Resource(vipcastv1alpha1.BGPPeersResource).Get(ctx, "tor", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unstructuredDelete(u.Object, "spec", "bfd")
+	u.SetGeneration(u.GetGeneration() + 1) // as the API server does on a spec change
+	if _, err := dyn.Resource(vipcastv1alpha1.BGPPeersResource).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCall("BFD off", func(c guardCall) bool { return len(c.bfd) == 0 })
+	call, _ := engine.lastCall()
+	if !slices.Contains(call.guarded, tor) {
+		t.Errorf("SetPeers stopped the BFD session with %s while the guard already let in only %v: the router's packets to the running session were dropped", tor, call.guarded)
+	}
+	// Then the guard shuts it out.
+	deadline := time.Now().Add(10 * time.Second)
+	for slices.Contains(dp.guarded(), tor) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guard still lets in %v after BFD was turned off and its session stopped", dp.guarded())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// unstructuredDelete removes the field at path from obj.
+func unstructuredDelete(obj map[string]any, path ...string) {
+	for _, p := range path[:len(path)-1] {
+		next, ok := obj[p].(map[string]any)
+		if !ok {
+			return
+		}
+		obj = next
+	}
+	delete(obj, path[len(path)-1])
+}

@@ -176,6 +176,29 @@ type bfdGuard interface {
 	SetBFDPeers(peers []netip.Addr) error
 }
 
+// setBFDGuard sets the host guard's BFD peers (when the dataplane has a
+// guard) and records them; on failure it keeps the record, so that the
+// next call still lets them in, and retries the configuration.
+func (c *Controller) setBFDGuard(ctx context.Context, peers []netip.Addr) {
+	g, ok := c.opts.Dataplane.(bfdGuard)
+	if !ok {
+		return
+	}
+	if err := g.SetBFDPeers(peers); err != nil {
+		klog.FromContext(ctx).Error(err, "The host guard's BFD peers are not set: a new peer's BFD packets may be dropped until they are")
+		c.queue.AddRateLimited(keyConfig)
+		return
+	}
+	c.bfdGuarded = peers
+}
+
+// union returns the addresses in a or b, sorted, without duplicates.
+func union(a, b []netip.Addr) []netip.Addr {
+	out := slices.Concat(a, b)
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
 // bfdPeers returns the addresses of the peers with BFD, sorted, without
 // duplicates.
 func bfdPeers(peers []bgp.Peer) []netip.Addr {
@@ -395,18 +418,19 @@ func (c *Controller) serviceRoutes(svc *v1.Service, slices []*discoveryv1.Endpoi
 func (c *Controller) syncSessions(ctx context.Context, peers []*vipcastv1alpha1.BGPPeer, node Node) ([]string, error) {
 	bgpPeers, problems := PeersForNode(peers, node, c.watch.passwords())
 	c.report.peerProblems(ctx, peers, problems)
-	// The guard first: a new BFD session's first packets must get in. A
-	// failure does not hold the sessions back; the configuration is
-	// synced again after a back-off.
-	if g, ok := c.opts.Dataplane.(bfdGuard); ok {
-		if err := g.SetBFDPeers(bfdPeers(bgpPeers)); err != nil {
-			klog.FromContext(ctx).Error(err, "The host guard's BFD peers are not set: a new peer's BFD packets may be dropped until they are")
-			c.queue.AddRateLimited(keyConfig)
-		}
-	}
+	// The host guard lets a new BFD peer in before its session starts (its
+	// first packets must get in) and shuts an old one out only once its
+	// session has stopped: a guard narrowed first drops the router's
+	// packets to a session still running, which then goes down on its
+	// detection time and resets BGP, where it should have ended
+	// AdminDown. A failure does not hold the sessions back; the
+	// configuration is synced again after a back-off.
+	want := bfdPeers(bgpPeers)
+	c.setBFDGuard(ctx, union(c.bfdGuarded, want))
 	if err := c.opts.BGP.SetPeers(ctx, bgpPeers); err != nil {
 		return nil, fmt.Errorf("configuring BGP peers: %w", err)
 	}
+	c.setBFDGuard(ctx, want)
 	names := make([]string, 0, len(bgpPeers))
 	for _, p := range bgpPeers {
 		names = append(names, p.Name)
