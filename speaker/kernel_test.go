@@ -234,6 +234,11 @@ func TestControllerKernel(t *testing.T) {
 		s.Scheduler, s.Flags = ipvs.DefaultScheduler, ipvs.DefaultSchedulerFlags
 		return s
 	}
+	// sessionAffinity ClientIP: mh without port hashing.
+	affine := func(s ipvs.Service) ipvs.Service {
+		s.Scheduler, s.Flags = ipvs.DefaultScheduler, ipvs.FlagMHFallback
+		return s
+	}
 	want := map[ipvs.Key]ipvs.Service{}
 	put := func(s ipvs.Service) { want[s.Key()] = s.Normalize() }
 	aTCP := ipvs.Key{VIP: addr("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}
@@ -246,8 +251,8 @@ func TestControllerKernel(t *testing.T) {
 	put(mh(ipvs.Service{VIP: aTCP.VIP, Port: 80, Protocol: ipvs.TCP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.1.1", 8080, 1), rs("10.244.1.2", 8080, 1)}}))
 	put(mh(ipvs.Service{VIP: aUDP.VIP, Port: 53, Protocol: ipvs.UDP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.1.1", 5353, 1), rs("10.244.1.2", 5353, 1)}}))
 	put(ipvs.Service{VIP: bKey.VIP, Port: 443, Protocol: ipvs.TCP, Scheduler: "rr", Backends: []ipvs.Backend{rs("10.244.2.1", 8443, 1), rs("10.244.2.3", 8443, 0)}})
-	put(mh(ipvs.Service{VIP: c4.VIP, Port: 8080, Protocol: ipvs.TCP, SNAT: true, Persistent: 600, Backends: []ipvs.Backend{rs("10.244.3.1", 80, 1)}}))
-	put(mh(ipvs.Service{VIP: c6.VIP, Port: 8080, Protocol: ipvs.TCP, SNAT: true, Persistent: 600, Backends: []ipvs.Backend{rs("fd00:244::3:1", 80, 1)}}))
+	put(affine(ipvs.Service{VIP: c4.VIP, Port: 8080, Protocol: ipvs.TCP, SNAT: true, Persistent: 600, Backends: []ipvs.Backend{rs("10.244.3.1", 80, 1)}}))
+	put(affine(ipvs.Service{VIP: c6.VIP, Port: 8080, Protocol: ipvs.TCP, SNAT: true, Persistent: 600, Backends: []ipvs.Backend{rs("fd00:244::3:1", 80, 1)}}))
 	put(mh(ipvs.Service{VIP: dKey.VIP, Port: 80, Protocol: ipvs.TCP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.4.1", 8080, 1)}}))
 	put(mh(ipvs.Service{VIP: eKey.VIP, Port: 81, Protocol: ipvs.TCP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.4.2", 8081, 1)}}))
 	wantVIPs := map[netip.Addr]struct{}{}
