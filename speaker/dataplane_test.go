@@ -90,6 +90,15 @@ func dpSlice(fam discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps 
 	return sl
 }
 
+// clientIPWith is a sessionAffinity ClientIP Service whose scheduler
+// annotation names sched.
+func clientIPWith(sched string) *v1.Service {
+	s := dpSvc("192.0.2.10")
+	s.Annotations = map[string]string{AnnotationScheduler: sched}
+	s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+	return s
+}
+
 // affine is sessionAffinity ClientIP as the speaker programs it: mh
 // without port hashing, persistent for timeout seconds.
 func affine(timeout uint32) func(*ipvs.Service) {
@@ -385,18 +394,10 @@ func TestServiceDataplane(t *testing.T) {
 			s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](600)}}
 			return s
 		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), affine(600))}},
-		{name: "ClientIP affinity with the mh annotation: mh without the port", svc: func() *v1.Service {
-			s := dpSvc("192.0.2.10")
-			s.Annotations = map[string]string{AnnotationScheduler: "mh"}
-			s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
-			return s
-		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), affine(10800))}},
-		{name: "ClientIP affinity with another scheduler: its own flags (per node)", svc: func() *v1.Service {
-			s := dpSvc("192.0.2.10")
-			s.Annotations = map[string]string{AnnotationScheduler: "sh"}
-			s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
-			return s
-		}(), want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), func(s *ipvs.Service) { s.Scheduler, s.Persistent = "sh", 10800 })}},
+		{name: "ClientIP affinity with the mh annotation: mh without the port", svc: clientIPWith("mh"),
+			want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), affine(10800))}},
+		{name: "ClientIP affinity with another scheduler: its own flags (per node)", svc: clientIPWith("sh"),
+			want: []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), func(s *ipvs.Service) { s.Scheduler, s.Persistent = "sh", 10800 })}},
 		{name: "affinity None ignores a config", svc: func() *v1.Service {
 			s := dpSvc("192.0.2.10")
 			s.Spec.SessionAffinity = v1.ServiceAffinityNone
