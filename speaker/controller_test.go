@@ -726,7 +726,10 @@ func TestControllerTier1Readiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The speakers' Service: n2's speaker is ready, n3 has none yet.
-	speakers := func(name string, managed bool, ready map[string]bool) *discoveryv1.EndpointSlice {
+	// speakers is the speakers' slice with an endpoint per node of
+	// state: "ready", "unready", or "terminating" (a pod being deleted, as
+	// in a rollout: not ready, not serving, terminating).
+	speakers := func(name string, managed bool, state map[string]string) *discoveryv1.EndpointSlice {
 		s := &discoveryv1.EndpointSlice{
 			ObjectMeta:  metav1.ObjectMeta{Namespace: "vipcast", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: "speakers"}},
 			AddressType: discoveryv1.AddressTypeIPv4,
@@ -734,14 +737,17 @@ func TestControllerTier1Readiness(t *testing.T) {
 		if managed {
 			s.Labels[discoveryv1.LabelManagedBy] = managedByController
 		}
-		for _, node := range slices.Sorted(maps.Keys(ready)) {
-			s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.0.0.9"}, NodeName: ptr.To(node),
-				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready[node])}})
+		for _, node := range slices.Sorted(maps.Keys(state)) {
+			cond := discoveryv1.EndpointConditions{Ready: ptr.To(state[node] == "ready"), Serving: ptr.To(state[node] == "ready")}
+			if state[node] == "terminating" {
+				cond.Terminating = ptr.To(true)
+			}
+			s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.0.0.9"}, NodeName: ptr.To(node), Conditions: cond})
 		}
 		return s
 	}
 	sl := client.DiscoveryV1().EndpointSlices("vipcast")
-	if _, err := sl.Create(ctx, speakers("speakers-1", true, map[string]bool{"n2": true}), metav1.CreateOptions{}); err != nil {
+	if _, err := sl.Create(ctx, speakers("speakers-1", true, map[string]string{"n2": "ready"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dp := &tunnelDataplane{}
@@ -766,21 +772,38 @@ func TestControllerTier1Readiness(t *testing.T) {
 	waitTier1("n3 without a speaker drained", "[100.127.0.3:80 w1 ipip 100.127.0.4:80 w0 ipip]")
 
 	// A slice someone wrote by hand does not make n3 ready.
-	if _, err := sl.Create(ctx, speakers("forged", false, map[string]bool{"n3": true}), metav1.CreateOptions{}); err != nil {
+	if _, err := sl.Create(ctx, speakers("forged", false, map[string]string{"n3": "ready"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// n3's speaker turns ready: its endpoint in the managed slice.
-	if _, err := sl.Update(ctx, speakers("speakers-1", true, map[string]bool{"n2": true, "n3": false}), metav1.UpdateOptions{}); err != nil {
+	if _, err := sl.Update(ctx, speakers("speakers-1", true, map[string]string{"n2": "ready", "n3": "unready"}), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitTier1("n3 still drained (endpoint not ready, forged slice ignored)", "[100.127.0.3:80 w1 ipip 100.127.0.4:80 w0 ipip]")
-	if _, err := sl.Update(ctx, speakers("speakers-1", true, map[string]bool{"n2": true, "n3": true}), metav1.UpdateOptions{}); err != nil {
+	if _, err := sl.Update(ctx, speakers("speakers-1", true, map[string]string{"n2": "ready", "n3": "ready"}), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitTier1("n3 ready takes flows", "[100.127.0.3:80 w1 ipip 100.127.0.4:80 w1 ipip]")
 
+	// n2's speaker terminates (a rollout, a SIGTERM): it withdraws its
+	// routes while its kernel state stays, so n2 keeps its weight until
+	// its endpoint is gone: a flow the ToR sent to n2 just before it
+	// withdrew, and moves here, still goes to the node n2 picked.
+	if _, err := sl.Update(ctx, speakers("speakers-1", true, map[string]string{"n2": "terminating", "n3": "ready"}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The change is seen when the informer passes it on: wait for a
+	// resync after it, then check n2 kept its weight.
+	eventually(t, "the terminating slice in the cache", func() bool {
+		obj, ok, _ := c.watch.slices.GetIndexer().GetByKey("vipcast/speakers-1")
+		s, _ := obj.(*discoveryv1.EndpointSlice)
+		return ok && len(s.Endpoints) == 2 && s.Endpoints[0].Conditions.Terminating != nil
+	}, func() string { return "n2's speaker endpoint not terminating in the cache" })
+	time.Sleep(300 * time.Millisecond) // three dataplane resyncs
+	waitTier1("n2 terminating keeps its weight", "[100.127.0.3:80 w1 ipip 100.127.0.4:80 w1 ipip]")
+
 	// n2's speaker goes away (its pod deleted: its endpoint too).
-	if _, err := sl.Update(ctx, speakers("speakers-1", true, map[string]bool{"n3": true}), metav1.UpdateOptions{}); err != nil {
+	if _, err := sl.Update(ctx, speakers("speakers-1", true, map[string]string{"n3": "ready"}), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitTier1("n2 drained", "[100.127.0.3:80 w0 ipip 100.127.0.4:80 w1 ipip]")

@@ -223,8 +223,15 @@ func sliceServiceKey(obj any) ([]string, error) {
 const managedByController = "endpointslice-controller.k8s.io"
 
 // readyNodes returns the nodes of a's ready endpoints (conditions.ready
-// true or unset), when a is an EndpointSlice the EndpointSlice controller
-// manages; nil otherwise.
+// true or unset) and terminating ones, when a is an EndpointSlice the
+// EndpointSlice controller manages; nil otherwise.
+//
+// A terminating speaker (a rollout, a SIGTERM) withdraws its routes and
+// keeps its kernel state, so its node still decapsulates and serves: it
+// keeps its tier-1 weight until its endpoint is gone. Draining it at once
+// would split the nodes' tables while the routers still send it flows: a
+// connection it took just before it withdrew, moved by ECMP before
+// connection sync carried it, would meet another node's choice.
 func readyNodes(a any) map[string]bool {
 	if t, ok := a.(cache.DeletedFinalStateUnknown); ok {
 		a = t.Obj
@@ -235,7 +242,10 @@ func readyNodes(a any) map[string]bool {
 	}
 	out := map[string]bool{}
 	for _, e := range s.Endpoints {
-		if e.NodeName != nil && *e.NodeName != "" && (e.Conditions.Ready == nil || *e.Conditions.Ready) {
+		if e.NodeName == nil || *e.NodeName == "" {
+			continue
+		}
+		if e.Conditions.Ready == nil || *e.Conditions.Ready || (e.Conditions.Terminating != nil && *e.Conditions.Terminating) {
 			out[*e.NodeName] = true
 		}
 	}
