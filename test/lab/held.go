@@ -52,6 +52,18 @@ type Held struct {
 	longestAt time.Time
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
+	// onBreak, when set (OnBreak), is called once for each connection
+	// that fails, in a goroutine of its own.
+	onBreak func(i int, local netip.AddrPort)
+}
+
+// OnBreak makes h call fn with a connection's index and local address
+// when it fails, so that a test can take the nodes' state for that flow
+// while it is still there. Failures before the call are not reported.
+func (h *Held) OnBreak(fn func(i int, local netip.AddrPort)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.onBreak = fn
 }
 
 // tcpBroken bounds one TCP exchange of a held connection; stallShown is
@@ -236,26 +248,38 @@ func (h *Held) run(ctx context.Context, i int, c *heldConn, interval time.Durati
 			h.mu.Unlock()
 			answered = time.Now()
 		}
-		h.mu.Lock()
-		switch {
-		case err != nil:
-			h.failed[i] = fmt.Sprintf("at %s after %d exchanges with %s: %v", time.Now().Format("15:04:05.000"), h.rounds[i], c.pod, err)
-		case pod != c.pod:
-			h.failed[i] = fmt.Sprintf("answered by %s after %d exchanges with %s", pod, h.rounds[i], c.pod)
-		case c.udp && client != c.client:
-			// A UDP flow is one peer to the pod: a new source address is
-			// another flow.
-			h.failed[i] = fmt.Sprintf("%s saw the flow from %s after %d exchanges, first from %s", pod, client, h.rounds[i], c.client)
-		default:
-			h.rounds[i]++
-			h.began[i] = began
-		}
-		done := h.failed[i] != ""
-		h.mu.Unlock()
-		if done {
+		if h.record(i, c, pod, client, began, err) {
 			return
 		}
 	}
+}
+
+// record counts connection i's exchange that began at began and was
+// answered by pod, which saw client, or failed with err; it reports
+// whether the connection has failed, and then tells onBreak.
+func (h *Held) record(i int, c *heldConn, pod, client string, began time.Time, err error) (failed bool) {
+	h.mu.Lock()
+	switch {
+	case err != nil:
+		h.failed[i] = fmt.Sprintf("at %s after %d exchanges with %s: %v", time.Now().Format("15:04:05.000"), h.rounds[i], c.pod, err)
+	case pod != c.pod:
+		h.failed[i] = fmt.Sprintf("answered by %s after %d exchanges with %s", pod, h.rounds[i], c.pod)
+	case c.udp && client != c.client:
+		// A UDP flow is one peer to the pod: a new source address is
+		// another flow.
+		h.failed[i] = fmt.Sprintf("%s saw the flow from %s after %d exchanges, first from %s", pod, client, h.rounds[i], c.client)
+	default:
+		h.rounds[i]++
+		h.began[i] = began
+	}
+	failed = h.failed[i] != ""
+	onBreak := h.onBreak
+	h.mu.Unlock()
+	if failed && onBreak != nil {
+		local, _ := netip.ParseAddrPort(c.conn.LocalAddr().String())
+		go onBreak(i, local)
+	}
+	return failed
 }
 
 // Status returns how many connections are alive, the exchanges they have

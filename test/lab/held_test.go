@@ -4,9 +4,11 @@ package lab_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -279,6 +281,13 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Where every flow must survive, a broken one's state on the
+		// nodes is taken when it breaks, for the failure's message.
+		snaps := &breakSnapshots{nodes: []*lab.Node{node1, node2}}
+		if twoTier && !noSync {
+			held.OnBreak(snaps.take(ctx, "tcp"))
+			heldU.OnBreak(snaps.take(ctx, "udp"))
+		}
 		// The kernel sends a connection to the other nodes at its third
 		// packet and flushes within about 2 s: a UDP flow's third
 		// datagram leaves two intervals after its first.
@@ -307,6 +316,7 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 		case twoTier && !noSync && (alive != before || aliveU != beforeU):
 			t.Errorf("%s: %d of %d TCP connections and %d of %d UDP flows survived, want all; first failures: %v %v",
 				ev.name, alive, before, aliveU, beforeU, broken[:min(3, len(broken))], brokenU[:min(3, len(brokenU))])
+			snaps.log(t)
 		case (!twoTier || noSync) && alive == before && aliveU == beforeU:
 			// The control: a TCP connection or a UDP flow must break,
 			// or the event moved no flow and proves nothing.
@@ -342,4 +352,55 @@ func demoVIP(t *testing.T, l *lab.Lab) netip.Addr {
 	}
 	waitRoute(t, l, vip, 2*time.Minute, l.Nodes...)
 	return vip
+}
+
+// breakSnapshots takes, when a held flow breaks, each node's IPVS
+// connection entries and conntrack entries for the flow's client port and
+// its sync daemons' state, at that moment (an event later moves or
+// expires them), for the first few flows that break.
+type breakSnapshots struct {
+	nodes []*lab.Node
+	mu    sync.Mutex
+	taken []string
+}
+
+// maxBreakSnapshots bounds the flows breakSnapshots looks at per event.
+const maxBreakSnapshots = 3
+
+// take returns the Held.OnBreak function for flows of proto ("tcp",
+// "udp").
+func (b *breakSnapshots) take(ctx context.Context, proto string) func(int, netip.AddrPort) {
+	return func(i int, local netip.AddrPort) {
+		b.mu.Lock()
+		if len(b.taken) >= maxBreakSnapshots*len(b.nodes) {
+			b.mu.Unlock()
+			return
+		}
+		b.taken = append(b.taken, make([]string, len(b.nodes))...)
+		at := len(b.taken) - len(b.nodes)
+		b.mu.Unlock()
+		port := local.Port()
+		cmd := fmt.Sprintf("date +%%T.%%N; ipvsadm -Lnc | grep -F ':%d '; conntrack -L -p %s --sport %d 2>/dev/null; ipvsadm -Ln --daemon; nstat -az UdpRcvbufErrors UdpInErrors 2>/dev/null | tail -n 2", port, proto, port)
+		for k, n := range b.nodes {
+			out, err := n.Exec(context.WithoutCancel(ctx), "sh", "-c", cmd)
+			if err != nil {
+				out += err.Error()
+			}
+			b.mu.Lock()
+			b.taken[at+k] = fmt.Sprintf("%s flow %d (client port %d) broke; %s then:\n%s", proto, i, port, n.Name, out)
+			b.mu.Unlock()
+		}
+	}
+}
+
+// log logs the snapshots taken.
+func (b *breakSnapshots) log(t *testing.T) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, s := range b.taken {
+		if s != "" {
+			t.Log(s)
+		}
+	}
 }
