@@ -88,6 +88,12 @@ type Dataplane struct {
 	// connSyncErr is why the daemons Options.ConnSync asked for are not
 	// running.
 	connSyncErr error
+	// staleErr is why net.ipv4.vs.expire_nodest_conn is not 1 (nil: it
+	// is): see StaleFlowsProblem.
+	staleErr error
+	// ct is a netfilter netlink handle in New's namespace, for the
+	// conntrack entries of stale flows (two tiers only; nil otherwise).
+	ct *netlink.Handle
 	// relay carries the daemons' messages with ConnSync.Relay; targets
 	// are the tier-1 virtual servers it lets connections name, kept with
 	// cache.
@@ -145,12 +151,19 @@ func New(opts Options) (*Dataplane, error) {
 	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true,
 		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, tier2: Tier2{}}
 	d.chooseIPv6(opts)
+	if err := enableExpireNodest(); err != nil {
+		d.staleErr = fmt.Errorf("%w: the flows of a deleted real server are dropped until their entries time out (UDP: 300 s) instead of going to another one; prepare the node (`vipcast-speaker %s` in a privileged init container, speaker.ipvs.prepareNode: true) or set net.ipv4.vs.expire_nodest_conn=1 on it", err, PrepareNodeCommand)
+	}
 	if d.tunnel {
 		t := *opts.Tunnel
 		d.tunnelCfg = &t
 		if d.genl, err = openGenl(); err != nil {
 			_ = d.Close()
 			return nil, fmt.Errorf("two-tier dataplane: %w", err)
+		}
+		if d.ct, err = netlink.NewHandle(unix.NETLINK_NETFILTER); err != nil {
+			_ = d.Close()
+			return nil, fmt.Errorf("two-tier dataplane: conntrack netlink: %w", err)
 		}
 	}
 	err = d.setupNFT(opts)
@@ -200,6 +213,15 @@ func (d *Dataplane) chooseIPv6(opts Options) {
 	case !d.tunnel6:
 		d.no6 = errors.New("connection sync is on, and the kernel does not sync the connections of an IPv6 VIP tunnelled to IPv4 tunnel addresses (give the nodes IPv6 tunnel addresses)")
 	}
+}
+
+// StaleFlowsProblem is why IPVS keeps the flows of a deleted real server
+// (net.ipv4.vs.expire_nodest_conn is not 1 and New could not set it);
+// nil when it does not. The Dataplane serves either way.
+func (d *Dataplane) StaleFlowsProblem() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.staleErr
 }
 
 // ConnSyncProblem is why the sync daemons Options.ConnSync asked for are
@@ -403,6 +425,9 @@ func (d *Dataplane) close() {
 	d.nl.Close()
 	if d.genl != nil {
 		d.genl.close()
+	}
+	if d.ct != nil {
+		d.ct.Close()
 	}
 	if d.nft != nil {
 		d.nft.close()
@@ -655,6 +680,7 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	}
 	if d.tunnel {
 		p.Tier2 = DiffTier2(Tier2Of(desired), kern.tier2)
+		p.StaleFlows = staleFlows(p.Tier2, desiredIn(desired))
 	}
 	d.cache, d.filter, d.tier2, d.stale = actual, kern.filter, kern.tier2, false
 	d.targets.reset(d.cache)
@@ -801,6 +827,7 @@ func (d *Dataplane) diffService(key Key, desired *Service) Plan {
 	}
 	if d.tunnel {
 		p.Tier2 = tier2Step(key, desired, d.tier2)
+		p.StaleFlows = staleFlows(p.Tier2, desiredOne(key, desired))
 	}
 	return p
 }
@@ -891,6 +918,7 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	d.restrict(p.Filter, f)
 	d.allow(p.Filter.AddAllow, f)
 	d.applyTier2(p.Tier2, f)
+	d.clearStaleFlows(p.StaleFlows, f)
 	d.applyBackends(p, f)
 	d.disallow(p.Filter.DelAllow, f)
 	d.unrestrict(p.Filter, f)
@@ -1078,6 +1106,11 @@ func (d *Dataplane) applyBackends(p Plan, f *failures) {
 	for _, c := range p.AddBackends {
 		if f.absent[c.Key] {
 			continue // its virtual server was refused: that is the failure
+		}
+		if c.Again {
+			if err := d.destCmd(ipvsCmdDelDest, c.Key, c.Backend); err != nil && !isNotFound(err) {
+				f.addKey(c.Key, "delete real server "+c.String(), err)
+			}
 		}
 		err := d.destCmd(ipvsCmdNewDest, c.Key, c.Backend)
 		if errors.Is(err, unix.EEXIST) {

@@ -11,9 +11,19 @@ import (
 type BackendChange struct {
 	Key     Key
 	Backend Backend
+	// Again, in Plan.AddBackends, marks a real server the kernel has:
+	// Apply deletes it and at once adds it back (tier 1's order, see
+	// diffService), so that it is away only between those two calls.
+	Again bool
 }
 
-func (c BackendChange) String() string { return c.Key.String() + " -> " + c.Backend.String() }
+func (c BackendChange) String() string {
+	s := c.Key.String() + " -> " + c.Backend.String()
+	if c.Again {
+		s += " (again)"
+	}
+	return s
+}
 
 // Plan is a set of kernel changes, in the order Apply performs them: filter
 // new VIPs, bind VIPs, start source NAT, add virtual servers, let them
@@ -44,6 +54,12 @@ type Plan struct {
 	// filled in by the Dataplane like Filter; applied before the real
 	// servers change.
 	Tier2 Tier2Plan
+	// StaleFlows are the UDP and SCTP flows Tier2 takes from endpoints
+	// for good, whose conntrack entries go right after the map changes
+	// (staleflows.go). Filled in by the Dataplane with Tier2; a
+	// consequence of Tier2's deletions, which Len counts, so Len does not
+	// count it.
+	StaleFlows []StaleFlow
 	// Lost are virtual servers the Dataplane had programmed (its in-memory
 	// state) that its kernel read found gone: removed by another program
 	// (kube-proxy flushes IPVS when it starts in nftables mode). Sync
@@ -124,6 +140,7 @@ func (p *Plan) Merge(q Plan) {
 	p.DelVIPs = append(p.DelVIPs, q.DelVIPs...)
 	p.Filter.merge(q.Filter)
 	p.Tier2.merge(q.Tier2)
+	p.StaleFlows = append(p.StaleFlows, q.StaleFlows...)
 }
 
 func (p *Plan) sort() {
@@ -303,9 +320,13 @@ func diffService(p *Plan, want, have *Service) {
 		// its history: when one is added, all are added again, in the
 		// plan's order. Its connections keep going meanwhile: a real
 		// server added again is the same one, back from IPVS's trash.
+		// Each is deleted right before it is added back (Again), not
+		// with the plan's deletions: with net.ipv4.vs.expire_nodest_conn
+		// the kernel expires, one jiffy after a deletion, every
+		// connection whose real server is away at that moment, and a
+		// plan over many Services takes far longer than a jiffy.
 		for _, b := range kept {
-			p.DelBackends = append(p.DelBackends, BackendChange{Key: k, Backend: b[1]})
-			p.AddBackends = append(p.AddBackends, BackendChange{Key: k, Backend: b[0]})
+			p.AddBackends = append(p.AddBackends, BackendChange{Key: k, Backend: b[0], Again: true})
 		}
 		return
 	}

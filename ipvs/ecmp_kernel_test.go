@@ -60,7 +60,11 @@ import (
 // opened (node A's pods terminating; node B's weight rising), then move
 // them: without connection sync some are reset (the control), with
 // Options.ConnSync none is. ClientIP: one client's connections through
-// both nodes reach one pod (testMoveClientIP).
+// both nodes reach one pod (testMoveClientIP). StaleUDP: a UDP flow whose
+// pod goes away reaches another pod within a second, one tier and two
+// (testMoveStaleUDP). Tier1Again: a node joining tier 1 under
+// net.ipv4.vs.expire_nodest_conn keeps every connection
+// (testMoveTier1Again).
 func TestECMPMove(t *testing.T) {
 	if !vm.InVM() {
 		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 10 * time.Minute}))
@@ -72,6 +76,8 @@ func TestECMPMove(t *testing.T) {
 	t.Run("Reweighted", testMoveReweighted)
 	t.Run("IPv6", testMoveIPv6)
 	t.Run("ClientIP", testMoveClientIP)
+	t.Run("StaleUDP", testMoveStaleUDP)
+	t.Run("Tier1Again", testMoveTier1Again)
 }
 
 // twoTierVMOptions adds to o the modules the two-tier dataplane needs on

@@ -20,9 +20,17 @@ const PrepareNodeCommand = "prepare-node"
 // snat.go); it exists once the ip_vs module is loaded.
 const ipvsConntrack = "/proc/sys/net/ipv4/vs/conntrack"
 
+// ipvsExpireNodest is the sysctl that makes IPVS expire a connection whose
+// real server was deleted, at its next packet (and, since Linux 5.9, all
+// of them one jiffy after the deletion), so that the packet is scheduled
+// afresh: a UDP or SCTP flow whose pod went away reaches another pod at
+// once instead of being dropped until its entry times out (300 s for
+// UDP). kube-proxy's IPVS mode sets it too.
+const ipvsExpireNodest = "net/ipv4/vs/expire_nodest_conn"
+
 // PrepareNode readies this node's kernel for a speaker that runs without
-// privilege: it makes sure the ip_vs module is loaded, so that the sysctl
-// net.ipv4.vs.conntrack exists, and sets that sysctl to 1. It needs write
+// privilege: it makes sure the ip_vs module is loaded, so that the sysctls
+// net.ipv4.vs.conntrack and expire_nodest_conn exist, and sets them to 1. It needs write
 // access to /proc/sys, which container runtimes grant to privileged
 // containers only: it is the work of the chart's short privileged init
 // container (vipcast-speaker prepare-node), and the long-running speaker
@@ -31,11 +39,17 @@ func PrepareNode() error {
 	if err := loadIPVS(); err != nil {
 		return err
 	}
-	if err := enableIPVSConntrack(); err != nil {
-		return fmt.Errorf("%w (prepare-node must run privileged, or as root outside a container: /proc/sys is read-only otherwise)", err)
+	for _, set := range []func() error{enableIPVSConntrack, enableExpireNodest} {
+		if err := set(); err != nil {
+			return fmt.Errorf("%w (prepare-node must run privileged, or as root outside a container: /proc/sys is read-only otherwise)", err)
+		}
 	}
 	return nil
 }
+
+// enableExpireNodest sets net.ipv4.vs.expire_nodest_conn=1 unless it
+// already is (see ipvsExpireNodest).
+func enableExpireNodest() error { return setSysctl(ipvsExpireNodest, "1") }
 
 // loadIPVS asks the kernel for the IPVS generic netlink family. When ip_vs
 // is not loaded the kernel loads it itself on this request (request_module

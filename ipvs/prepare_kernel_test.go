@@ -21,9 +21,11 @@ import (
 // the initramfs, for the kernel's module autoloading to find through the
 // guest's modprobe) and checks what the chart's init container and the
 // unprivileged speaker do: PrepareNode loads ip_vs by asking for its
-// generic netlink family and sets net.ipv4.vs.conntrack=1; New then needs
-// no write to a read-only /proc/sys (as in an unprivileged container), and
-// refuses with a message naming prepare-node when the sysctl is 0.
+// generic netlink family and sets net.ipv4.vs.conntrack=1 and
+// expire_nodest_conn=1; New then needs no write to a read-only /proc/sys
+// (as in an unprivileged container), refuses with a message naming
+// prepare-node when conntrack is 0, and serves, saying so
+// (StaleFlowsProblem), when expire_nodest_conn is 0.
 func TestKernelPrepareNode(t *testing.T) {
 	if !vm.InVM() {
 		var boot []string
@@ -53,6 +55,9 @@ func TestKernelPrepareNode(t *testing.T) {
 		t.Errorf("ip_vs not loaded after PrepareNode: %v", err)
 	}
 	wantConntrack(t, "1")
+	if v, err := os.ReadFile("/proc/sys/" + ipvsExpireNodest); err != nil || strings.TrimSpace(string(v)) != "1" {
+		t.Errorf("%s after PrepareNode: %q (%v), want 1", ipvsExpireNodest, v, err)
+	}
 	if err := PrepareNode(); err != nil {
 		t.Errorf("PrepareNode on a prepared node: %v", err)
 	}
@@ -63,7 +68,26 @@ func TestKernelPrepareNode(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New on a prepared node with /proc/sys read-only: %v", err)
 		}
+		if p := d.StaleFlowsProblem(); p != nil {
+			t.Errorf("StaleFlowsProblem() on a prepared node: %v, want nil", p)
+		}
 		d.Close()
+	})
+	t.Run("read-only /proc/sys, expire_nodest_conn 0", func(t *testing.T) {
+		sysctl(t, ipvsExpireNodest, "0")
+		t.Cleanup(func() { sysctl(t, ipvsExpireNodest, "1") })
+		readOnlyProcSys(t)
+		d, err := New(Options{LinkName: "vipcast-p"})
+		if err != nil {
+			t.Fatalf("New with expire_nodest_conn=0: %v, want it to serve and say so", err)
+		}
+		defer d.Close()
+		p := d.StaleFlowsProblem()
+		for _, w := range []string{"net.ipv4.vs.expire_nodest_conn", "vipcast-speaker " + PrepareNodeCommand} {
+			if p == nil || !strings.Contains(p.Error(), w) {
+				t.Errorf("StaleFlowsProblem() = %v, want one that says %q", p, w)
+			}
+		}
 	})
 	t.Run("read-only /proc/sys, sysctl 0", func(t *testing.T) {
 		sysctl(t, "net/ipv4/vs/conntrack", "0")

@@ -33,7 +33,7 @@ import (
 //
 // It leaves alone tunl0, which belongs to the ipip module (other software
 // may use it), and every sysctl that New, PrepareNode or PrepareTunnel set
-// (net.ipv4.vs.conntrack, sloppy_tcp, sloppy_sctp, drop_entry,
+// (net.ipv4.vs.conntrack, expire_nodest_conn, sloppy_tcp, sloppy_sctp, drop_entry,
 // accept_local and rp_filter): they are node settings whose earlier values
 // are not known, and other software (kube-proxy's IPVS mode) may rely on
 // them.

@@ -1,0 +1,133 @@
+package ipvs
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Stale flows: a UDP or SCTP flow has no end the kernel sees, so its
+// conntrack entry, and with it the pod tier 2 sent it to, lasts as long as
+// the client keeps sending (a DNS or syslog client with a fixed source
+// port: for ever). When an endpoint leaves tier 2 for good (gone, or no
+// longer serving; not while it drains with weight 0), the flows tier 2
+// sent to it are deleted from conntrack after the map changes, and their
+// next datagram is balanced afresh, as kube-proxy clears the conntrack
+// entries of a removed UDP endpoint. TCP needs nothing: a client learns of
+// a pod that went away from its resets or timeouts. One tier has IPVS
+// itself expire the connections of a deleted real server
+// (net.ipv4.vs.expire_nodest_conn, see node.go).
+
+// StaleFlow names the flows of a tier-2 virtual server Key that tier 2
+// sent to To, an endpoint that left it.
+type StaleFlow struct {
+	Key Key
+	To  netip.AddrPort
+}
+
+// staleFlows returns the endpoints the tier-2 plan p takes out of a UDP or
+// SCTP virtual server for good: a slot's endpoint that desired (the
+// virtual server as wanted, nil when it goes) does not list among its
+// Local endpoints at any weight. Sorted, without repeats.
+func staleFlows(p Tier2Plan, desired func(Key) *Service) []StaleFlow {
+	var out []StaleFlow
+	for _, s := range p.Del {
+		if s.Key.Protocol != UDP && s.Key.Protocol != SCTP {
+			continue
+		}
+		if svc := desired(s.Key); svc != nil && slices.ContainsFunc(svc.Local, func(b Backend) bool {
+			return netip.AddrPortFrom(b.Addr.Unmap(), b.Port) == s.To
+		}) {
+			continue
+		}
+		out = append(out, StaleFlow{Key: s.Key, To: s.To})
+	}
+	slices.SortFunc(out, func(a, b StaleFlow) int {
+		if c := a.Key.compare(b.Key); c != 0 {
+			return c
+		}
+		return a.To.Compare(b.To)
+	})
+	return slices.Compact(out)
+}
+
+// desiredIn returns a lookup of the virtual servers of st by key, for
+// staleFlows.
+func desiredIn(st State) func(Key) *Service {
+	byKey := make(map[Key]*Service, len(st.Services))
+	for _, svc := range st.Services {
+		k := svc.Key()
+		k.VIP = k.VIP.Unmap()
+		byKey[k] = &svc
+	}
+	return func(k Key) *Service { return byKey[k] }
+}
+
+// desiredOne is desiredIn for the one virtual server key (desired nil:
+// it goes).
+func desiredOne(key Key, desired *Service) func(Key) *Service {
+	key.VIP = key.VIP.Unmap()
+	return func(k Key) *Service {
+		if k == key {
+			return desired
+		}
+		return nil
+	}
+}
+
+// errNoConntrackHandle: stale flows without the conntrack handle, which
+// New opens with the two tiers only.
+var errNoConntrackHandle = errors.New("no conntrack netlink socket (the two-tier dataplane is off)")
+
+// clearStaleFlows deletes the conntrack entries of the flows in stale:
+// the protocol, original destination the VIP and port, reply source the
+// endpoint's address (a virtual server sends to one port of it). One walk
+// of the conntrack table per family.
+func (d *Dataplane) clearStaleFlows(stale []StaleFlow, f *failures) {
+	if len(stale) == 0 {
+		return
+	}
+	if d.ct == nil {
+		f.add("stale flows", errNoConntrackHandle)
+		return
+	}
+	var filters [2][]netlink.CustomConntrackFilter
+	for _, s := range stale {
+		var c netlink.ConntrackFilter
+		err := c.AddProtocol(uint8(s.Key.Protocol)) //nolint:gosec // G115: staleFlows keeps UDP (17) and SCTP (132)
+		if err == nil {
+			err = c.AddIP(netlink.ConntrackOrigDstIP, net.IP(s.Key.VIP.AsSlice()))
+		}
+		if err == nil {
+			err = c.AddPort(netlink.ConntrackOrigDstPort, s.Key.Port)
+		}
+		if err == nil {
+			err = c.AddIP(netlink.ConntrackReplySrcIP, net.IP(s.To.Addr().AsSlice()))
+		}
+		if err != nil {
+			f.addKey(s.Key, "stale flows of "+s.Key.String()+" to "+s.To.String(), err)
+			continue
+		}
+		fam := 0
+		if s.Key.VIP.Is6() {
+			fam = 1
+		}
+		filters[fam] = append(filters[fam], &c)
+	}
+	for fam, fs := range filters {
+		if len(fs) == 0 {
+			continue
+		}
+		family := netlink.InetFamily(unix.AF_INET)
+		if fam == 1 {
+			family = unix.AF_INET6
+		}
+		if _, err := d.ct.ConntrackDeleteFilters(netlink.ConntrackTable, family, fs...); err != nil {
+			f.add("delete the conntrack entries of stale UDP and SCTP flows", err)
+		}
+	}
+}

@@ -1,0 +1,63 @@
+package ipvs
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+)
+
+// TestStaleFlows: the endpoints a tier-2 plan takes out of a UDP or SCTP
+// virtual server for good are its stale flows; one that only loses its
+// slots (weight 0: it drains, as a terminating endpoint does), TCP, and
+// slots that move between endpoints that stay are not.
+func TestStaleFlows(t *testing.T) {
+	udp := Key{VIP: ip("192.0.2.1"), Port: 53, Protocol: UDP}
+	sctp := Key{VIP: ip("192.0.2.1"), Port: 9, Protocol: SCTP}
+	tcp := Key{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP}
+	a := netip.MustParseAddrPort("10.0.0.1:8080")
+	b := netip.MustParseAddrPort("10.0.0.2:8080")
+	local := func(k Key, ws map[netip.AddrPort]int) *Service {
+		s := Service{VIP: k.VIP, Port: k.Port, Protocol: k.Protocol}
+		for ap, w := range ws {
+			s.Local = append(s.Local, Backend{Addr: ap.Addr(), Port: ap.Port(), Weight: w})
+		}
+		return &s
+	}
+	del := func(k Key, to ...netip.AddrPort) Tier2Plan {
+		var p Tier2Plan
+		for i, ap := range to {
+			p.Del = append(p.Del, Tier2Slot{Key: k, Slot: i, To: ap})
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name    string
+		plan    Tier2Plan
+		desired *Service
+		want    []StaleFlow
+	}{
+		{"UDP endpoint gone", del(udp, a, a, b), local(udp, map[netip.AddrPort]int{b: 1}), []StaleFlow{{udp, a}}},
+		{"SCTP endpoint gone", del(sctp, a), local(sctp, map[netip.AddrPort]int{b: 1}), []StaleFlow{{sctp, a}}},
+		{"UDP endpoint draining keeps its flows", del(udp, a, a), local(udp, map[netip.AddrPort]int{a: 0, b: 1}), nil},
+		{"TCP endpoint gone: nothing", del(tcp, a), local(tcp, map[netip.AddrPort]int{b: 1}), nil},
+		{"virtual server gone", del(udp, a, b), nil, []StaleFlow{{udp, a}, {udp, b}}},
+		{"slot moved between endpoints that stay", del(udp, a), local(udp, map[netip.AddrPort]int{a: 1, b: 2}), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var key Key
+			if len(tc.plan.Del) > 0 {
+				key = tc.plan.Del[0].Key
+			}
+			if got := staleFlows(tc.plan, desiredOne(key, tc.desired)); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("staleFlows = %v, want %v", got, tc.want)
+			}
+			st := State{Services: map[Key]Service{}}
+			if tc.desired != nil {
+				st.Services[key] = *tc.desired
+			}
+			if got := staleFlows(tc.plan, desiredIn(st)); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("staleFlows over a State = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
