@@ -99,6 +99,7 @@ func TestCluster(t *testing.T) {
 				}
 			}
 		}},
+		{"contract", func(t *testing.T) { serviceContract(t, l) }},
 		{"sourceranges-twotier", func(t *testing.T) {
 			sourceRanges(t, l, vip, false)
 			// The lifecycle's drain would refuse a pod that no
