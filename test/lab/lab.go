@@ -642,16 +642,27 @@ func (l *Lab) ApplyHeld(ctx context.Context, ready []Pod) (netip.Addr, error) {
 }
 
 // DeleteHeld deletes HeldService and its EndpointSlice.
+// It returns once the Service is gone: vipcast-ccm's finalizer holds it
+// until its VIP is released, and a HeldService created meanwhile would be
+// refused ("object is being deleted").
 func (l *Lab) DeleteHeld(ctx context.Context) error {
-	err := l.CP.Client.CoreV1().Services(DemoNamespace).Delete(ctx, HeldService, metav1.DeleteOptions{})
+	services := l.CP.Client.CoreV1().Services(DemoNamespace)
+	err := services.Delete(ctx, HeldService, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
 	err = l.CP.Client.DiscoveryV1().EndpointSlices(DemoNamespace).Delete(ctx, HeldService+"-lab", metav1.DeleteOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
 	}
-	return err
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := services.Get(ctx, HeldService, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		return fmt.Errorf("service %s/%s still there 2m after its deletion: %w", DemoNamespace, HeldService, err)
+	}
+	return nil
 }
 
 // SetEndpoints writes HeldService's EndpointSlice, as the endpoint
