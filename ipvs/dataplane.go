@@ -91,6 +91,9 @@ type Dataplane struct {
 	// staleErr is why net.ipv4.vs.expire_nodest_conn is not 1 (nil: it
 	// is): see StaleFlowsProblem.
 	staleErr error
+	// hairpin are the endpoints the hairpin sets hold, by virtual server
+	// (hairpin.go).
+	hairpin hairpins
 	// ct is a netfilter netlink handle in New's namespace, for the
 	// conntrack entries of stale flows (two tiers only; nil otherwise).
 	ct *netlink.Handle
@@ -191,6 +194,11 @@ func (d *Dataplane) setupNFT(opts Options) error {
 	d.nft.relayPort = opts.ConnSync.relayPort()
 	if err := d.nft.setupHostGuards(opts.HostGuard); err != nil {
 		return err
+	}
+	if d.snat {
+		if err := d.nft.setupHairpin(); err != nil {
+			return err
+		}
 	}
 	return d.setupTunnel(opts.Tunnel)
 }
@@ -684,7 +692,16 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	}
 	d.cache, d.filter, d.tier2, d.stale = actual, kern.filter, kern.tier2, false
 	d.targets.reset(d.cache)
+	// The hairpin sets are vipcast's alone: read and repaired whole, before
+	// the plan gives any endpoint its first flow.
+	d.hairpin = hairpinsOf(desired)
+	if d.nft != nil {
+		d.nft.hairpinHave = [2]map[netip.Addr]struct{}{}
+	}
+	hf := &failures{absent: map[Key]bool{}, unrestricted: map[Key]bool{}}
+	d.syncHairpin(d.hairpin.all(), hf)
 	f := d.applyPlan(p)
+	f.all = append(f.all, hf.all...)
 	if d.tunnel {
 		if err := d.repairTunnelNode(); err != nil {
 			f.add("the two-tier dataplane's setup on the node", err)
@@ -911,6 +928,13 @@ func (d *Dataplane) apply(p Plan) error {
 // applyPlan is apply, returning the failures by what they concern.
 func (d *Dataplane) applyPlan(p Plan) *failures {
 	f := &failures{absent: map[Key]bool{}, unrestricted: map[Key]bool{}}
+	// An endpoint that can take its own connections through the VIP is
+	// in the hairpin set before its first flow (hairpin.go), and leaves
+	// it after its last.
+	next := d.hairpinNext(p)
+	if grow := d.hairpin.missing(next); len(grow) > 0 {
+		d.syncHairpin(append(d.hairpin.all(), grow...), f)
+	}
 	unguarded := d.filterVIPs(p.Filter.AddVIPs, f)
 	d.bindVIPs(p.AddVIPs, unguarded, f)
 	d.startSNAT(p.AddSNAT, f)
@@ -934,6 +958,15 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	p.Filter.ApplyTo(&d.filter)
 	p.Tier2.ApplyTo(d.tier2)
 	d.targets.update(d.cache, p.serviceKeys())
+	changed := false
+	for k, addrs := range next {
+		if d.hairpin.set(k, addrs) {
+			changed = true
+		}
+	}
+	if changed {
+		d.syncHairpin(d.hairpin.all(), f)
+	}
 	return f
 }
 

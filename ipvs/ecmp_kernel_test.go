@@ -64,7 +64,8 @@ import (
 // pod goes away reaches another pod within a second, one tier and two
 // (testMoveStaleUDP). Tier1Again: a node joining tier 1 under
 // net.ipv4.vs.expire_nodest_conn keeps every connection
-// (testMoveTier1Again).
+// (testMoveTier1Again). Hairpin: a pod balanced to itself through the VIP
+// is answered (testMoveHairpin).
 func TestECMPMove(t *testing.T) {
 	if !vm.InVM() {
 		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 10 * time.Minute}))
@@ -78,6 +79,7 @@ func TestECMPMove(t *testing.T) {
 	t.Run("ClientIP", testMoveClientIP)
 	t.Run("StaleUDP", testMoveStaleUDP)
 	t.Run("Tier1Again", testMoveTier1Again)
+	t.Run("Hairpin", testMoveHairpin)
 }
 
 // twoTierVMOptions adds to o the modules the two-tier dataplane needs on

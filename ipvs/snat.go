@@ -90,6 +90,10 @@ type nftTables struct {
 	hostGuard HostGuard
 	bfdSet    [2]*nftables.Set
 	bfdHave   [2]map[netip.Addr]struct{}
+	// hairpin are the hairpin sets ("P . P"; hairpin.go) with source NAT
+	// on, hairpinHave what they hold (nil: unknown).
+	hairpin     [2]*nftables.Set
+	hairpinHave [2]map[netip.Addr]struct{}
 	// relayPort is the connection sync relay's UDP port (0: no relay),
 	// which the tunnel guard opens to the tunnel sources only.
 	relayPort uint16

@@ -179,6 +179,53 @@ func (n *nftTables) setTunnelSources(addrs []netip.Addr) error {
 // set goes from empty to not, or back (on: it has elements). have caches
 // what the sets hold (nil: unknown, read them first) and is kept current.
 func (n *nftTables) syncGuardSets(what string, sets [2]*nftables.Set, have *[2]map[netip.Addr]struct{}, addrs []netip.Addr, requeue func(i int, set *nftables.Set, on bool)) error {
+	return n.syncSets(what, sets, have, addrs, addrCodec, requeue)
+}
+
+// setCodec is how a set of addresses keys its elements: by the address
+// (addrCodec), or by the address twice, "P . P" (pairCodec, the hairpin
+// set).
+type setCodec bool
+
+const (
+	addrCodec setCodec = false
+	pairCodec setCodec = true
+)
+
+// key is a's element key.
+func (c setCodec) key(a netip.Addr) []byte {
+	b := a.AsSlice()
+	if c == pairCodec {
+		b = append(b, b...)
+	}
+	return b
+}
+
+// addr is the address of the element key b; false when b is not one of
+// c's keys.
+func (c setCodec) addr(b []byte) (netip.Addr, bool) {
+	if c == pairCodec {
+		h := len(b) / 2
+		if len(b)%2 != 0 || string(b[:h]) != string(b[h:]) {
+			return netip.Addr{}, false
+		}
+		b = b[:h]
+	}
+	return netip.AddrFromSlice(b)
+}
+
+// elements are the set elements of addrs.
+func (c setCodec) elements(addrs []netip.Addr) []nftables.SetElement {
+	out := make([]nftables.SetElement, len(addrs))
+	for i, a := range addrs {
+		out[i] = nftables.SetElement{Key: c.key(a)}
+	}
+	return out
+}
+
+// syncSets is syncGuardSets for sets whose elements codec keys; requeue
+// may be nil.
+func (n *nftTables) syncSets(what string, sets [2]*nftables.Set, have *[2]map[netip.Addr]struct{}, addrs []netip.Addr, codec setCodec, requeue func(i int, set *nftables.Set, on bool)) error {
 	var want [2]map[netip.Addr]struct{}
 	for i := range want {
 		want[i] = map[netip.Addr]struct{}{}
@@ -196,7 +243,7 @@ func (n *nftTables) syncGuardSets(what string, sets [2]*nftables.Set, have *[2]m
 			continue
 		}
 		if have[i] == nil {
-			h, err := n.readAddrs(set)
+			h, err := n.readSet(set, codec)
 			if err != nil {
 				return err
 			}
@@ -209,13 +256,13 @@ func (n *nftTables) syncGuardSets(what string, sets [2]*nftables.Set, have *[2]m
 		changed = true
 		slices.SortFunc(add, netip.Addr.Compare)
 		slices.SortFunc(del, netip.Addr.Compare)
-		if err := queueElements(n.conn.SetAddElements, set, addrElements(add)); err != nil {
+		if err := queueElements(n.conn.SetAddElements, set, codec.elements(add)); err != nil {
 			return err
 		}
-		if err := queueElements(n.conn.SetDeleteElements, set, addrElements(del)); err != nil {
+		if err := queueElements(n.conn.SetDeleteElements, set, codec.elements(del)); err != nil {
 			return err
 		}
-		if (len(have[i]) > 0) != (len(want[i]) > 0) {
+		if requeue != nil && (len(have[i]) > 0) != (len(want[i]) > 0) {
 			requeue(i, set, len(want[i]) > 0)
 		}
 	}
@@ -237,13 +284,18 @@ func (n *nftTables) syncGuardSets(what string, sets [2]*nftables.Set, have *[2]m
 
 // readAddrs reads the addresses in set.
 func (n *nftTables) readAddrs(set *nftables.Set) (map[netip.Addr]struct{}, error) {
+	return n.readSet(set, addrCodec)
+}
+
+// readSet reads the addresses in set, whose elements codec keys.
+func (n *nftTables) readSet(set *nftables.Set, codec setCodec) (map[netip.Addr]struct{}, error) {
 	els, err := n.conn.GetSetElements(set)
 	if err != nil {
 		return nil, fmt.Errorf("nftables set %s %s: %w", familyName(set.Table.Family), set.Name, err)
 	}
 	out := make(map[netip.Addr]struct{}, len(els))
 	for _, e := range els {
-		if a, ok := netip.AddrFromSlice(e.Key); ok {
+		if a, ok := codec.addr(e.Key); ok {
 			out[a] = struct{}{}
 		}
 	}
@@ -255,12 +307,4 @@ func famIndex(a netip.Addr) int {
 		return 0
 	}
 	return 1
-}
-
-func addrElements(addrs []netip.Addr) []nftables.SetElement {
-	out := make([]nftables.SetElement, len(addrs))
-	for i, a := range addrs {
-		out[i] = nftables.SetElement{Key: a.AsSlice()}
-	}
-	return out
 }

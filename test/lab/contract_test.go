@@ -31,7 +31,9 @@ import (
 //   - a one-endpoint Service under Local policy rolled to a pod on the
 //     other node (the old endpoint terminating and serving while the new
 //     one is not ready yet, then both, then the old one gone) refuses no
-//     new connection from a stream every 100 ms.
+//     new connection from a stream every 100 ms;
+//   - hairpin: a pod that is its own Service's only endpoint reaches
+//     itself through the VIP.
 func serviceContract(t *testing.T, l *lab.Lab) {
 	ctx := t.Context()
 	node1, node2 := l.Nodes[0], l.Nodes[1]
@@ -58,6 +60,58 @@ func serviceContract(t *testing.T, l *lab.Lab) {
 		t.Fatal(err)
 	}
 	t.Run("LocalRollout", func(t *testing.T) { localRollout(t, l, vip, node1.Pods[0], node2.Pods[0]) })
+	t.Run("Hairpin", func(t *testing.T) { hairpin(t, l, vip) })
+}
+
+// hairpinGets is how many GETs the hairpin check makes.
+const hairpinGets = 10
+
+// hairpin makes the client pod the Service's only endpoint and GETs the
+// VIP from inside it: every GET comes back to the pod itself, and each is
+// answered, the pod seeing a node's address rather than its own (before
+// the hairpin rule the pod answered itself inside its own namespace and
+// every such connection failed).
+func hairpin(t *testing.T, l *lab.Lab, vip netip.Addr) {
+	ctx := t.Context()
+	get, p := inClientPod(t, l)
+	addr, err := netip.ParseAddr(p.Status.PodIP)
+	if err != nil {
+		t.Fatalf("client pod's IP %q: %v", p.Status.PodIP, err)
+	}
+	self := lab.Pod{Name: p.Name, Node: p.Spec.NodeName, Addr: addr}
+	if err := l.SetEndpoints(ctx, []lab.Pod{self}, nil); err != nil {
+		t.Fatal(err)
+	}
+	urls := slices.Repeat([]string{"http://" + netip.AddrPortFrom(vip, 80).String() + "/"}, hairpinGets)
+	var last string
+	start := time.Now()
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		out, err := get(ctx, urls...)
+		if err != nil {
+			return false, err
+		}
+		last = out
+		answers := strings.Split(strings.TrimSpace(out), "\n")
+		if len(answers) != len(urls) {
+			return false, nil
+		}
+		for _, a := range answers {
+			if !strings.HasPrefix(a, self.Name+" ") {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("from pod %s, its own Service's only endpoint, %d GETs of %s were not all answered by itself within 30s (%v); last:\n%s", self.Name, hairpinGets, vip, err, last)
+	}
+	for _, a := range strings.Split(strings.TrimSpace(last), "\n") {
+		if _, src, _ := strings.Cut(a, ", client "); src == self.Addr.String() {
+			t.Errorf("pod %s saw its own connection from its own address %s: not masqueraded (%q)", self.Name, src, a)
+		}
+	}
+	t.Logf("hairpin: pod %s on %s, its Service's only endpoint, answered all %d of its own GETs through the VIP (%s after the endpoint change); it saw %q",
+		self.Name, self.Node, hairpinGets, time.Since(start).Round(100*time.Millisecond), strings.SplitN(strings.TrimSpace(last), "\n", 2)[0])
 }
 
 // affinityConns is how many new connections the ClientIP check opens.
