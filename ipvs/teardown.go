@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -86,6 +87,12 @@ func (d *Dataplane) teardownServices() error {
 		err = d.readServices(have, func(Key, map[netip.Addr]struct{}) bool { return false })
 	}
 	if err == nil {
+		// The hairpin sets go with their tables (removeTables), whole:
+		// no element is taken out first, in tables that may be gone
+		// already.
+		if d.nft != nil {
+			d.nft.hairpin = [2]*nftables.Set{}
+		}
 		err = d.apply(Diff(NewState(), have))
 	}
 	if err != nil {
