@@ -248,7 +248,11 @@ func localRollout(t *testing.T, l *lab.Lab, vip netip.Addr, old, next lab.Pod) {
 			t.Fatal(err)
 		}
 		took := waitRoute(t, l, vip, time.Minute, s.route...)
-		log = append(log, fmt.Sprintf("%s: route %s in %s", s.what, names(podsOn(s.ready, s.term)), took.Round(time.Millisecond)))
+		var via []string
+		for _, n := range s.route {
+			via = append(via, n.Name)
+		}
+		log = append(log, fmt.Sprintf("%s (endpoints %s): the ToR's route via %s in %s", s.what, names(podsOn(s.ready, s.term)), via, took.Round(time.Millisecond)))
 	}
 	time.Sleep(2 * time.Second)
 	ok, failed := stream.Stop()
