@@ -698,7 +698,7 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	if d.nft != nil {
 		d.nft.hairpinHave = [2]map[netip.Addr]struct{}{}
 	}
-	hf := &failures{absent: map[Key]bool{}, unrestricted: map[Key]bool{}}
+	hf := newFailures()
 	d.syncHairpin(d.hairpin.all(), hf)
 	f := d.applyPlan(p)
 	f.all = append(f.all, hf.all...)
@@ -927,7 +927,7 @@ func (d *Dataplane) apply(p Plan) error {
 
 // applyPlan is apply, returning the failures by what they concern.
 func (d *Dataplane) applyPlan(p Plan) *failures {
-	f := &failures{absent: map[Key]bool{}, unrestricted: map[Key]bool{}}
+	f := newFailures()
 	// An endpoint that can take its own connections through the VIP is
 	// in the hairpin set before its first flow (hairpin.go), and leaves
 	// it after its last.
@@ -968,6 +968,11 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 		d.syncHairpin(d.hairpin.all(), f)
 	}
 	return f
+}
+
+// newFailures returns an empty failures.
+func newFailures() *failures {
+	return &failures{absent: map[Key]bool{}, unrestricted: map[Key]bool{}}
 }
 
 // failures collects the errors of the steps of an apply, each prefixed

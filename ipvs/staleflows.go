@@ -34,6 +34,9 @@ type StaleFlow struct {
 // virtual server as wanted, nil when it goes) does not list among its
 // Local endpoints at any weight. Sorted, without repeats.
 func staleFlows(p Tier2Plan, desired func(Key) *Service) []StaleFlow {
+	if len(p.Del) == 0 {
+		return nil
+	}
 	var out []StaleFlow
 	for _, s := range p.Del {
 		if s.Key.Protocol != UDP && s.Key.Protocol != SCTP {
@@ -56,15 +59,21 @@ func staleFlows(p Tier2Plan, desired func(Key) *Service) []StaleFlow {
 }
 
 // desiredIn returns a lookup of the virtual servers of st by key, for
-// staleFlows.
+// staleFlows: the index is built on the first lookup, so a full Sync
+// whose tier-2 plan deletes nothing builds none.
 func desiredIn(st State) func(Key) *Service {
-	byKey := make(map[Key]*Service, len(st.Services))
-	for _, svc := range st.Services {
-		k := svc.Key()
-		k.VIP = k.VIP.Unmap()
-		byKey[k] = &svc
+	var byKey map[Key]*Service
+	return func(k Key) *Service {
+		if byKey == nil {
+			byKey = make(map[Key]*Service, len(st.Services))
+			for _, svc := range st.Services {
+				sk := svc.Key()
+				sk.VIP = sk.VIP.Unmap()
+				byKey[sk] = &svc
+			}
+		}
+		return byKey[k]
 	}
-	return func(k Key) *Service { return byKey[k] }
 }
 
 // desiredOne is desiredIn for the one virtual server key (desired nil:
