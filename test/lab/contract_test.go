@@ -37,22 +37,8 @@ import (
 func serviceContract(t *testing.T, l *lab.Lab) {
 	ctx := t.Context()
 	node1, node2 := l.Nodes[0], l.Nodes[1]
-	if len(node1.Pods) < 2 || len(node2.Pods) < 2 {
-		t.Fatalf("the demo's pods per node: %v and %v, want two on each", names(node1.Pods), names(node2.Pods))
-	}
-	pods := []lab.Pod{node1.Pods[0], node1.Pods[1], node2.Pods[0], node2.Pods[1]}
-	vip, err := l.ApplyHeld(ctx, pods)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := l.DeleteHeld(context.WithoutCancel(ctx)); err != nil {
-			t.Error(err)
-		}
-	}()
-	waitRoute(t, l, vip, 2*time.Minute, node1, node2)
+	vip, pods := heldOnBoth(t, l)
 	addr := netip.AddrPortFrom(vip, 80)
-	reach(t, l, addr, pods, nil)
 
 	t.Run("ClientIP", func(t *testing.T) { clientIPAffinity(t, l, addr) })
 	t.Run("StaleUDP", func(t *testing.T) { staleUDP(t, l, netip.AddrPortFrom(vip, 53), pods) })

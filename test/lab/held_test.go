@@ -98,22 +98,8 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 	}
 	t.Logf("helm upgrade to %+v: the speakers rolled out in %s", values, speakers.Round(time.Second))
 	node1, node2 := l.Nodes[0], l.Nodes[1]
-	if len(node1.Pods) < 2 || len(node2.Pods) < 2 {
-		t.Fatalf("the demo's pods per node: %v and %v, want two on each", names(node1.Pods), names(node2.Pods))
-	}
-	ready := []lab.Pod{node1.Pods[0], node1.Pods[1], node2.Pods[0], node2.Pods[1]}
-	vip, err := l.ApplyHeld(ctx, ready)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := l.DeleteHeld(context.WithoutCancel(ctx)); err != nil {
-			t.Error(err)
-		}
-	}()
-	waitRoute(t, l, vip, 2*time.Minute, node1, node2)
+	vip, ready := heldOnBoth(t, l)
 	addr := netip.AddrPortFrom(vip, 80)
-	reach(t, l, addr, ready, nil)
 	if twoTier {
 		for i := range 20 {
 			body, err := l.Get(ctx, addr)
@@ -403,4 +389,29 @@ func (b *breakSnapshots) log(t *testing.T) {
 			t.Log(s)
 		}
 	}
+}
+
+// heldOnBoth creates lab.HeldService over two demo pods on each of the
+// first two nodes, deleted when t ends, and returns its VIP and those
+// pods once the ToR routes it over both nodes and every pod answers.
+func heldOnBoth(t *testing.T, l *lab.Lab) (netip.Addr, []lab.Pod) {
+	t.Helper()
+	ctx := t.Context()
+	node1, node2 := l.Nodes[0], l.Nodes[1]
+	if len(node1.Pods) < 2 || len(node2.Pods) < 2 {
+		t.Fatalf("the demo's pods per node: %v and %v, want two on each", names(node1.Pods), names(node2.Pods))
+	}
+	pods := []lab.Pod{node1.Pods[0], node1.Pods[1], node2.Pods[0], node2.Pods[1]}
+	vip, err := l.ApplyHeld(ctx, pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.DeleteHeld(context.WithoutCancel(ctx)); err != nil {
+			t.Error(err)
+		}
+	})
+	waitRoute(t, l, vip, 2*time.Minute, node1, node2)
+	reach(t, l, netip.AddrPortFrom(vip, 80), pods, nil)
+	return vip, pods
 }
