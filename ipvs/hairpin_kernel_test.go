@@ -20,7 +20,9 @@ const hairpinFlows = 20
 // and is balanced, for some of its flows, to itself; every flow is
 // answered (hairpin.go masquerades those, so the pod's answer to itself
 // comes back through the node), and the pod sees the node's address on
-// them. One tier under Local policy (no source NAT; node A's pods), and
+// them, while another pod sees pa1's own address on its flows (the rule
+// touches the hairpin case only). One tier under Local policy (no source
+// NAT; node A's pods), and
 // two tiers. Before the hairpin rule, the flows back to pa1 failed.
 func testMoveHairpin(t *testing.T) {
 	for _, twoTier := range []bool{false, true} {
@@ -90,11 +92,15 @@ func testMoveHairpin(t *testing.T) {
 					continue
 				}
 				pod, src, _ := strings.Cut(strings.TrimSpace(line), " ")
-				if pod == self.name {
+				switch {
+				case pod == self.name:
 					back++
 					if src == self.v4().String() {
 						t.Errorf("%s flow %d came back to %s from its own address %s: not masqueraded", network, i, pod, src)
 					}
+				case src != self.v4().String():
+					// The rule masquerades a pod's flow to itself only.
+					t.Errorf("%s flow %d from %s reached %s from %s, want %s's own address", network, i, self.name, pod, src, self.name)
 				}
 			}
 			if back == 0 {
