@@ -51,6 +51,17 @@ type Spec struct {
 	Arch        string    // amd64
 	Created     time.Time // image creation time and mtime of every file in the layer
 	Format      string    // FormatDocker or FormatOCI
+	// Path is where the binary lands in the image and the entrypoint;
+	// empty: BinDir/<last element of Name>.
+	Path string
+	// Cmd is the image's default arguments to the entrypoint (none when
+	// empty).
+	Cmd []string
+	// Base, when set, is a directory whose tree (directories, regular
+	// files, symbolic links; modes kept, owned by root) becomes a layer
+	// under the binary's: a userland for a test image whose commands a
+	// test runs in the container (a shell, curl, nc).
+	Base string
 }
 
 // Known binaries: the defaults for user and description.
@@ -101,8 +112,8 @@ func (s Spec) Ref() (name.Tag, error) {
 	return name.NewTag(s.Name + ":" + s.Tag)
 }
 
-// Build assembles the image in memory: an empty base, one layer with the
-// binary at /usr/local/bin/<name>, and the config.
+// Build assembles the image in memory: an empty base, the layer of
+// s.Base when set, one layer with the binary at s.Path, and the config.
 func Build(s Spec) (v1.Image, error) {
 	if s.OS == "" {
 		s.OS = "linux"
@@ -117,12 +128,27 @@ func Build(s Spec) (v1.Image, error) {
 	if err := checkELF(bin, s.Arch); err != nil {
 		return nil, fmt.Errorf("%s: %w", s.Binary, err)
 	}
-	target := path.Join(BinDir, path.Base(s.Name))
+	target := s.Path
+	if target == "" {
+		target = path.Join(BinDir, path.Base(s.Name))
+	}
+	if !path.IsAbs(target) || path.Clean(target) != target {
+		return nil, fmt.Errorf("binary path %q: want a clean absolute path, e.g. /agnhost", target)
+	}
+	var layers []layerSpec
+	if s.Base != "" {
+		b, err := dirTar(s.Base, s.Created)
+		if err != nil {
+			return nil, fmt.Errorf("base %s: %w", s.Base, err)
+		}
+		layers = append(layers, layerSpec{b, "hack/image: add the tree of " + filepath.Base(s.Base), "userland for a test image"})
+	}
 	layerTar, err := layerTar(target, bin, s.Created)
 	if err != nil {
 		return nil, err
 	}
-	img, err := withLayer(s, target, layerTar)
+	layers = append(layers, layerSpec{layerTar, "hack/image: add " + target, "static Go binary on an empty base"})
+	img, err := withLayers(s, layers)
 	if err != nil {
 		return nil, err
 	}
@@ -137,35 +163,96 @@ func Build(s Spec) (v1.Image, error) {
 	return mutate.CreatedAt(img, v1.Time{Time: s.Created})
 }
 
-// withLayer is the empty base with one layer, the tar layerTar that adds
-// target, in s's format (Docker or OCI media types).
-func withLayer(s Spec, target string, layerTar []byte) (v1.Image, error) {
+// layerSpec is one layer's uncompressed tar and its history entry.
+type layerSpec struct {
+	tar                []byte
+	createdBy, comment string
+}
+
+// withLayers is the empty base with layers, in order, in s's format
+// (Docker or OCI media types).
+func withLayers(s Spec, layers []layerSpec) (v1.Image, error) {
 	oci := s.Format == FormatOCI
 	layerType := types.DockerLayer
 	if oci {
 		layerType = types.OCILayer
 	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	}, tarball.WithMediaType(layerType))
-	if err != nil {
-		return nil, err
-	}
-
 	img := empty.Image
 	if oci {
 		img = mutate.MediaType(img, types.OCIManifestSchema1)
 		img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	}
-	return mutate.Append(img, mutate.Addendum{
-		Layer:     layer,
-		MediaType: layerType,
-		History: v1.History{
-			Created:   v1.Time{Time: s.Created},
-			CreatedBy: "hack/image: add " + target,
-			Comment:   "static Go binary on an empty base",
-		},
+	var adds []mutate.Addendum
+	for _, l := range layers {
+		layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(l.tar)), nil
+		}, tarball.WithMediaType(layerType))
+		if err != nil {
+			return nil, err
+		}
+		adds = append(adds, mutate.Addendum{
+			Layer:     layer,
+			MediaType: layerType,
+			History:   v1.History{Created: v1.Time{Time: s.Created}, CreatedBy: l.createdBy, Comment: l.comment},
+		})
+	}
+	return mutate.Append(img, adds...)
+}
+
+// dirTar is the uncompressed layer of dir's tree: every directory,
+// regular file and symbolic link under it in lexical order, with its
+// permission bits, owned by root, at mtime, PAX-free; anything else (a
+// device, a socket) is refused.
+func dirTar(dir string, mtime time.Time) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	mtime = mtime.UTC().Truncate(time.Second)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		h := &tar.Header{Name: filepath.ToSlash(rel), Mode: int64(info.Mode().Perm()), ModTime: mtime, Format: tar.FormatUSTAR}
+		switch {
+		case d.IsDir():
+			h.Typeflag, h.Name = tar.TypeDir, h.Name+"/"
+			return tw.WriteHeader(h)
+		case info.Mode()&fs.ModeSymlink != 0:
+			link, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			h.Typeflag, h.Linkname = tar.TypeSymlink, link
+			return tw.WriteHeader(h)
+		case info.Mode().IsRegular():
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			h.Typeflag, h.Size = tar.TypeReg, int64(len(b))
+			if err := tw.WriteHeader(h); err != nil {
+				return err
+			}
+			_, err = tw.Write(b)
+			return err
+		default:
+			return fmt.Errorf("%s: %v is neither a directory, a regular file nor a symbolic link", rel, info.Mode().Type())
+		}
 	})
+	if err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // imageConfig sets cf's platform, entrypoint (target), user, environment
@@ -174,7 +261,7 @@ func imageConfig(cf *v1.ConfigFile, s Spec, target string) *v1.ConfigFile {
 	cf.OS = s.OS
 	cf.Architecture = s.Arch
 	cf.Config.Entrypoint = []string{target}
-	cf.Config.Cmd = nil
+	cf.Config.Cmd = s.Cmd
 	cf.Config.User = s.User
 	cf.Config.WorkingDir = "/"
 	cf.Config.Env = []string{"PATH=" + BinDir + ":/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"}

@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -387,5 +389,115 @@ func TestRejects(t *testing.T) {
 	}
 	if err := run([]string{"-binary", hello, "-tag", "v1"}, io.Discard); err == nil {
 		t.Error("-binary without -name/-out accepted")
+	}
+}
+
+// TestBaseLayerPathCmd: a test image with a userland (-base), its binary
+// at a path of its own (-path) and default arguments (-cmd) has two
+// layers — the tree as it is on disk (modes and symbolic links kept,
+// owned by root at the creation time), then the binary — the binary as
+// its entrypoint and the arguments as its command; it stays
+// reproducible, and a device in the tree is refused with its name.
+func TestBaseLayerPathCmd(t *testing.T) {
+	base := t.TempDir()
+	for _, d := range []string{"usr/bin", "etc"} {
+		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(base, "usr/bin/tool"), []byte("#!/bin/true\n"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(base, "etc/hosts"), []byte("127.0.0.1 localhost\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("usr/bin", filepath.Join(base, "bin")); err != nil {
+		t.Fatal(err)
+	}
+	s := Spec{Binary: hello, Name: "vipcast/e2e-agnhost", Tag: "2.66.1", Created: epoch, Format: FormatDocker,
+		Path: "/agnhost", Cmd: []string{"pause"}, Base: base}
+	dir := t.TempDir()
+	d1 := build(t, s, filepath.Join(dir, "a.tar"))
+	if d2 := build(t, s, filepath.Join(dir, "b.tar")); d2 != d1 {
+		t.Errorf("second build digest %s != %s", d2, d1)
+	}
+	img, err := Build(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cf.Config.Entrypoint; len(got) != 1 || got[0] != "/agnhost" {
+		t.Errorf("entrypoint %q, want [/agnhost]", got)
+	}
+	if got := cf.Config.Cmd; len(got) != 1 || got[0] != "pause" {
+		t.Errorf("cmd %q, want [pause]", got)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(layers) != 2 {
+		t.Fatalf("%d layers, want 2 (the tree, then the binary)", len(layers))
+	}
+	type entry struct {
+		typ  byte
+		mode int64
+		link string
+		body string
+	}
+	read := func(l v1.Layer) map[string]entry {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		got := map[string]entry{}
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				return got
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Uid != 0 || h.Gid != 0 || !h.ModTime.Equal(epoch) {
+				t.Errorf("%s: owner %d:%d mtime %v, want 0:0 at %v", h.Name, h.Uid, h.Gid, h.ModTime, epoch)
+			}
+			b, _ := io.ReadAll(tr)
+			if h.Typeflag == tar.TypeReg && len(b) > 64 {
+				b = b[:0] // the binary: its size says enough here
+			}
+			got[h.Name] = entry{h.Typeflag, h.Mode, h.Linkname, string(b)}
+		}
+	}
+	want := map[string]entry{
+		"bin":          {tar.TypeSymlink, 0o777, "usr/bin", ""},
+		"etc/":         {tar.TypeDir, 0o755, "", ""},
+		"etc/hosts":    {tar.TypeReg, 0o644, "", "127.0.0.1 localhost\n"},
+		"usr/":         {tar.TypeDir, 0o755, "", ""},
+		"usr/bin/":     {tar.TypeDir, 0o755, "", ""},
+		"usr/bin/tool": {tar.TypeReg, 0o750, "", "#!/bin/true\n"},
+	}
+	if got := read(layers[0]); !reflect.DeepEqual(got, want) {
+		t.Errorf("the tree's layer:\n got %v\nwant %v", got, want)
+	}
+	if got := read(layers[1]); len(got) != 1 || got["agnhost"].typ != tar.TypeReg || got["agnhost"].mode != 0o755 {
+		t.Errorf("the binary's layer: %v, want agnhost alone, a regular file 0755", got)
+	}
+
+	s.Path = "agnhost"
+	if _, err := Build(s); err == nil || !strings.Contains(err.Error(), "absolute") {
+		t.Errorf("a relative -path: error %v, want one that asks for an absolute path", err)
+	}
+	s.Path = "/agnhost"
+	if err := syscall.Mkfifo(filepath.Join(base, "etc/fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Build(s); err == nil || !strings.Contains(err.Error(), "etc/fifo") {
+		t.Errorf("a FIFO in the tree: error %v, want one that names etc/fifo", err)
 	}
 }

@@ -63,6 +63,7 @@ type options struct {
 	binary, imgName, out                           string // single-image mode
 	repo, outdir                                   string // multi-image mode
 	tag, format, user, desc, goos, goarch, created string
+	path, cmd, base                                string // single-image mode
 }
 
 // newFlags defines the command line's flags, which fill in the options.
@@ -72,6 +73,9 @@ func newFlags() (*flag.FlagSet, *options) {
 	fl.StringVar(&o.binary, "binary", "", "single-image mode: path of the static binary")
 	fl.StringVar(&o.imgName, "name", "", "single-image mode: repository without registry host, e.g. vipcast/vipcast-speaker")
 	fl.StringVar(&o.out, "out", "", "single-image mode: output file (docker), or OCI layout directory / .tar (oci)")
+	fl.StringVar(&o.path, "path", "", "single-image mode: where the binary lands and the entrypoint (default "+BinDir+"/<name's last element>)")
+	fl.StringVar(&o.cmd, "cmd", "", "single-image mode: the image's default arguments, separated by spaces")
+	fl.StringVar(&o.base, "base", "", "single-image mode: a directory whose tree becomes a layer under the binary's (a test image's userland)")
 	fl.StringVar(&o.tag, "tag", "", "image tag (required), e.g. the output of git describe")
 	fl.StringVar(&o.repo, "repo", "vipcast", "multi-image mode: repository prefix")
 	fl.StringVar(&o.outdir, "outdir", "_output/images", "multi-image mode: output directory")
@@ -121,11 +125,11 @@ func (o *options) jobs(base Spec, args []string) ([]job, error) {
 			return nil, errors.New("-binary needs -name and -out")
 		}
 		s := base
-		s.Binary, s.Name = o.binary, o.imgName
+		s.Binary, s.Name, s.Path, s.Cmd, s.Base = o.binary, o.imgName, o.path, strings.Fields(o.cmd), o.base
 		return []job{{s, o.out}}, nil
 	}
-	if o.imgName != "" || o.out != "" {
-		return nil, errors.New("-name and -out are for single-image mode (-binary)")
+	if o.imgName != "" || o.out != "" || o.path != "" || o.cmd != "" || o.base != "" {
+		return nil, errors.New("-name, -out, -path, -cmd and -base are for single-image mode (-binary)")
 	}
 	var jobs []job
 	for _, b := range args {
