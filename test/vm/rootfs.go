@@ -460,7 +460,7 @@ const DiskDevice = "/dev/vda"
 // failure (the VM is powered off at the end anyway).
 //
 // Run programs in dir with ChrootCommand, or move the whole process there
-// with Chroot.
+// with SwitchRoot.
 func MountRootfs(dir string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -545,12 +545,29 @@ func rootModprobe(dir string) error {
 	return nil
 }
 
-// Chroot makes dir (see MountRootfs) the calling process's root directory
-// and working directory. It changes the whole process: its own files, such
-// as the initramfs's /vm, are out of reach afterwards.
-func Chroot(dir string) error {
-	if err := unix.Chroot(dir); err != nil {
-		return fmt.Errorf("vm: chroot %s: %w", dir, err)
+// SwitchRoot makes dir (see MountRootfs) the root of the guest's mount
+// tree and the calling process's root and working directory, as
+// switch_root does at the end of a regular node's initramfs: the disk's
+// mount, with everything mounted below it, moves onto "/" and the process
+// changes its root to it. It changes the whole process: its own files,
+// such as the initramfs's /vm, are out of reach afterwards.
+//
+// A chroot into dir alone is not enough for a container runtime: `runc
+// exec` enters a container's mount namespace, which puts the new process
+// at the namespace's root mount and whatever is mounted on top of it — the
+// container's root after its pivot_root when the node's root is the top
+// mount on "/", but the initramfs's own root when the node's root is a
+// mount further down, where no command of the container's image is found
+// (`kubectl exec` failed with "stat /bin/sh: no such file or directory").
+func SwitchRoot(dir string) error {
+	if err := os.Chdir(dir); err != nil {
+		return fmt.Errorf("vm: switch root: %w", err)
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("vm: switch root: move %s onto /: %w", dir, err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("vm: switch root: chroot: %w", err)
 	}
 	return os.Chdir("/")
 }

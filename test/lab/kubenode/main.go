@@ -38,6 +38,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -85,6 +86,9 @@ type config struct {
 	clusterCIDR       string
 	excludeCIDRs      []string
 	nodePortAddresses []string
+	// clusterDNS is the cluster DNS Service's address the kubelet gives
+	// pods (with cluster.local as their domain); empty: none.
+	clusterDNS string
 }
 
 func main() {
@@ -111,12 +115,18 @@ func parse(args []string) (*config, error) {
 	fs.StringVar(&cfg.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "kube-proxy's clusterCIDR")
 	fs.StringVar(&exclude, "ipvs-exclude-cidrs", "", "kube-proxy's ipvs.excludeCIDRs, comma-separated")
 	fs.StringVar(&nodePorts, "node-port-addresses", "", "kube-proxy's nodePortAddresses, comma-separated")
+	fs.StringVar(&cfg.clusterDNS, "cluster-dns", "", "the kubelet's clusterDNS (the cluster DNS Service's address, domain cluster.local); empty: none")
 	fs.BoolVar(&cfg.hold, "hold", false, "wait for POST /join before starting containerd, the kubelet and kube-proxy")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if cfg.name == "" {
 		return nil, errors.New("-name is required")
+	}
+	if cfg.clusterDNS != "" {
+		if _, err := netip.ParseAddr(cfg.clusterDNS); err != nil {
+			return nil, fmt.Errorf("-cluster-dns %q: want the DNS Service's IP address: %w", cfg.clusterDNS, err)
+		}
 	}
 	if err := cfg.Parse(); err != nil {
 		return nil, err
@@ -160,7 +170,7 @@ func run(cfg *config) error {
 	if err := unix.Sethostname([]byte(cfg.name)); err != nil {
 		return fmt.Errorf("hostname: %w", err)
 	}
-	if err := vm.Chroot(root); err != nil {
+	if err := vm.SwitchRoot(root); err != nil {
 		return err
 	}
 	if err := prepareNode(cfg); err != nil {
@@ -341,7 +351,7 @@ func prepareNode(cfg *config) error {
 		"/etc/resolv.conf":                "# the lab has no DNS: nothing leaves it\nnameserver 127.0.0.1\n",
 		"/etc/containerd/config.toml":     containerdConfig,
 		"/etc/cni/net.d/10-lab.conflist":  fmt.Sprintf(cniConfig, cfg.PodCIDR),
-		"/etc/kubernetes/kubelet.yaml":    kubeletConfig,
+		"/etc/kubernetes/kubelet.yaml":    kubeletConfig(cfg),
 		"/etc/kubernetes/kube-proxy.yaml": kubeProxyConfig(cfg),
 	}
 	for path, content := range files {
@@ -422,7 +432,17 @@ const cniConfig = `{
 // (KubeletCrashLoopBackOffMax, beta and on in 1.37): the lab's tests stop
 // a node's speaker dozens of times (POST /speaker), as a node's operator
 // or a crash would, and its restarts must not back off for minutes.
-const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
+//
+// With cfg.clusterDNS, pods with the ClusterFirst DNS policy (the default)
+// resolve through the cluster's DNS, in cluster.local.
+func kubeletConfig(cfg *config) string {
+	if cfg.clusterDNS == "" {
+		return kubeletBase
+	}
+	return kubeletBase + fmt.Sprintf("clusterDNS: [%q]\nclusterDomain: cluster.local\n", cfg.clusterDNS)
+}
+
+const kubeletBase = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
