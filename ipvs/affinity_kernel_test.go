@@ -7,25 +7,47 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 )
 
 // testMoveClientIP is sessionAffinity ClientIP through the two tiers, as
-// the speaker programs it: tier 1 with mh without port hashing and
-// persistence, tier 2 drawing the slot from a hash of the client's
-// address. affinityConns connections of one client, each from its own
-// source port, half through node A and half through node B (ECMP spreads
-// a client's connections over the nodes), must all reach one pod. The
-// control, the same Service without affinity (mh with the port, tier 2's
-// random slot), must spread them over more than one pod, or the test
+// the speaker programs it: tier 1 with mh without port hashing and no
+// persistence, tier 2 drawing the slot from a hash of the client's address
+// (Service.Affinity). affinityConns connections of one client, each from
+// its own source port, half through node A and half through node B (ECMP
+// spreads a client's connections over the nodes), must all reach one pod.
+// The control, the same Service without affinity (mh with the port, tier
+// 2's random slot), must spread them over more than one pod, or the test
 // could not fail.
+//
+// Then the nodes' tables differ for a moment, as when an endpoint is ready
+// in one node's view before the other's: node A's tier 1 has only node
+// 0's endpoints and node B's only node 1's, and the client connects
+// through each; then both have both. Affinity must hold from then on. The
+// control is the design this replaced, IPVS persistence on tier 1: each
+// node keeps the node its own table named, and the client's connections
+// split between two pods for the persistence's whole timeout.
 func testMoveClientIP(t *testing.T) {
 	f := newMoveFabric(t)
-	affine := func(st State) State {
+	affine := func(st State, persistent uint32) State {
 		for k, s := range st.Services {
-			s.Scheduler, s.Flags, s.Persistent = DefaultScheduler, FlagMHFallback, 600
+			s.Scheduler, s.Flags, s.Persistent, s.Affinity = DefaultScheduler, FlagMHFallback, persistent, true
+			st.Services[k] = s
+		}
+		return st
+	}
+	// only leaves tier 1 node keep alone: the other's weight is 0.
+	only := func(st State, keep int) State {
+		for k, s := range st.Services {
+			s.Backends = slices.Clone(s.Backends)
+			for i := range s.Backends {
+				if s.Backends[i].Addr != f.tunnelAddr(keep) {
+					s.Backends[i].Weight = 0
+				}
+			}
 			st.Services[k] = s
 		}
 		return st
@@ -34,34 +56,62 @@ func testMoveClientIP(t *testing.T) {
 	for n := range f.nodes {
 		ds[n], _ = twoTierNode(t, f, n)
 	}
+	sync := func(name string, state func(n int) State) {
+		t.Helper()
+		for n, d := range ds {
+			if _, err := d.Sync(state(n)); err != nil {
+				t.Fatalf("%s: node %d: Sync: %v", name, n, err)
+			}
+		}
+	}
+	connect := func(name string, conns int) map[string]int {
+		t.Helper()
+		perPod := map[string]int{}
+		for i := range conns {
+			f.steer(t, i%2)
+			pod, err := f.greeting(t)
+			if err != nil {
+				t.Fatalf("%s: connection %d: %v", name, i, err)
+			}
+			perPod[pod]++
+		}
+		return perPod
+	}
 	for _, tc := range []struct {
 		name   string
 		affine bool
 	}{{"without affinity (control)", false}, {"ClientIP", true}} {
-		for n, d := range ds {
-			st := f.twoTierState(n)
+		sync(tc.name, func(n int) State {
 			if tc.affine {
-				st = affine(st)
+				return affine(f.twoTierState(n), 0)
 			}
-			if _, err := d.Sync(st); err != nil {
-				t.Fatalf("%s: node %d: Sync: %v", tc.name, n, err)
-			}
-		}
-		perPod := map[string]int{}
-		for i := range affinityConns {
-			f.steer(t, i%2)
-			pod, err := f.greeting(t)
-			if err != nil {
-				t.Fatalf("%s: connection %d: %v", tc.name, i, err)
-			}
-			perPod[pod]++
-		}
+			return f.twoTierState(n)
+		})
+		perPod := connect(tc.name, affinityConns)
 		t.Logf("%s: %d connections of one client, through both nodes, per pod: %v", tc.name, affinityConns, perPod)
 		switch {
 		case tc.affine && len(perPod) != 1:
 			t.Errorf("%s: one client's connections reached %d pods %v, want one", tc.name, len(perPod), perPod)
 		case !tc.affine && len(perPod) < 2:
 			t.Errorf("%s: every connection reached %v: without affinity they must spread, or the ClientIP case proves nothing", tc.name, perPod)
+		}
+	}
+	for _, tc := range []struct {
+		name       string
+		persistent uint32
+	}{{"tables differed, tier-1 persistence (control)", 600}, {"tables differed", 0}} {
+		// A fresh virtual server: no persistence template left from before.
+		sync(tc.name+": reset", func(int) State { return State{} })
+		sync(tc.name+": differing tables", func(n int) State { return affine(only(f.twoTierState(n), n), tc.persistent) })
+		connect(tc.name+": through each node", 2)
+		sync(tc.name+": same tables", func(n int) State { return affine(f.twoTierState(n), tc.persistent) })
+		perPod := connect(tc.name, affinityConns)
+		t.Logf("%s: %d connections of one client, through both nodes, per pod: %v", tc.name, affinityConns, perPod)
+		switch {
+		case tc.persistent == 0 && len(perPod) != 1:
+			t.Errorf("%s: one client's connections reached %d pods %v, want one", tc.name, len(perPod), perPod)
+		case tc.persistent > 0 && len(perPod) < 2:
+			t.Errorf("%s: every connection reached %v: with tier-1 persistence each node must keep its own node, or this case proves nothing", tc.name, perPod)
 		}
 	}
 }

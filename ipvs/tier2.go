@@ -24,7 +24,7 @@ import (
 // flow keeps its conntrack entry when its slot moves, and so an endpoint
 // that terminates (weight 0: no slot) keeps its flows.
 //
-// A virtual server with client affinity (Service.Persistent, from
+// A virtual server with client affinity (Service.Affinity, from
 // sessionAffinity ClientIP) keeps its slots at Tier2Slots and above
 // instead, and a rule before the random one draws those from a hash of
 // the client's address alone, so that every connection of one client
@@ -81,7 +81,7 @@ func tier2Want(svc Service) []netip.AddrPort {
 	}
 	out := make([]netip.AddrPort, tier2Space)
 	off := 0
-	if svc.Persistent > 0 {
+	if svc.Affinity {
 		off = Tier2Slots
 	}
 	copy(out[off:], slots)

@@ -15,11 +15,11 @@ import (
 // it, and that a map element of either kind reads back.
 func TestTier2Affinity(t *testing.T) {
 	pods := []Backend{{Addr: ip("10.1.0.1"), Port: 8080, Weight: 1}, {Addr: ip("10.1.0.2"), Port: 8080, Weight: 1}}
-	for _, persistent := range []uint32{0, 600} {
-		svc := Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Local: pods, Persistent: persistent}
+	for _, affinity := range []bool{false, true} {
+		svc := Service{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP, Local: pods, Affinity: affinity}
 		slots := Tier2Of(state(svc))[svc.Key()]
 		if len(slots) != tier2Space {
-			t.Fatalf("persistent %d: %d slots, want %d", persistent, len(slots), tier2Space)
+			t.Fatalf("affinity %v: %d slots, want %d", affinity, len(slots), tier2Space)
 		}
 		filled, from := 0, -1
 		for i, s := range slots {
@@ -30,16 +30,16 @@ func TestTier2Affinity(t *testing.T) {
 				}
 				e, ok := parseTier2Elem(tier2Elem(Tier2Slot{Key: svc.Key(), Slot: i, To: s}))
 				if !ok || e.Slot != i || e.To != s {
-					t.Errorf("persistent %d: slot %d reads back as %+v (%v)", persistent, i, e, ok)
+					t.Errorf("affinity %v: slot %d reads back as %+v (%v)", affinity, i, e, ok)
 				}
 			}
 		}
 		want := 0
-		if persistent > 0 {
+		if affinity {
 			want = Tier2Slots
 		}
 		if filled != Tier2Slots || from != want {
-			t.Errorf("persistent %d: %d slots filled from slot %d, want %d from %d", persistent, filled, from, Tier2Slots, want)
+			t.Errorf("affinity %v: %d slots filled from slot %d, want %d from %d", affinity, filled, from, Tier2Slots, want)
 		}
 	}
 	if _, ok := parseTier2Elem(tier2Elem(Tier2Slot{Key: Key{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP}, Slot: tier2Space, To: netip.MustParseAddrPort("10.1.0.1:80")})); ok {
@@ -130,7 +130,7 @@ func TestDiffTier2(t *testing.T) {
 		return bs
 	}
 	with := func(s Service, local []Backend) Service { s.Local = local; return s }
-	affine := func(s Service) Service { s.Persistent = 600; return s }
+	affine := func(s Service) Service { s.Affinity = true; return s }
 	for _, tc := range []struct {
 		name       string
 		have, want State

@@ -126,8 +126,20 @@ type Service struct {
 	// persistence is set by Persistent, not here.
 	Flags uint32
 	// Persistent is the client affinity timeout in seconds
-	// (sessionAffinity: ClientIP); 0 means none.
+	// (sessionAffinity: ClientIP) of IPVS's persistence; 0 means none.
 	Persistent uint32
+	// Affinity is client affinity in tier 2 of the two-tier dataplane:
+	// its endpoint is drawn from a hash of the client's address instead of
+	// at random (see tier2.go). Tier 1 of such a virtual server has no
+	// IPVS persistence: mh without port hashing sends a client to the same
+	// node from every node, statelessly, where persistence on each node
+	// would pin a client to whichever node each node's table named when
+	// that node first saw it, and tables that differed for a moment (an
+	// endpoint ready on one node's view before the other's) would split the
+	// client's connections between two nodes for the persistence's whole
+	// timeout. It is not a property of the IPVS virtual server: Read does
+	// not report it (ReadTier2 does, as the hashed slots).
+	Affinity bool
 	// SNAT masquerades the connections to this virtual server to the
 	// node's address (externalTrafficPolicy: Cluster, see snat.go); false
 	// keeps the client's address (Local).

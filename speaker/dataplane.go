@@ -94,7 +94,8 @@ const AnnotationScheduler = ipvs.SchedulerAnnotation
 //     value and the allowed values: nothing else of the Service is lost.
 //   - sessionAffinity ClientIP: Persistent is
 //     sessionAffinityConfig.clientIP.timeoutSeconds, 10800 (the API's
-//     default) when unset or not positive; None: 0.
+//     default) when unset or not positive; None: 0. In two tiers Affinity
+//     instead, and no persistence (setRealServers).
 //   - Source ranges (sourceRanges): spec.loadBalancerSourceRanges, else the
 //     service.beta.kubernetes.io/load-balancer-source-ranges annotation,
 //     restrict every virtual server of the Service to the ranges of its
@@ -176,10 +177,13 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 // setRealServers gives s, the virtual server of port i, its real servers:
 // the two tiers of its family with inTwoTiers, else the backends, with
 // SNAT unless the policy is local. Once a family's backends were handed
-// out (used), s gets copies.
+// out (used), s gets copies. In two tiers, client affinity is tier 2's
+// (ipvs.Service.Affinity) and tier 1's mh without port hashing, without
+// IPVS persistence.
 func setRealServers(s *ipvs.Service, backends []ipvs.Backend, twoTier [][2]tiers, inTwoTiers bool, i int, local, used bool) {
 	if inTwoTiers {
 		slot := famSlot(s.VIP)
+		s.Affinity, s.Persistent = s.Persistent > 0, 0
 		s.Backends, s.Local = twoTier[i][slot].nodes, twoTier[i][slot].local
 		if used {
 			s.Backends, s.Local = slices.Clone(s.Backends), slices.Clone(s.Local)

@@ -930,6 +930,25 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 				[]ipvs.Backend{be("10.1.0.3", 8080, 1), be("10.1.0.4", 8080, 0)})},
 		},
 		{
+			// IPVS persistence on each node would pin the client to the
+			// node each node's table named when it first saw the client;
+			// tables that differ for a moment would then split its
+			// connections for the whole timeout.
+			name: "sessionAffinity ClientIP: tier 2 hashes the client's address, tier 1 is mh without the port and without persistence",
+			svc: func() *v1.Service {
+				s := dpSvc("192.0.2.10")
+				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+				return s
+			}(),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
+				readyEP("10.1.0.1", "n1"), readyEP("10.2.0.1", "n2"))},
+			ready: map[string]bool{"n2": true},
+			want: []ipvs.Service{with(twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 1), tun("10.52.0.2", 1)},
+				[]ipvs.Backend{be("10.1.0.1", 8080, 1)}), func(s *ipvs.Service) {
+				s.Scheduler, s.Flags, s.Affinity = ipvs.DefaultScheduler, ipvs.FlagMHFallback, true
+			})},
+		},
+		{
 			name: "no endpoint on this node: tier 1 only",
 			svc:  dpSvc("192.0.2.10"),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
