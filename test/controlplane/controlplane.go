@@ -76,6 +76,7 @@ type ControlPlane struct {
 	EtcdURL string
 
 	procs   []*proc.Process
+	egress  *egressProxy
 	apiURL  string
 	apiArgs []string
 	nice    int
@@ -109,6 +110,13 @@ type Options struct {
 	// BGP hold timer and flapped a session, which on separate machines
 	// no API server restart can do.
 	Nice int
+	// Egress, when set, dials the cluster for kube-apiserver: its
+	// connections to kubelets (logs, exec, port-forward) and to pods and
+	// Services (proxy subresources) go through an HTTP CONNECT proxy that
+	// opens them with Egress (an EgressSelectorConfiguration, as with
+	// konnectivity), so the API server on the host reaches nodes that only
+	// a network namespace routes to.
+	Egress DialFunc
 }
 
 // StartWith is Start with options.
@@ -152,6 +160,18 @@ func start(dir string, logf func(string, ...any), opts Options) (*ControlPlane, 
 		return cp, err
 	}
 	cp.apiArgs = apiServerArgs(dir, etcdURL, apiPort, opts)
+	if opts.Egress != nil {
+		p, sock, err := startEgressProxy(opts.Egress)
+		if err != nil {
+			return cp, err
+		}
+		cp.egress = p
+		file := filepath.Join(dir, "egress-selector.yaml")
+		if err := os.WriteFile(file, []byte(egressConfig(sock)), 0o600); err != nil {
+			return cp, err
+		}
+		cp.apiArgs = append(cp.apiArgs, "--egress-selector-config-file", file)
+	}
 	if err := cp.launch(filepath.Join(bin, "kube-apiserver"), "kube-apiserver", cp.apiArgs...); err != nil {
 		return cp, err
 	}
@@ -333,6 +353,10 @@ func (cp *ControlPlane) Stop() {
 		cp.procs[i].Stop(5 * time.Second)
 	}
 	cp.procs = nil
+	if cp.egress != nil {
+		cp.egress.close()
+		cp.egress = nil
+	}
 }
 
 func waitReady(apiURL, token string, timeout time.Duration) error {

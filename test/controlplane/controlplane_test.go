@@ -4,12 +4,18 @@ package controlplane_test
 
 import (
 	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vipcast/vipcast/test/controlplane"
@@ -59,5 +65,51 @@ func TestStartNice(t *testing.T) {
 				t.Errorf("thread %s of component %d: stat %q, want nice %d", task.Name(), pid, stat, nice)
 			}
 		}
+	}
+}
+
+// TestEgress: with Options.Egress the API server reaches a node's kubelet
+// only through the dial function — here to a kubelet stand-in on an
+// address the node does not report — and the proxy subresource answers
+// with what the stand-in serves.
+func TestEgress(t *testing.T) {
+	kubelet := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "kubelet stand-in: "+r.URL.Path)
+	}))
+	t.Cleanup(kubelet.Close)
+	const nodeAddr = "192.0.2.7" // TEST-NET-1: nothing answers there
+	var mu sync.Mutex
+	var dialed []string
+	egress := func(ctx context.Context, addr string) (net.Conn, error) {
+		mu.Lock()
+		dialed = append(dialed, addr)
+		mu.Unlock()
+		return (&net.Dialer{}).DialContext(ctx, "tcp", kubelet.Listener.Addr().String())
+	}
+	cp := controlplane.StartWith(t, controlplane.Options{Egress: egress})
+	ctx := context.Background()
+	_, port, _ := net.SplitHostPort(kubelet.Listener.Addr().String())
+	p, _ := strconv.Atoi(port)
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1"}}
+	node, err := cp.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: nodeAddr}}
+	node.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(p)
+	if _, err := cp.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	body, err := cp.Client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/node1/proxy/healthz").DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("node proxy through the egress proxy: %v (%s)", err, body)
+	}
+	if want := "kubelet stand-in: /healthz"; string(body) != want {
+		t.Fatalf("node proxy answered %q, want %q", body, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := net.JoinHostPort(nodeAddr, port); len(dialed) == 0 || dialed[0] != want {
+		t.Fatalf("the egress proxy dialed %q, want %q first", dialed, want)
 	}
 }
