@@ -12,6 +12,9 @@ export VIPCAST_CACHE
 K8S_BIN := $(VIPCAST_CACHE)/k8s-$(K8S_VERSION)
 CONTAINERD_BIN := $(VIPCAST_CACHE)/containerd-$(CONTAINERD_VERSION)
 HELM_BIN := $(VIPCAST_CACHE)/helm-$(HELM_VERSION)
+# CoreDNS: keep equal to the requirement in test/tools/coredns/go.mod.
+COREDNS_VERSION := v1.15.0
+COREDNS_BIN := $(VIPCAST_CACHE)/coredns-$(COREDNS_VERSION)
 K8S_MAJOR := $(patsubst v%,%,$(word 1,$(subst ., ,$(K8S_VERSION))))
 K8S_MINOR := $(word 2,$(subst ., ,$(K8S_VERSION)))
 K8S_LDFLAGS := -s -w \
@@ -45,7 +48,7 @@ GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT_DIR := $(abspath $(VIPCAST_CACHE))/golangci-lint-$(GOLANGCI_LINT_VERSION)
 GOLANGCI_LINT := $(GOLANGCI_LINT_DIR)/golangci-lint
 
-.PHONY: all build images test test-unit test-controlplane test-routing test-kernel test-lab bench generate verify tools cluster-tools routers lab lab-root lab-down lint fuzz model clean help
+.PHONY: all build images e2e-tools test-upstream test test-unit test-controlplane test-routing test-kernel test-lab bench generate verify tools cluster-tools routers lab lab-root lab-down lint fuzz model clean help
 
 all: build
 
@@ -139,13 +142,14 @@ generate: ## regenerate deepcopy code and CRD manifests
 
 # Every module of the repository; make verify fails when go mod tidy would
 # change the go.mod or go.sum of any of them.
-GO_MODULES := . hack/image test/tools test/tools/containerd test/tools/helm
+GO_MODULES := . hack/image test/tools test/tools/e2e test/tools/coredns test/tools/containerd test/tools/helm
 
 verify: $(GOLANGCI_LINT) ## gofmt, go vet, go mod tidy, golangci-lint, generated files up to date
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags $(TEST_TAGS) ./...
 	$(GO) -C hack/image vet ./...
+	$(GO) -C test/tools/coredns vet -trimpath ./...
 	@for m in $(GO_MODULES); do \
 		echo "$(GO) -C $$m mod tidy -diff"; \
 		diff=$$($(GO) -C $$m mod tidy -diff) && continue; \
@@ -183,9 +187,12 @@ test-routing: routers tools ## (tag routing) bgp/ and vipcast-speaker against re
 test-kernel: ## (tag kernel) the dataplane in Debian's kernel under qemu: ipvs/, the speaker's controller, test/vm
 	$(GO) test -tags kernel -count=1 -timeout $(TEST_TIMEOUT) $(call tier_pkgs,kernel)
 
-test-lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl ## (tag lab, as root) test/lab: every cluster-level scenario in one real cluster
+test-lab: lab-root tools cluster-tools e2e-tools routers $(K8S_BIN)/kubectl ## (tag lab, as root) test/lab: every cluster-level scenario in one real cluster
 	@mkdir -p _output
 	$(GO) test -tags lab -count=1 -timeout $(TEST_TIMEOUT) -v $(call tier_pkgs,lab) 2>&1 | tee _output/lab-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
+
+test-upstream: ## make test-lab with the whole LoadBalancer focus of Kubernetes' e2e suite in its upstream scenario, instead of the part make test runs (~25 min more)
+	VIPCAST_UPSTREAM_FULL=1 $(MAKE) test-lab
 
 # hack/testreport prints what plain go test prints, keeps the verbose log in
 # _output/test.log and the events in _output/test.json, and ends with a failure
@@ -206,7 +213,7 @@ test-lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl ## (tag lab, a
 LAB_PKGS := ./test/lab/...
 FIRST_PKGS := ./test/e2e ./test/ccmmodel ./ipvs ./bgp ./test/chart ./speaker ./test/vm
 FIRST_PARALLEL := 3
-test: verify tools cluster-tools routers ## everything: unit, control-plane, routing, dataplane (VM) and real-cluster tiers, and the image builder
+test: verify tools cluster-tools e2e-tools routers ## everything: unit, control-plane, routing, dataplane (VM) and real-cluster tiers, and the image builder
 	@mkdir -p _output
 	$(GO) -C hack/image test -count=1 ./...
 	$(GO) build -o _output/testreport ./hack/testreport
@@ -263,12 +270,39 @@ $(K8S_BIN)/kubectl:
 	@echo ">> building kubectl $(K8S_VERSION) into $(K8S_BIN) (first time only)"
 	cd test/tools && ../../hack/progress.sh "building kubectl" $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/kubectl && mv $@.tmp $@
 
+# Kubernetes' own e2e suite at K8S_VERSION (test/tools/e2e: upstream's
+# driver with SIG Network's specs, where the LoadBalancer specs live),
+# agnhost, the image its specs run, and CoreDNS (test/tools/coredns: the
+# specs reach Services by name), built from their Go source into the
+# cache; the lab imports agnhost into the nodes under upstream's name, on
+# a userland of this machine's Debian (bash, curl, netcat-openbsd,
+# iproute2: installed here when missing).
+e2e-tools: $(K8S_BIN)/e2e.test $(K8S_BIN)/agnhost $(COREDNS_BIN)/coredns ## build Kubernetes' e2e.test (network specs), agnhost and CoreDNS into the cache
+	@command -v nc.openbsd >/dev/null && command -v wget >/dev/null || { echo ">> installing netcat-openbsd (apt-get, first time only): agnhost's nc"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends netcat-openbsd curl wget bash iproute2 >/dev/null; }
+
+$(K8S_BIN)/e2e.test:
+	@mkdir -p $(K8S_BIN)
+	@echo ">> building e2e.test $(K8S_VERSION) into $(K8S_BIN) (first time only, ~8 min)"
+	cd test/tools/e2e && ../../../hack/progress.sh "building e2e.test" $(GO) test -c -vet=off -trimpath -ldflags '$(K8S_LDFLAGS)' -o $@.tmp . && mv $@.tmp $@
+
+$(K8S_BIN)/agnhost:
+	@mkdir -p $(K8S_BIN)
+	@echo ">> building agnhost (k8s.io/kubernetes $(K8S_VERSION)) into $(K8S_BIN) (first time only)"
+	cd test/tools/e2e && ../../../hack/progress.sh "building agnhost" $(GO) build -trimpath -ldflags '-s -w' -o $@.tmp k8s.io/kubernetes/test/images/agnhost && mv $@.tmp $@
+
+$(COREDNS_BIN)/coredns:
+	@mkdir -p $(COREDNS_BIN)
+	@echo ">> building CoreDNS $(COREDNS_VERSION) into $(COREDNS_BIN) (first time only)"
+	cd test/tools/coredns && ../../../hack/progress.sh "building coredns" $(GO) build -trimpath -ldflags '-s -w' -o $@.tmp . && mv $@.tmp $@
+
 lab-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make lab needs root: it creates network namespaces, tap devices and VMs. Run it as root."; exit 1; }
 
-# LAB_FLAGS: -proxy-mode nftables|ipvs.
+# LAB_FLAGS: -proxy-mode nftables|ipvs; -upstream for Kubernetes' e2e suite
+# (docs/testing.md).
 LAB_FLAGS ?=
-lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl ## as root: a real cluster (control plane, 2 node VMs with kubelet, containerd, kube-proxy), vipcast by helm install, an FRR ToR and a client; Ctrl-C tears down
+lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl $(if $(findstring -upstream,$(LAB_FLAGS)),e2e-tools) ## as root: a real cluster (control plane, 2 node VMs with kubelet, containerd, kube-proxy), vipcast by helm install, an FRR ToR and a client; Ctrl-C tears down
 	@mkdir -p _output
 	$(GO) build -o _output/ ./test/lab/cmd/lab ./cmd/kubectl-vipcast
 	_output/lab up -dir _output/lab-run $(LAB_FLAGS)

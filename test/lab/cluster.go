@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -49,6 +51,10 @@ type ClusterOptions struct {
 	// (default all); the others boot with them but start their kubelet
 	// only when Lab.JoinSpare has them join.
 	Boot int
+	// Upstream adds the images Kubernetes' own e2e suite runs (agnhost,
+	// pause) under upstream's names, for RunUpstream; it needs agnhost
+	// from `make e2e-tools`.
+	Upstream bool
 }
 
 // The real cluster's names and versions.
@@ -101,24 +107,21 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var aliases map[string]string
+	if co.Upstream {
+		logf("==> building agnhost's image (%s) and CoreDNS's for Kubernetes' e2e suite", AgnhostImage)
+		more, err := l.upstreamImages(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		images = append(images, more...)
+		aliases = map[string]string{"docker.io/" + agnhostLocal: AgnhostImage, "docker.io/" + PauseImage: UpstreamPauseImage}
+	}
 	rootfs, err := vm.FetchRootfs(ctx, vm.Logf(logf))
 	if err != nil {
 		t.Fatalf("node root filesystem: %v", err)
 	}
-	logf("==> starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler %s", controlplane.KubernetesVersion)
-	l.CP = controlplane.StartWith(t, controlplane.Options{AdvertiseAddress: torAddr.String(), ServiceAccounts: true, Nice: vm.Nice})
-	if err := l.CP.StartKubeControllers(); err != nil {
-		t.Fatal(err)
-	}
-	l.startNetwork()
-	// Pods reach the API server through the kubernetes Service, whose
-	// endpoint is the ToR's address on the API server's own port.
-	port, err := l.CP.APIPort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	apiHost := strings.TrimPrefix(l.CP.Config.Host, "https://")
-	netns.Forward(t, l.TorNS, net.JoinHostPort(torAddr.String(), strconv.Itoa(port)), apiHost)
+	l.startControlPlane()
 	all := l.planNodes()
 	for _, n := range all {
 		n.Pods = nil // the Deployment's pods, wherever the scheduler puts them
@@ -136,7 +139,7 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctrRoot, err := l.containerdRoot(ctx, images)
+	ctrRoot, err := l.containerdRoot(ctx, images, aliases)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +152,11 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 		}
 	})
 	l.waitKubelets(ctx)
+	if co.Upstream {
+		if err := l.deployDNS(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	l.helmInstall(ctx, co)
 }
 
@@ -185,6 +193,103 @@ func (l *Lab) buildImages(ctx context.Context, bins map[string]string, tags []st
 		out = append(out, file)
 	}
 	return out, nil
+}
+
+// startControlPlane starts the control plane, the ToR's namespace and the
+// client's, and the ToR's relay to the API server.
+func (l *Lab) startControlPlane() {
+	t := l.t
+	t.Helper()
+	l.Opts.Logf("==> starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler %s", controlplane.KubernetesVersion)
+	// kube-apiserver reaches the kubelets (kubectl logs and exec, and
+	// the upstream e2e suite's exec pods) from inside the ToR's
+	// namespace, where the rack is, as a konnectivity proxy would.
+	var tor atomic.Pointer[netns.NS]
+	egress := func(ctx context.Context, addr string) (net.Conn, error) {
+		ns := tor.Load()
+		if ns == nil {
+			return nil, errors.New("the ToR's namespace is not up yet")
+		}
+		return ns.DialContext(ctx, "tcp", addr)
+	}
+	l.CP = controlplane.StartWith(t, controlplane.Options{AdvertiseAddress: torAddr.String(), ServiceAccounts: true, Nice: vm.Nice, Egress: egress})
+	if err := l.CP.StartKubeControllers(); err != nil {
+		t.Fatal(err)
+	}
+	l.startNetwork()
+	tor.Store(l.TorNS)
+	// Pods reach the API server through the kubernetes Service, whose
+	// endpoint is the ToR's address on the API server's own port.
+	port, err := l.CP.APIPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiHost := strings.TrimPrefix(l.CP.Config.Host, "https://")
+	netns.Forward(t, l.TorNS, net.JoinHostPort(torAddr.String(), strconv.Itoa(port)), apiHost)
+}
+
+// upstreamImages builds the images Kubernetes' e2e suite needs beside the
+// lab's: agnhost and CoreDNS.
+func (l *Lab) upstreamImages(ctx context.Context) ([]string, error) {
+	img, err := l.buildAgnhost(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dns, err := l.buildCoreDNS(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return []string{img, dns}, nil
+}
+
+// buildAgnhost builds agnhost's image as a docker-save tarball in
+// Dir/images: `make e2e-tools`'s agnhost at /agnhost on agnhostUserland,
+// with upstream's entrypoint and default command (pause).
+func (l *Lab) buildAgnhost(ctx context.Context) (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	bin := E2EBin("agnhost")
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("agnhost: %w (run `make e2e-tools`)", err)
+	}
+	userland := filepath.Join(l.Opts.Dir, "agnhost-userland")
+	if err := os.RemoveAll(userland); err != nil {
+		return "", err
+	}
+	if err := agnhostUserland(ctx, userland); err != nil {
+		return "", err
+	}
+	name, tag, _ := strings.Cut(agnhostLocal, ":")
+	file := filepath.Join(l.Opts.Dir, "images", "agnhost.tar")
+	args := []string{"-C", filepath.Join(root, "hack/image"), "run", ".", "-binary", bin, "-name", name, "-tag", tag,
+		"-path", "/agnhost", "-cmd", "pause", "-base", userland, "-description", "agnhost for Kubernetes' e2e suite (vipcast lab)", "-out", file}
+	if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("hack/image (agnhost): %w: %s", err, out)
+	}
+	return file, os.RemoveAll(userland)
+}
+
+// buildCoreDNS builds the image of `make e2e-tools`'s CoreDNS as a
+// docker-save tarball in Dir/images.
+func (l *Lab) buildCoreDNS(ctx context.Context) (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(vm.CacheDir(), "coredns-"+CoreDNSVersion, "coredns")
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("coredns: %w (run `make e2e-tools`)", err)
+	}
+	name, tag, _ := strings.Cut(corednsImage, ":")
+	file := filepath.Join(l.Opts.Dir, "images", "coredns.tar")
+	args := []string{"-C", filepath.Join(root, "hack/image"), "run", ".", "-binary", bin, "-name", name, "-tag", tag,
+		"-user", "65532:65532", "-description", "CoreDNS for the vipcast lab's cluster", "-out", file}
+	if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("hack/image (coredns): %w: %s", err, out)
+	}
+	return file, nil
 }
 
 // payload writes the nodes' second disk: an ext4 image holding the node
@@ -238,11 +343,17 @@ func (l *Lab) clusterKubeconfig() string {
 		t.Fatal(err)
 	}
 	s := strings.ReplaceAll(string(data), "127.0.0.1:"+strconv.Itoa(port), net.JoinHostPort(torAddr.String(), strconv.Itoa(port)))
-	path := filepath.Join(l.Opts.Dir, "kubeconfig-nodes")
+	path := l.NodesKubeconfig()
 	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// NodesKubeconfig is the path of the kubeconfig the nodes use: the admin
+// through the ToR's relay to the API server, reachable from the client.
+func (l *Lab) NodesKubeconfig() string {
+	return filepath.Join(l.Opts.Dir, "kubeconfig-nodes")
 }
 
 // netfilterModules are every module of the kernel's netfilter, bridge and
@@ -384,6 +495,9 @@ func (l *Lab) bootKubeNode(n *Node, spare bool) {
 		"-cluster-cidr", clusterCIDR,
 		"-node-port-addresses", netip.PrefixFrom(n.Addr, rackBits).Masked().String(),
 		"-ipvs-exclude-cidrs", PoolPrefix.String(),
+	}
+	if b.co.Upstream {
+		opts.Args = append(opts.Args, "-cluster-dns", ClusterDNS)
 	}
 	opts.Disk = b.rootfs.Image
 	opts.Modules = append(opts.Modules, "overlay", "br_netfilter", "veth", "nf_conntrack_netlink")

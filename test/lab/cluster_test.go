@@ -45,9 +45,15 @@ import (
 //     heldSetups, the chart upgraded from one to the next
 //     (heldAcrossECMP); the last turns on the chart's default two tiers,
 //     which the cluster keeps;
-//  6. sourceranges-twotier: sourceRanges again, in two tiers, but for
+//  6. contract: Service fields kube-proxy leaves to vipcast under ipMode
+//     Proxy (serviceContract);
+//  7. sourceranges-twotier: sourceRanges again, in two tiers, but for
 //     the nodes' own connections;
-//  7. lifecycle: an upgrade and a CCM restart under traffic, a drain, a
+//  8. tier1ready and attacks (two tiers): tier1Ready, attacks;
+//  9. upstream: Kubernetes' own LoadBalancer e2e specs from the client
+//     (upstreamLoadBalancer), with kube-proxy in iptables mode and the
+//     chart's default two tiers;
+//  10. lifecycle: an upgrade and a CCM restart under traffic, a drain, a
 //     node joining, helm uninstall (clusterLifecycle).
 //
 // A scenario that fails stops the ones after it: each needs the cluster
@@ -60,7 +66,7 @@ func TestCluster(t *testing.T) {
 	bfd := lab.DefaultBFD
 	l := lab.Up(t, lab.Options{
 		Nodes:    3,
-		Cluster:  lab.ClusterOptions{ProxyMode: "nftables", Boot: 2, ExtraTags: []string{upgradeTag}},
+		Cluster:  lab.ClusterOptions{ProxyMode: "nftables", Boot: 2, ExtraTags: []string{upgradeTag}, Upstream: true},
 		Password: "lab-md5-password",
 		Resync:   clusterResync,
 		BFD:      &bfd,
@@ -108,6 +114,7 @@ func TestCluster(t *testing.T) {
 		}},
 		{"tier1ready", func(t *testing.T) { tier1Ready(t, l, vip) }},
 		{"attacks", func(t *testing.T) { attacks(t, l) }},
+		{"upstream", func(t *testing.T) { upstreamLoadBalancer(t, l) }},
 		{"lifecycle", func(t *testing.T) { clusterLifecycle(t, l, vip) }},
 	}
 	for _, sc := range scenarios {

@@ -25,7 +25,10 @@ import (
 // a node's emulated CPU at every boot: ctr streams the archive to
 // containerd and containerd hashes and writes it, and every copy of it
 // runs under emulation. On the host the whole import takes seconds.
-func (l *Lab) containerdRoot(ctx context.Context, images []string) (string, error) {
+//
+// aliases name more references of imported images (from → to): upstream's
+// names for the images the lab builds under its own.
+func (l *Lab) containerdRoot(ctx context.Context, images []string, aliases map[string]string) (string, error) {
 	dir := filepath.Join(l.Opts.Dir, "containerd")
 	// The socket's path must fit in a sockaddr_un.
 	state, err := os.MkdirTemp("", "vipcast-containerd-")
@@ -69,6 +72,12 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
 		c := exec.CommandContext(ctx, filepath.Join(containerdDir(), "ctr"), "--address", sock, "-n", "k8s.io", "images", "import", "--no-unpack=false", img)
 		if out, err := c.CombinedOutput(); err != nil {
 			return "", fmt.Errorf("ctr images import %s: %w: %s", img, err, out)
+		}
+	}
+	for from, to := range aliases {
+		c := exec.CommandContext(ctx, filepath.Join(containerdDir(), "ctr"), "--address", sock, "-n", "k8s.io", "images", "tag", from, to)
+		if out, err := c.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("ctr images tag %s %s: %w: %s", from, to, err, out)
 		}
 	}
 	p.Stop(10 * time.Second)

@@ -8,7 +8,7 @@
 // what a user wants to see, and keeps everything up until Ctrl-C or `lab
 // down` (`make lab-down`), which tear it all down.
 //
-//	lab [-dir _output/lab] [-proxy-mode iptables|nftables|ipvs]   start, show, wait
+//	lab [-dir _output/lab] [-proxy-mode iptables|nftables|ipvs] [-upstream]   start, show, wait
 //	lab down [-dir _output/lab]     stop a running lab, remove its leftovers
 package main
 
@@ -42,13 +42,14 @@ func main() {
 	fs := flag.NewFlagSet("lab "+cmd, flag.ContinueOnError)
 	dir := fs.String("dir", "_output/lab", "directory for binaries, logs, the kubeconfig and the pid file")
 	proxyMode := fs.String("proxy-mode", "iptables", "kube-proxy's mode on the real cluster's nodes: iptables, nftables or ipvs")
+	upstream := fs.Bool("upstream", false, "import the images of Kubernetes' own e2e suite (agnhost, pause) into the nodes, so that e2e.test (make e2e-tools) runs from the client")
 	if err := fs.Parse(args); err != nil {
 		os.Exit(2)
 	}
 	var err error
 	switch cmd {
 	case "up":
-		err = up(*dir, lab.Options{Cluster: lab.ClusterOptions{ProxyMode: *proxyMode}})
+		err = up(*dir, lab.Options{Cluster: lab.ClusterOptions{ProxyMode: *proxyMode, Upstream: *upstream}})
 	case "down":
 		err = down(*dir)
 	default:
@@ -139,6 +140,12 @@ Try it yourself:
   Logs: %s (vipcast-ccm, node consoles with the speakers' logs)
   Backends answer on port %d: %s
 `, kubeconfig, kubectl, l.ClientNS.Name, addr, l.ToR.Dir, dir, nodeapi.BackendPort, podList(l))
+	if l.Opts.Cluster.Upstream {
+		fmt.Printf(`Kubernetes' LoadBalancer e2e specs, from the client (-upstream):
+  ip netns exec %s %s --kubeconfig %s --kubectl-path %s --provider skeleton \
+    --ginkgo.focus '%s'
+`, l.ClientNS.Name, lab.E2EBin("e2e.test"), l.NodesKubeconfig(), kubectl, lab.UpstreamLoadBalancerFocus)
+	}
 }
 
 // publish creates the demo objects and waits until the Service has its
