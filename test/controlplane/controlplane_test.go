@@ -73,13 +73,16 @@ func TestStartNice(t *testing.T) {
 // address the node does not report — and the proxy subresource answers
 // with what the stand-in serves.
 func TestEgress(t *testing.T) {
+	var mu sync.Mutex
+	var paths, dialed []string
 	kubelet := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, "kubelet stand-in: "+r.URL.Path)
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		_, _ = io.WriteString(w, "kubelet stand-in")
 	}))
 	t.Cleanup(kubelet.Close)
 	const nodeAddr = "192.0.2.7" // TEST-NET-1: nothing answers there
-	var mu sync.Mutex
-	var dialed []string
 	egress := func(ctx context.Context, addr string) (net.Conn, error) {
 		mu.Lock()
 		dialed = append(dialed, addr)
@@ -89,9 +92,12 @@ func TestEgress(t *testing.T) {
 	cp := controlplane.StartWith(t, controlplane.Options{Egress: egress})
 	ctx := context.Background()
 	_, port, _ := net.SplitHostPort(kubelet.Listener.Addr().String())
-	p, _ := strconv.Atoi(port)
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1"}}
-	node, err := cp.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	node, err = cp.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,11 +110,14 @@ func TestEgress(t *testing.T) {
 	if err != nil {
 		t.Fatalf("node proxy through the egress proxy: %v (%s)", err, body)
 	}
-	if want := "kubelet stand-in: /healthz"; string(body) != want {
+	if want := "kubelet stand-in"; string(body) != want {
 		t.Fatalf("node proxy answered %q, want %q", body, want)
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	if len(paths) != 1 || paths[0] != "/healthz" {
+		t.Errorf("the kubelet stand-in was asked for %q, want [/healthz]", paths)
+	}
 	if want := net.JoinHostPort(nodeAddr, port); len(dialed) == 0 || dialed[0] != want {
 		t.Fatalf("the egress proxy dialed %q, want %q first", dialed, want)
 	}
