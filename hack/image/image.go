@@ -204,35 +204,37 @@ func withLayers(s Spec, layers []layerSpec) (v1.Image, error) {
 // permission bits, owned by root, at mtime, PAX-free; anything else (a
 // device, a socket) is refused.
 func dirTar(dir string, mtime time.Time) ([]byte, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = root.Close() }()
+	fsys := root.FS()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	mtime = mtime.UTC().Truncate(time.Second)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
+	err = fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == "." {
 			return err
 		}
 		info, err := d.Info()
 		if err != nil {
 			return err
 		}
-		h := &tar.Header{Name: filepath.ToSlash(rel), Mode: int64(info.Mode().Perm()), ModTime: mtime, Format: tar.FormatUSTAR}
+		h := &tar.Header{Name: p, Mode: int64(info.Mode().Perm()), ModTime: mtime, Format: tar.FormatUSTAR}
 		switch {
 		case d.IsDir():
 			h.Typeflag, h.Name = tar.TypeDir, h.Name+"/"
 			return tw.WriteHeader(h)
 		case info.Mode()&fs.ModeSymlink != 0:
-			link, err := os.Readlink(p)
+			link, err := fs.ReadLink(fsys, p)
 			if err != nil {
 				return err
 			}
 			h.Typeflag, h.Linkname = tar.TypeSymlink, link
 			return tw.WriteHeader(h)
 		case info.Mode().IsRegular():
-			b, err := os.ReadFile(p)
+			b, err := fs.ReadFile(fsys, p)
 			if err != nil {
 				return err
 			}
@@ -243,7 +245,7 @@ func dirTar(dir string, mtime time.Time) ([]byte, error) {
 			_, err = tw.Write(b)
 			return err
 		default:
-			return fmt.Errorf("%s: %v is neither a directory, a regular file nor a symbolic link", rel, info.Mode().Type())
+			return fmt.Errorf("%s: %v is neither a directory, a regular file nor a symbolic link", p, info.Mode().Type())
 		}
 	})
 	if err != nil {
