@@ -90,7 +90,7 @@ func TestKernelTwoTier(t *testing.T) {
 	nodes := []Backend{{Addr: self, Port: 80, Weight: 2, Tunnel: true}, {Addr: ip("10.52.0.2"), Port: 80, Weight: 1, Tunnel: true}}
 	web := Service{VIP: ip("192.0.2.80"), Port: 80, Protocol: TCP, Backends: nodes, Local: pods}
 	// dns has client affinity: its slots are the hashed ones.
-	dns := Service{VIP: ip("192.0.2.80"), Port: 53, Protocol: UDP, Backends: nodes, Local: pods[:1], Scheduler: DefaultScheduler, Flags: FlagMHFallback, Persistent: 600}
+	dns := Service{VIP: ip("192.0.2.80"), Port: 53, Protocol: UDP, Backends: nodes, Local: pods[:1], Scheduler: DefaultScheduler, Flags: FlagMHFallback, Affinity: true}
 	// Enough other Services that the tier-2 map takes several
 	// transactions (maxElemsPerBatch).
 	const others = 200
