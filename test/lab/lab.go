@@ -641,12 +641,20 @@ func (l *Lab) ApplyHeld(ctx context.Context, ready []Pod) (netip.Addr, error) {
 	return l.WaitServiceVIP(ctx, HeldService, time.Minute)
 }
 
-// DeleteHeld deletes HeldService and its EndpointSlice.
-// It returns once the Service is gone: vipcast-ccm's finalizer holds it
-// until its VIP is released, and a HeldService created meanwhile would be
-// refused ("object is being deleted").
+// DeleteHeld deletes HeldService and its EndpointSlice and returns once
+// the Service is gone — vipcast-ccm's finalizer holds it until its VIP is
+// released, and a HeldService created meanwhile would be refused ("object
+// is being deleted") — and the ToR routes none of its VIPs.
 func (l *Lab) DeleteHeld(ctx context.Context) error {
 	services := l.CP.Client.CoreV1().Services(DemoNamespace)
+	var vips []netip.Addr
+	if svc, err := services.Get(ctx, HeldService, metav1.GetOptions{}); err == nil {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if a, err := netip.ParseAddr(in.IP); err == nil {
+				vips = append(vips, a)
+			}
+		}
+	}
 	err := services.Delete(ctx, HeldService, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
@@ -661,6 +669,18 @@ func (l *Lab) DeleteHeld(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("service %s/%s still there 2m after its deletion: %w", DemoNamespace, HeldService, err)
+	}
+	// The next held Service gets the same VIP: until the ToR has dropped
+	// this one's route, a wait for the next one's route would see this
+	// one's, over nodes that no longer serve it.
+	for _, vip := range vips {
+		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+			routes, err := l.Routes(netip.PrefixFrom(vip, vip.BitLen()))
+			return err == nil && len(routes) == 0, nil
+		})
+		if err != nil {
+			return fmt.Errorf("the ToR still routes %s 2m after service %s/%s was deleted: %w", vip, DemoNamespace, HeldService, err)
+		}
 	}
 	return nil
 }
