@@ -163,22 +163,11 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 // buildImages builds the images as docker-save tarballs in Dir/images:
 // vipcast's two with each of tags, the backend and pause.
 func (l *Lab) buildImages(ctx context.Context, bins map[string]string, tags []string) ([]string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return nil, err
-	}
 	dir := filepath.Join(l.Opts.Dir, "images")
-	gorun := func(args ...string) error {
-		cmd := exec.CommandContext(ctx, "go", append([]string{"-C", filepath.Join(root, "hack/image"), "run", "."}, args...)...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("hack/image %s: %w: %s", strings.Join(args, " "), err, out)
-		}
-		return nil
-	}
 	var out []string
 	for _, tag := range tags {
 		tagDir := filepath.Join(dir, tag)
-		if err := gorun("-tag", tag, "-outdir", tagDir, bins["vipcast-ccm"], bins["vipcast-speaker"]); err != nil {
+		if err := hackImage(ctx, "-tag", tag, "-outdir", tagDir, bins["vipcast-ccm"], bins["vipcast-speaker"]); err != nil {
 			return nil, err
 		}
 		out = append(out, filepath.Join(tagDir, "vipcast-ccm.tar"), filepath.Join(tagDir, "vipcast-speaker.tar"))
@@ -186,7 +175,7 @@ func (l *Lab) buildImages(ctx context.Context, bins map[string]string, tags []st
 	for _, img := range []struct{ bin, ref string }{{"lab-backend", BackendImage}, {"pause", PauseImage}} {
 		name, itag, _ := strings.Cut(img.ref, ":")
 		file := filepath.Join(dir, img.bin+".tar")
-		if err := gorun("-binary", bins[img.bin], "-name", name, "-tag", itag, "-user", "65532:65532",
+		if err := hackImage(ctx, "-binary", bins[img.bin], "-name", name, "-tag", itag, "-user", "65532:65532",
 			"-description", "vipcast lab: "+img.bin, "-out", file); err != nil {
 			return nil, err
 		}
@@ -246,10 +235,6 @@ func (l *Lab) upstreamImages(ctx context.Context) ([]string, error) {
 // Dir/images: `make e2e-tools`'s agnhost at /agnhost on agnhostUserland,
 // with upstream's entrypoint and default command (pause).
 func (l *Lab) buildAgnhost(ctx context.Context) (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
 	bin := E2EBin("agnhost")
 	if _, err := os.Stat(bin); err != nil {
 		return "", fmt.Errorf("agnhost: %w (run `make e2e-tools`)", err)
@@ -263,10 +248,9 @@ func (l *Lab) buildAgnhost(ctx context.Context) (string, error) {
 	}
 	name, tag, _ := strings.Cut(agnhostLocal, ":")
 	file := filepath.Join(l.Opts.Dir, "images", "agnhost.tar")
-	args := []string{"-C", filepath.Join(root, "hack/image"), "run", ".", "-binary", bin, "-name", name, "-tag", tag,
-		"-path", "/agnhost", "-cmd", "pause", "-base", userland, "-description", "agnhost for Kubernetes' e2e suite (vipcast lab)", "-out", file}
-	if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("hack/image (agnhost): %w: %s", err, out)
+	if err := hackImage(ctx, "-binary", bin, "-name", name, "-tag", tag, "-path", "/agnhost", "-cmd", "pause",
+		"-base", userland, "-description", "agnhost for Kubernetes' e2e suite (vipcast lab)", "-out", file); err != nil {
+		return "", err
 	}
 	return file, os.RemoveAll(userland)
 }
@@ -274,22 +258,30 @@ func (l *Lab) buildAgnhost(ctx context.Context) (string, error) {
 // buildCoreDNS builds the image of `make e2e-tools`'s CoreDNS as a
 // docker-save tarball in Dir/images.
 func (l *Lab) buildCoreDNS(ctx context.Context) (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
 	bin := filepath.Join(vm.CacheDir(), "coredns-"+CoreDNSVersion, "coredns")
 	if _, err := os.Stat(bin); err != nil {
 		return "", fmt.Errorf("coredns: %w (run `make e2e-tools`)", err)
 	}
 	name, tag, _ := strings.Cut(corednsImage, ":")
 	file := filepath.Join(l.Opts.Dir, "images", "coredns.tar")
-	args := []string{"-C", filepath.Join(root, "hack/image"), "run", ".", "-binary", bin, "-name", name, "-tag", tag,
-		"-user", "65532:65532", "-description", "CoreDNS for the vipcast lab's cluster", "-out", file}
-	if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("hack/image (coredns): %w: %s", err, out)
+	if err := hackImage(ctx, "-binary", bin, "-name", name, "-tag", tag, "-user", "65532:65532",
+		"-description", "CoreDNS for the vipcast lab's cluster", "-out", file); err != nil {
+		return "", err
 	}
 	return file, nil
+}
+
+// hackImage runs the repository's image builder (hack/image) with args.
+func hackImage(ctx context.Context, args ...string) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", append([]string{"-C", filepath.Join(root, "hack/image"), "run", "."}, args...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("hack/image %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
 }
 
 // payload writes the nodes' second disk: an ext4 image holding the node
