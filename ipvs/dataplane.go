@@ -555,13 +555,25 @@ func (d *Dataplane) readServices(st State, withBackends func(Key, map[netip.Addr
 	if err != nil {
 		return fmt.Errorf("list IPVS services: %w", err)
 	}
+	return d.readListed(st, svcs, withBackends)
+}
+
+// readListed is readServices for the virtual servers svcs, as listed: one
+// deleted since the list (by hand, while a Sync reads) is left out, not
+// read as a virtual server without real servers.
+func (d *Dataplane) readListed(st State, svcs []*libipvs.Service, withBackends func(Key, map[netip.Addr]struct{}) bool) error {
 	for _, ks := range svcs {
 		svc, ok := serviceFrom(ks)
 		if !ok {
 			continue
 		}
 		if withBackends == nil || withBackends(svc.Key(), st.VIPs) {
-			if svc.Backends, err = d.readBackends(ks, svc.Key()); err != nil {
+			var err error
+			svc.Backends, err = d.readBackends(ks, svc.Key())
+			if errors.Is(err, errGone) {
+				continue
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -569,6 +581,10 @@ func (d *Dataplane) readServices(st State, withBackends func(Key, map[netip.Addr
 	}
 	return nil
 }
+
+// errGone is readBackends' answer for a virtual server that no longer
+// exists.
+var errGone = errors.New("virtual server gone")
 
 // serviceFrom converts a kernel virtual server, without its real servers.
 // It reports false for those vipcast never owns: firewall-mark services and
@@ -600,6 +616,17 @@ func (d *Dataplane) readBackends(ks *libipvs.Service, k Key) ([]Backend, error) 
 	dests, err := d.ipvs.GetDestinations(ks)
 	if err != nil {
 		return nil, fmt.Errorf("list real servers of %s: %w", k, err)
+	}
+	if len(dests) == 0 {
+		// The kernel dumps no real servers, without an error, for a
+		// virtual server that does not exist: ask for it, or a Sync
+		// would add real servers to nothing (ESRCH) and never call it
+		// lost.
+		if _, err := d.ipvs.GetService(ks); isNotFound(err) {
+			return nil, errGone
+		} else if err != nil {
+			return nil, fmt.Errorf("read virtual server %s: %w", k, err)
+		}
 	}
 	var bs []Backend
 	for _, kd := range dests {

@@ -488,6 +488,25 @@ func testDriftAndForeign(t *testing.T) {
 		t.Errorf("foreign virtual server changed:\n%s\n%s", before, after)
 	}
 
+	// A virtual server deleted by hand while a read is under way, after
+	// the list and before its real servers: the kernel dumps no real
+	// servers for it, and the read leaves it out rather than planning
+	// real servers for nothing.
+	listed, err := d.ipvs.GetServices()
+	must(t, err)
+	must(t, h.DelService(kernelService(a)))
+	mid := NewState()
+	must(t, d.readListed(mid, listed, nil))
+	if s, ok := mid.Services[a.Key()]; ok {
+		t.Errorf("read of a virtual server deleted after the list: %+v, want it left out", s)
+	}
+	if s := mid.Services[b.Key()]; len(s.Backends) != 1 {
+		t.Errorf("read of the virtual server listed with it: %+v, want its real server", s)
+	}
+	if p := syncOK(t, d, desired); !slices.Equal(p.Lost, []Key{a.Key()}) || len(p.AddServices) != 1 {
+		t.Errorf("Sync after the deletion: %v, lost %v; want a back and lost", p, p.Lost)
+	}
+
 	// The incremental path does not read the kernel: a change to a virtual
 	// server deleted by hand fails, SyncService reads the kernel again and
 	// repairs the service. Its Lost names b too, deleted by hand as well:
