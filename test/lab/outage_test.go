@@ -172,6 +172,14 @@ func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage,
 	if err := stop(); err != nil {
 		t.Fatalf("%s: stopping the API server: %v", name, err)
 	}
+	started := false
+	defer func() {
+		if !started { // a failure during the outage: the scenarios after it need the API server
+			if err := start(); err != nil {
+				t.Errorf("%s: starting the API server after a failure: %v", name, err)
+			}
+		}
+	}()
 	// After a probe's interval and timeout the last contact is final.
 	time.Sleep(15 * time.Second)
 	contact := readMetric(t, l, lastContact)
@@ -181,6 +189,7 @@ func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage,
 		t.Errorf("%s: %s went from %v to %v during the outage, want no contact", name, lastContact, contact, now)
 	}
 	exchanges = checkHeld(t, held, name+" during the outage", exchanges)
+	started = true
 	if err := start(); err != nil {
 		t.Fatalf("%s: starting the API server again: %v", name, err)
 	}
@@ -229,7 +238,8 @@ func readMetric(t *testing.T, l *lab.Lab, series string) map[string]float64 {
 	for _, n := range l.Nodes {
 		v, err := n.Metric(t.Context(), series)
 		if err != nil {
-			t.Fatalf("%s: %v", n.Name, err)
+			st, nerr := l.ToR.Neighbor(n.Addr)
+			t.Fatalf("%s: %v; the ToR's session: %+v (err %v); %s", n.Name, err, st, nerr, speakerTail(t, l, n.Name))
 		}
 		out[n.Name] = v
 	}
@@ -270,6 +280,14 @@ func startDuringOutage(t *testing.T, l *lab.Lab, vip netip.Addr, resync time.Dur
 	if err := l.CP.PauseAPIServer(); err != nil {
 		t.Fatal(err)
 	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			if err := l.CP.ResumeAPIServer(); err != nil {
+				t.Errorf("resuming the API server after a failure: %v", err)
+			}
+		}
+	}()
 	if err := node1.Speaker(ctx, "KILL", true); err != nil {
 		t.Fatal(err)
 	}
@@ -287,6 +305,7 @@ func startDuringOutage(t *testing.T, l *lab.Lab, vip netip.Addr, resync time.Dur
 	if got := countLines(t, l, logStartsUp)[node1.Name]; got != waiting+1 {
 		t.Errorf("a speaker started during the outage logged %q %d times, want once", logStartsUp, got-waiting)
 	}
+	resumed = true
 	if err := l.CP.ResumeAPIServer(); err != nil {
 		t.Fatal(err)
 	}
