@@ -82,6 +82,9 @@ type Dataplane struct {
 	// no6 says why IPv6 VIPs keep one tier with Options.Tunnel.
 	no6   error
 	tier2 Tier2
+	// serving are the UDP and SCTP virtual servers' Local endpoints as
+	// last planned, for their stale flows (staleflows.go).
+	serving servingSets
 	// connSync is Options.ConnSync when on, with its link resolved, for
 	// Teardown and ConnSync.
 	connSync *ConnSync
@@ -152,7 +155,7 @@ func New(opts Options) (*Dataplane, error) {
 		return nil, fmt.Errorf("ipvs netlink: %w (is the ip_vs module loaded?)", err)
 	}
 	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true,
-		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, tier2: Tier2{}}
+		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, tier2: Tier2{}, serving: servingSets{}}
 	d.chooseIPv6(opts)
 	if err := enableExpireNodest(); err != nil {
 		d.staleErr = fmt.Errorf("%w: the flows of a deleted real server are dropped until their entries time out (UDP: 300 s) instead of going to another one; prepare the node (`vipcast-speaker %s` in a privileged init container, speaker.ipvs.prepareNode: true) or set net.ipv4.vs.expire_nodest_conn=1 on it", err, PrepareNodeCommand)
@@ -715,7 +718,7 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	}
 	if d.tunnel {
 		p.Tier2 = DiffTier2(Tier2Of(desired), kern.tier2)
-		p.StaleFlows = staleFlows(p.Tier2, desiredIn(desired))
+		p.StaleFlows = mergeStale(staleFlows(p.Tier2, desiredIn(desired)), d.serving.updateAll(desired))
 	}
 	d.cache, d.filter, d.tier2, d.stale = actual, kern.filter, kern.tier2, false
 	d.targets.reset(d.cache)
@@ -871,7 +874,7 @@ func (d *Dataplane) diffService(key Key, desired *Service) Plan {
 	}
 	if d.tunnel {
 		p.Tier2 = tier2Step(key, desired, d.tier2)
-		p.StaleFlows = staleFlows(p.Tier2, desiredOne(key, desired))
+		p.StaleFlows = mergeStale(staleFlows(p.Tier2, desiredOne(key, desired)), d.serving.update(key, desired))
 	}
 	return p
 }

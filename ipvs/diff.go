@@ -54,11 +54,12 @@ type Plan struct {
 	// filled in by the Dataplane like Filter; applied before the real
 	// servers change.
 	Tier2 Tier2Plan
-	// StaleFlows are the UDP and SCTP flows Tier2 takes from endpoints
-	// for good, whose conntrack entries go right after the map changes
-	// (staleflows.go). Filled in by the Dataplane with Tier2; a
-	// consequence of Tier2's deletions, which Len counts, so Len does not
-	// count it.
+	// StaleFlows are the UDP and SCTP flows of endpoints that leave a
+	// virtual server's tier 2 for good (with their slots, or after they
+	// drained without any), whose conntrack entries go right after the
+	// map changes (staleflows.go). Filled in by the Dataplane with Tier2;
+	// a consequence of the endpoints' change, not a kernel object, so Len
+	// does not count it.
 	StaleFlows []StaleFlow
 	// Lost are virtual servers the Dataplane had programmed (its in-memory
 	// state) that its kernel read found gone: removed by another program

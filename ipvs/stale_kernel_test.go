@@ -25,17 +25,21 @@ const staleUDPFlows = 30
 // real server: net.ipv4.vs.expire_nodest_conn, which New sets) and with
 // two (tier 2's conntrack entries for the pod are deleted); the flows of
 // the other pods keep theirs. The control: with expire_nodest_conn=0, one
-// tier's flow goes unanswered.
+// tier's flow goes unanswered. TwoTierDrained: the pod first drains
+// (terminating, still serving: weight 0, its flows kept, none new) and
+// goes away after, when tier 2's map no longer names it.
 func testMoveStaleUDP(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		twoTier bool
+		drain   bool   // the pod drains (weight 0) before it goes
 		nodest  string // net.ipv4.vs.expire_nodest_conn on node A after New
 		moved   bool   // the flows of the pod that went away reach another
 	}{
 		{name: "OneTier", nodest: "1", moved: true},
 		{name: "OneTierControl", nodest: "0"},
 		{name: "TwoTier", twoTier: true, nodest: "1", moved: true},
+		{name: "TwoTierDrained", twoTier: true, drain: true, nodest: "1", moved: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newMoveFabric(t)
@@ -54,6 +58,28 @@ func testMoveStaleUDP(t *testing.T) {
 			conns, pods := openUDPFlows(t, f, staleUDPFlows)
 			if !slices.Contains(pods, gone.name) {
 				t.Fatalf("no flow reached %s (pods %v): the test proves nothing", gone.name, pods)
+			}
+			if tc.drain {
+				st := f.twoTierState(0)
+				for k, svc := range st.Services {
+					for i, b := range svc.Local {
+						if b.Addr == f.podAddr(gone) {
+							svc.Local[i].Weight = 0
+						}
+					}
+					st.Services[k] = svc
+				}
+				if _, err := dps[0].Sync(st); err != nil {
+					t.Fatalf("node A: Sync with %s draining: %v", gone.name, err)
+				}
+				// It keeps its flows while it drains.
+				for i, c := range conns {
+					if pods[i] == gone.name {
+						if pod, err := udpAsk(c, time.Second); err != nil || pod != gone.name {
+							t.Errorf("flow %d of draining %s: answered by %q (%v), want its own pod", i, gone.name, pod, err)
+						}
+					}
+				}
 			}
 			// The pod goes away: unreachable, and out of the Service.
 			h := nsHandle(t, gone.ns)

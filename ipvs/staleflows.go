@@ -14,10 +14,10 @@ import (
 // conntrack entry, and with it the pod tier 2 sent it to, lasts as long as
 // the client keeps sending (a DNS or syslog client with a fixed source
 // port: for ever). When an endpoint leaves tier 2 for good (gone, or no
-// longer serving; not while it drains with weight 0), the flows tier 2
-// sent to it are deleted from conntrack after the map changes, and their
-// next datagram is balanced afresh, as kube-proxy clears the conntrack
-// entries of a removed UDP endpoint. TCP needs nothing: a client learns of
+// longer serving; not while it drains with weight 0, but when it leaves
+// after draining), the flows tier 2 sent to it are deleted from conntrack
+// after the map changes, and their next datagram is balanced afresh, as
+// kube-proxy clears the conntrack entries of a removed UDP endpoint. TCP needs nothing: a client learns of
 // a pod that went away from its resets or timeouts. One tier has IPVS
 // itself expire the connections of a deleted real server
 // (net.ipv4.vs.expire_nodest_conn, see node.go).
@@ -54,6 +54,77 @@ func staleFlows(p Tier2Plan, desired func(Key) *Service) []StaleFlow {
 			return c
 		}
 		return a.To.Compare(b.To)
+	})
+	return slices.Compact(out)
+}
+
+// servingSets are the Local endpoints, at any weight, of the UDP and SCTP
+// virtual servers as last planned. An endpoint that drains first (weight
+// 0: it loses its slots, keeping its flows) and leaves later takes no slot
+// with it when it leaves: only this record knows that its flows are now
+// stale. kube-proxy, likewise, clears the flows of an endpoint when it
+// stops serving, whatever came before.
+type servingSets map[Key][]netip.AddrPort
+
+// servingOf returns the endpoints of svc (nil: none) that tier 2 may have
+// sent UDP or SCTP flows to, sorted: its Local endpoints at any weight.
+func servingOf(svc *Service) []netip.AddrPort {
+	if svc == nil || (svc.Protocol != UDP && svc.Protocol != SCTP) {
+		return nil
+	}
+	var out []netip.AddrPort
+	for _, b := range svc.Local {
+		out = append(out, netip.AddrPortFrom(b.Addr.Unmap(), b.Port))
+	}
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out)
+}
+
+// update records desired (nil: it goes) for key and returns the endpoints
+// key had and desired has not, as stale flows.
+func (s servingSets) update(key Key, desired *Service) []StaleFlow {
+	key.VIP = key.VIP.Unmap()
+	now := servingOf(desired)
+	var out []StaleFlow
+	for _, ap := range s[key] {
+		if _, found := slices.BinarySearchFunc(now, ap, netip.AddrPort.Compare); !found {
+			out = append(out, StaleFlow{Key: key, To: ap})
+		}
+	}
+	if now == nil {
+		delete(s, key)
+	} else {
+		s[key] = now
+	}
+	return out
+}
+
+// updateAll is update for every virtual server of s and of desired.
+func (s servingSets) updateAll(desired State) []StaleFlow {
+	lookup := desiredIn(desired)
+	var out []StaleFlow
+	for k := range s {
+		if lookup(k) == nil {
+			out = append(out, s.update(k, nil)...)
+		}
+	}
+	for _, svc := range desired.Services {
+		out = append(out, s.update(svc.Key(), &svc)...)
+	}
+	return out
+}
+
+// mergeStale returns a and b together, sorted, without repeats.
+func mergeStale(a, b []StaleFlow) []StaleFlow {
+	if len(b) == 0 {
+		return a
+	}
+	out := append(slices.Clone(a), b...)
+	slices.SortFunc(out, func(x, y StaleFlow) int {
+		if c := x.Key.compare(y.Key); c != 0 {
+			return c
+		}
+		return x.To.Compare(y.To)
 	})
 	return slices.Compact(out)
 }

@@ -61,3 +61,58 @@ func TestStaleFlows(t *testing.T) {
 		})
 	}
 }
+
+// TestServingSets: an endpoint that drained first (weight 0, its slots
+// gone with nothing stale) and leaves later makes its flows stale when it
+// leaves, although no slot changes then; so does every endpoint of a
+// virtual server that goes, in a Sync as in a SyncService. TCP is never
+// recorded.
+func TestServingSets(t *testing.T) {
+	udp := Key{VIP: ip("192.0.2.1"), Port: 53, Protocol: UDP}
+	tcp := Key{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP}
+	a := netip.MustParseAddrPort("10.0.0.1:8080")
+	b := netip.MustParseAddrPort("10.0.0.2:8080")
+	svc := func(k Key, ws map[netip.AddrPort]int) *Service {
+		s := Service{VIP: k.VIP, Port: k.Port, Protocol: k.Protocol}
+		for ap, w := range ws {
+			s.Local = append(s.Local, Backend{Addr: ap.Addr(), Port: ap.Port(), Weight: w})
+		}
+		return &s
+	}
+	s := servingSets{}
+	steps := []struct {
+		name    string
+		key     Key
+		desired *Service
+		want    []StaleFlow
+	}{
+		{"a and b", udp, svc(udp, map[netip.AddrPort]int{a: 1, b: 1}), nil},
+		{"a drains", udp, svc(udp, map[netip.AddrPort]int{a: 0, b: 1}), nil},
+		{"a leaves", udp, svc(udp, map[netip.AddrPort]int{b: 1}), []StaleFlow{{udp, a}}},
+		{"a leaves again: nothing new", udp, svc(udp, map[netip.AddrPort]int{b: 1}), nil},
+		{"TCP", tcp, svc(tcp, map[netip.AddrPort]int{a: 1}), nil},
+		{"TCP endpoint leaves", tcp, svc(tcp, nil), nil},
+		{"virtual server goes", udp, nil, []StaleFlow{{udp, b}}},
+	}
+	for _, st := range steps {
+		if got := s.update(st.key, st.desired); !reflect.DeepEqual(got, st.want) {
+			t.Errorf("%s: stale %v, want %v", st.name, got, st.want)
+		}
+	}
+	if len(s) != 0 {
+		t.Errorf("after every virtual server went: %v, want nothing recorded", s)
+	}
+
+	// A full Sync's view: the same, over whole States.
+	all := servingSets{}
+	both := State{Services: map[Key]Service{udp: *svc(udp, map[netip.AddrPort]int{a: 0, b: 1})}}
+	if got := all.updateAll(both); got != nil {
+		t.Errorf("first Sync: stale %v, want none", got)
+	}
+	if got := all.updateAll(NewState()); !reflect.DeepEqual(got, []StaleFlow{{udp, a}, {udp, b}}) {
+		t.Errorf("Sync without the virtual server: stale %v, want both endpoints, the drained one too", got)
+	}
+	if got := mergeStale([]StaleFlow{{udp, b}}, []StaleFlow{{udp, a}, {udp, b}}); !reflect.DeepEqual(got, []StaleFlow{{udp, a}, {udp, b}}) {
+		t.Errorf("mergeStale = %v, want sorted without repeats", got)
+	}
+}
