@@ -410,11 +410,14 @@ const PauseImage = "docker.io/vipcast/pause:lab"
 
 // cniConfig is the pod network: a bridge with the node's pod range,
 // masquerading traffic that leaves the cluster's pod ranges.
+// cniBridge is the bridge of the node's pods.
+const cniBridge = "cni0"
+
 const cniConfig = `{
   "cniVersion": "1.0.0",
   "name": "lab",
   "plugins": [
-    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+    {"type": "bridge", "bridge": "`+cniBridge+`", "isGateway": true, "ipMasq": false, "hairpinMode": true,
      "ipam": {"type": "host-local", "ranges": [[{"subnet": "%s"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
@@ -499,6 +502,14 @@ func kubeProxyConfig(cfg *config) string {
 	fmt.Fprintf(&b, "clientConnection: {kubeconfig: %s}\n", kubeconfig)
 	fmt.Fprintf(&b, "hostnameOverride: %s\nbindAddress: %s\n", cfg.name, cfg.Addr.Addr())
 	fmt.Fprintf(&b, "mode: %s\nclusterCIDR: %s\n", cfg.proxyMode, cfg.clusterCIDR)
+	// Local traffic is what comes from this node's pods (their bridge),
+	// not every pod address of the cluster (ClusterCIDR, the default):
+	// the lab routes pod traffic to the other nodes unmasqueraded, so with
+	// ClusterCIDR a pod's connection to another node's NodePort would be
+	// short-circuited as the node's own. kind's CNI masquerades it, and
+	// Kubernetes' e2e suite expects that connection to be external (its
+	// externalTrafficPolicy=Local terminating-endpoints spec).
+	fmt.Fprintf(&b, "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: %s}\n", cniBridge)
 	fmt.Fprintf(&b, "conntrack: {maxPerCore: 0}\n")
 	if len(cfg.nodePortAddresses) > 0 {
 		fmt.Fprintf(&b, "nodePortAddresses: [%s]\n", quoteList(cfg.nodePortAddresses))
