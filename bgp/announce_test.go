@@ -108,8 +108,8 @@ vipcast_bgp_session_up{peer="frr"} 1
 `), "vipcast_bgp_session_up", "vipcast_bgp_announced_prefixes"); err != nil {
 		t.Errorf("metrics: %v", err)
 	}
-	if n := testutil.CollectAndCount(c); n != 2*(1+6+5) {
-		t.Errorf("collector reported %d metrics, want %d", n, 2*(1+6+5))
+	if n := testutil.CollectAndCount(c); n != 1+2*(1+6+5) {
+		t.Errorf("collector reported %d metrics, want %d", n, 1+2*(1+6+5))
 	}
 
 	if err := s.Apply(ctxT(), nil, []netip.Prefix{v4, v6}); err != nil {

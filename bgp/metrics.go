@@ -16,12 +16,13 @@ type collector struct {
 	s       Speaker
 	timeout time.Duration
 
-	up, state, announced, sent, received, transitions, limited, bfdUp, bfdDowns *prometheus.Desc
+	read, up, state, announced, sent, received, transitions, limited, bfdUp, bfdDowns *prometheus.Desc
 }
 
 // NewCollector returns a Prometheus collector that reports the sessions
 // of s at every scrape (through s.Sessions):
 //
+//	vipcast_bgp_scrape_success                    1 when the sessions were read
 //	vipcast_bgp_session_up{peer}                  1 when Established
 //	vipcast_bgp_session_state{peer,state}         1 for the current FSM state
 //	vipcast_bgp_announced_prefixes{peer}          prefixes sent to the peer
@@ -34,12 +35,16 @@ type collector struct {
 //	vipcast_bfd_session_down_transitions_total{peer}
 //	    BFD session changes from Up to Down
 //
-// The BFD metrics exist only for peers with BFD.
+// The BFD metrics exist only for peers with BFD. When the engine does not
+// answer within 5 s, the scrape carries vipcast_bgp_scrape_success 0 and
+// no session metrics, and the speaker's other metrics are still served.
 func NewCollector(s Speaker) prometheus.Collector {
 	peer := []string{"peer"}
 	return &collector{
 		s:       s,
 		timeout: 5 * time.Second,
+		read: prometheus.NewDesc("vipcast_bgp_scrape_success",
+			"Whether this scrape read the BGP sessions from the engine (1) or the engine did not answer within 5 s (0: the session metrics are absent from this scrape).", nil, nil),
 		up: prometheus.NewDesc("vipcast_bgp_session_up",
 			"Whether the BGP session is Established (1) or not (0).", peer, nil),
 		state: prometheus.NewDesc("vipcast_bgp_session_state",
@@ -63,19 +68,22 @@ func NewCollector(s Speaker) prometheus.Collector {
 
 // Describe sends the descriptors of every metric.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.state, c.announced, c.sent, c.received, c.transitions, c.limited, c.bfdUp, c.bfdDowns} {
+	for _, d := range []*prometheus.Desc{c.read, c.up, c.state, c.announced, c.sent, c.received, c.transitions, c.limited, c.bfdUp, c.bfdDowns} {
 		ch <- d
 	}
 }
 
-// Collect reports the current sessions; on error it reports an invalid
-// metric, which fails the scrape visibly.
+// Collect reports the current sessions. When the engine does not answer
+// it reports vipcast_bgp_scrape_success 0 alone, rather than failing the
+// whole scrape: a busy engine must not hide the speaker's other metrics
+// (the API server's last contact, the dataplane's), which matter most
+// when something is wrong.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	sessions, err := c.s.Sessions(ctx)
+	ch <- prometheus.MustNewConstMetric(c.read, prometheus.GaugeValue, boolValue(err == nil))
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(c.up, err)
 		return
 	}
 	for _, s := range sessions {
