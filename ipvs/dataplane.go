@@ -267,7 +267,8 @@ func (d *Dataplane) setupTunnel(t *Tunnel) error {
 	case d.tunnel6:
 		links[1] = Tunnel6Link
 	}
-	if err := d.nft.setupTunnel(mss, links); err != nil {
+	self := [2]netip.Addr{t.Self.Unmap(), t.Self6}
+	if err := d.nft.setupTunnel(mss, links, self); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
 	return nil

@@ -65,7 +65,8 @@ import (
 // (testMoveStaleUDP). Tier1Again: a node joining tier 1 under
 // net.ipv4.vs.expire_nodest_conn keeps every connection
 // (testMoveTier1Again). Hairpin: a pod balanced to itself through the VIP
-// is answered (testMoveHairpin).
+// is answered (testMoveHairpin). InCluster: a pod reaches the VIP through
+// its node's tier 1 and the other node's tier 2 (testMoveInCluster).
 func TestECMPMove(t *testing.T) {
 	if !vm.InVM() {
 		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 10 * time.Minute}))
@@ -80,6 +81,7 @@ func TestECMPMove(t *testing.T) {
 	t.Run("StaleUDP", testMoveStaleUDP)
 	t.Run("Tier1Again", testMoveTier1Again)
 	t.Run("Hairpin", testMoveHairpin)
+	t.Run("InCluster", testMoveInCluster)
 }
 
 // twoTierVMOptions adds to o the modules the two-tier dataplane needs on

@@ -64,8 +64,9 @@ func (f tier2Family) dataType() nftables.SetDatatype {
 // one transaction: a restart with another MSS, or a newer release's rules,
 // takes effect at once without touching the maps. links names each
 // family's tunnel link ("": the family is off); mss is the clamp for TCP
-// segments from clients of each family (tunnel.go).
-func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string) error {
+// segments from clients of each family (tunnel.go); self the node's
+// tunnel address of each family (invalid: none).
+func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string, self [2]netip.Addr) error {
 	var sets, guards [2]*nftables.Set
 	var guarded [2]map[netip.Addr]struct{}
 	for i, fam := range tier2Families {
@@ -94,7 +95,7 @@ func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string) error {
 			c.Table = t
 			ch := n.conn.AddChain(&c)
 			n.conn.FlushChain(ch)
-			for _, r := range tunnelRules(c.Name, fam, links[i], n.vips[i], set, mss[i]) {
+			for _, r := range tunnelRules(c.Name, fam, links[i], n.vips[i], set, mss[i], self[i]) {
 				n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 			}
 		}
@@ -158,7 +159,7 @@ func (n *nftTables) queueRemoveTunnel(t *nftables.Table) bool {
 // tunnel-input drops what the tunnel delivers to a VIP without a tier-2
 // entry (a virtual server with no endpoint on this node): left alone, IPVS
 // would take it at LOCAL_IN and tunnel it again.
-func tunnelRules(name string, fam tier2Family, link string, vips, tier2 *nftables.Set, mss uint16) [][]expr.Any {
+func tunnelRules(name string, fam tier2Family, link string, vips, tier2 *nftables.Set, mss uint16, self netip.Addr) [][]expr.Any {
 	iif := func(op expr.CmpOp) []expr.Any {
 		return []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
@@ -171,7 +172,42 @@ func tunnelRules(name string, fam tier2Family, link string, vips, tier2 *nftable
 	after := reg32 + fam.addrLen/4
 	switch name {
 	case tunnelRaw:
-		return [][]expr.Any{append(iif(expr.CmpOpNeq), daddr, inVIPs, &expr.Notrack{})}
+		saddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.saddrOff, Len: fam.addrLen}
+		// A unicast packet from outside the node (not the loopback, not
+		// the loop's tier 1 to itself) whose source is one of the node's
+		// addresses: the kernel's martian check, which PrepareTunnel's
+		// accept_local turns off for the sake of the VIPs, kept for every
+		// other address; and for the VIPs, only towards another host
+		// (a pod): such a packet is an answer from another node's tier 2.
+		fromOutside := []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyPKTTYPE, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.PACKET_HOST}},
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname("lo")},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(LoopPeer)},
+		}
+		localSource := []expr.Any{
+			&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+		}
+		drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+		var rules [][]expr.Any
+		if self.IsValid() {
+			// The tunnel address is local by a policy rule only, which
+			// fib's address type does not see.
+			rules = append(rules, concat(fromOutside, []expr.Any{saddr, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: self.AsSlice()}}, drop))
+		}
+		return append(rules,
+			concat(fromOutside, localSource, []expr.Any{saddr, &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID, Invert: true}}, drop),
+			concat(fromOutside, []expr.Any{saddr, &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID},
+				&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)}}, drop),
+			// That answer, untracked: its connection began on this node
+			// with an untracked packet to the VIP (below), and conntrack
+			// would call its first answer invalid (kube-proxy drops those).
+			append(iif(expr.CmpOpNeq), saddr, &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID}, &expr.Notrack{}),
+			append(iif(expr.CmpOpNeq), daddr, inVIPs, &expr.Notrack{}),
+		)
 	case tunnelDNAT:
 		// The slot: for a virtual server with client affinity, from a
 		// hash of the client's address (read into the registers after
@@ -213,6 +249,15 @@ func tunnelRules(name string, fam tier2Family, link string, vips, tier2 *nftable
 		}}
 	}
 	return nil
+}
+
+// concat returns the expressions of parts, in order, in a new slice.
+func concat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
 }
 
 // ifname is an interface name as nftables compares it.

@@ -226,6 +226,12 @@ func prepareTunnel(nh *netlink.Handle) (p prepared, err error) {
 		{"net/ipv4/vs/drop_entry", "1"},
 		// The loop's packets come from one of the node's own addresses.
 		{"net/ipv4/conf/" + LoopPeer + "/accept_local", "1"},
+		// So do the answers another node's tier 2 sends a pod of this
+		// node, which reached a VIP through this node's tier 1: they come
+		// from the VIP, which is this node's too, on whichever link the
+		// pod network uses. The two-tier raw chains (nfttunnel.go) drop
+		// every other packet from outside with a source of this node's.
+		{"net/ipv4/conf/all/accept_local", "1"},
 	} {
 		if err := setSysctl(s.name, s.value); err != nil {
 			return p, err
