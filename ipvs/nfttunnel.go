@@ -172,42 +172,7 @@ func tunnelRules(name string, fam tier2Family, link string, vips, tier2 *nftable
 	after := reg32 + fam.addrLen/4
 	switch name {
 	case tunnelRaw:
-		saddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.saddrOff, Len: fam.addrLen}
-		// A unicast packet from outside the node (not the loopback, not
-		// the loop's tier 1 to itself) whose source is one of the node's
-		// addresses: the kernel's martian check, which PrepareTunnel's
-		// accept_local turns off for the sake of the VIPs, kept for every
-		// other address; and for the VIPs, only towards another host
-		// (a pod): such a packet is an answer from another node's tier 2.
-		fromOutside := []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyPKTTYPE, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.PACKET_HOST}},
-			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname("lo")},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(LoopPeer)},
-		}
-		localSource := []expr.Any{
-			&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
-		}
-		drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
-		var rules [][]expr.Any
-		if self.IsValid() {
-			// The tunnel address is local by a policy rule only, which
-			// fib's address type does not see.
-			rules = append(rules, concat(fromOutside, []expr.Any{saddr, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: self.AsSlice()}}, drop))
-		}
-		return append(rules,
-			concat(fromOutside, localSource, []expr.Any{saddr, &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID, Invert: true}}, drop),
-			concat(fromOutside, []expr.Any{saddr, &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID},
-				&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)}}, drop),
-			// That answer, untracked: its connection began on this node
-			// with an untracked packet to the VIP (below), and conntrack
-			// would call its first answer invalid (kube-proxy drops those).
-			append(iif(expr.CmpOpNeq), saddr, &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID}, &expr.Notrack{}),
-			append(iif(expr.CmpOpNeq), daddr, inVIPs, &expr.Notrack{}),
-		)
+		return rawRules(fam, iif, daddr, inVIPs, vips, self)
 	case tunnelDNAT:
 		// The slot: for a virtual server with client affinity, from a
 		// hash of the client's address (read into the registers after
@@ -249,6 +214,51 @@ func tunnelRules(name string, fam tier2Family, link string, vips, tier2 *nftable
 		}}
 	}
 	return nil
+}
+
+// rawRules are the rules of the chain tunnelRaw: the martian check the
+// node's accept_local (PrepareTunnel) needs, the answers of another node's
+// tier 2 to this node's pods untracked, and the packets to a VIP from the
+// fabric untracked. iif compares the input interface with the family's
+// tunnel link, daddr loads the destination address, inVIPs looks it up in
+// vips; self is the node's tunnel address of the family (invalid: none).
+func rawRules(fam tier2Family, iif func(expr.CmpOp) []expr.Any, daddr *expr.Payload, inVIPs *expr.Lookup, vips *nftables.Set, self netip.Addr) [][]expr.Any {
+	saddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.saddrOff, Len: fam.addrLen}
+	// A unicast packet from outside the node (not the loopback, not
+	// the loop's tier 1 to itself) whose source is one of the node's
+	// addresses: the kernel's martian check, which PrepareTunnel's
+	// accept_local turns off for the sake of the VIPs, kept for every
+	// other address; and for the VIPs, only towards another host
+	// (a pod): such a packet is an answer from another node's tier 2.
+	fromOutside := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyPKTTYPE, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.PACKET_HOST}},
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname("lo")},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(LoopPeer)},
+	}
+	localSource := []expr.Any{
+		&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+	}
+	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+	var rules [][]expr.Any
+	if self.IsValid() {
+		// The tunnel address is local by a policy rule only, which
+		// fib's address type does not see.
+		rules = append(rules, concat(fromOutside, []expr.Any{saddr, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: self.AsSlice()}}, drop))
+	}
+	return append(rules,
+		concat(fromOutside, localSource, []expr.Any{saddr, &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID, Invert: true}}, drop),
+		concat(fromOutside, []expr.Any{saddr, &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID},
+			&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)}}, drop),
+		// That answer, untracked: its connection began on this node
+		// with an untracked packet to the VIP (below), and conntrack
+		// would call its first answer invalid (kube-proxy drops those).
+		append(iif(expr.CmpOpNeq), saddr, &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID}, &expr.Notrack{}),
+		append(iif(expr.CmpOpNeq), daddr, inVIPs, &expr.Notrack{}),
+	)
 }
 
 // concat returns the expressions of parts, in order, in a new slice.

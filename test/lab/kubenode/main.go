@@ -417,7 +417,7 @@ const cniConfig = `{
   "cniVersion": "1.0.0",
   "name": "lab",
   "plugins": [
-    {"type": "bridge", "bridge": "`+cniBridge+`", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+    {"type": "bridge", "bridge": "` + cniBridge + `", "isGateway": true, "ipMasq": false, "hairpinMode": true,
      "ipam": {"type": "host-local", "ranges": [[{"subnet": "%s"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
