@@ -228,6 +228,9 @@ func readGinkgoReport(path string) ([]SpecResult, error) {
 	var out []SpecResult
 	for _, s := range suites {
 		for _, r := range s.SpecReports {
+			if r.LeafNodeType == "It" && r.State == "skipped" && r.Failure == nil {
+				continue // outside the focus: never started (a spec's own Skip carries its reason)
+			}
 			if r.LeafNodeType != "It" {
 				if r.State != "passed" && r.Failure != nil {
 					out = append(out, SpecResult{Name: "[" + r.LeafNodeType + "]", State: r.State, Message: r.Failure.Message})
