@@ -4,8 +4,6 @@ package ipvs
 
 import (
 	"bufio"
-	"encoding/binary"
-	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -110,20 +108,7 @@ func sendUDP(t *testing.T, f *moveFabric, src, dst netip.Addr, recv <-chan strin
 	if dst == f.fabricAddr(0) {
 		port = 9996
 	}
-	marker := fmt.Sprintf("vipcast-martian-%d", time.Now().UnixNano())
-	udp := make([]byte, 8, 8+len(marker))
-	binary.BigEndian.PutUint16(udp[0:], 5353)
-	binary.BigEndian.PutUint16(udp[2:], port)
-	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(marker))) //nolint:gosec // a short marker
-	udp = append(udp, marker...)
-	pkt := ipv4Header(src, dst, unix.IPPROTO_UDP, udp)
-	must(t, inNS(t, f.client, func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: dst.As4()})
-	}))
+	marker, udp := markedUDP("vipcast-martian", port)
+	sendRaw(t, f, dst, ipv4Header(src, dst, unix.IPPROTO_UDP, udp))
 	return received(recv, marker)
 }

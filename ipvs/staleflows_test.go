@@ -16,13 +16,7 @@ func TestStaleFlows(t *testing.T) {
 	tcp := Key{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP}
 	a := netip.MustParseAddrPort("10.0.0.1:8080")
 	b := netip.MustParseAddrPort("10.0.0.2:8080")
-	local := func(k Key, ws map[netip.AddrPort]int) *Service {
-		s := Service{VIP: k.VIP, Port: k.Port, Protocol: k.Protocol}
-		for ap, w := range ws {
-			s.Local = append(s.Local, Backend{Addr: ap.Addr(), Port: ap.Port(), Weight: w})
-		}
-		return &s
-	}
+	local := withLocal
 	del := func(k Key, to ...netip.AddrPort) Tier2Plan {
 		var p Tier2Plan
 		for i, ap := range to {
@@ -72,13 +66,7 @@ func TestServingSets(t *testing.T) {
 	tcp := Key{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP}
 	a := netip.MustParseAddrPort("10.0.0.1:8080")
 	b := netip.MustParseAddrPort("10.0.0.2:8080")
-	svc := func(k Key, ws map[netip.AddrPort]int) *Service {
-		s := Service{VIP: k.VIP, Port: k.Port, Protocol: k.Protocol}
-		for ap, w := range ws {
-			s.Local = append(s.Local, Backend{Addr: ap.Addr(), Port: ap.Port(), Weight: w})
-		}
-		return &s
-	}
+	svc := withLocal
 	s := servingSets{}
 	steps := []struct {
 		name    string
@@ -115,4 +103,14 @@ func TestServingSets(t *testing.T) {
 	if got := mergeStale([]StaleFlow{{udp, b}}, []StaleFlow{{udp, a}, {udp, b}}); !reflect.DeepEqual(got, []StaleFlow{{udp, a}, {udp, b}}) {
 		t.Errorf("mergeStale = %v, want sorted without repeats", got)
 	}
+}
+
+// withLocal returns the virtual server k with the Local endpoints ws, at
+// their weights.
+func withLocal(k Key, ws map[netip.AddrPort]int) *Service {
+	s := Service{VIP: k.VIP, Port: k.Port, Protocol: k.Protocol}
+	for ap, w := range ws {
+		s.Local = append(s.Local, Backend{Addr: ap.Addr(), Port: ap.Port(), Weight: w})
+	}
+	return &s
 }

@@ -83,22 +83,34 @@ func podUDP(t *testing.T, b *backend, port int) <-chan string {
 // and reports whether the pod's listener got that marker within a second.
 func sendIPIP(t *testing.T, f *moveFabric, outer, node, inner, dst netip.Addr, port int, recv <-chan string) bool {
 	t.Helper()
-	marker := fmt.Sprintf("vipcast-guard-%d", time.Now().UnixNano())
+	marker, udp := markedUDP("vipcast-guard", uint16(port)) //nolint:gosec // a test port
+	sendRaw(t, f, node, ipv4Header(outer, node, unix.IPPROTO_IPIP, ipv4Header(inner, dst, unix.IPPROTO_UDP, udp)))
+	return received(recv, marker)
+}
+
+// markedUDP returns a fresh marker (prefix and the time) and a UDP
+// datagram from port 5353 to port carrying it, without a checksum.
+func markedUDP(prefix string, port uint16) (string, []byte) {
+	marker := fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano())
 	udp := make([]byte, 8, 8+len(marker))
 	binary.BigEndian.PutUint16(udp[0:], 5353)
-	binary.BigEndian.PutUint16(udp[2:], uint16(port)) //nolint:gosec // a test port
-	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(marker)))
-	udp = append(udp, marker...)
-	pkt := ipv4Header(outer, node, unix.IPPROTO_IPIP, ipv4Header(inner, dst, unix.IPPROTO_UDP, udp))
+	binary.BigEndian.PutUint16(udp[2:], port)
+	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(marker))) //nolint:gosec // a short marker
+	return marker, append(udp, marker...)
+}
+
+// sendRaw sends the IPv4 packet pkt (its header included) to to from the
+// ToR, the client namespace of f, with a raw socket.
+func sendRaw(t *testing.T, f *moveFabric, to netip.Addr, pkt []byte) {
+	t.Helper()
 	must(t, inNS(t, f.client, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
 		if err != nil {
 			return err
 		}
 		defer unix.Close(fd)
-		return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: node.As4()})
+		return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: to.As4()})
 	}))
-	return received(recv, marker)
 }
 
 // received reports whether recv gets marker within a second.
