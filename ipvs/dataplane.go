@@ -1177,9 +1177,10 @@ func (d *Dataplane) applyBackends(p Plan, f *failures) {
 			continue // its virtual server was refused: that is the failure
 		}
 		if c.Again {
-			if err := d.destCmd(ipvsCmdDelDest, c.Key, c.Backend); err != nil && !isNotFound(err) {
-				f.addKey(c.Key, "delete real server "+c.String(), err)
+			if err := d.againDest(c.Key, c.Backend); err != nil {
+				f.addKey(c.Key, "add real server again "+c.String(), err)
 			}
+			continue
 		}
 		err := d.destCmd(ipvsCmdNewDest, c.Key, c.Backend)
 		if errors.Is(err, unix.EEXIST) {

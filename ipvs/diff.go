@@ -313,25 +313,26 @@ func diffService(p *Plan, want, have *Service) {
 			j++
 		}
 	}
+	var first netip.AddrPort // the first real server added, tier 1
 	if len(p.AddBackends) > added && tunnelled(w) {
-		// Tier 1 of the two-tier dataplane must pick the same node for a
-		// flow on every node. IPVS mh builds its table from the real
-		// servers in the order they were added (the kernel puts each new
-		// one first), so every node must add them in one order whatever
-		// its history: when one is added, all are added again, in the
-		// plan's order. Its connections keep going meanwhile: a real
-		// server added again is the same one, back from IPVS's trash.
-		// Each is deleted right before it is added back (Again), not
-		// with the plan's deletions: with net.ipv4.vs.expire_nodest_conn
-		// the kernel expires, one jiffy after a deletion, every
-		// connection whose real server is away at that moment, and a
-		// plan over many Services takes far longer than a jiffy.
-		for _, b := range kept {
-			p.AddBackends = append(p.AddBackends, BackendChange{Key: k, Backend: b[0], Again: true})
-		}
-		return
+		first = p.AddBackends[added].Backend.AddrPort()
 	}
 	for _, b := range kept {
+		if first.IsValid() && b[0].AddrPort().Compare(first) > 0 {
+			// Tier 1 of the two-tier dataplane must pick the same node
+			// for a flow on every node. IPVS mh builds its table from the
+			// real servers in the kernel's list order, the order they
+			// were added, each new one first: every node adds them in
+			// ascending order whatever its history, so that the list is
+			// in descending order. A real server added goes first, so
+			// those that sort after it are added again, after it and in
+			// order; those before it keep their place. Their connections
+			// keep going: a real server added again is the same one, back
+			// from IPVS's trash, deleted and added back in one netlink
+			// message (againDest).
+			p.AddBackends = append(p.AddBackends, BackendChange{Key: k, Backend: b[0], Again: true})
+			continue
+		}
 		if b[0].Weight != b[1].Weight || b[0].Tunnel != b[1].Tunnel {
 			p.UpdateBackends = append(p.UpdateBackends, BackendChange{Key: k, Backend: b[0]})
 		}

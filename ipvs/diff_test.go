@@ -422,11 +422,11 @@ func randomState(r *byteReader, foreign bool) State {
 }
 
 // TestDiffTier1Order: a real server added to tier 1 of the two-tier
-// dataplane (tunnel real servers) re-adds every real server, in the plan's
-// order, so that every node's kernel list (and mh table) has one order
-// whatever the order it learned them in; a weight change or a removal keeps
-// the order and touches only that real server; one tier (pods) adds only
-// the new one.
+// dataplane (tunnel real servers) re-adds those that sort after it, in the
+// plan's order, so that every node's kernel list (and mh table) has one
+// order whatever the order it learned them in; one that sorts last re-adds
+// none; a weight change or a removal keeps the order and touches only that
+// real server; one tier (pods) adds only the new one.
 func TestDiffTier1Order(t *testing.T) {
 	node := func(a string, w int) Backend { return Backend{Addr: ip(a), Port: 80, Weight: w, Tunnel: true} }
 	actual := state(svc("192.0.2.1", 80, node("10.52.0.12", 2)), svc("192.0.2.2", 80, be("10.0.0.1", 8080, 1)))
@@ -445,6 +445,19 @@ func TestDiffTier1Order(t *testing.T) {
 	if want := svc("192.0.2.1", 80, node("10.52.0.11", 2), node("10.52.0.12", 2)).Normalize(); !reflect.DeepEqual(got.Services[want.Key()], want) {
 		t.Errorf("after the plan %+v, want %+v", got.Services[want.Key()], want)
 	}
+	p = DiffService(Key{}, ptr(svc("192.0.2.1", 80, node("10.52.0.12", 2), node("10.52.0.13", 2))), actual)
+	if p.Len() != 1 || len(p.AddBackends) != 1 || p.AddBackends[0].Again {
+		t.Errorf("tier 1 gains a node that sorts last: %v, want it added alone", p)
+	}
+	three := state(svc("192.0.2.1", 80, node("10.52.0.11", 2), node("10.52.0.13", 2), node("10.52.0.14", 2)))
+	p = DiffService(Key{}, ptr(svc("192.0.2.1", 80, node("10.52.0.11", 3), node("10.52.0.12", 2), node("10.52.0.13", 2), node("10.52.0.14", 2))), three)
+	adds = adds[:0]
+	for _, c := range p.AddBackends {
+		adds = append(adds, fmt.Sprintf("%s again=%v", c.Backend.Addr, c.Again))
+	}
+	if len(p.UpdateBackends) != 1 || !slices.Equal(adds, []string{"10.52.0.12 again=false", "10.52.0.13 again=true", "10.52.0.14 again=true"}) {
+		t.Errorf("tier 1 gains a node in the middle: %v (adds %v), want .11 updated in place, .12 added, .13 and .14 added again", p, adds)
+	}
 	p = DiffService(Key{}, ptr(svc("192.0.2.1", 80, node("10.52.0.12", 0))), actual)
 	if p.Len() != 1 || len(p.UpdateBackends) != 1 {
 		t.Errorf("tier 1 weight change: %v, want one update", p)
@@ -453,4 +466,53 @@ func TestDiffTier1Order(t *testing.T) {
 	if p.Len() != 1 || len(p.AddBackends) != 1 {
 		t.Errorf("one tier gains a pod: %v, want one add", p)
 	}
+}
+
+// FuzzTier1KernelOrder: whatever the history of tier 1's real servers
+// (added, removed, reweighted, in any order), the plans Diff makes keep the
+// kernel's list, as IPVS keeps it (an added real server goes first, a
+// deleted one leaves the others in place), in one order: descending, the
+// order a node that learns them all at once gets. mh builds its table in
+// that order, so every node builds the same one.
+func FuzzTier1KernelOrder(f *testing.F) {
+	f.Add([]byte{0x12, 0x0b, 0x13, 0x0e, 0x91, 0x0c, 0x2a})
+	f.Add([]byte{0xff, 0x01, 0x80, 0x7f})
+	f.Fuzz(func(t *testing.T, steps []byte) {
+		key := Key{VIP: ip("192.0.2.1"), Port: 80, Protocol: TCP}
+		actual := State{Services: map[Key]Service{}, VIPs: map[netip.Addr]struct{}{}}
+		var kernel []netip.AddrPort // IPVS's list, first first
+		members := map[byte]int{}   // last octet: weight
+		for _, st := range steps {
+			// Node n of 16 joins with weight w (0, 1 or 2), or leaves
+			// (the high bit).
+			n, w := 1+st&0x0f, int(st>>4&0x07)%3
+			if st&0x80 != 0 {
+				delete(members, n)
+			} else {
+				members[n] = w
+			}
+			var bs []Backend
+			for m, mw := range members {
+				bs = append(bs, Backend{Addr: netip.AddrFrom4([4]byte{10, 52, 0, m}), Port: 80, Weight: mw, Tunnel: true})
+			}
+			want := Service{VIP: key.VIP, Port: 80, Protocol: TCP, Backends: bs}.Normalize()
+			p := DiffService(key, &want, actual)
+			for _, c := range p.DelBackends {
+				kernel = slices.DeleteFunc(kernel, func(a netip.AddrPort) bool { return a == c.Backend.AddrPort() })
+			}
+			for _, c := range p.AddBackends {
+				kernel = slices.DeleteFunc(kernel, func(a netip.AddrPort) bool { return a == c.Backend.AddrPort() })
+				kernel = slices.Insert(kernel, 0, c.Backend.AddrPort())
+			}
+			p.ApplyTo(&actual)
+			var canonical []netip.AddrPort
+			for _, b := range want.Backends {
+				canonical = append(canonical, b.AddrPort())
+			}
+			slices.SortFunc(canonical, func(a, b netip.AddrPort) int { return b.Compare(a) })
+			if !slices.Equal(kernel, canonical) {
+				t.Fatalf("after %v: kernel list %v, want %v (plan %v)", want.Backends, kernel, canonical, p)
+			}
+		}
+	})
 }

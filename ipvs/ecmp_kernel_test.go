@@ -63,8 +63,8 @@ import (
 // both nodes reach one pod (testMoveClientIP). StaleUDP: a UDP flow whose
 // pod goes away reaches another pod within a second, one tier and two
 // (testMoveStaleUDP). Tier1Again: a node joining tier 1 under
-// net.ipv4.vs.expire_nodest_conn keeps every connection
-// (testMoveTier1Again). Hairpin: a pod balanced to itself through the VIP
+// net.ipv4.vs.expire_nodest_conn keeps every connection of the nodes it
+// adds again (testMoveTier1Again). Hairpin: a pod balanced to itself through the VIP
 // is answered (testMoveHairpin). InCluster: a pod reaches the VIP through
 // its node's tier 1 and the other node's tier 2 (testMoveInCluster).
 func TestECMPMove(t *testing.T) {

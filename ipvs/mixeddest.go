@@ -71,16 +71,29 @@ func (g *genlConn) close() { g.sock.Socket.Close() }
 // attributes kernelDest gives moby/ipvs and the family it leaves out.
 func (d *Dataplane) mixedDest(cmd uint8, k Key, b Backend) error {
 	if d.genl == nil {
-		return errors.New("no generic netlink socket (the two-tier dataplane is off)")
+		return errNoGenl
 	}
+	svc, dest := destAttrs(cmd, k, b)
+	_, err := ipvsGenlExec(d.genl.id, d.genl.sock, cmd, unix.NLM_F_ACK, svc, dest)
+	return err
+}
+
+// errNoGenl: a command only the Dataplane's own generic netlink socket
+// sends, which New opens with the two tiers only.
+var errNoGenl = errors.New("no generic netlink socket (the two-tier dataplane is off)")
+
+// destAttrs returns the attributes of cmd (ipvsCmdNewDest, SetDest or
+// DelDest) for the real server b of virtual server k: those kernelDest
+// gives moby/ipvs, and b's address family, which moby/ipvs leaves out.
+func destAttrs(cmd uint8, k Key, b Backend) (svc, dest *nl.RtAttr) {
 	b.Addr = b.Addr.Unmap()
 	vip, kd := k.VIP.Unmap(), kernelDest(b)
-	svc := nl.NewRtAttr(ipvsCmdAttrService, nil)
+	svc = nl.NewRtAttr(ipvsCmdAttrService, nil)
 	svc.AddRtAttr(ipvsSvcAttrAF, nl.Uint16Attr(family(vip)))
 	svc.AddRtAttr(ipvsSvcAttrProtocol, nl.Uint16Attr(uint16(k.Protocol)))
 	svc.AddRtAttr(ipvsSvcAttrAddr, vip.AsSlice())
 	svc.AddRtAttr(ipvsSvcAttrPort, binary.BigEndian.AppendUint16(nil, k.Port))
-	dest := nl.NewRtAttr(ipvsCmdAttrDest, nil)
+	dest = nl.NewRtAttr(ipvsCmdAttrDest, nil)
 	dest.AddRtAttr(ipvsDestAttrAF, nl.Uint16Attr(kd.AddressFamily))
 	dest.AddRtAttr(ipvsDestAttrAddr, kd.Address)
 	dest.AddRtAttr(ipvsDestAttrPort, binary.BigEndian.AppendUint16(nil, kd.Port))
@@ -91,8 +104,7 @@ func (d *Dataplane) mixedDest(cmd uint8, k Key, b Backend) error {
 		dest.AddRtAttr(ipvsDestAttrUThresh, nl.Uint32Attr(kd.UpperThreshold))
 		dest.AddRtAttr(ipvsDestAttrLThresh, nl.Uint32Attr(kd.LowerThreshold))
 	}
-	_, err := ipvsGenlExec(d.genl.id, d.genl.sock, cmd, unix.NLM_F_ACK, svc, dest)
-	return err
+	return svc, dest
 }
 
 // dropMixedDests deletes every tunnel real server of another family than
