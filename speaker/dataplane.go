@@ -153,7 +153,7 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 		fams[0] = fams[0] && !twoTierFams[0]
 		fams[1] = fams[1] && !twoTierFams[1]
 	}
-	backends := dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, local)
+	backends := dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, view.Node.Labels[v1.LabelTopologyZone], local)
 
 	services = make([]ipvs.Service, 0, len(vips)*len(ports))
 	var used [2]bool // whether a family's backends were handed out already
@@ -234,7 +234,7 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 	// back to serving terminating ones when none of them is ready, even
 	// while tier 1, whose weights follow every node's, sends this node
 	// no new flow.
-	locals := dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, true)
+	locals := dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, "", true)
 	out := make([][2]tiers, len(ports))
 	var problems []string
 	// unreachable: nodes without a way in, each with the kind of tunnel
@@ -336,7 +336,7 @@ func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.Endp
 	for i := range out {
 		out[i] = [2]map[string][]ipvs.Backend{{}, {}}
 	}
-	rd := scanEndpoints(svc, endpointSlices, ports, "")
+	rd := scanEndpoints(svc, endpointSlices, ports, "", "")
 	targets := make([]uint16, len(ports))
 	for _, s := range endpointSlices {
 		slot, ok := sliceSlot(s)
@@ -447,10 +447,12 @@ func compareDataplanePort(a, b dataplanePort) int {
 }
 
 // dataplaneBackends returns, per port (indexed like ports) and per family
-// slot, the sorted, deduplicated backends of the families in fams.
-func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, fams [2]bool, nodeName string, local bool) [][2][]ipvs.Backend {
+// slot, the sorted, deduplicated backends of the families in fams, for the
+// node nodeName in zone. Under Cluster policy a ready endpoint that the
+// hints' topology leaves out gets weight 0: no new flows, its own kept.
+func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, fams [2]bool, nodeName, zone string, local bool) [][2][]ipvs.Backend {
 	out := backendBuffers(svc, endpointSlices, len(ports), fams, nodeName, local)
-	rd := scanEndpoints(svc, endpointSlices, ports, nodeName)
+	rd := scanEndpoints(svc, endpointSlices, ports, nodeName, zone)
 	targets := make([]uint16, len(ports)) // target port per ServicePort in the current slice
 	for _, s := range endpointSlices {
 		slot, ok := sliceSlot(s)
@@ -468,9 +470,14 @@ func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSl
 				continue
 			}
 			for j, tp := range targets {
-				if tp != 0 {
-					out[j][slot] = append(out[j][slot], ipvs.Backend{Addr: addr, Port: tp, Weight: st.weight(rd[j][slot].fallback(local))})
+				if tp == 0 {
+					continue
 				}
+				w := st.weight(rd[j][slot].fallback(local))
+				if !local && !rd[j][slot].topology().admits(e, nodeName, zone) {
+					w = 0
+				}
+				out[j][slot] = append(out[j][slot], ipvs.Backend{Addr: addr, Port: tp, Weight: w})
 			}
 		}
 	}

@@ -1031,3 +1031,83 @@ func checkDataplane(t *testing.T, got []ipvs.Service, problems []string, want []
 		}
 	}
 }
+
+// TestServiceDataplaneTopology: under Cluster policy in one tier, the
+// EndpointSlice hints that trafficDistribution writes narrow new flows to
+// the endpoints hinted for this node (PreferSameNode), else for its zone
+// (PreferSameZone), as kube-proxy's CategorizeEndpoints does: only when
+// every ready endpoint has such a hint and one names this node or zone.
+// The others get weight 0, keeping their flows. Local policy and two
+// tiers (tier 1 picks one node for a flow on every node) take no hints.
+func TestServiceDataplaneTopology(t *testing.T) {
+	hinted := func(e dpEP, zone, node string) func(*discoveryv1.Endpoint) {
+		return func(ep *discoveryv1.Endpoint) {
+			*ep = e.endpoint()
+			ep.Hints = &discoveryv1.EndpointHints{}
+			if zone != "" {
+				ep.Hints.ForZones = []discoveryv1.ForZone{{Name: zone}}
+			}
+			if node != "" {
+				ep.Hints.ForNodes = []discoveryv1.ForNode{{Name: node}}
+			}
+		}
+	}
+	slice := func(eps ...func(*discoveryv1.Endpoint)) []*discoveryv1.EndpointSlice {
+		sl := dpSlice(v4, httpPorts)
+		sl.Endpoints = make([]discoveryv1.Endpoint, len(eps))
+		for i, f := range eps {
+			f(&sl.Endpoints[i])
+		}
+		return []*discoveryv1.EndpointSlice{sl}
+	}
+	a1, a2, b1 := readyEP("10.244.0.1", "n1"), readyEP("10.244.0.2", "n2"), readyEP("10.244.0.3", "n3")
+	plain := func(e dpEP) func(*discoveryv1.Endpoint) {
+		return func(ep *discoveryv1.Endpoint) { *ep = e.endpoint() }
+	}
+	vip := "192.0.2.10"
+	for _, tc := range []struct {
+		name   string
+		svc    *v1.Service
+		slices []*discoveryv1.EndpointSlice
+		zone   string // the node's topology.kubernetes.io/zone
+		want   []int  // weights of 10.244.0.1, .2, .3
+	}{
+		{"no hints", dpSvc(vip), slice(plain(a1), plain(a2), plain(b1)), "a", []int{1, 1, 1}},
+		{"zone hints", dpSvc(vip), slice(hinted(a1, "a", ""), hinted(a2, "a", ""), hinted(b1, "b", "")), "a", []int{1, 1, 0}},
+		{"zone hints, node in the other zone", dpSvc(vip), slice(hinted(a1, "a", ""), hinted(a2, "a", ""), hinted(b1, "b", "")), "b", []int{0, 0, 1}},
+		{"zone hints, one endpoint without", dpSvc(vip), slice(hinted(a1, "a", ""), hinted(a2, "a", ""), plain(b1)), "a", []int{1, 1, 1}},
+		{"zone hints, none for this zone", dpSvc(vip), slice(hinted(a1, "b", ""), hinted(a2, "b", ""), hinted(b1, "b", "")), "a", []int{1, 1, 1}},
+		{"zone hints, node without a zone", dpSvc(vip), slice(hinted(a1, "a", ""), hinted(a2, "a", ""), hinted(b1, "b", "")), "", []int{1, 1, 1}},
+		{"node hints", dpSvc(vip), slice(hinted(a1, "a", "n1"), hinted(a2, "a", "n2"), hinted(b1, "b", "n3")), "a", []int{1, 0, 0}},
+		{"node hints, none for this node: zone hints", dpSvc(vip), slice(hinted(a1, "a", "n2"), hinted(a2, "a", "n2"), hinted(b1, "b", "n3")), "a", []int{1, 1, 0}},
+		{"a terminating endpoint's missing hint does not count", dpSvc(vip), slice(hinted(a1, "a", ""), plain(termEP("10.244.0.2", "n2")), hinted(b1, "b", "")), "a", []int{1, 0, 0}},
+		{"Local policy takes no hints", local(dpSvc(vip)), slice(hinted(a1, "b", ""), hinted(a2, "b", ""), hinted(b1, "b", "")), "a", []int{1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := testNode()
+			node.Labels = map[string]string{v1.LabelTopologyZone: tc.zone}
+			got, problems := ServiceDataplane(tc.svc, tc.slices, dpView(t, node))
+			if len(got) != 1 || len(problems) != 0 {
+				t.Fatalf("got %v, %q; want one virtual server", got, problems)
+			}
+			var weights []int
+			for _, b := range got[0].Backends {
+				weights = append(weights, b.Weight)
+			}
+			if !slices.Equal(weights, tc.want) {
+				t.Errorf("weights %v, want %v (%v)", weights, tc.want, got[0].Backends)
+			}
+		})
+	}
+	t.Run("two tiers take no hints", func(t *testing.T) {
+		node := testNode()
+		node.Labels = map[string]string{v1.LabelTopologyZone: "a"}
+		view := dpView(t, node)
+		view.Tunnels = map[string]netip.Addr{"n1": netip.MustParseAddr("10.52.0.1"), "n2": netip.MustParseAddr("10.52.0.2")}
+		got, problems := ServiceDataplane(dpSvc(vip), slice(hinted(a1, "a", ""), hinted(a2, "b", "")), view)
+		if len(got) != 1 || len(problems) != 0 || len(got[0].Backends) != 2 || len(got[0].Local) != 1 ||
+			got[0].Backends[0].Weight == 0 || got[0].Backends[1].Weight == 0 || got[0].Local[0].Weight == 0 {
+			t.Errorf("got %v, %q; want tier 1 over both nodes and tier 2 to n1's endpoint, every weight above 0", got, problems)
+		}
+	})
+}

@@ -2,6 +2,7 @@ package speaker
 
 import (
 	"net/netip"
+	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -56,10 +57,55 @@ func (s endpointState) weight(fallback bool) int {
 }
 
 // endpointKinds says, for one family of one Service port, which kinds of
-// endpoint exist, in the whole cluster and on this node.
+// endpoint exist, in the whole cluster and on this node, and what their
+// topology hints say.
 type endpointKinds struct {
 	ready, serving           bool // some endpoint is ready; some is serving and terminating
 	localReady, localServing bool // the same, on this node
+	// Over the ready endpoints: some has no node hint, some no zone
+	// hint; some is hinted for this node, some for its zone.
+	unhintedNode, unhintedZone bool
+	forNode, forZone           bool
+}
+
+// topology is how the ready endpoints' hints narrow the Cluster policy's
+// endpoints on this node, as kube-proxy's topologyModeFromHints decides it
+// (trafficDistribution PreferSameNode and PreferSameZone, or the topology
+// annotation, write the hints): to those hinted for this node when every
+// ready endpoint has a node hint and one names this node; else to those
+// hinted for its zone when every one has a zone hint and one names it;
+// else not at all.
+func (r endpointKinds) topology() topologyMode {
+	switch {
+	case !r.ready:
+		return topologyAny
+	case !r.unhintedNode && r.forNode:
+		return topologySameNode
+	case !r.unhintedZone && r.forZone:
+		return topologySameZone
+	}
+	return topologyAny
+}
+
+// topologyMode is a topology that narrows the Cluster policy's endpoints.
+type topologyMode uint8
+
+const (
+	topologyAny topologyMode = iota
+	topologySameNode
+	topologySameZone
+)
+
+// admits reports whether m lets the endpoint e take new flows on the node
+// nodeName in zone: kube-proxy's availableForTopology.
+func (m topologyMode) admits(e *discoveryv1.Endpoint, nodeName, zone string) bool {
+	switch m {
+	case topologySameNode:
+		return e.Hints != nil && slices.ContainsFunc(e.Hints.ForNodes, func(n discoveryv1.ForNode) bool { return n.Name == nodeName })
+	case topologySameZone:
+		return e.Hints != nil && slices.ContainsFunc(e.Hints.ForZones, func(z discoveryv1.ForZone) bool { return z.Name == zone })
+	}
+	return true
 }
 
 // fallback reports whether the category (this node's endpoints with
@@ -92,10 +138,11 @@ func (r endpointKinds) announces(local bool) bool {
 }
 
 // scanEndpoints returns, per port (indexed like ports) and family slot,
-// which kinds of endpoint the Service's EndpointSlices hold. With no ports
+// which kinds of endpoint the Service's EndpointSlices hold, for the node
+// nodeName in zone (its topology.kubernetes.io/zone label). With no ports
 // it returns one entry for the whole Service, whatever its slices' ports:
 // what the routes need.
-func scanEndpoints(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, nodeName string) [][2]endpointKinds {
+func scanEndpoints(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, nodeName, zone string) [][2]endpointKinds {
 	out := make([][2]endpointKinds, max(1, len(ports)))
 	targets := make([]uint16, len(out))
 	for _, s := range endpointSlices {
@@ -123,6 +170,7 @@ func scanEndpoints(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 				if st == epReady {
 					r.ready = true
 					r.localReady = r.localReady || local
+					r.hints(e, nodeName, zone)
 				} else {
 					r.serving = true
 					r.localServing = r.localServing || local
@@ -131,6 +179,20 @@ func scanEndpoints(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 		}
 	}
 	return out
+}
+
+// hints adds the topology hints of the ready endpoint e to r.
+func (r *endpointKinds) hints(e *discoveryv1.Endpoint, nodeName, zone string) {
+	if e.Hints == nil || len(e.Hints.ForNodes) == 0 {
+		r.unhintedNode = true
+	} else if !r.forNode && topologySameNode.admits(e, nodeName, zone) {
+		r.forNode = true
+	}
+	if e.Hints == nil || len(e.Hints.ForZones) == 0 {
+		r.unhintedZone = true
+	} else if !r.forZone && zone != "" && topologySameZone.admits(e, nodeName, zone) {
+		r.forZone = true
+	}
 }
 
 // endpointAddr returns an endpoint's first address; it reports false when

@@ -78,7 +78,7 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 		return nil, "node cordoned"
 	}
 	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
-	kinds := &scanEndpoints(svc, endpointSlices, nil, node.Name)[0]
+	kinds := &scanEndpoints(svc, endpointSlices, nil, node.Name, "")[0]
 
 	routes = make([]bgp.Route, 0, len(vips))
 	var reasons []string
