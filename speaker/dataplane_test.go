@@ -1111,3 +1111,15 @@ func TestServiceDataplaneTopology(t *testing.T) {
 		}
 	})
 }
+
+// TestServiceDataplaneServiceProxyName: the service.kubernetes.io/
+// service-proxy-name label hands a Service's ClusterIP and node ports to
+// another proxy (kube-proxy skips it); its VIP stays vipcast's, as a cloud
+// load balancer's would, since the VIP's virtual servers send to the pods
+// themselves.
+func TestServiceDataplaneServiceProxyName(t *testing.T) {
+	s := dpSvc("192.0.2.10")
+	s.Labels = map[string]string{"service.kubernetes.io/service-proxy-name": "other-proxy"}
+	got, problems := ServiceDataplane(s, []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n2"))}, dpView(t, testNode()))
+	checkDataplane(t, got, problems, []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP, be("10.244.0.1", 8080, 1))}, nil)
+}
