@@ -49,9 +49,12 @@ var tier2Families = [2]tier2Family{
 }
 
 // keyType is VIP . protocol . port . slot; dataType is endpoint address .
-// port.
+// port. The slot is typed mark, a 32-bit number in host byte order as
+// numgen and jhash write it: nft's integer type has no size, and nft (1.0.6,
+// Debian 12's) aborts listing a concatenation with one in it, and with it
+// `nft list ruleset`, which operators run.
 func (f tier2Family) keyType() nftables.SetDatatype {
-	return nftables.MustConcatSetType(f.addrType, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInteger)
+	return nftables.MustConcatSetType(f.addrType, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
 }
 
 func (f tier2Family) dataType() nftables.SetDatatype {
@@ -79,9 +82,17 @@ func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string, self [2]netip.Ad
 			n.queueRemoveTunnel(t)
 			continue
 		}
+		// The chains are emptied first: a map their rules use cannot be
+		// deleted (EBUSY) when it must be made again.
+		chains := make([]*nftables.Chain, len(tunnelChains))
+		for j, c := range tunnelChains {
+			c.Table = t
+			chains[j] = n.conn.AddChain(&c)
+			n.conn.FlushChain(chains[j])
+		}
 		keyType, dataType := fam.keyType(), fam.dataType()
 		set, err := n.conn.GetSetByName(t, tier2Map)
-		if err != nil || set == nil || !set.IsMap || set.KeyType.Bytes != keyType.Bytes || set.DataType.Bytes != dataType.Bytes {
+		if err != nil || set == nil || !set.IsMap || !sameType(set.KeyType, keyType) || !sameType(set.DataType, dataType) {
 			if set != nil {
 				n.conn.DelSet(set)
 			}
@@ -91,11 +102,8 @@ func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string, self [2]netip.Ad
 			}
 		}
 		sets[i] = set
-		for _, c := range tunnelChains {
-			c.Table = t
-			ch := n.conn.AddChain(&c)
-			n.conn.FlushChain(ch)
-			for _, r := range tunnelRules(c.Name, fam, links[i], n.vips[i], set, mss[i], self[i]) {
+		for _, ch := range chains {
+			for _, r := range tunnelRules(ch.Name, fam, links[i], n.vips[i], set, mss[i], self[i]) {
 				n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 			}
 		}
@@ -108,6 +116,14 @@ func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string, self [2]netip.Ad
 	}
 	n.tier2, n.guardSet, n.guardHave = sets, guards, guarded
 	return nil
+}
+
+// sameType reports whether the type of a set read from the kernel, have,
+// is want: its name (nftables' type numbers, each component's in a
+// concatenation) and length. A type renamed (the tier-2 slot, integer
+// before mark) makes the set be made again.
+func sameType(have, want nftables.SetDatatype) bool {
+	return have.Name == want.Name && have.Bytes == want.Bytes
 }
 
 // removeTunnel deletes the two-tier maps and chains when a table has them

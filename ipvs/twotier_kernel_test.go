@@ -172,6 +172,23 @@ func TestKernelTwoTier(t *testing.T) {
 	wantTunnelRoutes(t, h, loopOut, self)
 	wantTunnel6(t, h, self6)
 
+	// Upgrade from a release that typed the map's slot integer, which nft
+	// 1.0.6 cannot list (it aborts `nft list ruleset`), its rules using
+	// the map: New makes the map again, with the rules, and the first
+	// Sync fills it.
+	oldTier2Map(t, d, self)
+	must(t, d.Close())
+	if d, err = open(tunnelOpts); err != nil {
+		t.Fatalf("New over the old map: %v", err)
+	}
+	if set, err := d.nft.conn.GetSetByName(d.nft.tables[0], tier2Map); err != nil || set.KeyType.Name != tier2Families[0].keyType().Name {
+		t.Fatalf("map %s after New over the old one: %+v (%v), want key type %q", tier2Map, set, err, tier2Families[0].keyType().Name)
+	}
+	if _, err = d.Sync(desired); err != nil {
+		t.Fatalf("Sync after New over the old map: %v", err)
+	}
+	wantTier2(t, d, desired)
+
 	// Restart: nothing to do.
 	must(t, d.Close())
 	if d, err = open(tunnelOpts); err != nil {
@@ -218,6 +235,35 @@ func TestKernelTwoTier(t *testing.T) {
 	}))
 	if _, err := d.Sync(desired); err == nil || !strings.Contains(err.Error(), "Options.Tunnel") {
 		t.Errorf("Sync of two-tier Services without Tunnel: %v, want a refusal naming Options.Tunnel", err)
+	}
+}
+
+// oldTier2Map replaces d's IPv4 tier-2 map with one whose key's slot is
+// typed integer, and its chains' rules with rules that use it, as a
+// release before the slot was typed mark left them.
+func oldTier2Map(t *testing.T, d *Dataplane, self netip.Addr) {
+	t.Helper()
+	n, fam := d.nft, tier2Families[0]
+	tbl := n.tables[0]
+	var chains []*nftables.Chain
+	for _, c := range tunnelChains {
+		c.Table = tbl
+		ch := n.conn.AddChain(&c)
+		n.conn.FlushChain(ch)
+		chains = append(chains, ch)
+	}
+	n.conn.DelSet(n.tier2[0])
+	old := &nftables.Set{Table: tbl, Name: tier2Map, IsMap: true, Concatenation: true, DataType: fam.dataType(),
+		KeyType: nftables.MustConcatSetType(fam.addrType, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInteger)}
+	must(t, n.conn.AddSet(old, nil))
+	for _, ch := range chains {
+		for _, r := range tunnelRules(ch.Name, fam, TunnelLink, n.vips[0], old, 1400, self) {
+			n.conn.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: r})
+		}
+	}
+	must(t, n.conn.Flush())
+	if set, err := n.conn.GetSetByName(tbl, tier2Map); err != nil || set.KeyType.Name == fam.keyType().Name {
+		t.Fatalf("the old map %+v (%v): the test does not test what it says", set, err)
 	}
 }
 
