@@ -721,6 +721,7 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 		p.Tier2 = DiffTier2(Tier2Of(desired), kern.tier2)
 		p.StaleFlows = mergeStale(staleFlows(p.Tier2, desiredIn(desired)), d.serving.updateAll(desired))
 	}
+	wasStale := d.stale
 	d.cache, d.filter, d.tier2, d.stale = actual, kern.filter, kern.tier2, false
 	d.targets.reset(d.cache)
 	// The hairpin sets are vipcast's alone: read and repaired whole, before
@@ -733,6 +734,9 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	d.syncHairpin(d.hairpin.all(), hf)
 	f := d.applyPlan(p)
 	f.all = append(f.all, hf.all...)
+	if d.tunnel && wasStale {
+		d.clearUnserved(desired, f)
+	}
 	if d.tunnel {
 		if err := d.repairTunnelNode(); err != nil {
 			f.add("the two-tier dataplane's setup on the node", err)

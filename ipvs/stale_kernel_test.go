@@ -27,12 +27,15 @@ const staleUDPFlows = 30
 // the other pods keep theirs. The control: with expire_nodest_conn=0, one
 // tier's flow goes unanswered. TwoTierDrained: the pod first drains
 // (terminating, still serving: weight 0, its flows kept, none new) and
-// goes away after, when tier 2's map no longer names it.
+// goes away after, when tier 2's map no longer names it;
+// TwoTierDrainedRestart, with node A's speaker restarted in between (its
+// first Sync walks the conntrack table, see clearUnserved).
 func testMoveStaleUDP(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		twoTier bool
 		drain   bool   // the pod drains (weight 0) before it goes
+		restart bool   // node A's Dataplane is made anew after the drain
 		nodest  string // net.ipv4.vs.expire_nodest_conn on node A after New
 		moved   bool   // the flows of the pod that went away reach another
 	}{
@@ -40,6 +43,7 @@ func testMoveStaleUDP(t *testing.T) {
 		{name: "OneTierControl", nodest: "0"},
 		{name: "TwoTier", twoTier: true, nodest: "1", moved: true},
 		{name: "TwoTierDrained", twoTier: true, drain: true, nodest: "1", moved: true},
+		{name: "TwoTierDrainedRestart", twoTier: true, drain: true, restart: true, nodest: "1", moved: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newMoveFabric(t)
@@ -80,6 +84,15 @@ func testMoveStaleUDP(t *testing.T) {
 						}
 					}
 				}
+			}
+			if tc.restart {
+				// A new speaker knows nothing of the drained pod.
+				must(t, dps[0].Close())
+				must(t, inNS(t, f.nodes[0], func() (err error) {
+					dps[0], err = New(Options{LinkName: "vip0", Tunnel: f.tunnel(0)})
+					return err
+				}))
+				t.Cleanup(func() { dps[0].Close() })
 			}
 			// The pod goes away: unreachable, and out of the Service.
 			h := nsHandle(t, gone.ns)

@@ -211,3 +211,65 @@ func (d *Dataplane) clearStaleFlows(stale []StaleFlow, f *failures) {
 		}
 	}
 }
+
+// servedBy is, for each UDP and SCTP virtual server of a desired state,
+// every endpoint a flow to it may rightly be sent to: its Local endpoints
+// at any weight and its real servers.
+type servedBy map[Key][]netip.AddrPort
+
+// servedByOf returns the servedBy of desired.
+func servedByOf(desired State) servedBy {
+	out := servedBy{}
+	for _, svc := range desired.Services {
+		if svc.Protocol != UDP && svc.Protocol != SCTP {
+			continue
+		}
+		k := svc.Key()
+		k.VIP = k.VIP.Unmap()
+		var eps []netip.AddrPort
+		for _, b := range slices.Concat(svc.Local, svc.Backends) {
+			eps = append(eps, netip.AddrPortFrom(b.Addr.Unmap(), b.Port))
+		}
+		out[k] = eps
+	}
+	return out
+}
+
+// MatchConntrackFlow matches the conntrack entry of a UDP or SCTP flow
+// to one of s's virtual servers that was sent (its reply's source is not
+// the VIP: tier 2's DNAT, or IPVS's) to an endpoint s does not list.
+func (s servedBy) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	if p := Protocol(flow.Forward.Protocol); p != UDP && p != SCTP {
+		return false
+	}
+	vip, ok := netip.AddrFromSlice(flow.Forward.DstIP)
+	to, ok2 := netip.AddrFromSlice(flow.Reverse.SrcIP)
+	if !ok || !ok2 || vip.Unmap() == to.Unmap() {
+		return false
+	}
+	eps, ok := s[Key{VIP: vip.Unmap(), Port: flow.Forward.DstPort, Protocol: Protocol(flow.Forward.Protocol)}]
+	return ok && !slices.Contains(eps, netip.AddrPortFrom(to.Unmap(), flow.Reverse.SrcPort))
+}
+
+// clearUnserved deletes the conntrack entries of the UDP and SCTP flows to
+// desired's virtual servers that went to an endpoint desired does not
+// list, in one walk of the table per family. A full Sync after New (or
+// after a failure) does it: what servingSets knew of the endpoints that
+// drained before they left is gone with the process that knew it, and the
+// endpoints that left while no speaker ran left no plan behind; as
+// kube-proxy reconciles the whole conntrack table against its endpoints.
+func (d *Dataplane) clearUnserved(desired State, f *failures) {
+	if d.ct == nil {
+		return
+	}
+	served := servedByOf(desired)
+	if len(served) == 0 {
+		return
+	}
+	for _, family := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		if _, err := d.ct.ConntrackDeleteFilters(netlink.ConntrackTable, family, served); err != nil {
+			f.add("delete the conntrack entries of UDP and SCTP flows to endpoints that left", err)
+			d.stale = true // the next Sync walks the table again
+		}
+	}
+}

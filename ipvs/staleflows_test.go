@@ -1,9 +1,12 @@
 package ipvs
 
 import (
+	"net"
 	"net/netip"
 	"reflect"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 )
 
 // TestStaleFlows: the endpoints a tier-2 plan takes out of a UDP or SCTP
@@ -113,4 +116,46 @@ func withLocal(k Key, ws map[netip.AddrPort]int) *Service {
 		s.Local = append(s.Local, Backend{Addr: ap.Addr(), Port: ap.Port(), Weight: w})
 	}
 	return &s
+}
+
+// TestServedBy: the full Sync after New deletes the conntrack entries of
+// UDP and SCTP flows that went to an endpoint the virtual server no longer
+// lists (Local at any weight, or a real server); a flow not DNATed (tier
+// 1's, tunnelled with the VIP kept), to an endpoint still listed, of TCP,
+// or to another virtual server is left.
+func TestServedBy(t *testing.T) {
+	svc := Service{VIP: ip("192.0.2.1"), Port: 53, Protocol: UDP,
+		Backends: []Backend{{Addr: ip("10.52.0.2"), Port: 53, Weight: 1, Tunnel: true}},
+		Local:    []Backend{{Addr: ip("10.0.0.1"), Port: 8053, Weight: 0}, {Addr: ip("10.0.0.2"), Port: 8053, Weight: 1}}}
+	tcp := svc
+	tcp.Protocol = TCP
+	served := servedByOf(state(svc, tcp))
+	flow := func(proto Protocol, dst, replySrc string) *netlink.ConntrackFlow {
+		d, r := netip.MustParseAddrPort(dst), netip.MustParseAddrPort(replySrc)
+		return &netlink.ConntrackFlow{
+			Forward: netlink.IPTuple{Protocol: uint8(proto), SrcIP: net.ParseIP("192.168.50.2"), SrcPort: 5353, DstIP: d.Addr().AsSlice(), DstPort: d.Port()},
+			Reverse: netlink.IPTuple{Protocol: uint8(proto), SrcIP: r.Addr().AsSlice(), SrcPort: r.Port(), DstIP: net.ParseIP("192.168.50.2"), DstPort: 5353},
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		flow *netlink.ConntrackFlow
+		want bool
+	}{
+		{"to an endpoint that left", flow(UDP, "192.0.2.1:53", "10.0.0.3:8053"), true},
+		{"to a draining endpoint", flow(UDP, "192.0.2.1:53", "10.0.0.1:8053"), false},
+		{"to a serving endpoint", flow(UDP, "192.0.2.1:53", "10.0.0.2:8053"), false},
+		{"to another port of a serving endpoint", flow(UDP, "192.0.2.1:53", "10.0.0.2:9053"), true},
+		{"not DNATed (tier 1)", flow(UDP, "192.0.2.1:53", "192.0.2.1:53"), false},
+		{"TCP", flow(TCP, "192.0.2.1:53", "10.0.0.3:8053"), false},
+		{"another virtual server", flow(UDP, "192.0.2.9:53", "10.0.0.3:8053"), false},
+		{"IPv4-mapped addresses", &netlink.ConntrackFlow{
+			Forward: netlink.IPTuple{Protocol: uint8(UDP), DstIP: net.ParseIP("::ffff:192.0.2.1"), DstPort: 53},
+			Reverse: netlink.IPTuple{Protocol: uint8(UDP), SrcIP: net.ParseIP("::ffff:10.0.0.3"), SrcPort: 8053},
+		}, true},
+	} {
+		if got := served.MatchConntrackFlow(tc.flow); got != tc.want {
+			t.Errorf("%s: matched %v, want %v", tc.name, got, tc.want)
+		}
+	}
 }

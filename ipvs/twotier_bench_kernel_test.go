@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netns"
 
 	"github.com/vipcast/vipcast/test/vm"
@@ -50,7 +52,11 @@ import (
 //   - what sync authentication costs: relay and relaysigned are two tiers
 //     with connection sync through the relay (guard in force), its
 //     datagrams unsigned and signed (HMAC-SHA256, SetSyncKeys): every new
-//     connection is sent to the other node; relaysigned/relay.
+//     connection is sent to the other node; relaysigned/relay;
+//   - what the raw chain's martian check of packets from the fabric
+//     costs (a FIB lookup of the source per packet, see rawRules):
+//     twotiernoraw is twotier without the chain's dropping rules;
+//     twotier/twotiernoraw.
 //
 // TCG figures say nothing about real speed; the ratios do.
 //
@@ -135,13 +141,22 @@ func BenchmarkTwoTier(b *testing.B) {
 		return f
 	}
 	relay, relaySigned := relayed(false), relayed(true)
+	// Two tiers without the raw chain's martian check of packets from the
+	// fabric (what accept_local gives up, see rawRules): its dropping
+	// rules deleted on both nodes, the untracking ones kept.
+	noRaw := newMoveFabric(b)
+	for n := range noRaw.nodes {
+		twoTierNode(b, noRaw, n)
+		must(b, inNS(b, noRaw.nodes[n], func() error { return deleteDropRules(tunnelRaw) }))
+	}
+	noRaw.steer(b, 0)
 
 	paths := []struct {
 		name string
 		f    *moveFabric
 		to   netip.AddrPort
 	}{{"direct", two, direct}, {"onetier", one, vip}, {"twotier", two, vip}, {"twotiersync", synced, vip}, {"direct6", two6, direct6}, {"twotier6", two6, vip6}, {"ip6ip6", in6, vip6},
-		{"onetierranges", oneRanges, vip}, {"twotierranges", twoRanges, vip}, {"relay", relay, vip}, {"relaysigned", relaySigned, vip}}
+		{"onetierranges", oneRanges, vip}, {"twotierranges", twoRanges, vip}, {"relay", relay, vip}, {"relaysigned", relaySigned, vip}, {"twotiernoraw", noRaw, vip}}
 	conns := map[string]float64{}
 	rtts := map[string]time.Duration{}
 	for _, p := range paths {
@@ -164,6 +179,8 @@ func BenchmarkTwoTier(b *testing.B) {
 		conns["onetier"], conns["onetierranges"], conns["twotier"], conns["twotierranges"], rtts["onetier"], rtts["onetierranges"], rtts["twotier"], rtts["twotierranges"])
 	fmt.Fprintf(os.Stderr, "bench: relay: connections/s unsigned %.0f, signed %.0f; median round trip %s, %s\n",
 		conns["relay"], conns["relaysigned"], rtts["relay"], rtts["relaysigned"])
+	fmt.Fprintf(os.Stderr, "bench: raw chain: connections/s two tiers %.0f, without its checks %.0f; median round trip %s, %s\n",
+		conns["twotier"], conns["twotiernoraw"], rtts["twotier"], rtts["twotiernoraw"])
 	for _, p := range paths {
 		b.ReportMetric(conns[p.name], p.name+"-conn/s")
 		b.ReportMetric(float64(rtts[p.name].Microseconds()), p.name+"-rtt-us")
@@ -177,6 +194,37 @@ func BenchmarkTwoTier(b *testing.B) {
 	b.ReportMetric(conns["onetierranges"]/conns["onetier"], "onetierranges/onetier")
 	b.ReportMetric(conns["twotierranges"]/conns["twotier"], "twotierranges/twotier")
 	b.ReportMetric(conns["relaysigned"]/conns["relay"], "relaysigned/relay")
+	b.ReportMetric(conns["twotier"]/conns["twotiernoraw"], "twotier/twotiernoraw")
+}
+
+// deleteDropRules deletes the rules that drop of chain in table ip
+// vipcast of the current namespace, and fails when it has none.
+func deleteDropRules(chain string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := &nftables.Table{Name: snatTable, Family: nftables.TableFamilyIPv4}
+	rules, err := c.GetRules(t, &nftables.Chain{Name: chain, Table: t})
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, r := range rules {
+		if slices.ContainsFunc(r.Exprs, func(e expr.Any) bool {
+			v, ok := e.(*expr.Verdict)
+			return ok && v.Kind == expr.VerdictDrop
+		}) {
+			if err := c.DelRule(r); err != nil {
+				return err
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("chain %s has no rule that drops", chain)
+	}
+	return c.Flush()
 }
 
 // BenchmarkTwoTierEndpoints measures the two-tier Dataplane's work for
