@@ -12,6 +12,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -208,9 +209,17 @@ func tenantPoolRecord(t *testing.T, l *lab.Lab) {
 		_, err := tenant.CoreV1().Services(ns).Patch(ctx, lab.DemoService, types.MergePatchType, []byte(p), metav1.PatchOptions{})
 		return err
 	}
-	// The control: the tenant edits its Service (RBAC lets it).
-	if err := patch(`{"metadata":{"annotations":{"example.com/tenant":"x"}}}`); err != nil {
-		t.Fatalf("tenant with edit could not annotate its own Service: %v", err)
+	// The control: the tenant edits its Service (RBAC lets it, once the
+	// API server's authorizer, which follows RoleBindings through a
+	// watch, has the new one: seen forbidden 70 ms after its creation).
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		err := patch(`{"metadata":{"annotations":{"example.com/tenant":"x"}}}`)
+		if err == nil {
+			break
+		}
+		if !apierrors.IsForbidden(err) || time.Now().After(deadline) {
+			t.Fatalf("tenant with edit could not annotate its own Service: %v", err)
+		}
 	}
 	before, err := admin.CoreV1().Services(ns).Get(ctx, lab.DemoService, metav1.GetOptions{})
 	if err != nil {
