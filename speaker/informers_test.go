@@ -179,3 +179,37 @@ func TestSameNodeAddress(t *testing.T) {
 		}
 	}
 }
+
+// TestSameNode: an update of this node's Node wakes the speaker (a full
+// recompute of routes and dataplane) when anything the decisions read
+// changes: its zone, which topology hints follow, among them; a status
+// heartbeat does not.
+func TestSameNode(t *testing.T) {
+	node := func(mutate func(*v1.Node)) *v1.Node {
+		n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{v1.LabelTopologyZone: "a"}}}
+		n.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}}
+		if mutate != nil {
+			mutate(n)
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*v1.Node)
+		same   bool
+	}{
+		{"unchanged", nil, true},
+		{"heartbeat", func(n *v1.Node) {
+			n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
+		}, true},
+		{"zone changed", func(n *v1.Node) { n.Labels[v1.LabelTopologyZone] = "b" }, false},
+		{"zone removed", func(n *v1.Node) { delete(n.Labels, v1.LabelTopologyZone) }, false},
+		{"cordoned", func(n *v1.Node) { n.Spec.Unschedulable = true }, false},
+		{"excluded", func(n *v1.Node) { n.Labels[LabelExcludeFromExternalLB] = "" }, false},
+		{"local ASN", func(n *v1.Node) { n.Annotations = map[string]string{AnnotationLocalASN: "64600"} }, false},
+	} {
+		if got := sameNode(node(nil), node(tc.mutate)); got != tc.same {
+			t.Errorf("%s: sameNode = %v, want %v", tc.name, got, tc.same)
+		}
+	}
+}
