@@ -857,14 +857,15 @@ func (l *Lab) refreshPods(ctx context.Context) error {
 	return nil
 }
 
-// speakerLogs are the files of the node's speaker pod's logs: one per run
-// of its container the kubelet keeps (all of them, in the lab's nodes).
-const speakerLogs = "/var/log/pods/" + VipcastNamespace + "_" + Release + "-speaker-*/vipcast-speaker/*.log"
+// SpeakerLogFiles are the files of the node's speaker pod's logs (a shell
+// pattern): one per run of its container the kubelet keeps (all of them,
+// in the lab's nodes).
+const SpeakerLogFiles = "/var/log/pods/" + VipcastNamespace + "_" + Release + "-speaker-*/vipcast-speaker/*.log"
 
 // SpeakerLogLines returns the lines of the node's speaker pod's logs that
 // contain substr.
 func (n *Node) SpeakerLogLines(ctx context.Context, substr string) ([]string, error) {
-	out, err := n.Exec(ctx, "sh", "-c", `grep -hF -- "$0" `+speakerLogs+` || true`, substr)
+	out, err := n.Exec(ctx, "sh", "-c", `grep -hF -- "$0" `+SpeakerLogFiles+` || true`, substr)
 	if err != nil {
 		return nil, err
 	}

@@ -294,9 +294,31 @@ func waitRoute(t *testing.T, l *lab.Lab, vip netip.Addr, timeout time.Duration, 
 	t.Helper()
 	took, err := l.WaitRoute(t.Context(), vip, timeout, l.Addrs(nodes...)...)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\n%s", err, routeDiagnosis(t.Context(), l, vip, nodes))
 	}
 	return took
+}
+
+// routeDiagnosis says, for a route to vip that did not come as wanted,
+// how the ToR sees the session of each wanted node missing from it and
+// what that node's speaker logged last (its newest run): the last lines
+// of a failure are what CI's summary quotes.
+func routeDiagnosis(ctx context.Context, l *lab.Lab, vip netip.Addr, nodes []*lab.Node) string {
+	got, err := l.Routes(netip.PrefixFrom(vip, 32))
+	if err != nil {
+		return fmt.Sprintf("the ToR's route to %s: %v", vip, err)
+	}
+	var b strings.Builder
+	for _, n := range nodes {
+		if slices.Contains(got, n.Addr) {
+			continue
+		}
+		s, err := l.ToR.Neighbor(n.Addr)
+		fmt.Fprintf(&b, "the ToR's session with %s: %+v %v\n", n.Name, s, err)
+		out, err := n.Exec(ctx, "sh", "-c", "tail -n 12 \"$(ls -t "+lab.SpeakerLogFiles+" | head -n 1)\"")
+		fmt.Fprintf(&b, "%s's speaker, the last lines of its newest run: %v\n%s", n.Name, err, out)
+	}
+	return b.String()
 }
 
 // checkNodesInitialized: vipcast-ccm removed the uninitialized taint and

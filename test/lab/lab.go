@@ -395,7 +395,7 @@ func (l *Lab) dumpNodes() {
 	out, err := l.Kubectl(ctx, "get", "pods", "-A", "-o", "wide")
 	l.t.Logf("--- kubectl get pods -A -o wide (%v):\n%s", err, out)
 	for _, n := range l.Nodes {
-		for _, c := range []string{"tail -n 80 " + speakerLogs, "ipvsadm -Ln", "nft list table ip vipcast"} {
+		for _, c := range []string{"tail -n 80 " + SpeakerLogFiles, "ipvsadm -Ln", "nft list table ip vipcast"} {
 			out, err := n.Exec(ctx, "sh", "-c", c+" 2>&1")
 			if err != nil {
 				l.t.Logf("--- %s: %s: %v", n.Name, c, err)
