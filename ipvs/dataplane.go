@@ -732,17 +732,32 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	}
 	hf := newFailures()
 	d.syncHairpin(d.hairpin.all(), hf)
-	f := d.applyPlan(p)
+	f := d.applySynced(&p, desired, wasStale)
 	f.all = append(f.all, hf.all...)
-	if d.tunnel && wasStale {
-		d.clearUnserved(desired, f)
-	}
-	if d.tunnel {
-		if err := d.repairTunnelNode(); err != nil {
-			f.add("the two-tier dataplane's setup on the node", err)
-		}
-	}
 	return p, f.syncErrors(desired)
+}
+
+// applySynced applies p, the plan of a Sync to desired, and with two
+// tiers repairs the node's side of them. After a stale Sync (wasStale),
+// one walk of the conntrack table clears the flows p names and those no
+// plan named (clearUnserved), in place of clearStaleFlows' own walk.
+func (d *Dataplane) applySynced(p *Plan, desired State, wasStale bool) *failures {
+	stale := p.StaleFlows
+	if wasStale {
+		p.StaleFlows = nil
+	}
+	f := d.applyPlan(*p)
+	p.StaleFlows = stale
+	if !d.tunnel {
+		return f
+	}
+	if wasStale {
+		d.clearUnserved(desired, stale, f)
+	}
+	if err := d.repairTunnelNode(); err != nil {
+		f.add("the two-tier dataplane's setup on the node", err)
+	}
+	return f
 }
 
 // repairTunnelNode puts back the node's side of the two tiers that

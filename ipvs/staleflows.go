@@ -214,20 +214,25 @@ func (d *Dataplane) clearStaleFlows(stale []StaleFlow, f *failures) {
 
 // servedBy is, for each UDP and SCTP virtual server of a desired state,
 // every endpoint a flow to it may rightly be sent to: its Local endpoints
-// at any weight and its real servers.
+// at any weight and its real servers. A virtual server that goes has an
+// entry with none.
 type servedBy map[Key][]netip.AddrPort
 
-// servedByOf returns the servedBy of desired.
-func servedByOf(desired State) servedBy {
+// servedByOf returns the servedBy of desired, with an empty entry for
+// each virtual server of gone that desired no longer has.
+func servedByOf(desired State, gone []StaleFlow) servedBy {
 	out := servedBy{}
+	for _, s := range gone {
+		out[s.Key] = nil
+	}
 	for _, svc := range desired.Services {
 		if svc.Protocol != UDP && svc.Protocol != SCTP {
 			continue
 		}
 		k := svc.Key()
 		k.VIP = k.VIP.Unmap()
-		var eps []netip.AddrPort
-		for _, b := range slices.Concat(svc.Local, svc.Backends) {
+		eps := servingOf(&svc)
+		for _, b := range svc.Backends {
 			eps = append(eps, netip.AddrPortFrom(b.Addr.Unmap(), b.Port))
 		}
 		out[k] = eps
@@ -253,16 +258,17 @@ func (s servedBy) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 
 // clearUnserved deletes the conntrack entries of the UDP and SCTP flows to
 // desired's virtual servers that went to an endpoint desired does not
-// list, in one walk of the table per family. A full Sync after New (or
-// after a failure) does it: what servingSets knew of the endpoints that
-// drained before they left is gone with the process that knew it, and the
+// list, and those of the flows in stale, in one walk of the table per
+// family. A full Sync after New (or after a failure) does it, in place of
+// clearStaleFlows: what servingSets knew of the endpoints that drained
+// before they left is gone with the process that knew it, and the
 // endpoints that left while no speaker ran left no plan behind; as
 // kube-proxy reconciles the whole conntrack table against its endpoints.
-func (d *Dataplane) clearUnserved(desired State, f *failures) {
+func (d *Dataplane) clearUnserved(desired State, stale []StaleFlow, f *failures) {
 	if d.ct == nil {
 		return
 	}
-	served := servedByOf(desired)
+	served := servedByOf(desired, stale)
 	if len(served) == 0 {
 		return
 	}

@@ -129,7 +129,8 @@ func TestServedBy(t *testing.T) {
 		Local:    []Backend{{Addr: ip("10.0.0.1"), Port: 8053, Weight: 0}, {Addr: ip("10.0.0.2"), Port: 8053, Weight: 1}}}
 	tcp := svc
 	tcp.Protocol = TCP
-	served := servedByOf(state(svc, tcp))
+	gone := []StaleFlow{{Key: Key{VIP: ip("192.0.2.7"), Port: 53, Protocol: UDP}, To: netip.MustParseAddrPort("10.0.0.5:8053")}}
+	served := servedByOf(state(svc, tcp), gone)
 	flow := func(proto Protocol, dst, replySrc string) *netlink.ConntrackFlow {
 		d, r := netip.MustParseAddrPort(dst), netip.MustParseAddrPort(replySrc)
 		return &netlink.ConntrackFlow{
@@ -149,6 +150,9 @@ func TestServedBy(t *testing.T) {
 		{"not DNATed (tier 1)", flow(UDP, "192.0.2.1:53", "192.0.2.1:53"), false},
 		{"TCP", flow(TCP, "192.0.2.1:53", "10.0.0.3:8053"), false},
 		{"another virtual server", flow(UDP, "192.0.2.9:53", "10.0.0.3:8053"), false},
+		{"a virtual server that goes", flow(UDP, "192.0.2.7:53", "10.0.0.5:8053"), true},
+		{"a virtual server that goes, to another endpoint", flow(UDP, "192.0.2.7:53", "10.0.0.6:8053"), true},
+		{"a virtual server that goes, not DNATed", flow(UDP, "192.0.2.7:53", "192.0.2.7:53"), false},
 		{"IPv4-mapped addresses", &netlink.ConntrackFlow{
 			Forward: netlink.IPTuple{Protocol: uint8(UDP), DstIP: net.ParseIP("::ffff:192.0.2.1"), DstPort: 53},
 			Reverse: netlink.IPTuple{Protocol: uint8(UDP), SrcIP: net.ParseIP("::ffff:10.0.0.3"), SrcPort: 8053},
