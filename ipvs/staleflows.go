@@ -206,7 +206,7 @@ func (d *Dataplane) clearStaleFlows(stale []StaleFlow, f *failures) {
 		if fam == 1 {
 			family = unix.AF_INET6
 		}
-		if _, err := d.ct.ConntrackDeleteFilters(netlink.ConntrackTable, family, fs...); err != nil {
+		if err := d.deleteFlows(family, fs...); err != nil {
 			f.add("delete the conntrack entries of stale UDP and SCTP flows", err)
 		}
 	}
@@ -273,9 +273,21 @@ func (d *Dataplane) clearUnserved(desired State, stale []StaleFlow, f *failures)
 		return
 	}
 	for _, family := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
-		if _, err := d.ct.ConntrackDeleteFilters(netlink.ConntrackTable, family, served); err != nil {
+		if err := d.deleteFlows(family, served); err != nil {
 			f.add("delete the conntrack entries of UDP and SCTP flows to endpoints that left", err)
 			d.stale = true // the next Sync walks the table again
 		}
 	}
+}
+
+// deleteFlows walks the conntrack table of family once and deletes the
+// flows filters match. A walk the kernel marks interrupted (the table
+// changed under it) has deleted what it read and may have missed some: it
+// is made again, through dump.
+func (d *Dataplane) deleteFlows(family netlink.InetFamily, filters ...netlink.CustomConntrackFilter) error {
+	_, err := dump("the conntrack table", func() ([]uint, error) {
+		n, err := d.ct.ConntrackDeleteFilters(netlink.ConntrackTable, family, filters...)
+		return []uint{n}, err
+	})
+	return err
 }
