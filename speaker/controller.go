@@ -77,6 +77,11 @@ type Options struct {
 	// settings, so the speaker announces exactly the Services the CCM
 	// publishes VIPs for. The zero value serves the class-less ones.
 	Classes lbclass.Selector
+	// Handover is how long a node keeps announcing a Local Service's VIP
+	// after its endpoints all started terminating (serving on) while
+	// another node has ready ones (HandoverRoutes): the time the routers
+	// need to learn that node's route. 0 withdraws at once.
+	Handover time.Duration
 	// DataplaneResync is how often the whole kernel table is compared
 	// with the desired state, repairing drift.
 	DataplaneResync time.Duration
@@ -136,6 +141,9 @@ type Controller struct {
 	// for a VIP of a Service vipcast serves (see unannounced); owned by
 	// the worker goroutine.
 	notAnnounced map[string]string
+	// handovers are the Local handovers under way (HandoverRoutes); owned
+	// by the worker goroutine.
+	handovers handovers
 	// unready are the nodes tier 1 last took as not ready, comma-joined
 	// (reportTier1); owned by the worker goroutine.
 	unready string
@@ -175,6 +183,7 @@ func NewController(opts Options) (*Controller, error) {
 		events:       record.NewBroadcaster(),
 		status:       newStatusWriter(opts.Dynamic),
 		notAnnounced: map[string]string{},
+		handovers:    handovers{delay: opts.Handover},
 	}
 	c.report = newReporter(c.events.NewRecorder(scheme, v1.EventSource{Component: Component, Host: opts.NodeName}), opts.NodeName)
 	c.ann = newAnnouncer(opts.BGP, opts.Metrics, func() { c.queue.AddRateLimited(keyConfig) })

@@ -60,6 +60,40 @@ import (
 // Routes share the view's attribute slices: do not modify them. A nil view
 // (configuration not loaded yet) announces nothing.
 func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View) (routes []bgp.Route, reason string) {
+	return serviceRoutes(svc, endpointSlices, view, false)
+}
+
+// HandoverRoutes returns the routes ServiceRoutes withholds only because,
+// under externalTrafficPolicy Local, this node's endpoints of a VIP's
+// family all terminate (serving on) while another node has ready ones:
+// the routes the node announced until those became ready elsewhere. The
+// Controller keeps announcing them for a handover (Options.Handover), so
+// that the routers learn the other nodes' routes before this one's go,
+// and a VIP is never left without a route between the two; the endpoints
+// serve meanwhile, as kube-proxy keeps sending a node's traffic to its
+// serving terminating endpoints when it has no ready one.
+func HandoverRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View) []bgp.Route {
+	if svc.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal {
+		return nil
+	}
+	with, _ := serviceRoutes(svc, endpointSlices, view, true)
+	if len(with) == 0 {
+		return nil
+	}
+	without, _ := serviceRoutes(svc, endpointSlices, view, false)
+	with = slices.DeleteFunc(with, func(r bgp.Route) bool {
+		return slices.ContainsFunc(without, func(w bgp.Route) bool { return w.Prefix == r.Prefix })
+	})
+	if len(with) == 0 {
+		return nil
+	}
+	return with
+}
+
+// serviceRoutes is ServiceRoutes; with handover, a node whose endpoints of
+// a family all terminate and serve announces that family's VIPs whatever
+// the other nodes have (HandoverRoutes).
+func serviceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View, handover bool) (routes []bgp.Route, reason string) {
 	if view == nil {
 		return nil, "configuration not loaded yet"
 	}
@@ -79,6 +113,13 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 	}
 	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
 	kinds := &scanEndpoints(svc, endpointSlices, nil, node.Name, "")[0]
+	if handover {
+		for i := range kinds {
+			if kinds[i].localServing && !kinds[i].localReady {
+				kinds[i].ready = false // as if no other node had a ready one
+			}
+		}
+	}
 
 	routes = make([]bgp.Route, 0, len(vips))
 	var reasons []string

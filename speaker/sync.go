@@ -359,7 +359,9 @@ func (c *Controller) snapshot() []serviceSnapshot {
 func (c *Controller) routesOf(snap []serviceSnapshot) func(yield func(string, []bgp.Route) bool) {
 	return func(yield func(string, []bgp.Route) bool) {
 		fresh := map[string]string{}
+		seen := make(map[string]bool, len(snap))
 		for _, s := range snap {
+			seen[ServiceKey(s.svc)] = true
 			routes, why := c.serviceRoutes(s.svc, s.slices)
 			if c.unannounced(s.svc, why) {
 				fresh[ServiceKey(s.svc)] = why
@@ -368,6 +370,7 @@ func (c *Controller) routesOf(snap []serviceSnapshot) func(yield func(string, []
 				return
 			}
 		}
+		c.handovers.forget(seen)
 		c.notAnnounced = fresh
 	}
 }
@@ -403,14 +406,26 @@ func (c *Controller) publishStatus(ctx context.Context) error {
 }
 
 // serviceRoutes is ServiceRoutes, except that a Service whose virtual
-// servers the dataplane refused has none: this node cannot serve it.
-func (c *Controller) serviceRoutes(svc *v1.Service, slices []*discoveryv1.EndpointSlice) ([]bgp.Route, string) {
+// servers the dataplane refused has none (this node cannot serve it), and
+// that the routes of a Local handover stay for Options.Handover
+// (handovers), the Service looked at again when it ends.
+func (c *Controller) serviceRoutes(svc *v1.Service, eps []*discoveryv1.EndpointSlice) ([]bgp.Route, string) {
+	key := ServiceKey(svc)
 	if c.prog != nil {
-		if err := c.prog.refusal(ServiceKey(svc)); err != nil {
+		if err := c.prog.refusal(key); err != nil {
+			c.handovers.keep(key, nil, nil, time.Time{})
 			return nil, "dataplane refused it: " + err.Error()
 		}
 	}
-	return ServiceRoutes(svc, slices, c.view)
+	routes, why := ServiceRoutes(svc, eps, c.view)
+	keep, again := c.handovers.keep(key, HandoverRoutes(svc, eps, c.view), c.ann.table.ServiceRoutes(key), time.Now())
+	if len(keep) > 0 {
+		routes = append(routes, keep...)
+		slices.SortFunc(routes, func(a, b bgp.Route) int { return comparePrefix(a.Prefix, b.Prefix) })
+		why += fmt.Sprintf(" (announced %v more, while the routers learn the other nodes' routes)", again.Round(100*time.Millisecond))
+		c.queue.AddAfter(key, again)
+	}
+	return routes, why
 }
 
 // syncSessions configures this node's BGP sessions, reporting the peers it
@@ -453,6 +468,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	defer c.queue.AddAfter(keyStatus, statusInterval)
 	if svc == nil {
 		delete(c.notAnnounced, key)
+		c.handovers.keep(key, nil, nil, time.Time{})
 		c.report.forgetService(key)
 		dpErr := c.program(key, nil)
 		return errors.Join(dpErr, c.ann.deleteService(ctx, key))

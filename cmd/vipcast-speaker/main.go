@@ -18,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -95,7 +96,7 @@ func parseFlags(args []string) (*flags, error) {
 		f.metricsSources, err = parseSources(v)
 		return err
 	})
-	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "On SIGTERM, how long to keep serving after withdrawing the routes, so routers converge before the sessions close.")
+	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "How long routers take to converge: on SIGTERM, how long to keep serving after withdrawing the routes, before the sessions close; under externalTrafficPolicy Local, how long a node whose endpoints all terminate keeps announcing after another node has ready ones.")
 	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
 	fs.Func("bgp-password-secrets", "Comma-separated namespace/name of the Secrets BGPPeers may name for TCP MD5 passwords (spec.passwordSecretRef) and BFD keys (spec.bfd.authentication.secretRef), such as vipcast-bgp-passwords/tor-a-md5; the speaker watches each of them by name and reads no other Secret. Empty: none (a BGPPeer naming a Secret is refused).", func(v string) (err error) {
 		f.passwordSecrets, err = parseSecretNames(v)
@@ -372,22 +373,7 @@ func run(f *flags) error {
 	if err != nil {
 		return err
 	}
-	opts := speaker.Options{
-		NodeName:        f.nodeName,
-		Client:          client,
-		Calls:           calls,
-		Dynamic:         dyn,
-		PasswordSecrets: f.passwordSecrets,
-		Classes:         f.classes,
-		BGP:             engine,
-		Resync:          f.resync,
-		Metrics:         metrics,
-		DataplaneResync: f.dataplaneResync,
-		DataplaneProbe:  f.dataplaneProbe,
-		TunnelPrefix:    f.tunnelPrefix,
-		TunnelPrefix6:   f.tunnelPrefix6,
-		SpeakerService:  f.speakerService,
-	}
+	opts := speakerOptions(f, client, calls, dyn, engine, metrics)
 	if f.ipvs {
 		dp, err := openDataplane(ctx, logger, f, nodeIP, nodeIP6, reg)
 		if err != nil {
@@ -410,6 +396,28 @@ func run(f *flags) error {
 	logger.Info("Starting vipcast-speaker", "routerID", routerID)
 	runErr := ctrl.Run(ctx)
 	return shutdown(logger, ctrl, engine, f.convergenceDelay, runErr)
+}
+
+// speakerOptions are the controller's options from the flags and the
+// clients, BGP engine and metrics run made.
+func speakerOptions(f *flags, client, calls kubernetes.Interface, dyn dynamic.Interface, engine bgp.Speaker, metrics *speaker.Metrics) speaker.Options {
+	return speaker.Options{
+		NodeName:        f.nodeName,
+		Client:          client,
+		Calls:           calls,
+		Dynamic:         dyn,
+		PasswordSecrets: f.passwordSecrets,
+		Classes:         f.classes,
+		BGP:             engine,
+		Resync:          f.resync,
+		Handover:        f.convergenceDelay,
+		Metrics:         metrics,
+		DataplaneResync: f.dataplaneResync,
+		DataplaneProbe:  f.dataplaneProbe,
+		TunnelPrefix:    f.tunnelPrefix,
+		TunnelPrefix6:   f.tunnelPrefix6,
+		SpeakerService:  f.speakerService,
+	}
 }
 
 // newRegistry returns the speaker's metrics registry, holding the Go
@@ -774,7 +782,10 @@ func serve(ctx context.Context, addr string, reg *prometheus.Registry, ctrl *spe
 			http.Error(w, why, http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = fmt.Fprintln(w, "ok:", why)
+		// Plain text, never sniffed: why names BGPPeers.
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = io.WriteString(w, "ok: "+why+"\n") //nolint:gosec // G705: served as text/plain, never sniffed
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
