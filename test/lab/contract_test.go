@@ -32,6 +32,8 @@ import (
 //     other node (the old endpoint terminating and serving while the new
 //     one is not ready yet, then both, then the old one gone) refuses no
 //     new connection from a stream every 100 ms;
+//   - Local policy with every endpoint on the other node: a pod on the
+//     node without one reaches the VIP, answered by the other node's pods;
 //   - hairpin: a pod that is its own Service's only endpoint reaches
 //     itself through the VIP.
 func serviceContract(t *testing.T, l *lab.Lab) {
@@ -46,7 +48,65 @@ func serviceContract(t *testing.T, l *lab.Lab) {
 		t.Fatal(err)
 	}
 	t.Run("LocalRollout", func(t *testing.T) { localRollout(t, l, vip, node1.Pods[0], node2.Pods[0]) })
+	t.Run("LocalInCluster", func(t *testing.T) { localInCluster(t, l, vip) })
 	t.Run("Hairpin", func(t *testing.T) { hairpin(t, l, vip) })
+}
+
+// inClusterGets is how many GETs the Local in-cluster check makes.
+const inClusterGets = 20
+
+// localInCluster: under Local policy with every endpoint on the other
+// node, the client pod, on a node without one, reaches the VIP: its node's
+// tier 1 sends each new connection to the other node's tier 2, and every
+// GET is answered by one of that node's pods, as kube-proxy sends an
+// in-cluster client to any endpoint whatever the policy. The client pod's
+// node does not announce the VIP (the ToR's route is the other node's
+// alone), so no connection of this check comes back in from the ToR.
+func localInCluster(t *testing.T, l *lab.Lab, vip netip.Addr) {
+	ctx := t.Context()
+	get, p := inClientPod(t, l)
+	var there *lab.Node
+	for _, n := range l.Nodes {
+		if n.Name != p.Spec.NodeName {
+			there = n
+			break
+		}
+	}
+	if there == nil || len(there.Pods) == 0 {
+		t.Fatalf("no node other than the client pod's %s with pods of its own", p.Spec.NodeName)
+	}
+	patchService(t, l, lab.HeldService, `{"spec":{"externalTrafficPolicy":"Local"}}`)
+	defer patchService(t, l, lab.HeldService, `{"spec":{"externalTrafficPolicy":"Cluster"}}`)
+	if err := l.SetEndpoints(ctx, there.Pods, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitRoute(t, l, vip, time.Minute, there)
+	urls := slices.Repeat([]string{"http://" + netip.AddrPortFrom(vip, 80).String() + "/"}, inClusterGets)
+	var last string
+	start := time.Now()
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		out, err := get(ctx, urls...)
+		if err != nil {
+			return false, err
+		}
+		last = out
+		answers := strings.Split(strings.TrimSpace(out), "\n")
+		if len(answers) != len(urls) {
+			return false, nil
+		}
+		for _, a := range answers {
+			if !slices.ContainsFunc(there.Pods, func(q lab.Pod) bool { return strings.HasPrefix(a, q.Name+" ") }) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("from pod %s on %s, which has no endpoint of the Local Service, %d GETs of %s were not all answered by %s's pods within 30s (%v); last:\n%s",
+			p.Name, p.Spec.NodeName, inClusterGets, vip, there.Name, err, last)
+	}
+	t.Logf("Local policy, in-cluster: pod %s on %s (no endpoint there) had all %d of its GETs through the VIP answered by %s's pods (%s after the change)",
+		p.Name, p.Spec.NodeName, inClusterGets, there.Name, time.Since(start).Round(100*time.Millisecond))
 }
 
 // hairpinGets is how many GETs the hairpin check makes.
