@@ -10,11 +10,9 @@ import (
 // handovers keeps, by Service key, until when this node keeps announcing
 // the routes of a Local handover (HandoverRoutes): a node whose endpoints
 // all terminate while another node's are ready withdraws only after delay,
-// once the routers have had the time to learn the other node's route. A
-// withdrawal at once raced that announcement, and the routers could hold
-// no route for the VIP in between (seen in the lab: new connections
-// refused, network unreachable, for up to 0.6 s of a one-replica
-// rollout). Owned by the Controller's worker goroutine.
+// once the routers have had the time to learn the other node's route; a
+// withdrawal at once races that announcement, and the routers may hold no
+// route for the VIP in between. Owned by the Controller's worker goroutine.
 type handovers struct {
 	delay time.Duration
 	until map[string]time.Time
@@ -33,7 +31,7 @@ func (h *handovers) keep(key string, linger, held []bgp.Route, now time.Time) (k
 		}
 	}
 	if len(keep) == 0 || h.delay <= 0 {
-		delete(h.until, key)
+		h.end(key)
 		return nil, 0
 	}
 	until, started := h.until[key]
@@ -54,6 +52,9 @@ func (h *handovers) keep(key string, linger, held []bgp.Route, now time.Time) (k
 func announced(held []bgp.Route, r bgp.Route) bool {
 	return slices.ContainsFunc(held, func(h bgp.Route) bool { return h.Prefix == r.Prefix })
 }
+
+// end ends key's handover, if any.
+func (h *handovers) end(key string) { delete(h.until, key) }
 
 // forget drops the handovers of the Services not in keys.
 func (h *handovers) forget(keys map[string]bool) {

@@ -60,7 +60,8 @@ import (
 // Routes share the view's attribute slices: do not modify them. A nil view
 // (configuration not loaded yet) announces nothing.
 func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View) (routes []bgp.Route, reason string) {
-	return serviceRoutes(svc, endpointSlices, view, false)
+	routes, _, reason = serviceRoutes(svc, endpointSlices, view)
+	return routes, reason
 }
 
 // HandoverRoutes returns the routes ServiceRoutes withholds only because,
@@ -73,53 +74,32 @@ func ServiceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 // serve meanwhile, as kube-proxy keeps sending a node's traffic to its
 // serving terminating endpoints when it has no ready one.
 func HandoverRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View) []bgp.Route {
-	if svc.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal {
-		return nil
-	}
-	with, _ := serviceRoutes(svc, endpointSlices, view, true)
-	if len(with) == 0 {
-		return nil
-	}
-	without, _ := serviceRoutes(svc, endpointSlices, view, false)
-	with = slices.DeleteFunc(with, func(r bgp.Route) bool {
-		return slices.ContainsFunc(without, func(w bgp.Route) bool { return w.Prefix == r.Prefix })
-	})
-	if len(with) == 0 {
-		return nil
-	}
-	return with
+	_, handover, _ := serviceRoutes(svc, endpointSlices, view)
+	return handover
 }
 
-// serviceRoutes is ServiceRoutes; with handover, a node whose endpoints of
-// a family all terminate and serve announces that family's VIPs whatever
-// the other nodes have (HandoverRoutes).
-func serviceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View, handover bool) (routes []bgp.Route, reason string) {
+// serviceRoutes returns ServiceRoutes' routes and reason and the
+// HandoverRoutes, from one scan of the endpoints.
+func serviceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, view *View) (routes, handover []bgp.Route, reason string) {
 	if view == nil {
-		return nil, "configuration not loaded yet"
+		return nil, nil, "configuration not loaded yet"
 	}
 	if why := view.Classes.Why(svc); why != "" {
-		return nil, why
+		return nil, nil, why
 	}
 	vips := serviceVIPs(svc)
 	if len(vips) == 0 {
-		return nil, "no VIP in status.loadBalancer.ingress yet"
+		return nil, nil, "no VIP in status.loadBalancer.ingress yet"
 	}
 	node := &view.Node
 	if node.Excluded {
-		return nil, "node excluded by label " + LabelExcludeFromExternalLB
+		return nil, nil, "node excluded by label " + LabelExcludeFromExternalLB
 	}
 	if node.Cordoned {
-		return nil, "node cordoned"
+		return nil, nil, "node cordoned"
 	}
 	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
 	kinds := &scanEndpoints(svc, endpointSlices, nil, node.Name, "")[0]
-	if handover {
-		for i := range kinds {
-			if kinds[i].localServing && !kinds[i].localReady {
-				kinds[i].ready = false // as if no other node had a ready one
-			}
-		}
-	}
 
 	routes = make([]bgp.Route, 0, len(vips))
 	var reasons []string
@@ -128,6 +108,11 @@ func serviceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 		if why != "" {
 			if !slices.Contains(reasons, why) {
 				reasons = append(reasons, why)
+			}
+			if h := handoverKinds(kinds, vip, local); h != nil {
+				if r, why := vipRoute(vip, poolspec.HeldBy(svc.Annotations), view, h, local); why == "" {
+					handover = append(handover, r)
+				}
 			}
 			continue
 		}
@@ -141,7 +126,20 @@ func serviceRoutes(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice,
 	if len(routes) == 0 {
 		routes = nil
 	}
-	return routes, strings.Join(reasons, "; ")
+	return routes, handover, strings.Join(reasons, "; ")
+}
+
+// handoverKinds returns kinds as a Local handover sees vip's family (no
+// other node's endpoint ready) when this node's endpoints of it all
+// terminate and serve while another node's are ready; else nil.
+func handoverKinds(kinds *[2]endpointKinds, vip netip.Addr, local bool) *[2]endpointKinds {
+	k := kinds[famSlot(vip)]
+	if !local || k.localReady || !k.localServing || !k.ready {
+		return nil
+	}
+	h := *kinds
+	h[famSlot(vip)].ready = false
+	return &h
 }
 
 // vipRoute returns the route of one VIP of a Service whose vipcast.io/pool

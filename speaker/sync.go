@@ -413,12 +413,12 @@ func (c *Controller) serviceRoutes(svc *v1.Service, eps []*discoveryv1.EndpointS
 	key := ServiceKey(svc)
 	if c.prog != nil {
 		if err := c.prog.refusal(key); err != nil {
-			c.handovers.keep(key, nil, nil, time.Time{})
+			c.handovers.end(key)
 			return nil, "dataplane refused it: " + err.Error()
 		}
 	}
-	routes, why := ServiceRoutes(svc, eps, c.view)
-	keep, again := c.handovers.keep(key, HandoverRoutes(svc, eps, c.view), c.ann.table.ServiceRoutes(key), time.Now())
+	routes, handover, why := serviceRoutes(svc, eps, c.view)
+	keep, again := c.handovers.keep(key, handover, c.ann.table.ServiceRoutes(key), time.Now())
 	if len(keep) > 0 {
 		routes = append(routes, keep...)
 		slices.SortFunc(routes, func(a, b bgp.Route) int { return comparePrefix(a.Prefix, b.Prefix) })
@@ -468,7 +468,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	defer c.queue.AddAfter(keyStatus, statusInterval)
 	if svc == nil {
 		delete(c.notAnnounced, key)
-		c.handovers.keep(key, nil, nil, time.Time{})
+		c.handovers.end(key)
 		c.report.forgetService(key)
 		dpErr := c.program(key, nil)
 		return errors.Join(dpErr, c.ann.deleteService(ctx, key))
