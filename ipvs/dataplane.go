@@ -732,7 +732,7 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	}
 	hf := newFailures()
 	d.syncHairpin(d.hairpin.all(), hf)
-	f := d.applySynced(&p, desired, wasStale)
+	f := d.applySynced(p, desired, wasStale)
 	f.all = append(f.all, hf.all...)
 	return p, f.syncErrors(desired)
 }
@@ -741,13 +741,12 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 // tiers repairs the node's side of them. After a stale Sync (wasStale),
 // one walk of the conntrack table clears the flows p names and those no
 // plan named (clearUnserved), in place of clearStaleFlows' own walk.
-func (d *Dataplane) applySynced(p *Plan, desired State, wasStale bool) *failures {
+func (d *Dataplane) applySynced(p Plan, desired State, wasStale bool) *failures {
 	stale := p.StaleFlows
 	if wasStale {
-		p.StaleFlows = nil
+		p.StaleFlows = nil // a copy: the Sync's plan keeps them
 	}
-	f := d.applyPlan(*p)
-	p.StaleFlows = stale
+	f := d.applyPlan(p)
 	if !d.tunnel {
 		return f
 	}
