@@ -81,10 +81,22 @@ func localInCluster(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		t.Fatal(err)
 	}
 	waitRoute(t, l, vip, time.Minute, there)
-	urls := slices.Repeat([]string{"http://" + netip.AddrPortFrom(vip, 80).String() + "/"}, inClusterGets)
-	var last string
+	last, took, err := getsAnsweredBy(ctx, get, vip, inClusterGets, there.Pods)
+	if err != nil {
+		t.Fatalf("from pod %s on %s, which has no endpoint of the Local Service, %d GETs of %s were not all answered by %s's pods within 30s (%v); last:\n%s",
+			p.Name, p.Spec.NodeName, inClusterGets, vip, there.Name, err, last)
+	}
+	t.Logf("Local policy, in-cluster: pod %s on %s (no endpoint there) had all %d of its GETs through the VIP answered by %s's pods (%s after the change)",
+		p.Name, p.Spec.NodeName, inClusterGets, there.Name, took.Round(100*time.Millisecond))
+}
+
+// getsAnsweredBy GETs port 80 of vip n times from the client pod (get,
+// inClientPod's), every second for up to 30 s, until every answer comes
+// from one of pods; it returns the last answers and how long that took.
+func getsAnsweredBy(ctx context.Context, get func(context.Context, ...string) (string, error), vip netip.Addr, n int, pods []lab.Pod) (last string, took time.Duration, err error) {
+	urls := slices.Repeat([]string{"http://" + netip.AddrPortFrom(vip, 80).String() + "/"}, n)
 	start := time.Now()
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		out, err := get(ctx, urls...)
 		if err != nil {
 			return false, err
@@ -95,18 +107,13 @@ func localInCluster(t *testing.T, l *lab.Lab, vip netip.Addr) {
 			return false, nil
 		}
 		for _, a := range answers {
-			if !slices.ContainsFunc(there.Pods, func(q lab.Pod) bool { return strings.HasPrefix(a, q.Name+" ") }) {
+			if !slices.ContainsFunc(pods, func(q lab.Pod) bool { return strings.HasPrefix(a, q.Name+" ") }) {
 				return false, nil
 			}
 		}
 		return true, nil
 	})
-	if err != nil {
-		t.Fatalf("from pod %s on %s, which has no endpoint of the Local Service, %d GETs of %s were not all answered by %s's pods within 30s (%v); last:\n%s",
-			p.Name, p.Spec.NodeName, inClusterGets, vip, there.Name, err, last)
-	}
-	t.Logf("Local policy, in-cluster: pod %s on %s (no endpoint there) had all %d of its GETs through the VIP answered by %s's pods (%s after the change)",
-		p.Name, p.Spec.NodeName, inClusterGets, there.Name, time.Since(start).Round(100*time.Millisecond))
+	return last, time.Since(start), err
 }
 
 // hairpinGets is how many GETs the hairpin check makes.
@@ -128,26 +135,7 @@ func hairpin(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	if err := l.SetEndpoints(ctx, []lab.Pod{self}, nil); err != nil {
 		t.Fatal(err)
 	}
-	urls := slices.Repeat([]string{"http://" + netip.AddrPortFrom(vip, 80).String() + "/"}, hairpinGets)
-	var last string
-	start := time.Now()
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		out, err := get(ctx, urls...)
-		if err != nil {
-			return false, err
-		}
-		last = out
-		answers := strings.Split(strings.TrimSpace(out), "\n")
-		if len(answers) != len(urls) {
-			return false, nil
-		}
-		for _, a := range answers {
-			if !strings.HasPrefix(a, self.Name+" ") {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
+	last, took, err := getsAnsweredBy(ctx, get, vip, hairpinGets, []lab.Pod{self})
 	if err != nil {
 		t.Fatalf("from pod %s, its own Service's only endpoint, %d GETs of %s were not all answered by itself within 30s (%v); last:\n%s", self.Name, hairpinGets, vip, err, last)
 	}
@@ -157,7 +145,7 @@ func hairpin(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		}
 	}
 	t.Logf("hairpin: pod %s on %s, its Service's only endpoint, answered all %d of its own GETs through the VIP (%s after the endpoint change); it saw %q",
-		self.Name, self.Node, hairpinGets, time.Since(start).Round(100*time.Millisecond), strings.SplitN(strings.TrimSpace(last), "\n", 2)[0])
+		self.Name, self.Node, hairpinGets, took.Round(100*time.Millisecond), strings.SplitN(strings.TrimSpace(last), "\n", 2)[0])
 }
 
 // affinityConns is how many new connections the ClientIP check opens.
