@@ -422,7 +422,9 @@ func (c *Controller) serviceRoutes(svc *v1.Service, eps []*discoveryv1.EndpointS
 	if len(keep) > 0 {
 		routes = append(routes, keep...)
 		slices.SortFunc(routes, func(a, b bgp.Route) int { return comparePrefix(a.Prefix, b.Prefix) })
-		why += fmt.Sprintf(" (announced %v more, while the routers learn the other nodes' routes)", again.Round(100*time.Millisecond))
+		// A fixed text: the reason is in the SpeakerStatus, which a text
+		// that changed each sync would rewrite each time.
+		why += " (announced for --convergence-delay more, while the routers learn the other nodes' routes)"
 		c.queue.AddAfter(key, again)
 	}
 	return routes, why
