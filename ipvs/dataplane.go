@@ -48,6 +48,12 @@ type Options struct {
 	// (hostguard.go); the guard's BFD rule follows SetBFDPeers. Without
 	// nftables (NoSNAT and NoFilter) there is no guard.
 	HostGuard HostGuard
+	// PodCIDRs are the pods' addresses (kube-proxy's --cluster-cidr): their
+	// connections to a virtual server of one tier with Cluster endpoints
+	// go to one of them (incluster.go). None: they go through IPVS, as
+	// connections from outside the node do. The node's own connections
+	// use the Cluster endpoints either way.
+	PodCIDRs []netip.Prefix
 }
 
 // Dataplane programs the kernel of this node: IPVS virtual and real servers
@@ -82,6 +88,10 @@ type Dataplane struct {
 	// no6 says why IPv6 VIPs keep one tier with Options.Tunnel.
 	no6   error
 	tier2 Tier2
+	// inCluster is on with source NAT: the in-cluster map (incluster.go),
+	// as last read plus what was applied since, is cluster.
+	inCluster bool
+	cluster   Tier2
 	// serving are the UDP and SCTP virtual servers' Local endpoints as
 	// last planned, for their stale flows (staleflows.go).
 	serving servingSets
@@ -98,7 +108,8 @@ type Dataplane struct {
 	// (hairpin.go).
 	hairpin hairpins
 	// ct is a netfilter netlink handle in New's namespace, for the
-	// conntrack entries of stale flows (two tiers only; nil otherwise).
+	// conntrack entries of stale flows (with two tiers or the in-cluster
+	// map; nil otherwise).
 	ct *netlink.Handle
 	// relay carries the daemons' messages with ConnSync.Relay; targets
 	// are the tier-1 virtual servers it lets connections name, kept with
@@ -122,21 +133,8 @@ func New(opts Options) (*Dataplane, error) {
 	if opts.LinkName == "" {
 		opts.LinkName = DefaultLinkName
 	}
-	if c := opts.ConnSync; c != nil && !c.Off {
-		if opts.Tunnel == nil {
-			return nil, errors.New("connection sync: it needs the two-tier dataplane (Tunnel is not set)")
-		}
-		if err := c.check(); err != nil {
-			return nil, err
-		}
-	}
-	if opts.Tunnel != nil {
-		if err := opts.Tunnel.check(); err != nil {
-			return nil, fmt.Errorf("two-tier dataplane: %w", err)
-		}
-		if opts.NoFilter {
-			return nil, errors.New("two-tier dataplane: it needs the VIP filter (NoFilter is set)")
-		}
+	if err := opts.check(); err != nil {
+		return nil, err
 	}
 	// NETLINK_ROUTE only: the default handle also opens XFRM and netfilter
 	// sockets, which kernels without those fail to open.
@@ -155,7 +153,8 @@ func New(opts Options) (*Dataplane, error) {
 		return nil, fmt.Errorf("ipvs netlink: %w (is the ip_vs module loaded?)", err)
 	}
 	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true,
-		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, tier2: Tier2{}, serving: servingSets{}}
+		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, tier2: Tier2{}, serving: servingSets{},
+		inCluster: !opts.NoSNAT, cluster: Tier2{}}
 	d.chooseIPv6(opts)
 	if err := enableExpireNodest(); err != nil {
 		d.staleErr = fmt.Errorf("%w: the flows of a deleted real server are dropped until their entries time out (UDP: 300 s) instead of going to another one; prepare the node (`vipcast-speaker %s` in a privileged init container, speaker.ipvs.prepareNode: true) or set net.ipv4.vs.expire_nodest_conn=1 on it", err, PrepareNodeCommand)
@@ -167,9 +166,11 @@ func New(opts Options) (*Dataplane, error) {
 			_ = d.Close()
 			return nil, fmt.Errorf("two-tier dataplane: %w", err)
 		}
+	}
+	if d.tunnel || d.inCluster {
 		if d.ct, err = netlink.NewHandle(unix.NETLINK_NETFILTER); err != nil {
 			_ = d.Close()
-			return nil, fmt.Errorf("two-tier dataplane: conntrack netlink: %w", err)
+			return nil, fmt.Errorf("conntrack netlink: %w", err)
 		}
 	}
 	err = d.setupNFT(opts)
@@ -181,6 +182,27 @@ func New(opts Options) (*Dataplane, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// check refuses options that do not go together or do not parse.
+func (opts Options) check() error {
+	if c := opts.ConnSync; c != nil && !c.Off {
+		if opts.Tunnel == nil {
+			return errors.New("connection sync: it needs the two-tier dataplane (Tunnel is not set)")
+		}
+		if err := c.check(); err != nil {
+			return err
+		}
+	}
+	if opts.Tunnel != nil {
+		if err := opts.Tunnel.check(); err != nil {
+			return fmt.Errorf("two-tier dataplane: %w", err)
+		}
+		if opts.NoFilter {
+			return errors.New("two-tier dataplane: it needs the VIP filter (NoFilter is set)")
+		}
+	}
+	return checkPodCIDRs(opts.PodCIDRs)
 }
 
 // setupNFT opens vipcast's nftables tables, unless source NAT and the VIP
@@ -203,7 +225,25 @@ func (d *Dataplane) setupNFT(opts Options) error {
 			return err
 		}
 	}
-	return d.setupTunnel(opts.Tunnel)
+	if err := d.setupTunnel(opts.Tunnel); err != nil {
+		return err
+	}
+	if !d.inCluster {
+		return nil
+	}
+	// The pods' connections take the map where their family has one tier
+	// (decided by setupTunnel); with two, tier 1.
+	pods := podCIDRsByFamily(opts.PodCIDRs)
+	if d.tunnel {
+		pods[0] = nil
+	}
+	if d.tunnel6 {
+		pods[1] = nil
+	}
+	if err := d.nft.setupInCluster(pods); err != nil {
+		return fmt.Errorf("in-cluster clients: %w", err)
+	}
+	return nil
 }
 
 // chooseIPv6 decides how IPv6 VIPs go with opts: ip6ip6 to IPv6 tunnel
@@ -486,6 +526,15 @@ func (d *Dataplane) ReadTier2() (Tier2, error) {
 	return k.tier2, err
 }
 
+// ReadInCluster returns the in-cluster map as the kernel has it (empty
+// with Options.NoSNAT).
+func (d *Dataplane) ReadInCluster() (Tier2, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k, err := d.read(nil)
+	return k.cluster, err
+}
+
 // ReadFilter returns the VIP filter's content as the kernel has it (empty
 // with Options.NoFilter).
 func (d *Dataplane) ReadFilter() (Filter, error) {
@@ -502,13 +551,14 @@ type kernel struct {
 	orphans []Key
 	filter  Filter
 	tier2   Tier2
+	cluster Tier2
 }
 
 // read reads the kernel; the real servers of virtual servers that
 // withBackends rejects are not read (Sync skips foreign ones). withBackends
 // is given the key and the VIPs bound to the link.
 func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (k kernel, err error) {
-	k.st, k.filter, k.tier2 = NewState(), NewFilter(), Tier2{}
+	k.st, k.filter, k.tier2, k.cluster = NewState(), NewFilter(), Tier2{}, Tier2{}
 	if err := d.readVIPs(k.st.VIPs); err != nil {
 		return k, err
 	}
@@ -528,6 +578,11 @@ func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (
 	if d.tunnel {
 		if k.tier2, err = d.nft.readTier2(); err != nil {
 			return k, fmt.Errorf("tier 2: %w", err)
+		}
+	}
+	if d.inCluster {
+		if k.cluster, err = d.nft.readInCluster(); err != nil {
+			return k, fmt.Errorf("in-cluster map: %w", err)
 		}
 	}
 	return k, nil
@@ -719,10 +774,16 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	}
 	if d.tunnel {
 		p.Tier2 = DiffTier2(Tier2Of(desired), kern.tier2)
-		p.StaleFlows = mergeStale(staleFlows(p.Tier2, desiredIn(desired)), d.serving.updateAll(desired))
+	}
+	if d.inCluster {
+		p.InCluster = DiffTier2(InClusterOf(desired), kern.cluster)
+	}
+	if d.ct != nil {
+		in := desiredIn(desired)
+		p.StaleFlows = mergeStale(mergeStale(staleFlows(p.Tier2, in), staleFlows(p.InCluster, in)), d.serving.updateAll(desired))
 	}
 	wasStale := d.stale
-	d.cache, d.filter, d.tier2, d.stale = actual, kern.filter, kern.tier2, false
+	d.cache, d.filter, d.tier2, d.cluster, d.stale = actual, kern.filter, kern.tier2, kern.cluster, false
 	d.targets.reset(d.cache)
 	// The hairpin sets are vipcast's alone: read and repaired whole, before
 	// the plan gives any endpoint its first flow.
@@ -747,11 +808,11 @@ func (d *Dataplane) applySynced(p Plan, desired State, wasStale bool) *failures 
 		p.StaleFlows = nil // a copy: the Sync's plan keeps them
 	}
 	f := d.applyPlan(p)
-	if !d.tunnel {
-		return f
-	}
 	if wasStale {
 		d.clearUnserved(desired, stale, f)
+	}
+	if !d.tunnel {
+		return f
 	}
 	if err := d.repairTunnelNode(); err != nil {
 		f.add("the two-tier dataplane's setup on the node", err)
@@ -807,6 +868,8 @@ func (d *Dataplane) check(svc Service) error {
 	switch {
 	case svc.SNAT && !d.snat:
 		return fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", svc.Key())
+	case len(svc.Cluster) > 0 && !d.inCluster:
+		return fmt.Errorf("virtual server %s: in-cluster endpoints wanted, but %w", svc.Key(), errNoInCluster)
 	case svc.Restricted && !d.guard:
 		return fmt.Errorf("virtual server %s: source ranges wanted, but the dataplane runs with NoFilter, which enforces them", svc.Key())
 	case svc.SNAT && d.tunnel && (svc.VIP.Unmap().Is4() || d.tunnel6):
@@ -893,7 +956,13 @@ func (d *Dataplane) diffService(key Key, desired *Service) Plan {
 	}
 	if d.tunnel {
 		p.Tier2 = tier2Step(key, desired, d.tier2)
-		p.StaleFlows = mergeStale(staleFlows(p.Tier2, desiredOne(key, desired)), d.serving.update(key, desired))
+	}
+	if d.inCluster {
+		p.InCluster = slotStep(key, desired, d.cluster, inClusterWant)
+	}
+	if d.ct != nil {
+		one := desiredOne(key, desired)
+		p.StaleFlows = mergeStale(mergeStale(staleFlows(p.Tier2, one), staleFlows(p.InCluster, one)), d.serving.update(key, desired))
 	}
 	return p
 }
@@ -950,7 +1019,7 @@ func (d *Dataplane) refresh() error {
 	if err != nil {
 		return err
 	}
-	d.cache, d.filter, d.tier2, d.stale = k.st, k.filter, k.tier2, false
+	d.cache, d.filter, d.tier2, d.cluster, d.stale = k.st, k.filter, k.tier2, k.cluster, false
 	d.targets.reset(d.cache)
 	return nil
 }
@@ -991,6 +1060,7 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	d.restrict(p.Filter, f)
 	d.allow(p.Filter.AddAllow, f)
 	d.applyTier2(p.Tier2, f)
+	d.applyInCluster(p.InCluster, f)
 	d.clearStaleFlows(p.StaleFlows, f)
 	d.applyBackends(p, f)
 	d.disallow(p.Filter.DelAllow, f)
@@ -1006,6 +1076,7 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	p.ApplyTo(&d.cache)
 	p.Filter.ApplyTo(&d.filter)
 	p.Tier2.ApplyTo(d.tier2)
+	p.InCluster.ApplyTo(d.cluster)
 	d.targets.update(d.cache, p.serviceKeys())
 	changed := false
 	for k, addrs := range next {

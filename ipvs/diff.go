@@ -54,6 +54,9 @@ type Plan struct {
 	// filled in by the Dataplane like Filter; applied before the real
 	// servers change.
 	Tier2 Tier2Plan
+	// InCluster are the in-cluster map's changes (incluster.go), filled
+	// in by the Dataplane like Tier2.
+	InCluster Tier2Plan
 	// StaleFlows are the UDP and SCTP flows of endpoints that leave a
 	// virtual server's tier 2 for good (with their slots, or after they
 	// drained without any), whose conntrack entries go right after the
@@ -91,7 +94,7 @@ func (p Plan) serviceKeys() []Key {
 // Len is the number of kernel operations in p.
 func (p Plan) Len() int {
 	return len(p.AddVIPs) + len(p.AddSNAT) + len(p.DelSNAT) + len(p.AddServices) + len(p.UpdateServices) + len(p.DelBackends) +
-		len(p.UpdateBackends) + len(p.AddBackends) + len(p.DelServices) + len(p.DelVIPs) + p.Filter.Len() + p.Tier2.Len()
+		len(p.UpdateBackends) + len(p.AddBackends) + len(p.DelServices) + len(p.DelVIPs) + p.Filter.Len() + p.Tier2.Len() + p.InCluster.Len()
 }
 
 // Empty reports whether p changes nothing.
@@ -121,6 +124,8 @@ func (p Plan) String() string {
 	add("-filter", len(p.Filter.DelVIPs))
 	add("-tier2", len(p.Tier2.Del))
 	add("+tier2", len(p.Tier2.Add))
+	add("-incluster", len(p.InCluster.Del))
+	add("+incluster", len(p.InCluster.Add))
 	if len(parts) == 0 {
 		return "no changes"
 	}
@@ -141,6 +146,7 @@ func (p *Plan) Merge(q Plan) {
 	p.DelVIPs = append(p.DelVIPs, q.DelVIPs...)
 	p.Filter.merge(q.Filter)
 	p.Tier2.merge(q.Tier2)
+	p.InCluster.merge(q.InCluster)
 	p.StaleFlows = append(p.StaleFlows, q.StaleFlows...)
 }
 
@@ -164,6 +170,7 @@ func (p *Plan) sort() {
 	slices.SortFunc(p.AddBackends, byChange)
 	p.Filter.sort()
 	p.Tier2.sort()
+	p.InCluster.sort()
 }
 
 // Diff returns the minimal changes that turn actual into desired.

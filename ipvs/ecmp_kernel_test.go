@@ -67,6 +67,10 @@ import (
 // adds again (testMoveTier1Again). Hairpin: a pod balanced to itself through the VIP
 // is answered (testMoveHairpin). InCluster: a pod reaches the VIP through
 // its node's tier 1 and the other node's tier 2 (testMoveInCluster).
+// LocalInCluster: with one tier under Local, a pod and the node itself on
+// a node without an endpoint reach the VIP (testMoveLocalInCluster).
+// HostInCluster: with two tiers, the node's own connections reach another
+// node's pod (testMoveHostInCluster).
 func TestECMPMove(t *testing.T) {
 	if !vm.InVM() {
 		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 10 * time.Minute}))
@@ -82,6 +86,8 @@ func TestECMPMove(t *testing.T) {
 	t.Run("Tier1Again", testMoveTier1Again)
 	t.Run("Hairpin", testMoveHairpin)
 	t.Run("InCluster", testMoveInCluster)
+	t.Run("LocalInCluster", testMoveLocalInCluster)
+	t.Run("HostInCluster", testMoveHostInCluster)
 }
 
 // twoTierVMOptions adds to o the modules the two-tier dataplane needs on

@@ -116,12 +116,7 @@ func (g HostGuard) metricsRules(i int) [][]expr.Any {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
 		accept)}
 	for _, p := range prefixes {
-		mask := netip.PrefixFrom(p.Addr(), p.Bits()).Masked()
-		rules = append(rules, append(slices.Clone(listener),
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: saddrOff, Len: addrLen},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: addrLen, Mask: prefixMask(p), Xor: make([]byte, addrLen)},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: mask.Addr().AsSlice()},
-			accept))
+		rules = append(rules, concat(listener, prefixMatch(saddrOff, p), []expr.Any{accept}))
 	}
 	return append(rules, append(listener, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}))
 }
@@ -135,13 +130,19 @@ func unmappedBits(p netip.Prefix) int {
 	return 0
 }
 
-// prefixMask is p's netmask, as many bytes as its address.
-func prefixMask(p netip.Prefix) []byte {
-	out := make([]byte, p.Addr().BitLen()/8)
+// prefixMatch matches a packet whose address at offset off of the network
+// header (source or destination) is in p.
+func prefixMatch(off uint32, p netip.Prefix) []expr.Any {
+	n := uint32(p.Addr().BitLen() / 8) //nolint:gosec // 4 or 16
+	mask := make([]byte, n)
 	for b := range p.Bits() {
-		out[b/8] |= 0x80 >> (b % 8)
+		mask[b/8] |= 0x80 >> (b % 8)
 	}
-	return out
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: mask, Xor: make([]byte, n)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Masked().Addr().AsSlice()},
+	}
 }
 
 // setupHostGuard queues, in table t (family i), the set of BFD peers (kept

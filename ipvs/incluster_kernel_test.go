@@ -4,12 +4,15 @@ package ipvs
 
 import (
 	"bufio"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -111,4 +114,158 @@ func sendUDP(t *testing.T, f *moveFabric, src, dst netip.Addr, recv <-chan strin
 	marker, udp := markedUDP("vipcast-martian", port)
 	sendRaw(t, f, dst, ipv4Header(src, dst, unix.IPPROTO_UDP, udp))
 	return received(recv, marker)
+}
+
+// localInClusterFlows is how many TCP connections each in-cluster client
+// opens in testMoveLocalInCluster and testMoveHostInCluster.
+const localInClusterFlows = 12
+
+// askVIP opens a TCP connection from namespace ns to the VIP and returns
+// the answering pod's name and the client address it saw.
+func askVIP(t *testing.T, ns netns.NsHandle, f *moveFabric) (pod, src string, err error) {
+	t.Helper()
+	to := netip.AddrPortFrom(f.vip, movePort).String()
+	var c net.Conn
+	if err := inNS(t, ns, func() (err error) {
+		c, err = net.DialTimeout("tcp4", to, 2*time.Second)
+		return err
+	}); err != nil {
+		return "", "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", "", err
+	}
+	pod, src, _ = strings.Cut(strings.TrimSpace(line), " ")
+	return pod, src, nil
+}
+
+// testMoveLocalInCluster: one tier, externalTrafficPolicy Local, the
+// Service's only endpoint pb1 on node B. Node A has no endpoint: its
+// virtual server is empty and it refuses the fabric's client. Its pod pa1
+// (in Options.PodCIDRs) and node A itself are in-cluster clients: every
+// connection of theirs is answered by pb1 through the in-cluster map, pa1
+// with its own address kept, node A masqueraded to its own address (not
+// the VIP's, which node B would take as its own). A client outside the
+// source ranges of a restricted virtual server is not let through that
+// way either. Before the map, pa1 and node A were refused.
+func testMoveLocalInCluster(t *testing.T) {
+	f := newMoveFabric(t)
+	pb1 := f.pods[1][0]
+	cluster := []Backend{{Addr: pb1.v4(), Port: backendPort, Weight: 1}}
+	var ds [2]*Dataplane
+	svcOf := func(n int) Service {
+		s := Service{VIP: f.vip, Port: movePort, Protocol: TCP, Cluster: cluster}
+		if n == 1 {
+			s.Backends = cluster
+		}
+		return s
+	}
+	for n := range f.nodes {
+		must(t, inNS(t, f.nodes[n], func() (err error) {
+			ds[n], err = New(Options{LinkName: "vip0", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.61.0.0/16"), netip.MustParsePrefix("10.62.0.0/16")}})
+			return err
+		}))
+		d := ds[n]
+		t.Cleanup(func() { d.Close() })
+		if _, err := d.Sync(state(svcOf(n))); err != nil {
+			t.Fatalf("node %d: Sync: %v", n, err)
+		}
+	}
+	got, err := ds[0].ReadInCluster()
+	must(t, err)
+	if want := InClusterOf(state(svcOf(0))); !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("node A's in-cluster map: %v, want %v", got, want)
+	}
+
+	pa1 := f.pods[0][0]
+	for _, c := range []struct {
+		who     string
+		ns      netns.NsHandle
+		wantSrc string
+	}{
+		{"pod pa1 on node A", pa1.ns, pa1.v4().String()},
+		{"node A itself", f.nodes[0], "10.53.0.1"}, // its address towards node B
+	} {
+		for i := range localInClusterFlows {
+			pod, src, err := askVIP(t, c.ns, f)
+			switch {
+			case err != nil:
+				t.Errorf("%s, connection %d to the Local VIP (no endpoint on node A): %v", c.who, i, err)
+			case pod != pb1.name || src != c.wantSrc:
+				t.Errorf("%s, connection %d: answered by %s, which saw %s; want %s seeing %s", c.who, i, pod, src, pb1.name, c.wantSrc)
+			}
+		}
+	}
+	// The fabric's client through node A: Local, no endpoint there.
+	f.steer(t, 0)
+	if pod, _, err := askVIP(t, f.client, f); err == nil {
+		t.Errorf("the fabric's client through node A (no endpoint, Local) was answered by %s: the in-cluster path took a client from outside", pod)
+	}
+	// The control: through node B it is answered, with its own address.
+	f.steer(t, 1)
+	if pod, src, err := askVIP(t, f.client, f); err != nil || pod != pb1.name || src != f.src.String() {
+		t.Errorf("the fabric's client through node B: %s saw %s (%v), want %s seeing %s", pod, src, err, pb1.name, f.src)
+	}
+
+	// Source ranges: admitting the fabric's client only, pa1 is not let
+	// through the map (and the VIP filter drops it); admitting pa1's
+	// range, it is.
+	for _, c := range []struct {
+		ranges []netip.Prefix
+		want   bool
+	}{
+		{[]netip.Prefix{netip.MustParsePrefix("10.50.0.0/24")}, false},
+		{[]netip.Prefix{netip.MustParsePrefix("10.61.0.0/16")}, true},
+	} {
+		s := svcOf(0)
+		s.Restricted, s.SourceRanges = true, c.ranges
+		if _, err := ds[0].Sync(state(s)); err != nil {
+			t.Fatalf("node A: Sync restricted to %v: %v", c.ranges, err)
+		}
+		pod, _, err := askVIP(t, pa1.ns, f)
+		if answered := err == nil; answered != c.want {
+			t.Errorf("source ranges %v: pa1's connection answered %v (by %q, %v), want %v", c.ranges, answered, pod, err, c.want)
+		}
+	}
+}
+
+// testMoveHostInCluster: two tiers; a node's own connections to the VIP
+// (the host, not its pods) leave from the VIP, and another node's pod
+// answers to the VIP, which is that node's own address. With Cluster
+// endpoints the in-cluster map sends them straight to a pod, masqueraded:
+// every one of node A's connections is answered, some by node B's pod.
+func testMoveHostInCluster(t *testing.T) {
+	f := newMoveFabric(t)
+	var cluster []Backend
+	for _, p := range f.allPods() {
+		cluster = append(cluster, Backend{Addr: p.v4(), Port: backendPort, Weight: 1})
+	}
+	for n := range f.nodes {
+		d, desired := twoTierNode(t, f, n)
+		for k, s := range desired.Services {
+			s.Cluster = cluster
+			desired.Services[k] = s
+		}
+		if _, err := d.Sync(desired); err != nil {
+			t.Fatalf("node %d: Sync with Cluster endpoints: %v", n, err)
+		}
+	}
+	onB := 0
+	for i := range 2 * localInClusterFlows {
+		pod, src, err := askVIP(t, f.nodes[0], f)
+		switch {
+		case err != nil:
+			t.Errorf("node A itself, connection %d to the VIP: %v", i, err)
+		case src == f.vip.String():
+			t.Errorf("node A itself, connection %d: %s saw the VIP as its client", i, pod)
+		case pod == f.pods[1][0].name:
+			onB++
+		}
+	}
+	if onB == 0 {
+		t.Errorf("none of node A's %d connections reached node B's pod: the test proves nothing", 2*localInClusterFlows)
+	}
 }

@@ -90,16 +90,9 @@ func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string, self [2]netip.Ad
 			chains[j] = n.conn.AddChain(&c)
 			n.conn.FlushChain(chains[j])
 		}
-		keyType, dataType := fam.keyType(), fam.dataType()
-		set, err := n.conn.GetSetByName(t, tier2Map)
-		if err != nil || set == nil || !set.IsMap || !sameType(set.KeyType, keyType) || !sameType(set.DataType, dataType) {
-			if set != nil {
-				n.conn.DelSet(set)
-			}
-			set = &nftables.Set{Table: t, Name: tier2Map, IsMap: true, Concatenation: true, KeyType: keyType, DataType: dataType}
-			if err := n.conn.AddSet(set, nil); err != nil {
-				return fmt.Errorf("map %s %s: %w", familyName(t.Family), tier2Map, err)
-			}
+		set, err := n.ensureSlotMap(t, fam, tier2Map)
+		if err != nil {
+			return err
 		}
 		sets[i] = set
 		for _, ch := range chains {
@@ -116,6 +109,25 @@ func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string, self [2]netip.Ad
 	}
 	n.tier2, n.guardSet, n.guardHave = sets, guards, guarded
 	return nil
+}
+
+// ensureSlotMap queues, in table t of family fam, the slot map name (tier2Map,
+// inClusterMap) made afresh, unless it exists with the expected types: then
+// it is kept with its elements.
+func (n *nftTables) ensureSlotMap(t *nftables.Table, fam tier2Family, name string) (*nftables.Set, error) {
+	keyType, dataType := fam.keyType(), fam.dataType()
+	set, err := n.conn.GetSetByName(t, name)
+	if err == nil && set != nil && set.IsMap && sameType(set.KeyType, keyType) && sameType(set.DataType, dataType) {
+		return set, nil
+	}
+	if set != nil {
+		n.conn.DelSet(set)
+	}
+	set = &nftables.Set{Table: t, Name: name, IsMap: true, Concatenation: true, KeyType: keyType, DataType: dataType}
+	if err := n.conn.AddSet(set, nil); err != nil {
+		return nil, fmt.Errorf("map %s %s: %w", familyName(t.Family), name, err)
+	}
+	return set, nil
 }
 
 // sameType reports whether the type of a set read from the kernel, have,
@@ -184,31 +196,11 @@ func tunnelRules(name string, fam tier2Family, link string, vips, tier2 *nftable
 	}
 	daddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.daddrOff, Len: fam.addrLen}
 	inVIPs := &expr.Lookup{SourceRegister: 1, SetName: vips.Name, SetID: vips.ID}
-	// The 32-bit registers after the address: protocol, port, slot.
-	after := reg32 + fam.addrLen/4
 	switch name {
 	case tunnelRaw:
 		return rawRules(fam, iif, daddr, inVIPs, vips, self)
 	case tunnelDNAT:
-		// The slot: for a virtual server with client affinity, from a
-		// hash of the client's address (read into the registers after
-		// the slot's), at Tier2Slots and above; a lookup that misses (a
-		// virtual server without affinity) ends the first rule, and the
-		// second draws at random.
-		dnat := func(slot ...expr.Any) []expr.Any {
-			r := append(iif(expr.CmpOpEq),
-				daddr,
-				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: after},
-				&expr.Payload{DestRegister: after + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
-			return append(append(r, slot...),
-				&expr.Lookup{SourceRegister: 1, SetName: tier2.Name, SetID: tier2.ID, DestRegister: 1, IsDestRegSet: true},
-				&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: 1, RegProtoMin: after, Specified: true})
-		}
-		return [][]expr.Any{
-			dnat(&expr.Payload{DestRegister: after + 3, Base: expr.PayloadBaseNetworkHeader, Offset: fam.saddrOff, Len: fam.addrLen},
-				&expr.Hash{SourceRegister: after + 3, DestRegister: after + 2, Length: fam.addrLen, Modulus: Tier2Slots, Offset: Tier2Slots, Seed: affinitySeed, Type: expr.HashTypeJenkins}),
-			dnat(&expr.Numgen{Register: after + 2, Modulus: Tier2Slots, Type: unix.NFT_NG_RANDOM}),
-		}
+		return slotDNATRules(fam, tier2, iif(expr.CmpOpEq))
 	case tunnelIn:
 		return [][]expr.Any{append(iif(expr.CmpOpEq), daddr, inVIPs, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop})}
 	case tunnelMSS:
@@ -324,15 +316,19 @@ func parseTier2Elem(e nftables.SetElement) (Tier2Slot, bool) {
 }
 
 // readTier2 reads the tier-2 maps of both families.
-func (n *nftTables) readTier2() (Tier2, error) {
+func (n *nftTables) readTier2() (Tier2, error) { return n.readSlots(n.tier2, tier2Map) }
+
+// readSlots reads a slot map (tier2Map, inClusterMap) of both families
+// (sets; nil: the family has none).
+func (n *nftTables) readSlots(sets [2]*nftables.Set, name string) (Tier2, error) {
 	var p Tier2Plan
-	for _, set := range n.tier2 {
+	for _, set := range sets {
 		if set == nil {
-			continue // the family's two tiers are off
+			continue
 		}
 		els, err := n.conn.GetSetElements(set)
 		if err != nil {
-			return nil, fmt.Errorf("nftables map %s %s %s: %w", familyName(set.Table.Family), snatTable, tier2Map, err)
+			return nil, fmt.Errorf("nftables map %s %s %s: %w", familyName(set.Table.Family), snatTable, name, err)
 		}
 		for _, e := range els {
 			if s, ok := parseTier2Elem(e); ok {
@@ -345,19 +341,25 @@ func (n *nftTables) readTier2() (Tier2, error) {
 	return t, nil
 }
 
-// updateTier2 performs p on the tier-2 maps: a virtual server's deletes
-// and adds in one transaction, so that no slot is ever missing while it
-// changes endpoint, and as many virtual servers per transaction as fit in
-// maxElemsPerBatch elements (see update).
+// updateTier2 performs p on the tier-2 maps (see updateSlots).
 func (n *nftTables) updateTier2(p Tier2Plan) error {
+	return n.updateSlots(n.tier2, tier2Map, "the two tiers are off for that family", p)
+}
+
+// updateSlots performs p on a slot map (sets, of each family, named name;
+// off says why a family has none): a virtual server's deletes and adds in
+// one transaction, so that no slot is ever missing while it changes
+// endpoint, and as many virtual servers per transaction as fit in
+// maxElemsPerBatch elements (see update).
+func (n *nftTables) updateSlots(sets [2]*nftables.Set, name, off string, p Tier2Plan) error {
 	var errs []error
 	for i, fp := range p.byFamily() {
-		if fp.Len() > 0 && n.tier2[i] == nil {
-			errs = append(errs, fmt.Errorf("tier-2 map of table %s %s: the two tiers are off for that family", familyName(tableFamilies[i]), snatTable))
+		if fp.Len() > 0 && sets[i] == nil {
+			errs = append(errs, fmt.Errorf("map %s of table %s %s: %s", name, familyName(tableFamilies[i]), snatTable, off))
 			continue
 		}
 		for _, chunk := range tier2Chunks(fp, maxElemsPerBatch) {
-			if err := n.updateTier2Batch(n.tier2[i], chunk); err != nil {
+			if err := n.updateSlotsBatch(sets[i], chunk); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -426,10 +428,10 @@ func tier2Chunks(p Tier2Plan, limit int) []Tier2Plan {
 	return out
 }
 
-// updateTier2Batch performs p in one transaction. When that fails (an
+// updateSlotsBatch performs p on the map set in one transaction. When that fails (an
 // element deleted by hand, say), it redoes each element alone: a delete of
 // an absent element is skipped, an add replaces what the slot holds.
-func (n *nftTables) updateTier2Batch(set *nftables.Set, p Tier2Plan) error {
+func (n *nftTables) updateSlotsBatch(set *nftables.Set, p Tier2Plan) error {
 	if p.Len() == 0 {
 		return nil
 	}
@@ -452,7 +454,7 @@ func (n *nftTables) updateTier2Batch(set *nftables.Set, p Tier2Plan) error {
 	for i, e := range del {
 		if err := n.conn.SetDeleteElements(set, []nftables.SetElement{e}); err == nil {
 			if err := n.conn.Flush(); err != nil && !isNotFound(err) {
-				errs = append(errs, fmt.Errorf("delete tier-2 slot %s #%d: %w", p.Del[i].Key, p.Del[i].Slot, err))
+				errs = append(errs, fmt.Errorf("delete slot %s #%d of map %s: %w", p.Del[i].Key, p.Del[i].Slot, set.Name, err))
 			}
 		}
 	}
@@ -466,7 +468,7 @@ func (n *nftTables) updateTier2Batch(set *nftables.Set, p Tier2Plan) error {
 			continue
 		}
 		if err := n.conn.Flush(); err != nil {
-			errs = append(errs, fmt.Errorf("set tier-2 slot %s #%d to %s: %w", p.Add[i].Key, p.Add[i].Slot, p.Add[i].To, err))
+			errs = append(errs, fmt.Errorf("set slot %s #%d of map %s to %s: %w", p.Add[i].Key, p.Add[i].Slot, set.Name, p.Add[i].To, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -81,6 +81,7 @@ type nftTables struct {
 	restricted [2]*nftables.Set
 	sources    [2]*nftables.Set
 	tier2      [2]*nftables.Set // the two-tier dataplane's maps, once set up
+	incluster  [2]*nftables.Set // the in-cluster maps, once set up (incluster.go)
 	// guardSet are the tunnel guard's sets of sources, once set up
 	// (tunnelguard.go); guardHave what they hold (nil: unknown).
 	guardSet  [2]*nftables.Set

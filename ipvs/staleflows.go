@@ -29,10 +29,11 @@ type StaleFlow struct {
 	To  netip.AddrPort
 }
 
-// staleFlows returns the endpoints the tier-2 plan p takes out of a UDP or
-// SCTP virtual server for good: a slot's endpoint that desired (the
-// virtual server as wanted, nil when it goes) does not list among its
-// Local endpoints at any weight. Sorted, without repeats.
+// staleFlows returns the endpoints the slot map plan p (tier 2's, or the
+// in-cluster map's) takes out of a UDP or SCTP virtual server for good: a
+// slot's endpoint that desired (the virtual server as wanted, nil when it
+// goes) does not list among its Local or Cluster endpoints at any weight.
+// Sorted, without repeats.
 func staleFlows(p Tier2Plan, desired func(Key) *Service) []StaleFlow {
 	if len(p.Del) == 0 {
 		return nil
@@ -42,10 +43,10 @@ func staleFlows(p Tier2Plan, desired func(Key) *Service) []StaleFlow {
 		if s.Key.Protocol != UDP && s.Key.Protocol != SCTP {
 			continue
 		}
-		if svc := desired(s.Key); svc != nil && slices.ContainsFunc(svc.Local, func(b Backend) bool {
-			return netip.AddrPortFrom(b.Addr.Unmap(), b.Port) == s.To
-		}) {
-			continue
+		if svc := desired(s.Key); svc != nil {
+			if _, ok := slices.BinarySearchFunc(servingOf(svc), s.To, netip.AddrPort.Compare); ok {
+				continue
+			}
 		}
 		out = append(out, StaleFlow{Key: s.Key, To: s.To})
 	}
@@ -66,14 +67,15 @@ func staleFlows(p Tier2Plan, desired func(Key) *Service) []StaleFlow {
 // stops serving, whatever came before.
 type servingSets map[Key][]netip.AddrPort
 
-// servingOf returns the endpoints of svc (nil: none) that tier 2 may have
-// sent UDP or SCTP flows to, sorted: its Local endpoints at any weight.
+// servingOf returns the endpoints of svc (nil: none) that tier 2 or the
+// in-cluster map may have sent UDP or SCTP flows to, sorted: its Local and
+// Cluster endpoints at any weight.
 func servingOf(svc *Service) []netip.AddrPort {
 	if svc == nil || (svc.Protocol != UDP && svc.Protocol != SCTP) {
 		return nil
 	}
 	var out []netip.AddrPort
-	for _, b := range svc.Local {
+	for _, b := range append(slices.Clone(svc.Local), svc.Cluster...) {
 		out = append(out, netip.AddrPortFrom(b.Addr.Unmap(), b.Port))
 	}
 	slices.SortFunc(out, netip.AddrPort.Compare)
@@ -160,8 +162,8 @@ func desiredOne(key Key, desired *Service) func(Key) *Service {
 }
 
 // errNoConntrackHandle: stale flows without the conntrack handle, which
-// New opens with the two tiers only.
-var errNoConntrackHandle = errors.New("no conntrack netlink socket (the two-tier dataplane is off)")
+// New opens with the two tiers or the in-cluster map only.
+var errNoConntrackHandle = errors.New("no conntrack netlink socket (neither the two-tier dataplane nor the in-cluster map is on)")
 
 // clearStaleFlows deletes the conntrack entries of the flows in stale:
 // the protocol, original destination the VIP and port, reply source the

@@ -60,10 +60,14 @@ type Tier2 map[Key][]netip.AddrPort
 
 // Tier2Of returns the tier-2 map a desired State needs: the slots of each
 // virtual server with Local endpoints.
-func Tier2Of(desired State) Tier2 {
+func Tier2Of(desired State) Tier2 { return slotMapOf(desired, tier2Want) }
+
+// slotMapOf returns the slot map (the tier-2 map, or the in-cluster one)
+// of desired: want gives each virtual server's slots (nil: none).
+func slotMapOf(desired State, want func(Service) []netip.AddrPort) Tier2 {
 	t := Tier2{}
 	for k, svc := range desired.Services {
-		if slots := tier2Want(svc); slots != nil {
+		if slots := want(svc); slots != nil {
 			k.VIP = k.VIP.Unmap()
 			t[k] = slots
 		}
@@ -74,14 +78,19 @@ func Tier2Of(desired State) Tier2 {
 // tier2Want returns the tier2Space slots of svc: Tier2SlotsOf its Local
 // endpoints, at the random slots or, with client affinity, at the hashed
 // ones; nil without endpoints.
-func tier2Want(svc Service) []netip.AddrPort {
-	slots := Tier2SlotsOf(svc.Local)
+func tier2Want(svc Service) []netip.AddrPort { return slotsWant(svc.Local, svc.Affinity) }
+
+// slotsWant returns the tier2Space slots of the endpoints eps: Tier2SlotsOf
+// them, at the random slots or, with affinity, at the hashed ones; nil
+// without endpoints.
+func slotsWant(eps []Backend, affinity bool) []netip.AddrPort {
+	slots := Tier2SlotsOf(eps)
 	if slots == nil {
 		return nil
 	}
 	out := make([]netip.AddrPort, tier2Space)
 	off := 0
-	if svc.Affinity {
+	if affinity {
 		off = Tier2Slots
 	}
 	copy(out[off:], slots)
@@ -215,11 +224,17 @@ func DiffTier2(want, have Tier2) Tier2Plan {
 // (desired nil: deleted), given the map have: work for that virtual
 // server only.
 func tier2Step(key Key, desired *Service, have Tier2) Tier2Plan {
+	return slotStep(key, desired, have, tier2Want)
+}
+
+// slotStep returns the changes of the one virtual server key (desired
+// nil: deleted) to the slot map have, whose slots want gives.
+func slotStep(key Key, desired *Service, have Tier2, slotsOf func(Service) []netip.AddrPort) Tier2Plan {
 	var p Tier2Plan
 	var want []netip.AddrPort
 	if desired != nil {
 		key = desired.Normalize().Key()
-		want = tier2Want(*desired)
+		want = slotsOf(*desired)
 	}
 	key.VIP = key.VIP.Unmap()
 	diffSlots(&p, key, want, have[key])

@@ -150,6 +150,13 @@ type Service struct {
 	// with Options.Tunnel. They are not IPVS real servers: Read does not
 	// report them (ReadTier2 does).
 	Local []Backend
+	// Cluster are the Service's endpoints anywhere in the cluster, for the
+	// connections from inside the node that go straight to an endpoint
+	// by DNAT instead of through IPVS (incluster.go): the node's own, and
+	// with Options.PodCIDRs its pods' to a virtual server of one tier.
+	// They are not IPVS real servers: Read does not report them
+	// (ReadInCluster does, as the slots).
+	Cluster []Backend
 	// Restricted admits only the clients whose address is in SourceRanges
 	// (spec.loadBalancerSourceRanges; see sources.go); a restricted
 	// virtual server without a range of its VIP's family admits no one.
@@ -178,6 +185,9 @@ func (s Service) Normalize() Service {
 	s.Backends = normalizeBackends(s.Backends)
 	if s.Local != nil {
 		s.Local = normalizeBackends(s.Local)
+	}
+	if s.Cluster != nil {
+		s.Cluster = normalizeBackends(s.Cluster)
 	}
 	s.SourceRanges = normalizeRanges(s.VIP, s.Restricted, s.SourceRanges)
 	return s
@@ -227,9 +237,10 @@ func (s Service) Validate() error {
 	}
 	errs = append(errs, s.validateBackends("backend", s.Backends)...)
 	errs = append(errs, s.validateBackends("local endpoint", s.Local)...)
-	for _, b := range s.Local {
+	errs = append(errs, s.validateBackends("in-cluster endpoint", s.Cluster)...)
+	for _, b := range append(slices.Clone(s.Local), s.Cluster...) {
 		if b.Tunnel {
-			errs = append(errs, fmt.Errorf("local endpoint %s: tunnel forwarding is for tier-1 backends only", b.AddrPort()))
+			errs = append(errs, fmt.Errorf("endpoint %s: tunnel forwarding is for tier-1 backends only", b.AddrPort()))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -265,7 +276,7 @@ func (s Service) sameAttrs(o Service) bool {
 }
 
 func (s Service) withoutBackends() Service {
-	s.Backends, s.Local = nil, nil
+	s.Backends, s.Local, s.Cluster = nil, nil, nil
 	return s
 }
 
@@ -317,6 +328,7 @@ func (s State) Clone() State {
 	for k, v := range s.Services {
 		v.Backends = slices.Clone(v.Backends)
 		v.Local = slices.Clone(v.Local)
+		v.Cluster = slices.Clone(v.Cluster)
 		v.SourceRanges = slices.Clone(v.SourceRanges)
 		c.Services[k] = v
 	}

@@ -1,0 +1,231 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// In-cluster clients: connections to a VIP that start on the node itself
+// (the host) or in its pods.
+//
+// kube-proxy sends them to the Service's endpoints anywhere in the
+// cluster, whatever externalTrafficPolicy says (Local keeps the client's
+// address for clients from outside; a pod or the node has nothing to
+// keep), and masquerades the node's own. IPVS alone cannot: one tier under
+// Local has only this node's endpoints (none, on a node that does not
+// announce the VIP: the pod would be refused), and with two tiers a node's
+// own connection leaves from the VIP itself, so another node's pod
+// answers to the VIP, which is that node's own address.
+//
+// So the in-cluster connections go straight to an endpoint by DNAT, past
+// IPVS, through a map of vipcast's nftables tables, "incluster", with
+// tier 2's layout (tier2.go): VIP . protocol . port . slot → endpoint
+// address . port, the slots shared by weight among Service.Cluster, drawn
+// at random, or from a hash of the client's address for client affinity
+// (sessionAffinity ClientIP):
+//
+//	chain incluster-dnat
+//	    ip daddr . meta l4proto . th dport @restricted ip daddr . meta l4proto . th dport . ip saddr != @sources return
+//	    dnat ip to ip daddr . meta l4proto . th dport . jhash ip saddr mod 32 offset 32 map @incluster
+//	    dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 32 map @incluster
+//	chain incluster-host (nat, output, dstnat)
+//	    goto incluster-dnat
+//	chain incluster-pods (nat, prerouting, dstnat), one tier and Options.PodCIDRs only
+//	    ip saddr 10.244.0.0/16 goto incluster-dnat
+//	chain incluster-snat (nat, postrouting, srcnat)
+//	    ip saddr @vips masquerade
+//
+// A lookup that misses (a virtual server without Cluster endpoints) ends
+// the rule: the packet goes on to IPVS as before. The node's own
+// connections are DNATed before IPVS takes them at LOCAL_OUT (priority
+// NF_IP_PRI_NAT_DST + 1), and those that leave from the VIP (the kernel's
+// source for a local destination), which the endpoint's node would take
+// as its own, are masqueraded. The pods' are not (as
+// kube-proxy keeps a pod's address): the answer comes back through this
+// node, whose conntrack undoes the DNAT. A pod is known by its address
+// (Options.PodCIDRs, kube-proxy's --cluster-cidr); without them a pod's
+// connection goes through IPVS, as one from outside does. With two tiers
+// the pods' connections go through tier 1 (tunnel.go), which reaches every
+// node's endpoints already, and only the node's own use the map.
+//
+// Source ranges hold for in-cluster clients as for the others: a client
+// outside a restricted virtual server's ranges is not DNATed, and the VIP
+// filter (filter.go) or the output chain (sources.go) drops it.
+
+const (
+	inClusterMap  = "incluster"
+	inClusterDNAT = "incluster-dnat"
+	inClusterHost = "incluster-host"
+	inClusterPods = "incluster-pods"
+	inClusterSNAT = "incluster-snat"
+)
+
+// InClusterOf returns the in-cluster map a desired State needs: the slots
+// of each virtual server with Cluster endpoints.
+func InClusterOf(desired State) Tier2 { return slotMapOf(desired, inClusterWant) }
+
+// inClusterWant returns the in-cluster slots of svc: its Cluster endpoints,
+// hashed by the client's address with client affinity (tier 2's, or one
+// tier's IPVS persistence).
+func inClusterWant(svc Service) []netip.AddrPort {
+	return slotsWant(svc.Cluster, svc.Affinity || svc.Persistent > 0)
+}
+
+// checkPodCIDRs reports a pod range that is not a valid prefix.
+func checkPodCIDRs(pods []netip.Prefix) error {
+	var errs []error
+	for _, p := range pods {
+		switch {
+		case !p.IsValid():
+			errs = append(errs, fmt.Errorf("pod CIDR %q: not a valid prefix", p))
+		case p.Addr().Is4In6():
+			errs = append(errs, fmt.Errorf("pod CIDR %s: an IPv4-mapped IPv6 prefix; give the IPv4 prefix", p))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// podCIDRsByFamily splits pods (checked by checkPodCIDRs) by family,
+// masked, sorted, without repeats.
+func podCIDRsByFamily(pods []netip.Prefix) [2][]netip.Prefix {
+	var out [2][]netip.Prefix
+	for _, p := range pods {
+		p = p.Masked()
+		i := 0
+		if p.Addr().Is6() {
+			i = 1
+		}
+		out[i] = append(out[i], p)
+	}
+	for i := range out {
+		slices.SortFunc(out[i], comparePrefix)
+		out[i] = slices.Compact(out[i])
+	}
+	return out
+}
+
+// setupInCluster ensures the in-cluster map of both families (kept with
+// its elements when it has the expected types) and writes the chains'
+// rules afresh, in one transaction; pods are the pod ranges of each family
+// whose pods' connections the map takes (none: no incluster-pods chain).
+func (n *nftTables) setupInCluster(pods [2][]netip.Prefix) error {
+	var sets [2]*nftables.Set
+	for i, fam := range tier2Families {
+		t := n.tables[i]
+		// Emptied first: a map their rules use cannot be deleted (EBUSY)
+		// when it must be made again; the regular chain before those
+		// that jump to it.
+		dnat := n.conn.AddChain(&nftables.Chain{Name: inClusterDNAT, Table: t})
+		n.conn.FlushChain(dnat)
+		base := map[string]*nftables.Chain{}
+		for _, c := range []nftables.Chain{
+			{Name: inClusterHost, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest},
+			{Name: inClusterPods, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest},
+			{Name: inClusterSNAT, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource},
+		} {
+			c.Table = t
+			base[c.Name] = n.conn.AddChain(&c)
+			n.conn.FlushChain(base[c.Name])
+		}
+		set, err := n.ensureSlotMap(t, fam, inClusterMap)
+		if err != nil {
+			return err
+		}
+		sets[i] = set
+		for _, r := range inClusterDNATRules(fam, set, n.restricted[i], n.sources[i]) {
+			n.conn.AddRule(&nftables.Rule{Table: t, Chain: dnat, Exprs: r})
+		}
+		toDNAT := &expr.Verdict{Kind: expr.VerdictGoto, Chain: inClusterDNAT}
+		n.conn.AddRule(&nftables.Rule{Table: t, Chain: base[inClusterHost], Exprs: []expr.Any{toDNAT}})
+		for _, p := range pods[i] {
+			n.conn.AddRule(&nftables.Rule{Table: t, Chain: base[inClusterPods], Exprs: append(prefixMatch(fam.saddrOff, p), toDNAT)})
+		}
+		// A new connection from a VIP: the node's own to a VIP (its
+		// source is the destination's address); the nat chains see no
+		// other packet (answers from a VIP belong to connections that
+		// began elsewhere). The source, not "ct original daddr": nft
+		// 1.0.6 aborts listing a set lookup of a ct address.
+		n.conn.AddRule(&nftables.Rule{Table: t, Chain: base[inClusterSNAT], Exprs: []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.saddrOff, Len: fam.addrLen},
+			&expr.Lookup{SourceRegister: 1, SetName: n.vips[i].Name, SetID: n.vips[i].ID},
+			&expr.Counter{},
+			&expr.Masq{},
+		}})
+	}
+	if err := n.conn.Flush(); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			err = fmt.Errorf("%w (the kernel lacks an nftables expression they use: numgen and jhash are modules nft_numgen and nft_hash, which the kernel loads on first use unless module autoloading is off; then load them at boot, /etc/modules-load.d)", err)
+		}
+		return fmt.Errorf("nftables tables %s, in-cluster chains: %w", snatTable, err)
+	}
+	n.incluster = sets
+	return nil
+}
+
+// inClusterDNATRules are the rules of the chain incluster-dnat of a table
+// of family fam: a client outside a restricted virtual server's ranges
+// goes on untouched, the others to the endpoint of their slot in m.
+func inClusterDNATRules(fam tier2Family, m, restricted, sources *nftables.Set) [][]expr.Any {
+	check := sourceCheck(restricted, sources, fam.addrLen)
+	check = append(check[:len(check)-2:len(check)-2], &expr.Verdict{Kind: expr.VerdictReturn}) // counter, drop
+	return append([][]expr.Any{check}, slotDNATRules(fam, m, nil)...)
+}
+
+// slotDNATRules are the two rules that DNAT a packet matched by match to
+// the endpoint of its slot in the slot map m (tier2Map, inClusterMap):
+// for a virtual server with client affinity the slot is a hash of the
+// client's address (read into the registers after the slot's), at
+// Tier2Slots and above, and a lookup that misses (a virtual server without
+// affinity) ends the first rule; the second draws the slot at random.
+func slotDNATRules(fam tier2Family, m *nftables.Set, match []expr.Any) [][]expr.Any {
+	// The 32-bit registers after the address: protocol, port, slot.
+	after := reg32 + fam.addrLen/4
+	dnat := func(slot ...expr.Any) []expr.Any {
+		r := append(slices.Clone(match),
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.daddrOff, Len: fam.addrLen},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: after},
+			&expr.Payload{DestRegister: after + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+		return append(append(r, slot...),
+			&expr.Lookup{SourceRegister: 1, SetName: m.Name, SetID: m.ID, DestRegister: 1, IsDestRegSet: true},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: 1, RegProtoMin: after, Specified: true})
+	}
+	return [][]expr.Any{
+		dnat(&expr.Payload{DestRegister: after + 3, Base: expr.PayloadBaseNetworkHeader, Offset: fam.saddrOff, Len: fam.addrLen},
+			&expr.Hash{SourceRegister: after + 3, DestRegister: after + 2, Length: fam.addrLen, Modulus: Tier2Slots, Offset: Tier2Slots, Seed: affinitySeed, Type: expr.HashTypeJenkins}),
+		dnat(&expr.Numgen{Register: after + 2, Modulus: Tier2Slots, Type: unix.NFT_NG_RANDOM}),
+	}
+}
+
+// readInCluster reads the in-cluster maps of both families.
+func (n *nftTables) readInCluster() (Tier2, error) { return n.readSlots(n.incluster, inClusterMap) }
+
+// applyInCluster performs the in-cluster map's changes.
+func (d *Dataplane) applyInCluster(p Tier2Plan, f *failures) {
+	if p.Len() == 0 {
+		return
+	}
+	err := errNoInCluster
+	if d.inCluster {
+		err = d.nft.updateSlots(d.nft.incluster, inClusterMap, errNoInCluster.Error(), p)
+	}
+	if err == nil {
+		return
+	}
+	keys := map[Key]bool{}
+	for _, s := range append(slices.Clone(p.Del), p.Add...) {
+		if !keys[s.Key] {
+			keys[s.Key] = true
+			f.addKey(s.Key, "in-cluster map of "+s.Key.String(), err)
+		}
+	}
+}
+
+// errNoInCluster: the in-cluster map needs the connections tracked and
+// masqueraded, which source NAT sets up.
+var errNoInCluster = errors.New("the in-cluster map is off: it needs source NAT (NoSNAT is set)")
