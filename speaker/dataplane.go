@@ -79,6 +79,13 @@ const AnnotationScheduler = ipvs.SchedulerAnnotation
 //     tunnel addresses of view.Tunnels6, or without them over the IPv4
 //     ones, weighted by the nodes' IPv6 endpoints), and keeps the rules
 //     above without it.
+//   - In-cluster endpoints (ipvs.Service.Cluster): every endpoint, under
+//     the Cluster rules above, for the virtual servers of the two-tier
+//     families and, under Local, of the one-tier ones: the node's own
+//     connections to the VIP, and with one tier its pods', go to any of
+//     them, as kube-proxy sends in-cluster clients to every endpoint
+//     whatever externalTrafficPolicy says. One-tier virtual servers under
+//     Cluster have none: IPVS reaches every endpoint already.
 //   - A virtual server without backend is kept, with no real server, as
 //     kube-proxy's IPVS mode does. IPVS then refuses new connections to
 //     VIP:port cleanly (ICMP port unreachable) instead of letting them reach
@@ -139,21 +146,8 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 		problems = append(problems, problem)
 	}
 	local := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
-	var twoTier [][2]tiers
-	var twoTierFams [2]bool // the families whose VIPs go through two tiers
-	if view.Tunnels != nil {
-		// IPv4 VIPs go through two tiers, whatever the policy; IPv6 ones
-		// with TunnelIPv6.
-		twoTierFams = [2]bool{fams[0], fams[1] && view.TunnelIPv6}
-	}
-	if twoTierFams[0] || twoTierFams[1] {
-		var p []string
-		twoTier, p = twoTierBackends(svc, endpointSlices, ports, view, twoTierFams)
-		problems = append(problems, p...)
-		fams[0] = fams[0] && !twoTierFams[0]
-		fams[1] = fams[1] && !twoTierFams[1]
-	}
-	backends := dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, view.Node.Labels[v1.LabelTopologyZone], local)
+	rs, p := serviceRealServers(svc, endpointSlices, ports, view, fams, local)
+	problems = append(problems, p...)
 
 	services = make([]ipvs.Service, 0, len(vips)*len(ports))
 	var used [2]bool // whether a family's backends were handed out already
@@ -166,7 +160,7 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 		for i, p := range ports {
 			s := ipvs.Service{VIP: vip, Port: p.port, Protocol: p.proto, Scheduler: sched, Flags: flags, Persistent: persistent,
 				Restricted: restricted, SourceRanges: admitted}
-			setRealServers(&s, backends[i][slot], twoTier, twoTierFams[slot], i, local, used[slot])
+			rs.set(&s, i, local, used[slot])
 			services = append(services, s)
 		}
 		used[slot] = true
@@ -174,23 +168,66 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 	return services, problems
 }
 
-// setRealServers gives s, the virtual server of port i, its real servers:
-// the two tiers of its family with inTwoTiers, else the backends, with
-// SNAT unless the policy is local. Once a family's backends were handed
-// out (used), s gets copies. In two tiers, client affinity is tier 2's
-// (ipvs.Service.Affinity) and tier 1's mh without port hashing, without
-// IPVS persistence.
-func setRealServers(s *ipvs.Service, backends []ipvs.Backend, twoTier [][2]tiers, inTwoTiers bool, i int, local, used bool) {
-	if inTwoTiers {
-		slot := famSlot(s.VIP)
+// realServers are a Service's real servers of every kind, per port and
+// family slot: the two tiers of the families in twoTierFams, the backends
+// of the others, and the in-cluster endpoints of the families in
+// inCluster.
+type realServers struct {
+	twoTier           [][2]tiers
+	backends, cluster [][2][]ipvs.Backend
+	twoTierFams       [2]bool
+	inCluster         [2]bool
+}
+
+// serviceRealServers returns the real servers of the Service's virtual
+// servers of the families fams, and the problems found on the way. The
+// in-cluster endpoints are the Cluster policy's backends, for the two-tier
+// families and, under Local, the one-tier ones.
+func serviceRealServers(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, view *View, fams [2]bool, local bool) (realServers, []string) {
+	var rs realServers
+	var problems []string
+	if view.Tunnels != nil {
+		// IPv4 VIPs go through two tiers, whatever the policy; IPv6 ones
+		// with TunnelIPv6.
+		rs.twoTierFams = [2]bool{fams[0], fams[1] && view.TunnelIPv6}
+	}
+	rs.inCluster = [2]bool{fams[0] && (rs.twoTierFams[0] || local), fams[1] && (rs.twoTierFams[1] || local)}
+	if rs.twoTierFams[0] || rs.twoTierFams[1] {
+		rs.twoTier, problems = twoTierBackends(svc, endpointSlices, ports, view, rs.twoTierFams)
+		fams[0] = fams[0] && !rs.twoTierFams[0]
+		fams[1] = fams[1] && !rs.twoTierFams[1]
+	}
+	zone := view.Node.Labels[v1.LabelTopologyZone]
+	rs.backends = dataplaneBackends(svc, endpointSlices, ports, fams, view.Node.Name, zone, local)
+	if rs.inCluster != [2]bool{} {
+		rs.cluster = dataplaneBackends(svc, endpointSlices, ports, rs.inCluster, view.Node.Name, zone, false)
+	}
+	return rs, problems
+}
+
+// set gives s, the virtual server of port i, its real servers: the two
+// tiers of its family when it has them, else the backends, with SNAT unless
+// the policy is local; and its family's in-cluster endpoints. Once a
+// family's were handed out (used), s gets copies. In two tiers, client
+// affinity is tier 2's (ipvs.Service.Affinity) and tier 1's mh without
+// port hashing, without IPVS persistence.
+func (rs *realServers) set(s *ipvs.Service, i int, local, used bool) {
+	slot := famSlot(s.VIP)
+	if rs.inCluster[slot] {
+		s.Cluster = rs.cluster[i][slot]
+		if used {
+			s.Cluster = slices.Clone(s.Cluster)
+		}
+	}
+	if rs.twoTierFams[slot] {
 		s.Affinity, s.Persistent = s.Persistent > 0, 0
-		s.Backends, s.Local = twoTier[i][slot].nodes, twoTier[i][slot].local
+		s.Backends, s.Local = rs.twoTier[i][slot].nodes, rs.twoTier[i][slot].local
 		if used {
 			s.Backends, s.Local = slices.Clone(s.Backends), slices.Clone(s.Local)
 		}
 		return
 	}
-	s.Backends, s.SNAT = backends, !local
+	s.Backends, s.SNAT = rs.backends[i][slot], !local
 	if used {
 		s.Backends = slices.Clone(s.Backends)
 	}

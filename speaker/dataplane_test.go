@@ -558,7 +558,80 @@ func FuzzServiceDataplane(f *testing.F) {
 		if want := naiveDataplane(svc, eps, view); !reflect.DeepEqual(asMap(got), want) {
 			t.Fatalf("got %v\nwant %v", asMap(got), want)
 		}
+		checkInCluster(t, svc, eps, view, got)
 	})
+}
+
+// checkInCluster checks the in-cluster endpoints of got, ServiceDataplane's
+// answer for svc in one tier: under Local, each virtual server's are the
+// real servers the same Service gets under Cluster policy; under Cluster,
+// none.
+func checkInCluster(t *testing.T, svc *v1.Service, eps []*discoveryv1.EndpointSlice, view *View, got []ipvs.Service) {
+	t.Helper()
+	if svc.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal {
+		for _, s := range got {
+			if s.Cluster != nil {
+				t.Fatalf("%v: Cluster policy in one tier, in-cluster endpoints %v", s.Key(), s.Cluster)
+			}
+		}
+		return
+	}
+	cl := svc.DeepCopy()
+	cl.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyCluster
+	asCluster, _ := ServiceDataplane(cl, eps, view)
+	if len(asCluster) != len(got) {
+		t.Fatalf("%d virtual servers under Local, %d under Cluster", len(got), len(asCluster))
+	}
+	for i, s := range got {
+		if !reflect.DeepEqual(s.Cluster, asCluster[i].Backends) {
+			t.Fatalf("%v: in-cluster endpoints %v, want the Cluster policy's real servers %v", s.Key(), s.Cluster, asCluster[i].Backends)
+		}
+	}
+}
+
+// TestServiceDataplaneInCluster: the in-cluster endpoints
+// (ipvs.Service.Cluster) are every endpoint under the Cluster rules
+// (terminating ones at weight 0, serving terminating ones when none is
+// ready), for one tier under Local, also on a node without an endpoint,
+// and for two tiers under either policy; none for one tier under Cluster,
+// whose IPVS real servers reach every endpoint already.
+func TestServiceDataplaneInCluster(t *testing.T) {
+	tunnels := map[string]netip.Addr{"n1": netip.MustParseAddr("10.52.0.1"), "n2": netip.MustParseAddr("10.52.0.2")}
+	both := []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.0.1", "n1"), readyEP("10.244.1.1", "n2"), termEP("10.244.1.2", "n2"))}
+	onN2 := []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, readyEP("10.244.1.1", "n2"))}
+	all := []ipvs.Backend{be("10.244.0.1", 8080, 1), be("10.244.1.1", 8080, 1), be("10.244.1.2", 8080, 0)}
+	for _, tc := range []struct {
+		name    string
+		svc     *v1.Service
+		slices  []*discoveryv1.EndpointSlice
+		twoTier bool
+		want    []ipvs.Backend
+	}{
+		{"one tier, Cluster: none", dpSvc("192.0.2.10"), both, false, nil},
+		{"one tier, Local: every endpoint", local(dpSvc("192.0.2.10")), both, false, all},
+		{"one tier, Local, no endpoint on this node", local(dpSvc("192.0.2.10")), onN2, false, []ipvs.Backend{be("10.244.1.1", 8080, 1)}},
+		{"one tier, Local, none ready: the serving terminating ones",
+			local(dpSvc("192.0.2.10")), []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, termEP("10.244.1.2", "n2"))}, false, []ipvs.Backend{be("10.244.1.2", 8080, 1)}},
+		{"two tiers, Cluster: every endpoint", dpSvc("192.0.2.10"), both, true, all},
+		{"two tiers, Local: every endpoint", local(dpSvc("192.0.2.10")), both, true, all},
+		{"no endpoint anywhere", local(dpSvc("192.0.2.10")), nil, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := testNode()
+			node.Name = "n1"
+			view := dpView(t, node)
+			if tc.twoTier {
+				view.Tunnels = tunnels
+			}
+			got, problems := ServiceDataplane(tc.svc, tc.slices, view)
+			if len(got) != 1 || len(problems) != 0 {
+				t.Fatalf("got %v, problems %q; want one virtual server, no problem", got, problems)
+			}
+			if !reflect.DeepEqual(got[0].Cluster, tc.want) {
+				t.Errorf("in-cluster endpoints %v, want %v", got[0].Cluster, tc.want)
+			}
+		})
+	}
 }
 
 type fuzzBytes struct{ data []byte }
@@ -1014,6 +1087,17 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 // checks that every virtual server validates.
 func checkDataplane(t *testing.T, got []ipvs.Service, problems []string, want []ipvs.Service, wantProblems []string) {
 	t.Helper()
+	for _, s := range got {
+		if err := s.Validate(); err != nil {
+			t.Errorf("invalid virtual server: %v", err)
+		}
+	}
+	// The in-cluster endpoints are TestServiceDataplaneInCluster's and
+	// FuzzServiceDataplane's matter.
+	got = slices.Clone(got)
+	for i := range got {
+		got[i].Cluster = nil
+	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("services:\n got %v\nwant %v", got, want)
 	}
@@ -1023,11 +1107,6 @@ func checkDataplane(t *testing.T, got []ipvs.Service, problems []string, want []
 	for i, w := range wantProblems {
 		if !strings.Contains(problems[i], w) {
 			t.Errorf("problem %d = %q, want it to contain %q", i, problems[i], w)
-		}
-	}
-	for _, s := range got {
-		if err := s.Validate(); err != nil {
-			t.Errorf("invalid virtual server: %v", err)
 		}
 	}
 }

@@ -203,3 +203,33 @@ func parseChecked(t *testing.T, args []string, wantErr string) (*flags, bool) {
 	}
 	return f, true
 }
+
+// TestParseFlagsClusterCIDR checks --cluster-cidr: empty by default,
+// prefixes of both families reach the dataplane's PodCIDRs, and a prefix
+// that does not parse or has host bits set is refused naming the flag and
+// the fix.
+func TestParseFlagsClusterCIDR(t *testing.T) {
+	base := []string{"--node-name", "n1"}
+	for _, tc := range []struct {
+		args    []string
+		want    []netip.Prefix
+		wantErr string
+	}{
+		{args: nil, want: nil},
+		{args: []string{"--cluster-cidr", "10.244.0.0/16, fd00:10:244::/56"}, want: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}},
+		{args: []string{"--cluster-cidr", "10.244.0.0"}, wantErr: `flag -cluster-cidr: "10.244.0.0" is not a prefix: write it as address/length`},
+		{args: []string{"--cluster-cidr", "10.244.1.0/16"}, wantErr: `flag -cluster-cidr: "10.244.1.0/16" has host bits set: write 10.244.0.0/16`},
+	} {
+		f, ok := parseChecked(t, append(slices.Clone(base), tc.args...), tc.wantErr)
+		if !ok {
+			continue
+		}
+		opts, err := dataplaneOptions(f, netip.MustParseAddr("192.0.2.1"), netip.Addr{})
+		if err != nil {
+			t.Fatalf("%q: dataplaneOptions: %v", tc.args, err)
+		}
+		if !slices.Equal(opts.PodCIDRs, tc.want) {
+			t.Errorf("%q: PodCIDRs %v, want %v", tc.args, opts.PodCIDRs, tc.want)
+		}
+	}
+}

@@ -59,6 +59,7 @@ type flags struct {
 	routerID         string
 	metricsAddr      string
 	metricsSources   []netip.Prefix
+	clusterCIDRs     []netip.Prefix
 	convergenceDelay time.Duration
 	resync           time.Duration
 	qps              float64
@@ -92,6 +93,10 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the Node this speaker runs on (default $NODE_NAME).")
 	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID (an IPv4 address); default: the Node's first IPv4 InternalIP, else derived from the node name.")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", defaultMetricsAddr, "host:port serving /metrics, /healthz and /readyz (plain HTTP); \"0\" turns it off. The host must be a specific address, such as the node's ($(NODE_IP) from status.hostIP): every address (\":7473\", \"0.0.0.0\", \"[::]\") would include the VIPs.")
+	fs.Func("cluster-cidr", "Comma-separated prefixes of the pods' addresses, both families (kube-proxy's --cluster-cidr, such as 10.244.0.0/16,fd00:10:244::/56): a pod's connection to a one-tier VIP under externalTrafficPolicy Local goes to any of the Service's endpoints, as kube-proxy sends in-cluster clients, even from a node without one. Empty: the pods' connections go through IPVS like the fabric's, and on a node without a local endpoint they are refused. The node's own connections go to any endpoint either way.", func(v string) (err error) {
+		f.clusterCIDRs, err = parseSources(v)
+		return err
+	})
 	fs.Func("metrics-allowed-sources", "Comma-separated prefixes (such as the pod CIDR Prometheus scrapes from) that may reach --metrics-bind-address besides the node's own addresses; with IPVS, the host guard drops (and counts) the rest. 0.0.0.0/0 (::/0) lets every source of the family in. Empty: the node itself only (the kubelet's probes).", func(v string) (err error) {
 		f.metricsSources, err = parseSources(v)
 		return err
@@ -207,7 +212,8 @@ func parseSecretNames(v string) ([]types.NamespacedName, error) {
 	return out, nil
 }
 
-// parseSources parses --metrics-allowed-sources.
+// parseSources parses a comma-separated list of prefixes
+// (--metrics-allowed-sources, --cluster-cidr).
 func parseSources(v string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, f := range strings.Split(v, ",") {
@@ -514,7 +520,7 @@ func (f *flags) checkTunnel() error {
 // (a node without one keeps IPv6 VIPs on one tier).
 func dataplaneOptions(f *flags, nodeIP, nodeIP6 netip.Addr) (ipvs.Options, error) {
 	// Without connection sync the daemons of an earlier run with it stop.
-	opts := ipvs.Options{LinkName: f.ipvsLink, ConnSync: &ipvs.ConnSync{Off: true, ID: uint8(f.connSyncID)}, HostGuard: f.hostGuard()} //nolint:gosec // checked: 0..255
+	opts := ipvs.Options{LinkName: f.ipvsLink, ConnSync: &ipvs.ConnSync{Off: true, ID: uint8(f.connSyncID)}, HostGuard: f.hostGuard(), PodCIDRs: f.clusterCIDRs} //nolint:gosec // checked: 0..255
 	if !f.tunnelPrefix.IsValid() {
 		return opts, nil
 	}

@@ -723,6 +723,14 @@ func TestRenderSpeakerVariants(t *testing.T) {
 			t.Errorf("one replica without a PDB: %v", err)
 		}
 	})
+	t.Run("ipvs.clusterCIDRs passed on as --cluster-cidr; none by default", func(t *testing.T) {
+		r := render(t, "speaker: {ipvs: {enabled: true, clusterCIDRs: [10.244.0.0/16, \"fd00:10:244::/56\"]}}")
+		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
+		wantArg(t, "speaker", c.Args, "--cluster-cidr", "10.244.0.0/16,fd00:10:244::/56")
+		if v, ok := arg(checkSpeaker(t, render(t, ""), "3s", 3).Spec.Template.Spec.Containers[0].Args, "--cluster-cidr"); ok {
+			t.Errorf("defaults pass --cluster-cidr=%s, want none", v)
+		}
+	})
 	t.Run("metrics: allowed sources passed on; a ServiceMonitor needs them", func(t *testing.T) {
 		r := render(t, "speaker: {metrics: {enabled: true, port: 7473, allowedSources: [10.244.0.0/16, \"fd00::/56\"]}}")
 		c := checkSpeaker(t, r, "3s", 3).Spec.Template.Spec.Containers[0]
