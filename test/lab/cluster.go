@@ -605,7 +605,9 @@ type SpeakerValues struct {
 // Ready and the rollout passed its bound (CI, twice). Leader election stays
 // on; the handover between two CCMs is test/e2e's TestLeaderChange.
 func (l *Lab) HelmValuesFile(v SpeakerValues) (string, error) {
-	ipvs := fmt.Sprintf("{tunnelPrefix: %q", v.TunnelPrefix)
+	// The pods' range, as kube-proxy's clusterCIDR: with one tier, a pod
+	// on a node without an endpoint of a Local Service reaches its VIP.
+	ipvs := fmt.Sprintf("{tunnelPrefix: %q, clusterCIDRs: [%s]", v.TunnelPrefix, clusterCIDR)
 	if v.ConnSyncInterface != "" || v.ConnSyncTransport != "" {
 		sync := map[string]string{"interface": "auto", "transport": "multicast"}
 		if v.ConnSyncInterface != "" {

@@ -111,6 +111,11 @@ func fabric(t *testing.T, l *lab.Lab) {
 	waitIPVS(t, node2, vip, nil) // kept without real servers: stray packets are refused, not forwarded
 	reach(t, l, addr, []lab.Pod{pods1[1]}, nil)
 	whyLocal(t, l, vip)
+	// In-cluster clients with one tier: under Local, with every endpoint
+	// on the other node, a pod on a node without one (its address in the
+	// chart's speaker.ipvs.clusterCIDRs) reaches the VIP by the in-cluster
+	// map, as with two tiers (contract) it does through tier 1.
+	t.Run("LocalInCluster", func(t *testing.T) { localInCluster(t, l, vip) })
 
 	// Back to Cluster with two endpoints per node.
 	patchService(t, l, lab.HeldService, `{"spec":{"externalTrafficPolicy":"Cluster"}}`)

@@ -128,12 +128,13 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 				t.Fatalf("%s: IPVS sync daemons %q (%v), want %q", n.Name, st.SyncDaemons, err, want)
 			}
 			// The node's own nft reads vipcast's sets, maps and the
-			// chain that uses the tier-2 map, as troubleshooting.md has
-			// operators do.
-			out, err := n.Exec(ctx, "sh", "-c", "nft list maps ip && nft list sets ip >/dev/null && nft list chain ip vipcast tunnel-dnat >/dev/null; echo nft exit $?")
-			if err != nil || !strings.Contains(out, "map tier2 {") || !strings.HasSuffix(strings.TrimSpace(out), "nft exit 0") {
+			// chains that use the tier-2 and in-cluster maps, as
+			// troubleshooting.md has operators do.
+			out, err := n.Exec(ctx, "sh", "-c", "st=0; nft list maps ip && nft list sets ip >/dev/null || st=$?; "+
+				"for c in tunnel-dnat incluster-dnat incluster-host incluster-pods incluster-snat; do nft list chain ip vipcast $c >/dev/null || st=$?; done; echo nft exit $st")
+			if err != nil || !strings.Contains(out, "map tier2 {") || !strings.Contains(out, "map incluster {") || !strings.HasSuffix(strings.TrimSpace(out), "nft exit 0") {
 				lines := strings.Split(strings.TrimSpace(out), "\n")
-				t.Fatalf("%s: nft list maps, sets and chain tunnel-dnat (%v), want map tier2 and no failure; it ends:\n%s", n.Name, err, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+				t.Fatalf("%s: nft list maps, sets and chains tunnel-dnat and incluster-* (%v), want maps tier2 and incluster and no failure; it ends:\n%s", n.Name, err, strings.Join(lines[max(0, len(lines)-15):], "\n"))
 			}
 		}
 	} else {
