@@ -87,7 +87,7 @@ func TestCluster(t *testing.T) {
 			return
 		}
 	}
-	ok := t.Run("sourceranges", func(t *testing.T) { sourceRanges(t, l, vip, true) })
+	ok := t.Run("sourceranges", func(t *testing.T) { sourceRanges(t, l, vip) })
 	logSessions(t, l, "sourceranges")
 	if !ok {
 		return
@@ -107,7 +107,7 @@ func TestCluster(t *testing.T) {
 		}},
 		{"contract", func(t *testing.T) { serviceContract(t, l) }},
 		{"sourceranges-twotier", func(t *testing.T) {
-			sourceRanges(t, l, vip, false)
+			sourceRanges(t, l, vip)
 			// The lifecycle's drain would refuse a pod that no
 			// controller owns.
 			deleteClientPod(t, l)
