@@ -52,7 +52,9 @@ type Options struct {
 	// connections to a virtual server of one tier with Cluster endpoints
 	// go to one of them (incluster.go). None: they go through IPVS, as
 	// connections from outside the node do. The node's own connections
-	// use the Cluster endpoints either way.
+	// use the Cluster endpoints either way. The in-cluster map needs
+	// source NAT; without it (NoSNAT, or InClusterProblem) Service.Cluster
+	// is ignored.
 	PodCIDRs []netip.Prefix
 }
 
@@ -90,8 +92,9 @@ type Dataplane struct {
 	tier2 Tier2
 	// inCluster is on with source NAT: the in-cluster map (incluster.go),
 	// as last read plus what was applied since, is cluster.
-	inCluster bool
-	cluster   Tier2
+	inCluster    bool
+	cluster      Tier2
+	inClusterErr error // why the map is off with source NAT on
 	// serving are the UDP and SCTP virtual servers' Local endpoints as
 	// last planned, for their stale flows (staleflows.go).
 	serving servingSets
@@ -241,9 +244,21 @@ func (d *Dataplane) setupNFT(opts Options) error {
 		pods[1] = nil
 	}
 	if err := d.nft.setupInCluster(pods); err != nil {
-		return fmt.Errorf("in-cluster clients: %w", err)
+		// Serving without the map beats not serving: the in-cluster
+		// clients then go through IPVS, as they did before it.
+		d.inCluster, d.inClusterErr = false, fmt.Errorf("in-cluster clients (the nodes' own connections, and the pods' under Local with one tier) go through IPVS and may be refused: %w", err)
 	}
 	return nil
+}
+
+// InClusterProblem is why the in-cluster map is off although source NAT
+// is on (nil: it is on, or NoSNAT turned it off): its chains could not be
+// made, such as on a kernel without nft_numgen or nft_hash. The Dataplane
+// serves either way, ignoring Service.Cluster.
+func (d *Dataplane) InClusterProblem() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.inClusterErr
 }
 
 // chooseIPv6 decides how IPv6 VIPs go with opts: ip6ip6 to IPv6 tunnel
@@ -868,8 +883,6 @@ func (d *Dataplane) check(svc Service) error {
 	switch {
 	case svc.SNAT && !d.snat:
 		return fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", svc.Key())
-	case len(svc.Cluster) > 0 && !d.inCluster:
-		return fmt.Errorf("virtual server %s: in-cluster endpoints wanted, but %w", svc.Key(), errNoInCluster)
 	case svc.Restricted && !d.guard:
 		return fmt.Errorf("virtual server %s: source ranges wanted, but the dataplane runs with NoFilter, which enforces them", svc.Key())
 	case svc.SNAT && d.tunnel && (svc.VIP.Unmap().Is4() || d.tunnel6):

@@ -91,11 +91,10 @@ func TestECMPMove(t *testing.T) {
 }
 
 // twoTierVMOptions adds to o the modules the two-tier dataplane needs on
-// top of the defaults: IPIP, 6in4 (sit), and nftables' numgen where it is
-// a module.
+// top of the defaults: IPIP, 6in4 (sit) and ip6ip6 (vm.OptionalModules has
+// nftables' numgen and jhash).
 func twoTierVMOptions(o vm.Options) vm.Options {
 	o.Modules = append(slices.Clone(vm.DefaultModules), "ipip", "sit", "ip6_tunnel")
-	o.OptionalModules = append(slices.Clone(vm.OptionalModules), "nft_numgen", "nft_hash")
 	return o
 }
 

@@ -205,15 +205,13 @@ func slotDNATRules(fam tier2Family, m *nftables.Set, match []expr.Any) [][]expr.
 // readInCluster reads the in-cluster maps of both families.
 func (n *nftTables) readInCluster() (Tier2, error) { return n.readSlots(n.incluster, inClusterMap) }
 
-// applyInCluster performs the in-cluster map's changes.
+// applyInCluster performs the in-cluster map's changes (planned only
+// while the map is on).
 func (d *Dataplane) applyInCluster(p Tier2Plan, f *failures) {
 	if p.Len() == 0 {
 		return
 	}
-	err := errNoInCluster
-	if d.inCluster {
-		err = d.nft.updateSlots(d.nft.incluster, inClusterMap, errNoInCluster.Error(), p)
-	}
+	err := d.nft.updateSlots(d.nft.incluster, inClusterMap, "the in-cluster map is off", p)
 	if err == nil {
 		return
 	}
@@ -225,7 +223,3 @@ func (d *Dataplane) applyInCluster(p Tier2Plan, f *failures) {
 		}
 	}
 }
-
-// errNoInCluster: the in-cluster map needs the connections tracked and
-// masqueraded, which source NAT sets up.
-var errNoInCluster = errors.New("the in-cluster map is off: it needs source NAT (NoSNAT is set)")

@@ -34,8 +34,7 @@ func TestKernelPrepareNode(t *testing.T) {
 				boot = append(boot, m)
 			}
 		}
-		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute, Modules: boot, OnDemandModules: []string{"ip_vs", "ipip", "sit", "ip6_tunnel"},
-			OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen", "nft_hash")})
+		vm.RunTest(t, vm.Options{Timeout: 3 * time.Minute, Modules: boot, OnDemandModules: []string{"ip_vs", "ipip", "sit", "ip6_tunnel"}})
 		return
 	}
 	if _, err := os.Stat("/sys/module/ip_vs"); !errors.Is(err, fs.ErrNotExist) {
@@ -184,5 +183,41 @@ func readOnlyProcSys(t *testing.T) {
 	}
 	if err := os.WriteFile(ipvsConntrack, []byte("1"), 0o644); !errors.Is(err, unix.EROFS) {
 		t.Fatalf("write to the read-only /proc/sys: %v, want EROFS", err)
+	}
+}
+
+// TestKernelInClusterOff boots a VM without nft_numgen and nft_hash (the
+// guest cannot load them on demand), where the in-cluster map's chains
+// cannot be made: New serves without the map, saying so
+// (InClusterProblem), and a virtual server with in-cluster endpoints is
+// programmed, without them.
+func TestKernelInClusterOff(t *testing.T) {
+	if !vm.InVM() {
+		optional := slices.DeleteFunc(slices.Clone(vm.OptionalModules), func(m string) bool { return m == "nft_numgen" || m == "nft_hash" })
+		vm.RunTest(t, vm.Options{Timeout: 2 * time.Minute, OptionalModules: optional})
+		return
+	}
+	d, err := New(Options{LinkName: "vipcast-p"})
+	if err != nil {
+		t.Fatalf("New on a kernel without nft_numgen: %v, want a Dataplane that serves without the in-cluster map", err)
+	}
+	defer d.Close()
+	if p := d.InClusterProblem(); p == nil || !strings.Contains(p.Error(), "nft_numgen") {
+		t.Errorf("InClusterProblem() = %v, want one naming nft_numgen", p)
+	}
+	ep := Backend{Addr: ip("10.61.1.2"), Port: 8080, Weight: 1}
+	svc := Service{VIP: ip("192.0.2.90"), Port: 80, Protocol: TCP, Backends: []Backend{ep}, Cluster: []Backend{ep}}
+	if _, err := d.Sync(state(svc)); err != nil {
+		t.Fatalf("Sync of a virtual server with in-cluster endpoints: %v, want it programmed without them", err)
+	}
+	st, err := d.Read()
+	if got, ok := st.Services[svc.Key()]; err != nil || !ok || len(got.Backends) != 1 {
+		t.Errorf("virtual server after Sync: %+v (%v), want it with its real server", got, err)
+	}
+	if m, err := d.ReadInCluster(); err != nil || len(m) != 0 {
+		t.Errorf("ReadInCluster: %v (%v), want nothing", m, err)
+	}
+	if _, err := d.Sync(NewState()); err != nil {
+		t.Errorf("Sync to nothing: %v", err)
 	}
 }

@@ -155,7 +155,8 @@ type Service struct {
 	// by DNAT instead of through IPVS (incluster.go): the node's own, and
 	// with Options.PodCIDRs its pods' to a virtual server of one tier.
 	// They are not IPVS real servers: Read does not report them
-	// (ReadInCluster does, as the slots).
+	// (ReadInCluster does, as the slots). A Dataplane without the map
+	// ignores them (Options.PodCIDRs).
 	Cluster []Backend
 	// Restricted admits only the clients whose address is in SourceRanges
 	// (spec.loadBalancerSourceRanges; see sources.go); a restricted

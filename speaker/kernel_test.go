@@ -114,6 +114,9 @@ func planKeys(p ipvs.Plan) (keys map[ipvs.Key]bool, vips []netip.Addr) {
 	for _, c := range slices.Concat(p.AddBackends, p.UpdateBackends, p.DelBackends) {
 		keys[c.Key] = true
 	}
+	for _, s := range slices.Concat(p.Tier2.Add, p.Tier2.Del, p.InCluster.Add, p.InCluster.Del) {
+		keys[s.Key] = true
+	}
 	return keys, slices.Concat(p.AddVIPs, p.DelVIPs)
 }
 
@@ -373,19 +376,24 @@ func TestControllerKernel(t *testing.T) {
 	if !matches(st) {
 		t.Fatalf("a) kernel after start-up:%s", describe(st))
 	}
-	nSNAT, nRS := 0, 0
+	nSNAT, nRS, nSlots := 0, 0, 0
 	for _, s := range want {
 		if s.SNAT {
 			nSNAT++
 		}
 		nRS += len(s.Backends)
+		if !s.SNAT {
+			// Local with one tier: in-cluster slots over the endpoints
+			// everywhere (each such Service here has a ready one).
+			nSlots += ipvs.Tier2Slots
+		}
 	}
 	calls, n := rec.since(0)
 	// Each VIP is bound and filtered; each virtual server is added and let
-	// through the filter.
-	if len(calls) == 0 || !calls[0].full || calls[0].plan.Len() != 2*len(wantVIPs)+nSNAT+2*len(want)+nRS {
-		t.Fatalf("a) the first dataplane call is %v, want the start-up Sync: %d VIPs, %d SNAT, %d virtual servers, %d real servers, and their filter elements",
-			calls, len(wantVIPs), nSNAT, len(want), nRS)
+	// through the filter; each with in-cluster endpoints fills its slots.
+	if len(calls) == 0 || !calls[0].full || calls[0].plan.Len() != 2*len(wantVIPs)+nSNAT+2*len(want)+nRS+nSlots {
+		t.Fatalf("a) the first dataplane call is %v, want the start-up Sync: %d VIPs, %d SNAT, %d virtual servers, %d real servers, their filter elements and %d in-cluster slots",
+			calls, len(wantVIPs), nSNAT, len(want), nRS, nSlots)
 	}
 	t.Logf("a) start-up: %v", calls[0])
 	for _, call := range calls[1:] {

@@ -572,6 +572,9 @@ func openDataplane(ctx context.Context, logger klog.Logger, f *flags, nodeIP, no
 	if p := dp.StaleFlowsProblem(); p != nil {
 		logger.Error(p, "IPVS keeps a deleted real server's flows")
 	}
+	if p := dp.InClusterProblem(); p != nil {
+		logger.Error(p, "Serving without the in-cluster map")
+	}
 	if p := dp.ConnSyncProblem(); p != nil {
 		logger.Error(p, "The IPVS sync daemons did not start; serving without connection sync (a Warning Event on the Node says so too)")
 	}

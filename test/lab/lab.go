@@ -345,11 +345,8 @@ func (l *Lab) vmBase(n *Node, i int, tap string) vm.Options {
 	var mu sync.Mutex
 	return vm.Options{
 		Modules: append(slices.Clone(vm.DefaultModules), "virtio_pci", "virtio_net", "bridge", "ipip"),
-		// The two-tier dataplane's numgen; the guest has no modprobe for
-		// the kernel to load it on first use, as a node's kernel does.
-		OptionalModules: append(slices.Clone(vm.OptionalModules), "nft_numgen", "nft_hash"),
-		Timeout:         1000 * time.Hour, // until the lab is torn down
-		Netns:           l.TorNS.Name,
+		Timeout: 1000 * time.Hour, // until the lab is torn down
+		Netns:   l.TorNS.Name,
 		QEMUArgs: []string{
 			"-netdev", "tap,id=rack,ifname=" + tap + ",script=no,downscript=no",
 			"-device", fmt.Sprintf("virtio-net-pci,netdev=rack,mac=52:54:00:00:00:%02x", 0x11+i),

@@ -77,6 +77,8 @@ var OptionalModules = []string{
 	"nf_nat", "nf_tables", "nft_ct", "nft_nat", "nft_chain_nat", "nft_masq", "nf_conntrack_netlink",
 	// The host guard's metrics rules (fib saddr type local).
 	"nft_fib", "nft_fib_ipv4", "nft_fib_ipv6",
+	// The in-cluster map's and tier 2's slots (numgen random, jhash).
+	"nft_numgen", "nft_hash",
 }
 
 // InVM reports whether this process is the test binary inside the VM.
