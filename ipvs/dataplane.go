@@ -795,7 +795,7 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	}
 	if d.ct != nil {
 		in := desiredIn(desired)
-		p.StaleFlows = mergeStale(mergeStale(staleFlows(p.Tier2, in), staleFlows(p.InCluster, in)), d.serving.updateAll(desired))
+		p.StaleFlows = mergeStale(staleFlows(p.Tier2, in), staleFlows(p.InCluster, in), d.serving.updateAll(desired))
 	}
 	wasStale := d.stale
 	d.cache, d.filter, d.tier2, d.cluster, d.stale = actual, kern.filter, kern.tier2, kern.cluster, false
@@ -975,7 +975,7 @@ func (d *Dataplane) diffService(key Key, desired *Service) Plan {
 	}
 	if d.ct != nil {
 		one := desiredOne(key, desired)
-		p.StaleFlows = mergeStale(mergeStale(staleFlows(p.Tier2, one), staleFlows(p.InCluster, one)), d.serving.update(key, desired))
+		p.StaleFlows = mergeStale(staleFlows(p.Tier2, one), staleFlows(p.InCluster, one), d.serving.update(key, desired))
 	}
 	return p
 }

@@ -96,12 +96,8 @@ func checkPodCIDRs(pods []netip.Prefix) error {
 func podCIDRsByFamily(pods []netip.Prefix) [2][]netip.Prefix {
 	var out [2][]netip.Prefix
 	for _, p := range pods {
-		p = p.Masked()
-		i := 0
-		if p.Addr().Is6() {
-			i = 1
-		}
-		out[i] = append(out[i], p)
+		i := famIndex(p.Addr())
+		out[i] = append(out[i], p.Masked())
 	}
 	for i := range out {
 		slices.SortFunc(out[i], comparePrefix)
@@ -113,7 +109,8 @@ func podCIDRsByFamily(pods []netip.Prefix) [2][]netip.Prefix {
 // setupInCluster ensures the in-cluster map of both families (kept with
 // its elements when it has the expected types) and writes the chains'
 // rules afresh, in one transaction; pods are the pod ranges of each family
-// whose pods' connections the map takes (none: no incluster-pods chain).
+// whose pods' connections the map takes (none: chain incluster-pods stays
+// empty).
 func (n *nftTables) setupInCluster(pods [2][]netip.Prefix) error {
 	var sets [2]*nftables.Set
 	for i, fam := range tier2Families {
@@ -159,10 +156,7 @@ func (n *nftTables) setupInCluster(pods [2][]netip.Prefix) error {
 		}})
 	}
 	if err := n.conn.Flush(); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			err = fmt.Errorf("%w (the kernel lacks an nftables expression they use: numgen and jhash are modules nft_numgen and nft_hash, which the kernel loads on first use unless module autoloading is off; then load them at boot, /etc/modules-load.d)", err)
-		}
-		return fmt.Errorf("nftables tables %s, in-cluster chains: %w", snatTable, err)
+		return fmt.Errorf("nftables tables %s, in-cluster chains: %w", snatTable, slotExprHint(err))
 	}
 	n.incluster = sets
 	return nil

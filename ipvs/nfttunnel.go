@@ -102,10 +102,7 @@ func (n *nftTables) setupTunnel(mss [2]uint16, links [2]string, self [2]netip.Ad
 		}
 	}
 	if err := n.conn.Flush(); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			err = fmt.Errorf("%w (the kernel lacks an nftables expression they use: numgen and jhash are modules nft_numgen and nft_hash, which the kernel loads on first use unless module autoloading is off; then load them at boot, /etc/modules-load.d)", err)
-		}
-		return fmt.Errorf("nftables tables %s, two-tier chains: %w", snatTable, err)
+		return fmt.Errorf("nftables tables %s, two-tier chains: %w", snatTable, slotExprHint(err))
 	}
 	n.tier2, n.guardSet, n.guardHave = sets, guards, guarded
 	return nil
@@ -128,6 +125,15 @@ func (n *nftTables) ensureSlotMap(t *nftables.Table, fam tier2Family, name strin
 		return nil, fmt.Errorf("map %s %s: %w", familyName(t.Family), name, err)
 	}
 	return set, nil
+}
+
+// slotExprHint adds to err, when the kernel refused an expression of the
+// slot maps' rules (ENOENT), which modules those are.
+func slotExprHint(err error) error {
+	if errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("%w (the kernel lacks an nftables expression they use: numgen and jhash are modules nft_numgen and nft_hash, which the kernel loads on first use unless module autoloading is off; then load them at boot, /etc/modules-load.d)", err)
+	}
+	return err
 }
 
 // sameType reports whether the type of a set read from the kernel, have,

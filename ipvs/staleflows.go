@@ -116,12 +116,9 @@ func (s servingSets) updateAll(desired State) []StaleFlow {
 	return out
 }
 
-// mergeStale returns a and b together, sorted, without repeats.
-func mergeStale(a, b []StaleFlow) []StaleFlow {
-	if len(b) == 0 {
-		return a
-	}
-	out := append(slices.Clone(a), b...)
+// mergeStale returns the lists together, sorted, without repeats.
+func mergeStale(lists ...[]StaleFlow) []StaleFlow {
+	out := slices.Concat(lists...)
 	slices.SortFunc(out, func(x, y StaleFlow) int {
 		if c := x.Key.compare(y.Key); c != 0 {
 			return c
