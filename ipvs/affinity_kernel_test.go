@@ -30,8 +30,13 @@ import (
 // control is the design this replaced, IPVS persistence on tier 1: each
 // node keeps the node its own table named, and the client's connections
 // split between two pods for the persistence's whole timeout.
-func testMoveClientIP(t *testing.T) {
-	f := newMoveFabric(t)
+//
+// For an IPv4 VIP and an IPv6 one (tier 1 in 6in4; tier 2's hash of a
+// 16-byte address).
+func testMoveClientIP(t *testing.T) { eachFamily(t, moveClientIP) }
+
+func moveClientIP(t *testing.T, v6 bool) {
+	f := newMoveFabricFamily(t, v6)
 	affine := func(st State, persistent uint32) State {
 		for k, s := range st.Services {
 			s.Scheduler, s.Flags, s.Persistent, s.Affinity = DefaultScheduler, FlagMHFallback, persistent, true

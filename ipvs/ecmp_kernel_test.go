@@ -70,7 +70,8 @@ import (
 // LocalInCluster: with one tier under Local, a pod and the node itself on
 // a node without an endpoint reach the VIP (testMoveLocalInCluster).
 // HostInCluster: with two tiers, the node's own connections reach another
-// node's pod (testMoveHostInCluster).
+// node's pod (testMoveHostInCluster). ClientIP, StaleUDP, Hairpin and the
+// in-cluster cases run for an IPv6 VIP as well.
 func TestECMPMove(t *testing.T) {
 	if !vm.InVM() {
 		vm.RunTest(t, twoTierVMOptions(vm.Options{Timeout: 10 * time.Minute}))
@@ -118,7 +119,8 @@ var (
 // other's pods over 10.53.0.0/24.
 //
 // With v6 the client is fd00:50::2 and the VIP moveVIP6; every link and
-// pod also has an IPv6 address (fd00:51:n::/64, fd00:6(n+1):k::/64), and
+// pod also has an IPv6 address (fd00:51:n::/64, fd00:6(n+1):k::/64, the
+// pod network between the nodes fd00:53::/64), and
 // the tunnel addresses stay IPv4 (6in4), unless ip6ip6: then node n also
 // has the IPv6 tunnel address fd00:52::(n+1) (newMoveFabric6in6).
 type moveFabric struct {
@@ -261,12 +263,43 @@ func newMoveFabricFamily(t testing.TB, v6 bool) *moveFabric {
 	// The pod network between the nodes (one-tier sends to the other
 	// node's pods over it).
 	vethBetween(t, f.nodes[0], f.nodes[1], "peer", "peer", "10.53.0.1/24", "10.53.0.2/24")
+	if v6 {
+		for n := range f.nodes {
+			addAddr(t, f.hNode[n], "peer", fmt.Sprintf("fd00:53::%d/64", n+1))
+		}
+	}
 	for n := range f.nodes {
 		for _, p := range f.pods[1-n] {
 			route(t, f.hNode[n], p.v4(), fmt.Sprintf("10.53.0.%d", 2-n))
+			if v6 {
+				route(t, f.hNode[n], p.v6(), fmt.Sprintf("fd00:53::%d", 2-n))
+			}
+		}
+	}
+	if v6 {
+		for n := range f.nodes {
+			for _, p := range f.pods[1-n] {
+				waitReachable(t, f.nodes[n], p.v6())
+			}
 		}
 	}
 	return f
+}
+
+// eachFamily runs test as subtests IPv4 and IPv6 (an IPv4 and an IPv6 VIP
+// in newMoveFabricFamily's fabric).
+func eachFamily(t *testing.T, test func(t *testing.T, v6 bool)) {
+	t.Helper()
+	for _, v6 := range []bool{false, true} {
+		t.Run(familyName6(v6), func(t *testing.T) { test(t, v6) })
+	}
+}
+
+func familyName6(v6 bool) string {
+	if v6 {
+		return "IPv6"
+	}
+	return "IPv4"
 }
 
 // steer points the client's route to the VIP at node n, from the client's

@@ -23,11 +23,14 @@ const hairpinFlows = 20
 // them, while another pod sees pa1's own address on its flows (the rule
 // touches the hairpin case only). One tier under Local policy (no source
 // NAT; node A's pods), and
-// two tiers. Before the hairpin rule, the flows back to pa1 failed.
-func testMoveHairpin(t *testing.T) {
+// two tiers, each for an IPv4 VIP and an IPv6 one. Before the hairpin
+// rule, the flows back to pa1 failed.
+func testMoveHairpin(t *testing.T) { eachFamily(t, moveHairpin) }
+
+func moveHairpin(t *testing.T, v6 bool) {
 	for _, twoTier := range []bool{false, true} {
 		t.Run(map[bool]string{false: "OneTierLocal", true: "TwoTier"}[twoTier], func(t *testing.T) {
-			f := newMoveFabric(t)
+			f := newMoveFabricFamily(t, v6)
 			if twoTier {
 				// Node B without pods: tier 1 sends every flow to node A,
 				// whose tier 2 balances it over pa1 and pa2. (A pod's
@@ -40,7 +43,7 @@ func testMoveHairpin(t *testing.T) {
 			} else {
 				var local []Backend
 				for _, p := range f.pods[0] {
-					local = append(local, Backend{Addr: p.v4(), Port: backendPort, Weight: 1})
+					local = append(local, Backend{Addr: f.podAddr(p), Port: backendPort, Weight: 1})
 				}
 				tcp := Service{VIP: f.vip, Port: movePort, Protocol: TCP, Backends: local}
 				udp := tcp
@@ -56,12 +59,13 @@ func testMoveHairpin(t *testing.T) {
 				}
 			}
 			self := f.pods[0][0] // pa1
+			own := f.podAddr(self).String()
 			to := netip.AddrPortFrom(f.vip, movePort).String()
 			back := 0
 			for i := range 2 * hairpinFlows {
-				network := "tcp4"
+				network := f.network("tcp")
 				if i >= hairpinFlows {
-					network = "udp4"
+					network = f.network("udp")
 				}
 				var c net.Conn
 				must(t, inNS(t, self.ns, func() (err error) {
@@ -70,7 +74,7 @@ func testMoveHairpin(t *testing.T) {
 				}))
 				var line string
 				var err error
-				if network == "tcp4" {
+				if network == f.network("tcp") {
 					_ = c.SetDeadline(time.Now().Add(2 * time.Second))
 					line, err = bufio.NewReader(c).ReadString('\n')
 				} else {
@@ -95,10 +99,10 @@ func testMoveHairpin(t *testing.T) {
 				switch {
 				case pod == self.name:
 					back++
-					if src == self.v4().String() {
+					if src == own {
 						t.Errorf("%s flow %d came back to %s from its own address %s: not masqueraded", network, i, pod, src)
 					}
-				case src != self.v4().String():
+				case src != own:
 					// The rule masquerades a pod's flow to itself only.
 					t.Errorf("%s flow %d from %s reached %s from %s, want %s's own address", network, i, self.name, pod, src, self.name)
 				}

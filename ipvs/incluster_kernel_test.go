@@ -34,12 +34,26 @@ const inClusterFlows = 30
 // its own, not a VIP) is dropped, and so is one from the VIP to node A
 // itself, while one from the VIP to the pod, and (the control) one from a
 // foreign address, reach it.
+//
+// The connections are tried for an IPv6 VIP as well (IPv6 has no martian
+// source check to keep).
 func testMoveInCluster(t *testing.T) {
-	f := newMoveFabric(t)
-	for n := range f.nodes {
-		twoTierNode(t, f, n)
-	}
+	eachFamily(t, func(t *testing.T, v6 bool) {
+		f := newMoveFabricFamily(t, v6)
+		for n := range f.nodes {
+			twoTierNode(t, f, n)
+		}
+		inClusterConns(t, f)
+		if !v6 {
+			inClusterMartians(t, f)
+		}
+	})
+}
+
+// inClusterConns opens testMoveInCluster's connections from pa1.
+func inClusterConns(t *testing.T, f *moveFabric) {
 	self := f.pods[0][0] // pa1
+	own := f.podAddr(self).String()
 	onB := map[string]bool{}
 	for _, p := range f.pods[1] {
 		onB[p.name] = true
@@ -49,7 +63,7 @@ func testMoveInCluster(t *testing.T) {
 	for i := range inClusterFlows {
 		var c net.Conn
 		err := inNS(t, self.ns, func() (err error) {
-			c, err = net.DialTimeout("tcp4", to, 2*time.Second)
+			c, err = net.DialTimeout(f.network("tcp"), to, 2*time.Second)
 			return err
 		})
 		var line string
@@ -67,7 +81,7 @@ func testMoveInCluster(t *testing.T) {
 		if onB[pod] {
 			fromB++
 		}
-		if pod != self.name && src != self.v4().String() {
+		if pod != self.name && src != own {
 			t.Errorf("connection %d from %s reached %s from %s, want the pod's own address", i, self.name, pod, src)
 		}
 	}
@@ -78,9 +92,13 @@ func testMoveInCluster(t *testing.T) {
 		t.Errorf("%d of %d connections from %s (node A) to the VIP got no answer; %d answered by node B's pod", failed, inClusterFlows, self.name, fromB)
 	}
 	t.Logf("%d of %d connections from %s answered by node B's pod", fromB, inClusterFlows, self.name)
+}
 
-	// Martian sources from the fabric (the ToR's namespace, routing the
-	// pod and node A's addresses through node A).
+// inClusterMartians sends testMoveInCluster's martian sources from the
+// fabric (the ToR's namespace, routing the pod and node A's addresses
+// through node A).
+func inClusterMartians(t *testing.T, f *moveFabric) {
+	self := f.pods[0][0] // pa1
 	route(t, f.hClient, self.v4(), f.fabricAddr(0).String())
 	pod := podUDP(t, self, 9997)
 	nodeA := nsUDP(t, f.nodes[0], netip.AddrPortFrom(f.fabricAddr(0), 9996))
@@ -127,7 +145,7 @@ func askVIP(t *testing.T, ns netns.NsHandle, f *moveFabric) (pod, src string, er
 	to := netip.AddrPortFrom(f.vip, movePort).String()
 	var c net.Conn
 	if err := inNS(t, ns, func() (err error) {
-		c, err = net.DialTimeout("tcp4", to, 2*time.Second)
+		c, err = net.DialTimeout(f.network("tcp"), to, 2*time.Second)
 		return err
 	}); err != nil {
 		return "", "", err
@@ -150,11 +168,22 @@ func askVIP(t *testing.T, ns netns.NsHandle, f *moveFabric) (pod, src string, er
 // with its own address kept, node A masqueraded to its own address (not
 // the VIP's, which node B would take as its own). A client outside the
 // source ranges of a restricted virtual server is not let through that
-// way either. Before the map, pa1 and node A were refused.
-func testMoveLocalInCluster(t *testing.T) {
-	f := newMoveFabric(t)
+// way either. Before the map, pa1 and node A were refused. For an IPv4 VIP
+// and an IPv6 one.
+func testMoveLocalInCluster(t *testing.T) { eachFamily(t, moveLocalInCluster) }
+
+func moveLocalInCluster(t *testing.T, v6 bool) {
+	f := newMoveFabricFamily(t, v6)
 	pb1 := f.pods[1][0]
-	cluster := []Backend{{Addr: pb1.v4(), Port: backendPort, Weight: 1}}
+	cluster := []Backend{{Addr: f.podAddr(pb1), Port: backendPort, Weight: 1}}
+	pods := []netip.Prefix{
+		netip.MustParsePrefix("10.61.0.0/16"), netip.MustParsePrefix("10.62.0.0/16"),
+		netip.MustParsePrefix("fd00:61::/32"), netip.MustParsePrefix("fd00:62::/32"),
+	}
+	nodeA, outside, podsA := "10.53.0.1", netip.MustParsePrefix("10.50.0.0/24"), pods[0]
+	if v6 {
+		nodeA, outside, podsA = "fd00:53::1", netip.MustParsePrefix("fd00:50::/64"), pods[2]
+	}
 	var ds [2]*Dataplane
 	svcOf := func(n int) Service {
 		s := Service{VIP: f.vip, Port: movePort, Protocol: TCP, Cluster: cluster}
@@ -165,7 +194,7 @@ func testMoveLocalInCluster(t *testing.T) {
 	}
 	for n := range f.nodes {
 		must(t, inNS(t, f.nodes[n], func() (err error) {
-			ds[n], err = New(Options{LinkName: "vip0", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.61.0.0/16"), netip.MustParsePrefix("10.62.0.0/16")}})
+			ds[n], err = New(Options{LinkName: "vip0", PodCIDRs: pods})
 			return err
 		}))
 		d := ds[n]
@@ -186,8 +215,8 @@ func testMoveLocalInCluster(t *testing.T) {
 		ns      netns.NsHandle
 		wantSrc string
 	}{
-		{"pod pa1 on node A", pa1.ns, pa1.v4().String()},
-		{"node A itself", f.nodes[0], "10.53.0.1"}, // its address towards node B
+		{"pod pa1 on node A", pa1.ns, f.podAddr(pa1).String()},
+		{"node A itself", f.nodes[0], nodeA}, // its address towards node B
 	} {
 		for i := range localInClusterFlows {
 			pod, src, err := askVIP(t, c.ns, f)
@@ -217,8 +246,8 @@ func testMoveLocalInCluster(t *testing.T) {
 		ranges []netip.Prefix
 		want   bool
 	}{
-		{[]netip.Prefix{netip.MustParsePrefix("10.50.0.0/24")}, false},
-		{[]netip.Prefix{netip.MustParsePrefix("10.61.0.0/16")}, true},
+		{[]netip.Prefix{outside}, false},
+		{[]netip.Prefix{podsA}, true},
 	} {
 		s := svcOf(0)
 		s.Restricted, s.SourceRanges = true, c.ranges
@@ -237,11 +266,14 @@ func testMoveLocalInCluster(t *testing.T) {
 // answers to the VIP, which is that node's own address. With Cluster
 // endpoints the in-cluster map sends them straight to a pod, masqueraded:
 // every one of node A's connections is answered, some by node B's pod.
-func testMoveHostInCluster(t *testing.T) {
-	f := newMoveFabric(t)
+// For an IPv4 VIP and an IPv6 one.
+func testMoveHostInCluster(t *testing.T) { eachFamily(t, moveHostInCluster) }
+
+func moveHostInCluster(t *testing.T, v6 bool) {
+	f := newMoveFabricFamily(t, v6)
 	var cluster []Backend
 	for _, p := range f.allPods() {
-		cluster = append(cluster, Backend{Addr: p.v4(), Port: backendPort, Weight: 1})
+		cluster = append(cluster, Backend{Addr: f.podAddr(p), Port: backendPort, Weight: 1})
 	}
 	for n := range f.nodes {
 		d, desired := twoTierNode(t, f, n)

@@ -29,10 +29,12 @@ const staleUDPFlows = 30
 // (terminating, still serving: weight 0, its flows kept, none new) and
 // goes away after, when tier 2's map no longer names it;
 // TwoTierDrainedRestart, with node A's speaker restarted in between (its
-// first Sync walks the conntrack table, see clearUnserved).
+// first Sync walks the conntrack table, see clearUnserved). The IPv6
+// cases are the same for an IPv6 VIP (6in4 tier 1, pods' IPv6 addresses).
 func testMoveStaleUDP(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
+		v6      bool
 		twoTier bool
 		drain   bool   // the pod drains (weight 0) before it goes
 		restart bool   // node A's Dataplane is made anew after the drain
@@ -44,9 +46,12 @@ func testMoveStaleUDP(t *testing.T) {
 		{name: "TwoTier", twoTier: true, nodest: "1", moved: true},
 		{name: "TwoTierDrained", twoTier: true, drain: true, nodest: "1", moved: true},
 		{name: "TwoTierDrainedRestart", twoTier: true, drain: true, restart: true, nodest: "1", moved: true},
+		{name: "OneTierIPv6", v6: true, nodest: "1", moved: true},
+		{name: "TwoTierIPv6", v6: true, twoTier: true, nodest: "1", moved: true},
+		{name: "TwoTierDrainedIPv6", v6: true, twoTier: true, drain: true, nodest: "1", moved: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newMoveFabric(t)
+			f := newMoveFabricFamily(t, tc.v6)
 			gone := f.pods[0][0] // pa1, on node A
 			var dps [2]*Dataplane
 			var states [2]State
@@ -157,7 +162,7 @@ func oneTierUDPState(f *moveFabric, without *backend) State {
 	var bs []Backend
 	for _, p := range f.allPods() {
 		if p != without {
-			bs = append(bs, Backend{Addr: p.v4(), Port: backendPort, Weight: 1})
+			bs = append(bs, Backend{Addr: f.podAddr(p), Port: backendPort, Weight: 1})
 		}
 	}
 	return state(Service{VIP: f.vip, Port: movePort, Protocol: UDP, SNAT: true, Backends: bs})
