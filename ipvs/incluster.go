@@ -37,7 +37,7 @@ import (
 //	chain incluster-host (nat, output, dstnat)
 //	    goto incluster-dnat
 //	chain incluster-pods (nat, prerouting, dstnat), one tier and Options.PodCIDRs only
-//	    ip saddr 10.244.0.0/16 goto incluster-dnat
+//	    ip saddr 10.244.0.0/16 fib saddr . iif oif != 0 goto incluster-dnat
 //	chain incluster-snat (nat, postrouting, srcnat)
 //	    ip saddr @vips masquerade
 //
@@ -49,8 +49,12 @@ import (
 // as its own, are masqueraded. The pods' are not (as
 // kube-proxy keeps a pod's address): the answer comes back through this
 // node, whose conntrack undoes the DNAT. A pod is known by its address
-// (Options.PodCIDRs, kube-proxy's --cluster-cidr); without them a pod's
-// connection goes through IPVS, as one from outside does. With two tiers
+// (Options.PodCIDRs, kube-proxy's --cluster-cidr) that came in on the
+// interface the node routes it back through (a strict reverse-path check:
+// a packet from the fabric with a pod's address forged as its source is
+// not a pod's, and goes to IPVS as the fabric's do; kube-proxy matches the
+// address only); without them a pod's connection goes through IPVS, as
+// one from outside does. With two tiers
 // the pods' connections go through tier 1 (tunnel.go), which reaches every
 // node's endpoints already, and only the node's own use the map.
 //
@@ -141,7 +145,8 @@ func (n *nftTables) setupInCluster(pods [2][]netip.Prefix) error {
 		toDNAT := &expr.Verdict{Kind: expr.VerdictGoto, Chain: inClusterDNAT}
 		n.conn.AddRule(&nftables.Rule{Table: t, Chain: base[inClusterHost], Exprs: []expr.Any{toDNAT}})
 		for _, p := range pods[i] {
-			n.conn.AddRule(&nftables.Rule{Table: t, Chain: base[inClusterPods], Exprs: append(prefixMatch(fam.saddrOff, p), toDNAT)})
+			match := append(prefixMatch(fam.saddrOff, p), reversePath()...)
+			n.conn.AddRule(&nftables.Rule{Table: t, Chain: base[inClusterPods], Exprs: append(match, toDNAT)})
 		}
 		// A new connection from a VIP: the node's own to a VIP (its
 		// source is the destination's address); the nat chains see no
@@ -160,6 +165,16 @@ func (n *nftTables) setupInCluster(pods [2][]netip.Prefix) error {
 	}
 	n.incluster = sets
 	return nil
+}
+
+// reversePath matches a packet whose source the node routes back through
+// the interface the packet came in on (fib saddr . iif oif != 0): what
+// rp_filter=1 checks, for these rules only.
+func reversePath() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, FlagSADDR: true, FlagIIF: true, ResultOIF: true},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+	}
 }
 
 // inClusterDNATRules are the rules of the chain incluster-dnat of a table

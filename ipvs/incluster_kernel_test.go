@@ -238,6 +238,9 @@ func moveLocalInCluster(t *testing.T, v6 bool) {
 	if pod, src, err := askVIP(t, f.client, f); err != nil || pod != pb1.name || src != f.src.String() {
 		t.Errorf("the fabric's client through node B: %s saw %s (%v), want %s seeing %s", pod, src, err, pb1.name, f.src)
 	}
+	if !v6 {
+		forgedPodSource(t, f, ds[0], state(svcOf(0)))
+	}
 
 	// Source ranges: admitting the fabric's client only, pa1 is not let
 	// through the map (and the VIP filter drops it); admitting pa1's
@@ -299,5 +302,31 @@ func moveHostInCluster(t *testing.T, v6 bool) {
 	}
 	if onB == 0 {
 		t.Errorf("none of node A's %d connections reached node B's pod: the test proves nothing", 2*localInClusterFlows)
+	}
+}
+
+// forgedPodSource: on node A of testMoveLocalInCluster (one tier, Local,
+// no endpoint; desired its state), a UDP virtual server on the VIP, port
+// 9997, whose Cluster endpoint is pb1. A datagram from pa1 reaches pb1
+// through the in-cluster map (the control); the same datagram forged by
+// the fabric's client, pa1's address as its source, sent to node A, does
+// not: it came in on the fabric, not on the interface node A routes pa1
+// through, so it is not taken for a pod's.
+func forgedPodSource(t *testing.T, f *moveFabric, d *Dataplane, desired State) {
+	t.Helper()
+	pa1, pb1 := f.pods[0][0], f.pods[1][0]
+	const port = 9997
+	udp := Service{VIP: f.vip, Port: port, Protocol: UDP, Cluster: []Backend{{Addr: pb1.v4(), Port: port, Weight: 1}}}
+	desired.Services[udp.Key()] = udp
+	if _, err := d.Sync(desired); err != nil {
+		t.Fatalf("node A: Sync with a UDP virtual server: %v", err)
+	}
+	recv := podUDP(t, pb1, port)
+	if !sendUDPFrom(t, pa1.ns, pa1.v4(), netip.AddrPortFrom(f.vip, port), recv) {
+		t.Fatalf("pa1's datagram to the VIP did not reach %s through the in-cluster map: the forged case proves nothing", pb1.name)
+	}
+	f.steer(t, 0)
+	if sendUDP(t, f, pa1.v4(), f.vip, recv) {
+		t.Errorf("a datagram from the fabric with pa1's address forged as its source reached %s through node A's in-cluster map", pb1.name)
 	}
 }
