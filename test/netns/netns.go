@@ -5,12 +5,14 @@ package netns
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,12 +32,60 @@ func Require(t harness.T) {
 		why = "network-namespace tests need iproute2's ip command (apt-get install iproute2)"
 	}
 	if why == "" {
+		sweep(t)
 		return
 	}
 	if os.Getenv("CI") == "true" {
 		t.Fatal(why + "; CI runs every tier")
 	}
 	t.Skip(why)
+}
+
+// sweep deletes the namespaces of test processes that are gone. Each
+// namespace is named vc<pid>-<role> after the process that made it; one
+// killed before its cleanups ran (go test's timeout panics, a SIGKILL)
+// leaves them behind, and the next run takes them away.
+func sweep(t harness.T) {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		t.Logf("listing network namespaces: %v", err)
+		return
+	}
+	for _, name := range deadNamespaces(string(out), os.Getpid(), alive) {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Logf("deleting namespace %s, left by a test process that is gone: %v: %s", name, err, out)
+			continue
+		}
+		t.Logf("deleted namespace %s, left by a test process that is gone", name)
+	}
+}
+
+// deadNamespaces returns the namespaces of `ip netns list` (list) named
+// vc<pid>-<role> whose process is neither self nor alive.
+func deadNamespaces(list string, self int, alive func(pid int) bool) []string {
+	var dead []string
+	for _, line := range strings.Split(list, "\n") {
+		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		rest, ok := strings.CutPrefix(name, "vc")
+		if !ok {
+			continue
+		}
+		digits, role, ok := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(digits)
+		if !ok || role == "" || err != nil || pid <= 0 || pid == self || alive(pid) {
+			continue
+		}
+		dead = append(dead, name)
+	}
+	return dead
+}
+
+// alive reports whether process pid exists (EPERM: it does, another
+// user's).
+func alive(pid int) bool {
+	err := unix.Kill(pid, 0)
+	return err == nil || errors.Is(err, unix.EPERM)
 }
 
 // NS is a named network namespace created by a test.
@@ -53,12 +103,13 @@ func IP(t harness.T, args ...string) string {
 	return string(out)
 }
 
-// New creates a namespace named prefix-<pid>-name (so parallel runs do not
-// collide), brings its loopback up, and deletes it at the end of the test.
-// Processes started in it with Cmd must be stopped by the test first.
+// New creates a namespace named vc<pid>-name (so parallel runs do not
+// collide, and Require's sweep can tell whose it is), brings its loopback
+// up, and deletes it at the end of the test. Processes started in it with
+// Cmd must be stopped by the test first.
 func New(t harness.T, name string) *NS {
 	t.Helper()
-	ns := &NS{Name: fmt.Sprintf("vc%d-%s", os.Getpid()%100000, name)}
+	ns := &NS{Name: fmt.Sprintf("vc%d-%s", os.Getpid(), name)}
 	_ = exec.Command("ip", "netns", "del", ns.Name).Run() // leftover of a killed run
 	IP(t, "netns", "add", ns.Name)
 	t.Cleanup(func() {

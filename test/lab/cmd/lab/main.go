@@ -270,7 +270,7 @@ func down(dir string) error {
 		out, _ := exec.Command("ip", "netns", "list").Output()
 		for _, line := range strings.Split(string(out), "\n") {
 			name, _, _ := strings.Cut(line, " ")
-			if strings.HasPrefix(name, fmt.Sprintf("vc%d-", pid%100000)) {
+			if strings.HasPrefix(name, fmt.Sprintf("vc%d-", pid)) {
 				say("==> removing leftover namespace %s", name)
 				_ = exec.Command("ip", "netns", "del", name).Run()
 			}
