@@ -255,7 +255,7 @@ fuzz: ## run every fuzz target for a while each (FUZZTIME=60s)
 
 bench: tools routers ## print the ipam, CCM, speaker, dataplane (one tier and two), BFD and test-VM benchmarks (figures and ratios)
 	@mkdir -p _output
-	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ ./speaker/ ./bfd/ | tee _output/bench-ipam.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ ./poolspec/ ./speaker/ ./bfd/ | tee _output/bench-ipam.txt
 	$(GO) test -tags controlplane -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
 	$(GO) test -tags routing -count=1 -timeout 10m -run '^$$' -bench BenchmarkAnnounce10k -benchtime 3x ./bgp/ 2>&1 | tee _output/bench-bgp.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -tags routing -count=1 -timeout 30m -run '^$$' -bench BenchmarkSpeakerAnnounce -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-speaker.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'

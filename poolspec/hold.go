@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/vipcast/vipcast/api/v1alpha1"
@@ -143,11 +142,14 @@ func (a *Admission) Holdings(pubs []Published) map[string][]Holding {
 	return out
 }
 
-// Holders returns the distinct Services of hs, in order.
+// Holders returns the distinct Services of hs, in order (linear: a pool
+// may hold the VIPs of thousands of Services).
 func Holders(hs []Holding) []string {
 	var out []string
+	seen := make(map[string]struct{}, len(hs))
 	for _, h := range hs {
-		if !slices.Contains(out, h.Service) {
+		if _, ok := seen[h.Service]; !ok {
+			seen[h.Service] = struct{}{}
 			out = append(out, h.Service)
 		}
 	}

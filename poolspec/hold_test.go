@@ -1,6 +1,7 @@
 package poolspec
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -121,6 +122,23 @@ func TestHeldBy(t *testing.T) {
 	for _, tt := range tests {
 		if got := HeldBy(tt.ann); got != tt.want {
 			t.Errorf("%s: HeldBy(%v) = %q, want %q", tt.name, tt.ann, got, tt.want)
+		}
+	}
+}
+
+// BenchmarkHolders: the distinct holders of a pool holding 10,000
+// Services' VIPs, two each (dual stack), as the CCM computes them for a
+// pool's deletion protection.
+func BenchmarkHolders(b *testing.B) {
+	hs := make([]Holding, 0, 20000)
+	for i := range 10000 {
+		svc := fmt.Sprintf("ns%d/svc%d", i%50, i)
+		hs = append(hs, Holding{Service: svc}, Holding{Service: svc})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if got := Holders(hs); len(got) != 10000 {
+			b.Fatalf("%d holders, want 10000", len(got))
 		}
 	}
 }
