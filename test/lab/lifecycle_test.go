@@ -61,6 +61,8 @@ const rolloutBound = 8 * time.Minute
 //     backends serve 5 s after SIGTERM, as with a preStop delay);
 //  3. a third node joins: the CCM initializes it, its speaker peers, the
 //     ToR's ECMP group grows, the VIP stays, held connections survive;
+//     then Kubernetes' own specs that need three nodes run and pass
+//     (upstreamThreeNodes);
 //  4. helm uninstall: no virtual server, VIP, link, nftables table, route
 //     or IPVS sync daemon of vipcast is left on any node or at the ToR; the
 //     Service keeps its status.
@@ -187,6 +189,10 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	}
 	checkVIP(t, l, vip, "after node3 joined")
 	held2.Stop()
+
+	// Kubernetes' own specs that need three schedulable nodes, which the
+	// upstream scenario did not have.
+	upstreamThreeNodes(t, l)
 
 	// 4. Uninstall. Each speaker's last words are kept on its node (the
 	// kubelet removes a deleted pod's logs).

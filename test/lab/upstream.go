@@ -393,7 +393,9 @@ func (l *Lab) deployDNS(ctx context.Context) error {
 // dataplane does under ipMode Proxy that pass in the lab — client affinity
 // across nodes and across a switch, a UDP flow across its pod's restart,
 // a Service without node ports, Local's nodes — about 5 minutes. The
-// whole focus takes about 25 minutes more; `make test-upstream` runs it.
+// whole focus takes about 60 minutes more (rolling update, Cluster and
+// Local, and source ranges 11-14 minutes each); `make test-upstream` runs
+// it.
 const UpstreamCIFocus = `\[Feature:LoadBalancer\] should (have session affinity work for LoadBalancer service with Cluster traffic policy|` +
 	`be able to switch session affinity for LoadBalancer service with Local traffic policy|` +
 	`be able to preserve UDP traffic when server pod cycles for a LoadBalancer service on different nodes|` +

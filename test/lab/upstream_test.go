@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +28,9 @@ var upstreamSkips = map[string]string{
 // upstreamLabSkips are the specs of lab.UpstreamLoadBalancerFocus that
 // skip themselves for the lab's size, with the reason the spec gives: the
 // upstream scenario runs on two nodes (the third joins in lifecycle, after
-// it). What they check is kube-proxy's, not vipcast's.
+// it). What they check is kube-proxy's, not vipcast's; lifecycle runs them
+// again once the third node has joined, where they must pass
+// (upstreamThreeNodes).
 var upstreamLabSkips = map[string]string{
 	"should implement NodePort and HealthCheckNodePort correctly when ExternalTrafficPolicy changes": "needs 3 schedulable nodes; kube-proxy's health check node port, which vipcast does not use (it announces by BGP)",
 }
@@ -102,4 +106,34 @@ func firstLines(s string, n int) string {
 		lines = append(lines[:n], "…")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// upstreamThreeNodes runs the specs of upstreamLabSkips, which skip on the
+// upstream scenario's two nodes, once lifecycle's third node has joined
+// (and the drained node is back): each must pass.
+func upstreamThreeNodes(t *testing.T, l *lab.Lab) {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
+	defer cancel()
+	var names []string
+	for name := range upstreamLabSkips {
+		names = append(names, regexp.QuoteMeta(name))
+	}
+	slices.Sort(names)
+	dir := filepath.Join(l.Opts.Dir, "upstream-three-nodes")
+	start := time.Now()
+	results, err := l.RunUpstream(ctx, lab.UpstreamRun{Focus: strings.Join(names, "|"), Dir: dir, Timeout: "15m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("e2e.test on three nodes: %d specs in %v (log %s)", len(results), time.Since(start).Round(time.Second), filepath.Join(dir, "e2e.log"))
+	if len(results) != len(upstreamLabSkips) {
+		t.Errorf("%d specs ran, want the %d of upstreamLabSkips: %v", len(results), len(upstreamLabSkips), results)
+	}
+	for _, r := range results {
+		if r.State != "passed" {
+			t.Errorf("on three nodes, %s %s: %s", r.Name, r.State, firstLines(r.Message, 6))
+			continue
+		}
+		t.Logf("on three nodes, passed in %.1fs: %s", r.Seconds, r.Name)
+	}
 }
