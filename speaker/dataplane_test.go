@@ -610,6 +610,14 @@ func TestServiceDataplaneInCluster(t *testing.T) {
 		{"one tier, Cluster: none", dpSvc("192.0.2.10"), both, false, nil},
 		{"one tier, Local: every endpoint", local(dpSvc("192.0.2.10")), both, false, all},
 		{"one tier, Local, no endpoint on this node", local(dpSvc("192.0.2.10")), onN2, false, []ipvs.Backend{be("10.244.1.1", 8080, 1)}},
+		// internalTrafficPolicy governs the ClusterIP only: kube-proxy sends
+		// in-cluster traffic to an external destination to its cluster
+		// policy chain (every endpoint) whatever it says.
+		{"one tier, Local, internalTrafficPolicy Local: every endpoint still", func() *v1.Service {
+			s := local(dpSvc("192.0.2.10"))
+			s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
+			return s
+		}(), onN2, false, []ipvs.Backend{be("10.244.1.1", 8080, 1)}},
 		{"one tier, Local, none ready: the serving terminating ones",
 			local(dpSvc("192.0.2.10")), []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts, termEP("10.244.1.2", "n2"))}, false, []ipvs.Backend{be("10.244.1.2", 8080, 1)}},
 		{"two tiers, Cluster: every endpoint", dpSvc("192.0.2.10"), both, true, all},
