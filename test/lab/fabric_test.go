@@ -125,6 +125,18 @@ func fabric(t *testing.T, l *lab.Lab) {
 		waitIPVS(t, n, vip, backendsOf(all...))
 	}
 
+	// The Service contract with one tier, as contract checks it with
+	// two: one client's new connections through both nodes reach one pod
+	// under sessionAffinity ClientIP (each node's IPVS persistence, mh
+	// without the port); a UDP flow whose endpoint goes away reaches
+	// another pod (expire_nodest_conn).
+	t.Run("ClientIP", func(t *testing.T) { clientIPAffinity(t, l, addr) })
+	t.Run("StaleUDP", func(t *testing.T) { staleUDP(t, l, netip.AddrPortFrom(vip, 53), all) })
+	setEndpoints(t, l, all, nil)
+	for _, n := range []*lab.Node{node1, node2} {
+		waitIPVS(t, n, vip, backendsOf(all...))
+	}
+
 	// SIGTERM on node1's speaker: its next hop goes at once and traffic
 	// carries on through node2; the kubelet starts it again. How fast is
 	// logged, not asserted (it is the emulated node's speed, seen at 1.5 s
