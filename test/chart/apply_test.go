@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -22,10 +23,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/test/controlplane"
 )
 
@@ -209,6 +212,7 @@ func TestApplyToAPIServer(t *testing.T) {
 	t.Run("upgrade refused while a BGPPeer names a Secret not listed", func(t *testing.T) { unlistedSecretUpgrade(ctx, t, cp, full) })
 	t.Run("speaker reads Secrets as itself", func(t *testing.T) { speakerSecretAccess(ctx, t, cp) })
 	t.Run("only vipcast-ccm writes the pool record", func(t *testing.T) { poolRecordPolicy(ctx, t, cp) })
+	t.Run("a speaker writes its own node's SpeakerStatus only", func(t *testing.T) { speakerStatusPolicy(ctx, t, cp) })
 }
 
 // poolRecordPolicy makes real requests as a tenant with the edit role in
@@ -508,4 +512,87 @@ func unlistedSecretUpgrade(ctx context.Context, t *testing.T, cp *controlplane.C
 	if _, err := RenderAgainst(cp.Config, "full", "full-system", []byte(listed)); err != nil {
 		t.Errorf("upgrade with the Secret listed: %v", err)
 	}
+}
+
+// speakerStatusPolicy makes real requests with the defaults' speaker
+// ServiceAccount token as the kubelet projects it: bound to a pod on node
+// n1, so that it carries the node's name. With it the speaker creates and
+// updates n1's SpeakerStatus, and is refused n2's, naming its own node; a
+// token of the same ServiceAccount not bound to a pod writes none. (The
+// policy is the chart's speaker-status ValidatingAdmissionPolicy.)
+func speakerStatusPolicy(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) {
+	const sa = "vipcast-speaker"
+	for _, n := range []string{"n1", "n2"} {
+		if _, err := cp.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("Node %s: %v", n, err)
+		}
+	}
+	pod, err := cp.Client.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "speaker-n1"},
+		Spec: corev1.PodSpec{NodeName: "n1", ServiceAccountName: sa,
+			Containers: []corev1.Container{{Name: "speaker", Image: "vipcast/vipcast-speaker:test"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("speaker pod on n1: %v", err)
+	}
+	token := func(bound *authenticationv1.BoundObjectReference) dynamic.NamespaceableResourceInterface {
+		t.Helper()
+		tr, err := cp.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: bound}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("token of %s: %v", sa, err)
+		}
+		cfg := rest.AnonymousClientConfig(cp.Config)
+		cfg.BearerToken = tr.Status.Token
+		c, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Resource(vipcastv1alpha1.SpeakerStatusesResource)
+	}
+	onN1 := token(&authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
+	unbound := token(nil)
+	status := func(name string) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": vipcastv1alpha1.SchemeGroupVersion.String(), "kind": "SpeakerStatus",
+			"metadata": map[string]any{"name": name},
+		}}
+	}
+	denied := func(what string, err error, want string) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err = %v, want a denial saying %q", what, err, want)
+		}
+	}
+	// The policy is in force once the API server has loaded it.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err = onN1.Create(ctx, status("n2"), metav1.CreateOptions{})
+		if err != nil && strings.Contains(err.Error(), "own node") || time.Now().After(deadline) {
+			break
+		}
+		_ = cp.Dynamic.Resource(vipcastv1alpha1.SpeakerStatusesResource).Delete(ctx, "n2", metav1.DeleteOptions{})
+		time.Sleep(200 * time.Millisecond)
+	}
+	denied("the speaker on n1 creates n2's SpeakerStatus", err, "the speaker on node n1 writes its own node's SpeakerStatus only")
+	own, err := onN1.Create(ctx, status("n1"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the speaker on n1 creates its own SpeakerStatus: %v", err)
+	}
+	_ = unstructured.SetNestedField(own.Object, int64(2), "status", "sessionsConfigured")
+	if _, err := onN1.UpdateStatus(ctx, own, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("the speaker on n1 updates its own SpeakerStatus: %v", err)
+	}
+	other, err := cp.Dynamic.Resource(vipcastv1alpha1.SpeakerStatusesResource).Create(ctx, status("n2"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the admin creates n2's SpeakerStatus: %v", err)
+	}
+	_ = unstructured.SetNestedField(other.Object, int64(9), "status", "sessionsConfigured")
+	_, err = onN1.UpdateStatus(ctx, other, metav1.UpdateOptions{})
+	denied("the speaker on n1 updates n2's SpeakerStatus", err, "the speaker on node n1 writes its own node's SpeakerStatus only")
+	if own, err = cp.Dynamic.Resource(vipcastv1alpha1.SpeakerStatusesResource).Get(ctx, "n1", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = unbound.UpdateStatus(ctx, own, metav1.UpdateOptions{})
+	denied("a token of the speaker's ServiceAccount not bound to a pod updates n1's SpeakerStatus", err, "not bound to a pod on a node")
 }

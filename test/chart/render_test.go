@@ -457,7 +457,7 @@ func TestRenderDefaults(t *testing.T) {
 	want := map[string]int{
 		"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 3, "RoleBinding": 3,
 		"Deployment": 1, "PodDisruptionBudget": 1, "DaemonSet": 1,
-		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
+		"ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2,
 	}
 	if got := r.Kinds(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("kinds %v, want %v", got, want)
