@@ -52,11 +52,12 @@ func installCRDs(ctx context.Context, t *testing.T, cp *controlplane.ControlPlan
 }
 
 // saKubeconfig writes a kubeconfig that authenticates as a ServiceAccount
-// with a bound token from the TokenRequest API, as a pod's token would.
-func saKubeconfig(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, ns, name string) string {
+// with a token from the TokenRequest API, bound to the object bound names
+// (a pod on a node, as the kubelet projects it), or to none.
+func saKubeconfig(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, ns, name string, bound *authenticationv1.BoundObjectReference) string {
 	t.Helper()
 	tok, err := cp.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)},
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600), BoundObjectRef: bound},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("token for %s/%s: %v", ns, name, err)
@@ -221,7 +222,7 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 	// The CCM with the Deployment's args; only where it listens changes
 	// (loopback, a free port) and the credentials come from a kubeconfig
 	// instead of the pod's mounted token.
-	ccmKC := saKubeconfig(ctx, t, cp, namespace, "vipcast-ccm")
+	ccmKC := saKubeconfig(ctx, t, cp, namespace, "vipcast-ccm", nil)
 	dep := one[appsv1.Deployment](t, r, "Deployment", "vipcast-ccm")
 	ccmArgs := chartArgs(dep.Spec.Template.Spec.Containers[0].Args, nil, map[string]string{"--secure-port": strconv.Itoa(ccmPort)})
 	ccmArgs = append(ccmArgs, "--kubeconfig", ccmKC, "--authentication-kubeconfig", ccmKC, "--authorization-kubeconfig", ccmKC,
@@ -235,7 +236,17 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 
 	// The speaker with the DaemonSet's args, announcing only (IPVS needs
 	// root and a kernel; that part is proven by the ipvs/ VM tests).
-	spkKC := saKubeconfig(ctx, t, cp, namespace, "vipcast-speaker")
+	// Its token bound to a pod on node-1, as the kubelet projects it: the
+	// chart's admission policy lets it write node-1's SpeakerStatus only.
+	spkPod, err := cp.Client.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "vipcast-speaker-node-1"},
+		Spec: corev1.PodSpec{NodeName: "node-1", ServiceAccountName: "vipcast-speaker",
+			Containers: []corev1.Container{{Name: "vipcast-speaker", Image: "vipcast/vipcast-speaker:test"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spkKC := saKubeconfig(ctx, t, cp, namespace, "vipcast-speaker", &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: spkPod.Name, UID: spkPod.UID})
 	ds := one[appsv1.DaemonSet](t, r, "DaemonSet", "vipcast-speaker")
 	drop := []string{"--ipvs-link", "--dataplane-resync-period"}
 	spkArgs := chartArgs(ds.Spec.Template.Spec.Containers[0].Args, drop, map[string]string{
