@@ -392,8 +392,8 @@ func (l *Lab) deployDNS(ctx context.Context) error {
 // runs (the lab's upstream scenario): specs of what vipcast's own
 // dataplane does under ipMode Proxy that pass in the lab — client affinity
 // across nodes and across a switch, a UDP flow across its pod's restart,
-// a Service without node ports, Local's nodes — about 5 minutes. The
-// whole focus takes about 60 minutes more (rolling update, Cluster and
+// a Service without node ports, Local's nodes — about 2 minutes. The
+// whole focus takes about 50 minutes more (rolling update, Cluster and
 // Local, and source ranges 11-14 minutes each); `make test-upstream` runs
 // it.
 const UpstreamCIFocus = `\[Feature:LoadBalancer\] should (have session affinity work for LoadBalancer service with Cluster traffic policy|` +

@@ -48,7 +48,7 @@ const upstreamFull = "VIPCAST_UPSTREAM_FULL"
 // upstreamSkips and upstreamLabSkips list, which must skip; the table of
 // results is logged.
 func upstreamLoadBalancer(t *testing.T, l *lab.Lab) {
-	// The CI part takes ~5 min. The whole focus took 45 min for its
+	// The CI part takes ~2 min. The whole focus took 45 min for its
 	// first 17 specs (rolling update, Cluster and Local, and source
 	// ranges alone 37 min of it), so it gets 90.
 	focus, want, budget := lab.UpstreamCIFocus, 5, 45*time.Minute
