@@ -1321,3 +1321,41 @@ func unstructuredDelete(obj map[string]any, path ...string) {
 	}
 	delete(obj, path[len(path)-1])
 }
+
+// TestControllerInvalidDataplaneConfig: a Service whose scheduler
+// annotation names no IPVS scheduler gets a Warning Event
+// InvalidDataplaneConfig naming the node and the bad value, and loses
+// nothing: it is programmed with the default scheduler and announced.
+func TestControllerInvalidDataplaneConfig(t *testing.T) {
+	client := fakeServices(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	setScheduler(ctx, t, client, "a", "bogus")
+	dp := &refusingDataplane{refuse: "none", kernel: map[ipvs.Key]ipvs.Service{}}
+	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	eventually(t, "a Warning Event InvalidDataplaneConfig on Service a", func() bool {
+		evs, err := client.CoreV1().Events("ns").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == "a" && e.Type == v1.EventTypeWarning && e.Reason == "InvalidDataplaneConfig" &&
+				strings.Contains(e.Message, "node n1") && strings.Contains(e.Message, "bogus") {
+				return true
+			}
+		}
+		return false
+	}, func() string { return fmt.Sprintf("routes %v", engine.prefixes()) })
+	eventually(t, "Service a programmed with the default scheduler and announced", func() bool {
+		dp.mu.Lock()
+		s, ok := dp.kernel[ipvs.Key{VIP: netip.MustParseAddr("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}]
+		dp.mu.Unlock()
+		return ok && s.Scheduler == ipvs.DefaultScheduler && engine.prefixes()[netip.MustParsePrefix("10.100.0.1/32")]
+	}, func() string { return fmt.Sprintf("kernel %v, routes %v", dp.kernel, engine.prefixes()) })
+}
