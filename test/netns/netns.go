@@ -41,23 +41,29 @@ func Require(t harness.T) {
 	t.Skip(why)
 }
 
-// sweep deletes the namespaces of test processes that are gone. Each
-// namespace is named vc<pid>-<role> after the process that made it; one
-// killed before its cleanups ran (go test's timeout panics, a SIGKILL)
-// leaves them behind, and the next run takes them away.
+// sweep deletes the namespaces of test processes that are gone
+// (SweepDead), logging to t.
 func sweep(t harness.T) {
 	t.Helper()
+	SweepDead(t.Logf)
+}
+
+// SweepDead deletes the namespaces of processes that are gone, saying so
+// through logf. Each namespace is named vc<pid>-<role> after the process
+// that made it (New); one killed before its cleanups ran (go test's
+// timeout panics, a SIGKILL) leaves them behind.
+func SweepDead(logf func(format string, args ...any)) {
 	out, err := exec.Command("ip", "netns", "list").Output()
 	if err != nil {
-		t.Logf("listing network namespaces: %v", err)
+		logf("listing network namespaces: %v", err)
 		return
 	}
-	for _, name := range deadNamespaces(string(out), os.Getpid(), alive) {
+	for _, name := range deadNamespaces(string(out), os.Getpid(), Alive) {
 		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Logf("deleting namespace %s, left by a test process that is gone: %v: %s", name, err, out)
+			logf("deleting namespace %s, left by a process that is gone: %v: %s", name, err, out)
 			continue
 		}
-		t.Logf("deleted namespace %s, left by a test process that is gone", name)
+		logf("deleted namespace %s, left by a process that is gone", name)
 	}
 }
 
@@ -81,9 +87,12 @@ func deadNamespaces(list string, self int, alive func(pid int) bool) []string {
 	return dead
 }
 
-// alive reports whether process pid exists (EPERM: it does, another
+// Alive reports whether process pid exists (EPERM: it does, another
 // user's).
-func alive(pid int) bool {
+func Alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
 	err := unix.Kill(pid, 0)
 	return err == nil || errors.Is(err, unix.EPERM)
 }

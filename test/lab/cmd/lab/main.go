@@ -31,6 +31,7 @@ import (
 	"github.com/vipcast/vipcast/test/harness"
 	"github.com/vipcast/vipcast/test/lab"
 	"github.com/vipcast/vipcast/test/lab/nodeapi"
+	"github.com/vipcast/vipcast/test/netns"
 )
 
 func main() {
@@ -71,7 +72,7 @@ func up(dir string, opts lab.Options) error {
 		return err
 	}
 	pidFile := filepath.Join(dir, "lab.pid")
-	if pid, err := readPid(pidFile); err == nil && alive(pid) {
+	if pid, err := readPid(pidFile); err == nil && netns.Alive(pid) {
 		return fmt.Errorf("a lab is already running (pid %d): `make lab-down` first", pid)
 	}
 	_ = os.RemoveAll(dir)
@@ -250,32 +251,26 @@ func podList(l *lab.Lab) string {
 // down stops a running lab and removes anything a killed lab left behind.
 func down(dir string) error {
 	pid, err := readPid(filepath.Join(dir, "lab.pid"))
-	if err == nil && alive(pid) {
+	if err == nil && netns.Alive(pid) {
 		say("==> stopping the lab (pid %d)", pid)
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 		deadline := time.Now().Add(60 * time.Second)
-		for alive(pid) && time.Now().Before(deadline) {
+		for netns.Alive(pid) && time.Now().Before(deadline) {
 			time.Sleep(200 * time.Millisecond)
 		}
-		if alive(pid) {
+		if netns.Alive(pid) {
 			say("==> the lab did not stop within 60s: killing it")
 			_ = syscall.Kill(pid, syscall.SIGKILL)
+			for end := time.Now().Add(5 * time.Second); netns.Alive(pid) && time.Now().Before(end); {
+				time.Sleep(100 * time.Millisecond)
+			}
 		}
 	} else if !errors.Is(err, os.ErrNotExist) && err != nil {
 		return err
 	}
-	if pid > 0 {
-		// Namespaces are named vc<pid>-<role> (test/netns); their
-		// processes died with the lab (Pdeathsig).
-		out, _ := exec.Command("ip", "netns", "list").Output()
-		for _, line := range strings.Split(string(out), "\n") {
-			name, _, _ := strings.Cut(line, " ")
-			if strings.HasPrefix(name, fmt.Sprintf("vc%d-", pid)) {
-				say("==> removing leftover namespace %s", name)
-				_ = exec.Command("ip", "netns", "del", name).Run()
-			}
-		}
-	}
+	// The lab's namespaces are named after its pid (test/netns); their
+	// processes died with it (Pdeathsig).
+	netns.SweepDead(func(format string, args ...any) { say("==> "+format, args...) })
 	_ = os.Remove(filepath.Join(dir, "lab.pid"))
 	say("==> no lab running")
 	return nil
@@ -287,8 +282,4 @@ func readPid(path string) (int, error) {
 		return 0, err
 	}
 	return strconv.Atoi(strings.TrimSpace(string(b)))
-}
-
-func alive(pid int) bool {
-	return pid > 0 && syscall.Kill(pid, 0) == nil
 }
