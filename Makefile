@@ -191,7 +191,7 @@ test-lab: lab-root tools cluster-tools e2e-tools routers $(K8S_BIN)/kubectl ## (
 	@mkdir -p _output
 	$(GO) test -tags lab -count=1 -timeout $(TEST_TIMEOUT) -v $(call tier_pkgs,lab) 2>&1 | tee _output/lab-test.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:' ; exit $${PIPESTATUS[0]}
 
-test-upstream: ## make test-lab with the whole LoadBalancer focus of Kubernetes' e2e suite in its upstream scenario, instead of the part make test runs (~60 min more: three specs take 11-14 min each)
+test-upstream: ## make test-lab with the whole LoadBalancer focus of Kubernetes' e2e suite in its upstream scenario, instead of the part make test runs (~50 min more: three specs take 11-14 min each)
 	VIPCAST_UPSTREAM_FULL=1 $(MAKE) test-lab TEST_TIMEOUT=150m
 
 # hack/testreport prints what plain go test prints, keeps the verbose log in

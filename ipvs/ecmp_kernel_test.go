@@ -263,12 +263,10 @@ func newMoveFabricFamily(t testing.TB, v6 bool) *moveFabric {
 	// The pod network between the nodes (one-tier sends to the other
 	// node's pods over it).
 	vethBetween(t, f.nodes[0], f.nodes[1], "peer", "peer", "10.53.0.1/24", "10.53.0.2/24")
-	if v6 {
-		for n := range f.nodes {
+	for n := range f.nodes {
+		if v6 {
 			addAddr(t, f.hNode[n], "peer", fmt.Sprintf("fd00:53::%d/64", n+1))
 		}
-	}
-	for n := range f.nodes {
 		for _, p := range f.pods[1-n] {
 			route(t, f.hNode[n], p.v4(), fmt.Sprintf("10.53.0.%d", 2-n))
 			if v6 {
@@ -277,6 +275,7 @@ func newMoveFabricFamily(t testing.TB, v6 bool) *moveFabric {
 		}
 	}
 	if v6 {
+		// Neighbour discovery on the pod network, as on the links above.
 		for n := range f.nodes {
 			for _, p := range f.pods[1-n] {
 				waitReachable(t, f.nodes[n], p.v6())
@@ -291,15 +290,8 @@ func newMoveFabricFamily(t testing.TB, v6 bool) *moveFabric {
 func eachFamily(t *testing.T, test func(t *testing.T, v6 bool)) {
 	t.Helper()
 	for _, v6 := range []bool{false, true} {
-		t.Run(familyName6(v6), func(t *testing.T) { test(t, v6) })
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[v6], func(t *testing.T) { test(t, v6) })
 	}
-}
-
-func familyName6(v6 bool) string {
-	if v6 {
-		return "IPv6"
-	}
-	return "IPv4"
 }
 
 // steer points the client's route to the VIP at node n, from the client's
