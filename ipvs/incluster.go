@@ -145,8 +145,8 @@ func (n *nftTables) setupInCluster(pods [2][]netip.Prefix) error {
 		toDNAT := &expr.Verdict{Kind: expr.VerdictGoto, Chain: inClusterDNAT}
 		n.conn.AddRule(&nftables.Rule{Table: t, Chain: base[inClusterHost], Exprs: []expr.Any{toDNAT}})
 		for _, p := range pods[i] {
-			match := append(prefixMatch(fam.saddrOff, p), reversePath()...)
-			n.conn.AddRule(&nftables.Rule{Table: t, Chain: base[inClusterPods], Exprs: append(match, toDNAT)})
+			exprs := slices.Concat(prefixMatch(fam.saddrOff, p), reversePath(), []expr.Any{toDNAT})
+			n.conn.AddRule(&nftables.Rule{Table: t, Chain: base[inClusterPods], Exprs: exprs})
 		}
 		// A new connection from a VIP: the node's own to a VIP (its
 		// source is the destination's address); the nat chains see no
