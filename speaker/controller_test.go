@@ -538,17 +538,7 @@ func TestControllerServiceRefusedByDataplane(t *testing.T) {
 	}
 	waitFor("three Services announced and the speaker ready", func() bool { return c.HasSynced() && len(engine.prefixes()) == 3 })
 	waitFor("a Warning Event on the refused Service", func() bool {
-		evs, err := client.CoreV1().Events("ns").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range evs.Items {
-			if e.InvolvedObject.Name == "d" && e.Type == v1.EventTypeWarning && e.Reason == "DataplaneRefused" &&
-				strings.Contains(e.Message, "node n1") && strings.Contains(e.Message, "not available in this kernel") {
-				return true
-			}
-		}
-		return false
+		return hasWarning(ctx, t, client, "d", "DataplaneRefused", "node n1", "not available in this kernel")
 	})
 	time.Sleep(200 * time.Millisecond) // retries of d must not announce it
 	if got := engine.prefixes(); got[badPrefix] || len(got) != 3 {
@@ -576,18 +566,7 @@ func TestControllerServiceRefusedByDataplane(t *testing.T) {
 // kernel accepts it (say, the scheduler's module was loaded on the host),
 // it is programmed and announced.
 func TestControllerRetriesRefusedService(t *testing.T) {
-	client := fakeServices(2)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	setScheduler(ctx, t, client, "b", "sed")
-	dp := &refusingDataplane{refuse: "sed", kernel: map[ipvs.Key]ipvs.Service{}}
-	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
-	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
-		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = c.Run(ctx) }()
+	_, c, dp, engine := startRefusing(t, 2, "b", "sed", "sed")
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
 		eventually(t, what, cond, func() string { return fmt.Sprintf("ready %v, routes %v", c.HasSynced(), engine.prefixes()) })
@@ -1327,30 +1306,9 @@ func unstructuredDelete(obj map[string]any, path ...string) {
 // InvalidDataplaneConfig naming the node and the bad value, and loses
 // nothing: it is programmed with the default scheduler and announced.
 func TestControllerInvalidDataplaneConfig(t *testing.T) {
-	client := fakeServices(1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	setScheduler(ctx, t, client, "a", "bogus")
-	dp := &refusingDataplane{refuse: "none", kernel: map[ipvs.Key]ipvs.Service{}}
-	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
-	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
-		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = c.Run(ctx) }()
+	client, _, dp, engine := startRefusing(t, 1, "a", "bogus", "none")
 	eventually(t, "a Warning Event InvalidDataplaneConfig on Service a", func() bool {
-		evs, err := client.CoreV1().Events("ns").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range evs.Items {
-			if e.InvolvedObject.Name == "a" && e.Type == v1.EventTypeWarning && e.Reason == "InvalidDataplaneConfig" &&
-				strings.Contains(e.Message, "node n1") && strings.Contains(e.Message, "bogus") {
-				return true
-			}
-		}
-		return false
+		return hasWarning(t.Context(), t, client, "a", "InvalidDataplaneConfig", "node n1", "bogus")
 	}, func() string { return fmt.Sprintf("routes %v", engine.prefixes()) })
 	eventually(t, "Service a programmed with the default scheduler and announced", func() bool {
 		dp.mu.Lock()
@@ -1358,4 +1316,41 @@ func TestControllerInvalidDataplaneConfig(t *testing.T) {
 		dp.mu.Unlock()
 		return ok && s.Scheduler == ipvs.DefaultScheduler && engine.prefixes()[netip.MustParsePrefix("10.100.0.1/32")]
 	}, func() string { return fmt.Sprintf("kernel %v, routes %v", dp.kernel, engine.prefixes()) })
+}
+
+// hasWarning reports whether namespace ns holds a Warning Event of reason
+// on the object named name whose message contains every one of parts.
+func hasWarning(ctx context.Context, t *testing.T, client *fake.Clientset, name, reason string, parts ...string) bool {
+	t.Helper()
+	evs, err := client.CoreV1().Events("ns").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs.Items {
+		if e.InvolvedObject.Name != name || e.Type != v1.EventTypeWarning || e.Reason != reason {
+			continue
+		}
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(e.Message, p) }) {
+			return true
+		}
+	}
+	return false
+}
+
+// startRefusing runs, until the test ends, a controller for node n1 over n
+// fake Services (fakeServices), Service name's scheduler annotation set to
+// sched, on a dataplane that refuses the scheduler refuse.
+func startRefusing(t *testing.T, n int, name, sched, refuse string) (*fake.Clientset, *Controller, *refusingDataplane, *flakyBGP) {
+	t.Helper()
+	client := fakeServices(n)
+	setScheduler(t.Context(), t, client, name, sched)
+	dp := &refusingDataplane{refuse: refuse, kernel: map[ipvs.Key]ipvs.Service{}}
+	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(t.Context()) }()
+	return client, c, dp, engine
 }
