@@ -1,134 +1,140 @@
-// Package nodereport turns what the speakers report in their
-// SpeakerStatuses into the answers of the kubectl-vipcast plugin: for a
-// Service, which node announces its VIPs and why the others do not; for
-// the cluster, the matrix of BGP sessions, nodes by peers. It is pure: the
-// plugin reads the objects and prints the rows.
+// Package nodereport turns the API objects into the answers of the
+// kubectl-vipcast plugin: for a Service, which node announces its VIPs
+// and why the others do not — computed node by node with the speaker's
+// own rules (speaker.Compile, speaker.ServiceRoutes), with what only a
+// node knows (its sessions, its kernel's refusals) from its
+// SpeakerStatus; for the cluster, the matrix of BGP sessions, nodes by
+// peers. It is pure: the plugin reads the objects and prints the rows.
 package nodereport
 
 import (
 	"cmp"
 	"fmt"
 	"io"
-	"net/netip"
 	"slices"
 	"strings"
 	"text/tabwriter"
 
 	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
+	"github.com/vipcast/vipcast/lbclass"
+	"github.com/vipcast/vipcast/speaker"
 )
 
 // NodeAnswer is one node's answer for one Service.
 type NodeAnswer struct {
 	// Node is the node's name.
 	Node string
-	// Announced are the prefixes the node announces that cover the
-	// Service's VIPs.
+	// Announced are the prefixes the node announces for the Service's
+	// VIPs.
 	Announced []string
 	// NextHops are the node's addresses the routers forward the VIPs to
 	// (its InternalIP of each announced VIP's family, else ExternalIP).
 	NextHops []string
-	// Why says why the node announces no route for some VIP; "" when it
-	// announces them all.
+	// Why says why the node announces no route for some VIP, or why what
+	// it announces reaches no router; "" when it announces them all.
 	Why string
 }
 
+// Objects are what the answers are computed from, as the API server has
+// them: the Service, its EndpointSlices, every IPPool, BGPPeer and Node,
+// and the SpeakerStatuses.
+type Objects struct {
+	Service  *v1.Service
+	Slices   []*discoveryv1.EndpointSlice
+	Pools    []*vipcastv1alpha1.IPPool
+	Peers    []*vipcastv1alpha1.BGPPeer
+	Nodes    []v1.Node
+	Statuses []vipcastv1alpha1.SpeakerStatus
+}
+
 // Why answers, node by node (sorted by name), whether each node announces
-// the VIPs of svc and why not, from the nodes' SpeakerStatuses; nodes
-// (for the next hops and the nodes without a speaker) may be nil.
-func Why(svc *v1.Service, statuses []vipcastv1alpha1.SpeakerStatus, nodes []v1.Node) []NodeAnswer {
-	key := svc.Namespace + "/" + svc.Name
-	vips := serviceVIPs(svc)
-	byNode := map[string]*v1.Node{}
-	for i := range nodes {
-		byNode[nodes[i].Name] = &nodes[i]
+// the Service's VIPs and why not: what the node's speaker decides from
+// these objects (speaker.ServiceRoutes over the node's speaker.Compile),
+// unless its SpeakerStatus says the speaker stopped or its kernel refused
+// the Service; a node without a SpeakerStatus runs no speaker.
+func Why(o Objects) []NodeAnswer {
+	key := speaker.ServiceKey(o.Service)
+	byName := make(map[string]*vipcastv1alpha1.SpeakerStatus, len(o.Statuses))
+	for i := range o.Statuses {
+		byName[o.Statuses[i].Name] = &o.Statuses[i]
 	}
-	var out []NodeAnswer
-	seen := map[string]bool{}
-	for _, s := range statuses {
-		seen[s.Name] = true
-		a := NodeAnswer{Node: s.Name}
-		if why, listed := notAnnounced(s.Status, key); listed {
-			a.Why = why
-		}
-		var missing []string
-		for _, vip := range vips {
-			p, ok := covering(s.Status.Announced, vip)
-			if !ok {
-				missing = append(missing, vip.String())
-				continue
-			}
-			a.Announced = append(a.Announced, p)
-			if hop := nextHop(byNode[s.Name], vip); hop != "" && !slices.Contains(a.NextHops, hop) {
-				a.NextHops = append(a.NextHops, hop)
-			}
-		}
+	out := make([]NodeAnswer, 0, len(o.Nodes))
+	for i := range o.Nodes {
+		node := &o.Nodes[i]
+		a := NodeAnswer{Node: node.Name}
+		st := byName[node.Name]
 		switch {
-		case len(vips) == 0:
-			a.Why = "the Service has no VIP in its status"
-		case a.Why == "" && len(missing) > 0 && int(s.Status.AnnouncedCount) > len(s.Status.Announced):
-			a.Why = fmt.Sprintf("not in the node's list of announced prefixes, which stops at %d of %d", len(s.Status.Announced), s.Status.AnnouncedCount)
-		case a.Why == "" && len(missing) > 0 && s.Status.SessionsEstablished == 0 && len(s.Status.Sessions) > 0 && s.Status.Sessions[0].LastError == "vipcast-speaker stopped":
-			a.Why = "vipcast-speaker stopped"
-		case a.Why == "" && len(missing) > 0:
-			a.Why = "no route for " + strings.Join(missing, ", ") + " (the Service is not one this node's vipcast serves, or the speaker has not synced it yet)"
+		case st == nil:
+			a.Why = "no SpeakerStatus: no vipcast-speaker has run on this node"
+		case stopped(&st.Status):
+			a.Why = speaker.StoppedReason
+		case refusal(&st.Status, key) != "":
+			a.Why = "dataplane refused it: " + refusal(&st.Status, key)
+		default:
+			a = decide(o, node, &st.Status)
 		}
 		out = append(out, a)
-	}
-	for _, n := range nodes {
-		if !seen[n.Name] {
-			out = append(out, NodeAnswer{Node: n.Name, Why: "no SpeakerStatus: no vipcast-speaker has run on this node"})
-		}
 	}
 	slices.SortFunc(out, func(a, b NodeAnswer) int { return cmp.Compare(a.Node, b.Node) })
 	return out
 }
 
-// serviceVIPs returns the addresses of svc's status.
-func serviceVIPs(svc *v1.Service) []netip.Addr {
-	var out []netip.Addr
-	for _, ing := range svc.Status.LoadBalancer.Ingress {
-		if a, err := netip.ParseAddr(ing.IP); err == nil {
-			out = append(out, a.Unmap())
+// decide is the node's speaker's decision for the Service, and whether
+// its routes reach a router.
+func decide(o Objects, node *v1.Node, st *vipcastv1alpha1.SpeakerStatusStatus) NodeAnswer {
+	n, _ := speaker.NodeFrom(node) // a bad local-ASN annotation changes no route
+	view, _ := speaker.Compile(o.Pools, o.Peers, n)
+	view.Classes = classes(st)
+	routes, why := speaker.ServiceRoutes(o.Service, o.Slices, view)
+	a := NodeAnswer{Node: node.Name, Why: why}
+	for _, r := range routes {
+		a.Announced = append(a.Announced, r.Prefix.String())
+		if hop := r.NextHop.String(); !slices.Contains(a.NextHops, hop) {
+			a.NextHops = append(a.NextHops, hop)
 		}
 	}
-	return out
+	var reach string
+	switch {
+	case len(routes) == 0:
+	case st.SessionsConfigured == 0:
+		reach = "announced to no router: no BGPPeer gives this node a session"
+	case st.SessionsEstablished == 0:
+		reach = fmt.Sprintf("announced to no router: none of its %d BGP sessions is Established (kubectl vipcast peers)", st.SessionsConfigured)
+	case int(st.RefusedCount) > len(st.Refused):
+		reach = fmt.Sprintf("announced unless the node's kernel refused it: it refused %d Services, its SpeakerStatus names %d (see the Service's DataplaneRefused Events)",
+			st.RefusedCount, len(st.Refused))
+	}
+	if reach != "" {
+		a.Why = strings.Join(slices.DeleteFunc([]string{why, reach}, func(s string) bool { return s == "" }), "; ")
+	}
+	return a
 }
 
-// notAnnounced returns the reason st lists key under, if it does.
-func notAnnounced(st vipcastv1alpha1.SpeakerStatusStatus, key string) (string, bool) {
-	for _, g := range st.NotAnnounced {
-		if slices.Contains(g.Services, key) {
-			return g.Reason, true
-		}
+// classes is the Services the node's speaker serves, as its status says;
+// a status that says none (written by a speaker older than the field)
+// stands for the default, the class-less Services.
+func classes(st *vipcastv1alpha1.SpeakerStatusStatus) lbclass.Selector {
+	s := lbclass.Selector{Class: st.LoadBalancerClass, NoClassless: !st.ServesClassless}
+	if s.Validate() != nil {
+		return lbclass.Selector{}
 	}
-	return "", false
+	return s
 }
 
-// covering returns the announced prefix that contains vip, the longest.
-func covering(announced []string, vip netip.Addr) (string, bool) {
-	best, bits := "", -1
-	for _, s := range announced {
-		p, err := netip.ParsePrefix(s)
-		if err == nil && p.Contains(vip) && p.Bits() > bits {
-			best, bits = s, p.Bits()
-		}
-	}
-	return best, bits >= 0
+// stopped reports whether st is the status a speaker writes when it stops.
+func stopped(st *vipcastv1alpha1.SpeakerStatusStatus) bool {
+	return st.SessionsEstablished == 0 && len(st.Sessions) > 0 && st.Sessions[0].LastError == speaker.StoppedReason
 }
 
-// nextHop returns node's address of vip's family the speakers announce as
-// next hop: an InternalIP, else an ExternalIP; "" when unknown.
-func nextHop(node *v1.Node, vip netip.Addr) string {
-	if node == nil {
-		return ""
-	}
-	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
-		for _, a := range node.Status.Addresses {
-			if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == typ && ip.Is4() == vip.Is4() {
-				return a.Address
-			}
+// refusal returns why the node's kernel refused the Service key, if the
+// status lists it.
+func refusal(st *vipcastv1alpha1.SpeakerStatusStatus, key string) string {
+	for _, r := range st.Refused {
+		if r.Service == key {
+			return r.Message
 		}
 	}
 	return ""

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/bgp"
@@ -45,7 +46,7 @@ const keyResync = "\x00resync"
 const keyDrift = "\x00drift"
 
 // keyStatus is the queue key for computing the node's SpeakerStatus,
-// queued statusInterval after every change.
+// queued statusCompute after every change.
 const keyStatus = "\x00status"
 
 // Options configure a Controller.
@@ -112,6 +113,11 @@ type Options struct {
 	// EndpointSlice controller manages count. Empty: every node with a
 	// tunnel address takes flows.
 	SpeakerService string
+	// StatusInterval is how often, at most, the node's SpeakerStatus is
+	// written for a change of its counts or sample of prefixes (with up to
+	// 20% jitter); a change of a session, a refusal or the served classes
+	// is written at once. 0 is DefaultStatusInterval.
+	StatusInterval time.Duration
 }
 
 // Controller is the speaker's reconciler: it watches Services,
@@ -137,10 +143,10 @@ type Controller struct {
 	// bfdGuarded are the BFD peers the host guard lets in, as last set
 	// (syncSessions).
 	bfdGuarded []netip.Addr
-	// notAnnounced says, by Service key, why this node announces no route
-	// for a VIP of a Service vipcast serves (see unannounced); owned by
-	// the worker goroutine.
-	notAnnounced map[string]string
+	// notAnnounced are the keys of the Services vipcast serves for a VIP
+	// of which this node announces no route (see unannounced), counted in
+	// the SpeakerStatus; owned by the worker goroutine.
+	notAnnounced map[string]bool
 	// handovers are the Local handovers under way (HandoverRoutes); owned
 	// by the worker goroutine.
 	handovers handovers
@@ -166,6 +172,9 @@ func NewController(opts Options) (*Controller, error) {
 	if opts.DataplaneProbe <= 0 {
 		opts.DataplaneProbe = 2 * time.Second
 	}
+	if opts.StatusInterval <= 0 {
+		opts.StatusInterval = DefaultStatusInterval
+	}
 	if opts.Calls == nil {
 		opts.Calls = opts.Client
 	}
@@ -181,8 +190,8 @@ func NewController(opts Options) (*Controller, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "speaker"}),
 		events:       record.NewBroadcaster(),
-		status:       newStatusWriter(opts.Dynamic),
-		notAnnounced: map[string]string{},
+		status:       newStatusWriter(opts.Dynamic, opts.StatusInterval, clock.RealClock{}),
+		notAnnounced: map[string]bool{},
 		handovers:    handovers{delay: opts.Handover},
 	}
 	c.report = newReporter(c.events.NewRecorder(scheme, v1.EventSource{Component: Component, Host: opts.NodeName}), opts.NodeName)
@@ -356,6 +365,6 @@ func (c *Controller) ReportStopped(ctx context.Context) error {
 // comes up or goes down (not for each retry in between).
 func (c *Controller) SessionChanged(ctx context.Context, s bgp.SessionState) {
 	c.sessionUp(s.Peer, s.Established())
-	c.queue.AddAfter(keyStatus, statusInterval)
+	c.queue.AddAfter(keyStatus, statusCompute)
 	c.report.sessionChanged(ctx, s, func(name string) *vipcastv1alpha1.BGPPeer { return c.watch.peer(ctx, name) })
 }

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -61,6 +62,16 @@ func newProgrammer(dp Dataplane, m *Metrics) *programmer {
 // servers at their last programming (nil: all programmed).
 func (p *programmer) refusal(key string) error {
 	return p.refused[key]
+}
+
+// refusedMessages returns, by Service key, why the dataplane refused the
+// Services it refused.
+func (p *programmer) refusedMessages() map[string]string {
+	out := make(map[string]string, len(p.refused))
+	for k, err := range p.refused {
+		out[k] = strings.ReplaceAll(err.Error(), "\n", "; ")
+	}
+	return out
 }
 
 // setRefused records why the Service key's virtual servers were refused

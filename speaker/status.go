@@ -3,6 +3,7 @@ package speaker
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -10,26 +11,38 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/bgp"
+	"github.com/vipcast/vipcast/lbclass"
 )
 
-// The node's SpeakerStatus: what it announces, why it does not announce
-// the rest, and its sessions. The worker goroutine computes it at most
-// every statusInterval (keyStatus, queued with that delay after every
-// change), and a writer goroutine writes it when it changed, so an API
+// The node's SpeakerStatus: its sessions, how much it announces, and what
+// its kernel refused. The worker goroutine computes it at most every
+// statusCompute (keyStatus, queued with that delay after every change),
+// and a writer goroutine writes it: at once when a session, a refusal or
+// the served classes changed, otherwise (the counts, the sample of
+// prefixes) at most every Options.StatusInterval with jitter. An API
 // server that is slow or gone never holds up the dataplane or BGP.
 const (
-	statusInterval = 2 * time.Second
+	statusCompute = 2 * time.Second
+	// DefaultStatusInterval is the default Options.StatusInterval.
+	DefaultStatusInterval = 30 * time.Second
+	// statusJitter spreads the nodes' periodic writes: each waits the
+	// interval plus up to this fraction of it more.
+	statusJitter = 0.2
 	// statusCallTimeout bounds each request of the status writer.
 	statusCallTimeout = 10 * time.Second
 	// statusRetry is the first wait after a failed write; it doubles up
@@ -38,23 +51,28 @@ const (
 	statusRetryMax = time.Minute
 )
 
-// BuildSpeakerStatus computes a node's SpeakerStatus from its sessions, the
-// prefixes it announces and, by Service key, why it announces no route for
-// a Service vipcast serves that has a VIP (only Services with a reason).
-// Lists are sorted and bounded (MaxSpeakerStatusAnnounced,
-// MaxSpeakerStatusNotAnnouncedBytes); counts are exact. LastUpdateTime is
-// left to the writer.
-func BuildSpeakerStatus(sessions []bgp.SessionState, announced []netip.Prefix, notAnnounced map[string]string) vipcastv1alpha1.SpeakerStatusStatus {
+// BuildSpeakerStatus computes a node's SpeakerStatus from its sessions,
+// the number of prefixes it announces and a sorted sample of them
+// (at most MaxSpeakerStatusAnnounced are kept), the number of Services it
+// announces no route for, the Services its kernel refused (by key, the
+// kernel's reason) and the classes it serves. Its size does not depend on
+// the number of Services: lists are bounded and messages cut at
+// MaxSpeakerStatusMessage bytes; counts are exact. LastUpdateTime is left
+// to the writer.
+func BuildSpeakerStatus(sessions []bgp.SessionState, announced int, sample []netip.Prefix, notAnnounced int, refused map[string]string, classes lbclass.Selector) vipcastv1alpha1.SpeakerStatusStatus {
 	st := vipcastv1alpha1.SpeakerStatusStatus{
-		SessionsConfigured: int32(len(sessions)),     //nolint:gosec // bounded by the BGPPeers of one node
-		AnnouncedCount:     int32(len(announced)),    //nolint:gosec // bounded by the Services
-		NotAnnouncedCount:  int32(len(notAnnounced)), //nolint:gosec // bounded by the Services
+		SessionsConfigured: int32(len(sessions)), //nolint:gosec // bounded by the BGPPeers of one node
+		AnnouncedCount:     int32(announced),     //nolint:gosec // bounded by the Services
+		NotAnnouncedCount:  int32(notAnnounced),  //nolint:gosec // bounded by the Services
+		RefusedCount:       int32(len(refused)),  //nolint:gosec // bounded by the Services
+		LoadBalancerClass:  classes.Class,
+		ServesClassless:    !classes.NoClassless,
 	}
 	for _, s := range sessions {
 		out := vipcastv1alpha1.SpeakerSession{
-			Peer: s.Peer, Address: s.Address.String(), State: s.State, LastError: s.Reason,
+			Peer: s.Peer, Address: s.Address.String(), State: s.State, LastError: cut(s.Reason),
 			PrefixesSent: int32(s.Announced), //nolint:gosec // bounded by the Services
-			BFD:          s.BFD, BFDDiagnostic: s.BFDDiag,
+			BFD:          s.BFD, BFDDiagnostic: cut(s.BFDDiag),
 		}
 		if !s.Since.IsZero() {
 			out.Since = &metav1.Time{Time: s.Since.Truncate(time.Second)}
@@ -66,31 +84,45 @@ func BuildSpeakerStatus(sessions []bgp.SessionState, announced []netip.Prefix, n
 		st.Sessions = append(st.Sessions, out)
 	}
 	slices.SortFunc(st.Sessions, func(a, b vipcastv1alpha1.SpeakerSession) int { return cmp.Compare(a.Peer, b.Peer) })
+	st.Sessions = st.Sessions[:min(len(st.Sessions), vipcastv1alpha1.MaxSpeakerStatusSessions)]
 
-	prefixes := slices.SortedFunc(slices.Values(announced), comparePrefix)
-	for _, p := range prefixes[:min(len(prefixes), vipcastv1alpha1.MaxSpeakerStatusAnnounced)] {
+	sample = slices.SortedFunc(slices.Values(sample), comparePrefix)
+	for _, p := range sample[:min(len(sample), vipcastv1alpha1.MaxSpeakerStatusAnnounced)] {
 		st.Announced = append(st.Announced, p.String())
 	}
-
-	// Services in key order, grouped by reason, up to the byte bound
-	// (a name and its JSON quoting; a reason and its group's keys).
-	byReason := map[string][]string{}
-	budget := vipcastv1alpha1.MaxSpeakerStatusNotAnnouncedBytes
-	for _, key := range slices.Sorted(maps.Keys(notAnnounced)) {
-		why := notAnnounced[key]
-		cost := len(key) + 3
-		if _, ok := byReason[why]; !ok {
-			cost += len(why) + 30
-		}
-		if budget -= cost; budget < 0 {
-			break
-		}
-		byReason[why] = append(byReason[why], key)
-	}
-	for _, why := range slices.Sorted(maps.Keys(byReason)) {
-		st.NotAnnounced = append(st.NotAnnounced, vipcastv1alpha1.NotAnnounced{Reason: why, Services: byReason[why]})
+	keys := slices.Sorted(maps.Keys(refused))
+	for _, key := range keys[:min(len(keys), vipcastv1alpha1.MaxSpeakerStatusRefused)] {
+		st.Refused = append(st.Refused, vipcastv1alpha1.RefusedService{Service: key, Message: cut(refused[key])})
 	}
 	return st
+}
+
+// cut shortens s to MaxSpeakerStatusMessage bytes, on a rune boundary.
+func cut(s string) string {
+	const limit = vipcastv1alpha1.MaxSpeakerStatusMessage
+	if len(s) <= limit {
+		return s
+	}
+	s = s[:limit-len("…")]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
+}
+
+// urgent reports whether the status b differs from a in what is written
+// at once rather than with the periodic write: the sessions (their
+// states, errors and BFD, not their prefix counts), the refusals, the
+// served classes.
+func urgent(a, b *vipcastv1alpha1.SpeakerStatusStatus) bool {
+	sameSession := func(x, y vipcastv1alpha1.SpeakerSession) bool {
+		x.PrefixesSent, y.PrefixesSent = 0, 0
+		return reflect.DeepEqual(x, y)
+	}
+	return a.SessionsConfigured != b.SessionsConfigured || a.SessionsEstablished != b.SessionsEstablished ||
+		!slices.EqualFunc(a.Sessions, b.Sessions, sameSession) ||
+		a.RefusedCount != b.RefusedCount || !slices.Equal(a.Refused, b.Refused) ||
+		a.LoadBalancerClass != b.LoadBalancerClass || a.ServesClassless != b.ServesClassless
 }
 
 // speakerStatus is what the writer is asked to write: the node it is for
@@ -101,10 +133,15 @@ type speakerStatus struct {
 }
 
 // statusWriter writes the node's SpeakerStatus: the latest status it was
-// given, when it differs from what it last wrote, retrying with backoff.
+// given, when it differs from what it last wrote — at once when urgent,
+// else once the interval (with jitter) since the last write has passed —
+// retrying with backoff. Each write is one patch of the status
+// subresource; the object is created (owned by the Node) when the patch
+// finds none.
 type statusWriter struct {
-	client dynamic.NamespaceableResourceInterface
-	now    func() time.Time
+	client   dynamic.NamespaceableResourceInterface
+	clock    clock.Clock
+	interval time.Duration
 
 	kick chan struct{}
 
@@ -112,16 +149,18 @@ type statusWriter struct {
 	pending *speakerStatus
 	last    *speakerStatus // the last one set
 
-	writing sync.Mutex                           // one write at a time
-	written *vipcastv1alpha1.SpeakerStatusStatus // under writing
-	final   bool                                 // under writing: the stop is written, nothing after it
+	writing   sync.Mutex                           // one write at a time
+	written   *vipcastv1alpha1.SpeakerStatusStatus // under writing
+	nextWrite time.Time                            // under writing: the periodic write's time
+	final     bool                                 // under writing: the stop is written, nothing after it
 }
 
-func newStatusWriter(dyn dynamic.Interface) *statusWriter {
+func newStatusWriter(dyn dynamic.Interface, interval time.Duration, clk clock.Clock) *statusWriter {
 	return &statusWriter{
-		client: dyn.Resource(vipcastv1alpha1.SpeakerStatusesResource),
-		now:    time.Now,
-		kick:   make(chan struct{}, 1),
+		client:   dyn.Resource(vipcastv1alpha1.SpeakerStatusesResource),
+		clock:    clk,
+		interval: interval,
+		kick:     make(chan struct{}, 1),
 	}
 }
 
@@ -138,22 +177,52 @@ func (w *statusWriter) set(node *v1.Node, st vipcastv1alpha1.SpeakerStatusStatus
 	}
 }
 
+// due returns when next may be written: now when it is the first, urgent,
+// or nothing was written for the interval; never (ok false) when it is
+// what was last written.
+func (w *statusWriter) due(next *speakerStatus) (at time.Time, ok bool) {
+	w.writing.Lock()
+	defer w.writing.Unlock()
+	switch {
+	case w.final || (w.written != nil && reflect.DeepEqual(*w.written, next.status)):
+		return time.Time{}, false
+	case w.written == nil || urgent(w.written, &next.status):
+		return w.clock.Now(), true
+	}
+	return w.nextWrite, true
+}
+
 // run writes until ctx ends.
 func (w *statusWriter) run(ctx context.Context) {
 	retry := statusRetry
 	failing := false
-	var wait <-chan time.Time
+	var backoff time.Time // no write before, while failing
+	timer := w.clock.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.kick:
-		case <-wait:
+		case <-timer.C():
 		}
 		w.mu.Lock()
 		next := w.pending
 		w.mu.Unlock()
 		if next == nil {
+			continue
+		}
+		at, ok := w.due(next)
+		if !ok {
+			w.done(next)
+			continue
+		}
+		if failing && at.Before(backoff) {
+			at = backoff
+		}
+		if wait := at.Sub(w.clock.Now()); wait > 0 {
+			timer.Reset(wait)
 			continue
 		}
 		if err := w.write(ctx, next, false); err != nil {
@@ -169,17 +238,23 @@ func (w *statusWriter) run(ctx context.Context) {
 				logger.V(2).Info("Writing this node's SpeakerStatus failed; retrying", "node", next.node.Name, "in", retry, "err", err)
 			}
 			failing = true
-			wait = time.After(retry)
+			backoff = w.clock.Now().Add(retry)
+			timer.Reset(retry)
 			retry = min(2*retry, statusRetryMax)
 			continue
 		}
-		wait, retry, failing = nil, statusRetry, false
-		w.mu.Lock()
-		if w.pending == next {
-			w.pending = nil
-		}
-		w.mu.Unlock()
+		retry, failing = statusRetry, false
+		w.done(next)
 	}
+}
+
+// done drops next from pending unless a newer status replaced it.
+func (w *statusWriter) done(next *speakerStatus) {
+	w.mu.Lock()
+	if w.pending == next {
+		w.pending = nil
+	}
+	w.mu.Unlock()
 }
 
 // stopped writes, once the speaker has closed its sessions, that it
@@ -192,19 +267,28 @@ func (w *statusWriter) stopped(ctx context.Context) error {
 	if last == nil {
 		return nil
 	}
-	st := vipcastv1alpha1.SpeakerStatusStatus{SessionsConfigured: last.status.SessionsConfigured}
-	since := &metav1.Time{Time: w.now().Truncate(time.Second)}
+	st := vipcastv1alpha1.SpeakerStatusStatus{
+		SessionsConfigured: last.status.SessionsConfigured,
+		LoadBalancerClass:  last.status.LoadBalancerClass,
+		ServesClassless:    last.status.ServesClassless,
+	}
+	since := &metav1.Time{Time: w.clock.Now().Truncate(time.Second)}
 	for _, s := range last.status.Sessions {
 		st.Sessions = append(st.Sessions, vipcastv1alpha1.SpeakerSession{
-			Peer: s.Peer, Address: s.Address, State: "Idle", Since: since, LastError: "vipcast-speaker stopped",
+			Peer: s.Peer, Address: s.Address, State: "Idle", Since: since, LastError: StoppedReason,
 		})
 	}
 	return w.write(ctx, &speakerStatus{node: last.node, status: st}, true)
 }
 
-// write makes the node's SpeakerStatus hold want's status, creating the
-// object (owned by the Node) if it does not exist.
-// With final it is the stop's write; after it nothing is written.
+// StoppedReason is the lastError of every session in the status a speaker
+// writes when it stops.
+const StoppedReason = "vipcast-speaker stopped"
+
+// write makes the node's SpeakerStatus hold want's status with one patch
+// of the status subresource, creating the object (owned by the Node) when
+// it does not exist. With final it is the stop's write; after it nothing
+// is written.
 func (w *statusWriter) write(ctx context.Context, want *speakerStatus, final bool) error {
 	w.writing.Lock()
 	defer w.writing.Unlock()
@@ -218,7 +302,16 @@ func (w *statusWriter) write(ctx context.Context, want *speakerStatus, final boo
 	ctx, cancel := context.WithTimeout(ctx, statusCallTimeout)
 	defer cancel()
 	name := want.node.Name
-	cur, err := w.client.Get(ctx, name, metav1.GetOptions{})
+	st := want.status
+	now := w.clock.Now()
+	st.LastUpdateTime = &metav1.Time{Time: now.Truncate(time.Second)}
+	// A JSON patch that adds /status replaces the whole status (lists and
+	// fields left out included), whether or not the object has one yet.
+	patch, err := json.Marshal([]any{map[string]any{"op": "add", "path": "/status", "value": st}})
+	if err != nil {
+		return fmt.Errorf("encoding SpeakerStatus %s: %w", name, err)
+	}
+	_, err = w.client.Patch(ctx, name, types.JSONPatchType, patch, metav1.PatchOptions{}, "status")
 	if apierrors.IsNotFound(err) {
 		obj := &vipcastv1alpha1.SpeakerStatus{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		if want.node.UID != "" {
@@ -228,33 +321,19 @@ func (w *statusWriter) write(ctx context.Context, want *speakerStatus, final boo
 		if convErr != nil {
 			return convErr
 		}
-		cur, err = w.client.Create(ctx, u, metav1.CreateOptions{})
+		if _, err = w.client.Create(ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating SpeakerStatus %s: %w", name, err)
+		}
+		_, err = w.client.Patch(ctx, name, types.JSONPatchType, patch, metav1.PatchOptions{}, "status")
 	}
 	if err != nil {
-		return fmt.Errorf("reading or creating SpeakerStatus %s: %w", name, err)
-	}
-	var have vipcastv1alpha1.SpeakerStatus
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(cur.Object, &have); err != nil {
-		return fmt.Errorf("decoding SpeakerStatus %s: %w", name, err)
-	}
-	st := want.status
-	st.LastUpdateTime = have.Status.LastUpdateTime
-	if !reflect.DeepEqual(have.Status, st) {
-		st.LastUpdateTime = &metav1.Time{Time: w.now().Truncate(time.Second)}
-		have.Status = st
-		u, err := toUnstructured(&have)
-		if err != nil {
-			return err
-		}
-		if _, err := w.client.UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("updating SpeakerStatus %s: %w", name, err)
-		}
+		return fmt.Errorf("patching SpeakerStatus %s: %w", name, err)
 	}
 	written := want.status
 	w.written = &written
+	w.nextWrite = now.Add(wait.Jitter(w.interval, statusJitter))
 	return nil
 }
-
 func toUnstructured(obj *vipcastv1alpha1.SpeakerStatus) (*unstructured.Unstructured, error) {
 	obj.APIVersion, obj.Kind = vipcastv1alpha1.SchemeGroupVersion.String(), "SpeakerStatus"
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)

@@ -55,7 +55,7 @@ func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 	}
 	c.setSynced(time.Now(), sessions) // the table is in BGP and the sessions are configured
 	c.opts.Metrics.observeSync("config", start)
-	c.queue.AddAfter(keyStatus, statusInterval)
+	c.queue.AddAfter(keyStatus, statusCompute)
 	klog.FromContext(ctx).V(2).Info("Configuration synced", "peers", len(sessions), "routes", c.ann.table.Len(),
 		"announced", announced, "withdrawn", withdrawn, "duration", time.Since(start))
 	return dpErr
@@ -358,13 +358,13 @@ func (c *Controller) snapshot() []serviceSnapshot {
 // why this node announces none for some (notAnnounced).
 func (c *Controller) routesOf(snap []serviceSnapshot) func(yield func(string, []bgp.Route) bool) {
 	return func(yield func(string, []bgp.Route) bool) {
-		fresh := map[string]string{}
+		fresh := map[string]bool{}
 		seen := make(map[string]bool, len(snap))
 		for _, s := range snap {
 			seen[ServiceKey(s.svc)] = true
 			routes, why := c.serviceRoutes(s.svc, s.slices)
 			if c.unannounced(s.svc, why) {
-				fresh[ServiceKey(s.svc)] = why
+				fresh[ServiceKey(s.svc)] = true
 			}
 			if !yield(ServiceKey(s.svc), routes) {
 				return
@@ -396,12 +396,12 @@ func (c *Controller) publishStatus(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reading the BGP sessions: %w", err)
 	}
-	routes := c.ann.table.Routes()
-	prefixes := make([]netip.Prefix, len(routes))
-	for i, r := range routes {
-		prefixes[i] = r.Prefix
+	var refused map[string]string
+	if c.prog != nil {
+		refused = c.prog.refusedMessages()
 	}
-	c.status.set(node, BuildSpeakerStatus(sessions, prefixes, c.notAnnounced))
+	c.status.set(node, BuildSpeakerStatus(sessions, c.ann.table.Len(), c.ann.table.First(vipcastv1alpha1.MaxSpeakerStatusAnnounced),
+		len(c.notAnnounced), refused, c.opts.Classes))
 	return nil
 }
 
@@ -467,7 +467,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	defer c.queue.AddAfter(keyStatus, statusInterval)
+	defer c.queue.AddAfter(keyStatus, statusCompute)
 	if svc == nil {
 		delete(c.notAnnounced, key)
 		c.handovers.end(key)
@@ -482,7 +482,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	}
 	routes, why := c.serviceRoutes(svc, slices)
 	if c.unannounced(svc, why) {
-		c.notAnnounced[key] = why
+		c.notAnnounced[key] = true
 		if len(routes) == 0 {
 			klog.FromContext(ctx).V(2).Info("Not announcing", "service", key, "reason", why)
 		}

@@ -107,6 +107,23 @@ func (t *RouteTable) Routes() []bgp.Route {
 	return out
 }
 
+// First returns the first n announced prefixes in order (IPv4 first, by
+// address, then length), in O(prefixes·n) without sorting the table.
+func (t *RouteTable) First(n int) []netip.Prefix {
+	out := make([]netip.Prefix, 0, min(n, len(t.prefixes)))
+	for p := range t.prefixes {
+		i, _ := slices.BinarySearchFunc(out, p, comparePrefix)
+		switch {
+		case len(out) < n:
+			out = slices.Insert(out, i, p)
+		case i < n:
+			copy(out[i+1:], out[i:n-1])
+			out[i] = p
+		}
+	}
+	return out
+}
+
 // ServiceRoutes returns the routes last Set for serviceKey (shared; do not
 // modify).
 func (t *RouteTable) ServiceRoutes(serviceKey string) []bgp.Route { return t.services[serviceKey] }

@@ -4,22 +4,33 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Bounds of a SpeakerStatus's lists, so the object stays far below the
-// API server's object size limit (1.5 MiB in etcd) however many Services
-// the cluster has: the counts stay exact, the lists stop there.
+// Bounds of a SpeakerStatus's lists. The object holds what only the node
+// knows — its sessions, the kernel's refusals, how much it announces — and
+// never a list that grows with the Services: its size, and what writing it
+// costs etcd, does not depend on how many Services the cluster has. What
+// a node announces for a given Service and why not is computed from the
+// API objects with the speaker's own rules (`kubectl vipcast why`).
 const (
-	// MaxSpeakerStatusAnnounced bounds status.announced (at most 44 bytes
-	// a prefix).
-	MaxSpeakerStatusAnnounced = 10000
-	// MaxSpeakerStatusNotAnnouncedBytes bounds the Service names and
-	// reasons listed in status.notAnnounced, in bytes.
-	MaxSpeakerStatusNotAnnouncedBytes = 512 << 10
+	// MaxSpeakerStatusSessions bounds status.sessions (a node peers with
+	// a few routers; the count stays exact).
+	MaxSpeakerStatusSessions = 32
+	// MaxSpeakerStatusAnnounced bounds status.announced, a sample of the
+	// announced prefixes (the count stays exact).
+	MaxSpeakerStatusAnnounced = 8
+	// MaxSpeakerStatusRefused bounds status.refused (the count stays
+	// exact).
+	MaxSpeakerStatusRefused = 8
+	// MaxSpeakerStatusMessage bounds each message in the status, in
+	// bytes.
+	MaxSpeakerStatusMessage = 256
 )
 
 // SpeakerStatus is what vipcast-speaker on one node reports: its BGP
-// sessions, the prefixes it announces, and why it announces no route for
-// the others. The speaker writes it, named after its Node and owned by it
-// (it goes with the Node); users read it.
+// sessions, how many prefixes it announces and how many Services it
+// announces no route for, and the Services its kernel refused. The
+// speaker writes it, named after its Node and owned by it (it goes with
+// the Node), when a session changes and otherwise at most every
+// --status-interval; users and `kubectl vipcast` read it.
 //
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
@@ -29,6 +40,7 @@ const (
 // +kubebuilder:printcolumn:name="Sessions",type=integer,JSONPath=".status.sessionsConfigured",description="BGP sessions configured on this node"
 // +kubebuilder:printcolumn:name="Announced",type=integer,JSONPath=".status.announcedCount",description="Prefixes this node announces"
 // +kubebuilder:printcolumn:name="Not Announced",type=integer,JSONPath=".status.notAnnouncedCount",description="Services with a VIP this node announces no route for"
+// +kubebuilder:printcolumn:name="Refused",type=integer,JSONPath=".status.refusedCount",description="Services whose virtual servers this node's kernel refused"
 // +kubebuilder:printcolumn:name="Updated",type=date,JSONPath=".status.lastUpdateTime",description="When the speaker last changed this status"
 type SpeakerStatus struct {
 	metav1.TypeMeta `json:",inline"`
@@ -49,31 +61,48 @@ type SpeakerStatusStatus struct {
 	// SessionsEstablished counts those that are Established.
 	// +optional
 	SessionsEstablished int32 `json:"sessionsEstablished"`
-	// Sessions are this node's BGP sessions, by peer name.
+	// Sessions are this node's BGP sessions, by peer name; at most
+	// MaxSpeakerStatusSessions.
 	// +optional
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
 	Sessions []SpeakerSession `json:"sessions,omitempty"`
 
 	// AnnouncedCount counts the prefixes this node announces.
 	// +optional
 	AnnouncedCount int32 `json:"announcedCount"`
-	// Announced are the prefixes this node announces, sorted; at most
-	// MaxSpeakerStatusAnnounced.
+	// Announced is a sample of those prefixes: the first
+	// MaxSpeakerStatusAnnounced, sorted.
 	// +optional
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
 	Announced []string `json:"announced,omitempty"`
 
 	// NotAnnouncedCount counts the Services vipcast serves that have a VIP
-	// this node announces no route for.
+	// this node announces no route for (`kubectl vipcast why SERVICE`
+	// says why, node by node).
 	// +optional
 	NotAnnouncedCount int32 `json:"notAnnouncedCount"`
-	// NotAnnounced groups those Services by why, in words (no ready
-	// endpoint on this node, the pool's nodeSelector, the dataplane
-	// refused it, ...), Services in key order up to
-	// MaxSpeakerStatusNotAnnouncedBytes.
+
+	// RefusedCount counts the Services whose virtual servers this node's
+	// kernel refused, so that it announces no route for them.
+	// +optional
+	RefusedCount int32 `json:"refusedCount"`
+	// Refused are the first MaxSpeakerStatusRefused of those Services, in
+	// key order, with the kernel's reason.
 	// +optional
 	// +listType=atomic
-	NotAnnounced []NotAnnounced `json:"notAnnounced,omitempty"`
+	// +kubebuilder:validation:MaxItems=8
+	Refused []RefusedService `json:"refused,omitempty"`
+
+	// LoadBalancerClass is the speaker's --load-balancer-class: with
+	// ServesClassless, which Services it serves.
+	// +optional
+	LoadBalancerClass string `json:"loadBalancerClass,omitempty"`
+	// ServesClassless is true when the speaker serves Services without a
+	// spec.loadBalancerClass.
+	// +optional
+	ServesClassless bool `json:"servesClassless,omitempty"`
 
 	// LastUpdateTime is when the speaker last changed this status.
 	// +optional
@@ -109,14 +138,14 @@ type SpeakerSession struct {
 	BFDDiagnostic string `json:"bfdDiagnostic,omitempty"`
 }
 
-// NotAnnounced is the Services a node announces no route for, for one
-// reason.
-type NotAnnounced struct {
-	// Reason says why, in words.
-	Reason string `json:"reason"`
-	// Services are the Services' namespace/name, sorted.
-	// +listType=atomic
-	Services []string `json:"services"`
+// RefusedService is a Service whose virtual servers a node's kernel
+// refused.
+type RefusedService struct {
+	// Service is the Service's namespace/name.
+	Service string `json:"service"`
+	// Message is the kernel's reason, at most MaxSpeakerStatusMessage
+	// bytes.
+	Message string `json:"message"`
 }
 
 // SpeakerStatusList is a list of SpeakerStatus.

@@ -579,20 +579,19 @@ func speakerStatusPolicy(ctx context.Context, t *testing.T, cp *controlplane.Con
 	if err != nil {
 		t.Fatalf("the speaker on n1 creates its own SpeakerStatus: %v", err)
 	}
-	_ = unstructured.SetNestedField(own.Object, int64(2), "status", "sessionsConfigured")
-	if _, err := onN1.UpdateStatus(ctx, own, metav1.UpdateOptions{}); err != nil {
-		t.Errorf("the speaker on n1 updates its own SpeakerStatus: %v", err)
+	// The speaker writes its status as a JSON patch of the status
+	// subresource, the one write its RBAC allows.
+	patch := []byte(`[{"op":"add","path":"/status","value":{"sessionsConfigured":2}}]`)
+	patchStatus := func(c dynamic.ResourceInterface, name string) error {
+		_, err := c.Patch(ctx, name, types.JSONPatchType, patch, metav1.PatchOptions{}, "status")
+		return err
 	}
-	other, err := cp.Dynamic.Resource(vipcastv1alpha1.SpeakerStatusesResource).Create(ctx, status("n2"), metav1.CreateOptions{})
-	if err != nil {
+	if err := patchStatus(onN1, own.GetName()); err != nil {
+		t.Errorf("the speaker on n1 patches its own SpeakerStatus: %v", err)
+	}
+	if _, err := cp.Dynamic.Resource(vipcastv1alpha1.SpeakerStatusesResource).Create(ctx, status("n2"), metav1.CreateOptions{}); err != nil {
 		t.Fatalf("the admin creates n2's SpeakerStatus: %v", err)
 	}
-	_ = unstructured.SetNestedField(other.Object, int64(9), "status", "sessionsConfigured")
-	_, err = onN1.UpdateStatus(ctx, other, metav1.UpdateOptions{})
-	denied("the speaker on n1 updates n2's SpeakerStatus", err, "the speaker on node n1 writes its own node's SpeakerStatus only")
-	if own, err = cp.Dynamic.Resource(vipcastv1alpha1.SpeakerStatusesResource).Get(ctx, "n1", metav1.GetOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	_, err = unbound.UpdateStatus(ctx, own, metav1.UpdateOptions{})
-	denied("a token of the speaker's ServiceAccount not bound to a pod updates n1's SpeakerStatus", err, "not bound to a pod on a node")
+	denied("the speaker on n1 patches n2's SpeakerStatus", patchStatus(onN1, "n2"), "the speaker on node n1 writes its own node's SpeakerStatus only")
+	denied("a token of the speaker's ServiceAccount not bound to a pod patches n1's SpeakerStatus", patchStatus(unbound, "n1"), "not bound to a pod on a node")
 }

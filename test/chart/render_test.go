@@ -60,8 +60,8 @@ var (
 		"vipcast.io/ippools":                {"list", "watch"},
 		"vipcast.io/bgppeers":               {"list", "watch"},
 		"/events":                           {"create", "patch"},
-		"vipcast.io/speakerstatuses":        {"create", "get"},
-		"vipcast.io/speakerstatuses/status": {"update"},
+		"vipcast.io/speakerstatuses":        {"create"},
+		"vipcast.io/speakerstatuses/status": {"patch"},
 	}
 )
 
@@ -849,6 +849,7 @@ func TestSchemaRejectsWrongType(t *testing.T) {
 		{"resync zero", "speaker: {resyncPeriod: 0s}", []string{"/speaker/resyncPeriod"}},
 		{"resync 999ms", "speaker: {resyncPeriod: 999ms}", []string{"/speaker/resyncPeriod"}},
 		{"resync in ns", "speaker: {resyncPeriod: 5000000000ns}", []string{"/speaker/resyncPeriod"}},
+		{"status interval below 1s", "speaker: {statusInterval: 500ms}", []string{"/speaker/statusInterval"}},
 		{"dataplane resync below 1s", "speaker: {ipvs: {enabled: true, resyncPeriod: 100ms}}", []string{"/speaker/ipvs/resyncPeriod"}},
 		{"dataplane resync zero", "speaker: {ipvs: {enabled: true, resyncPeriod: 0m}}", []string{"/speaker/ipvs/resyncPeriod"}},
 		// Keys that no longer exist name themselves.

@@ -374,9 +374,9 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	})
-	// The speaker writes its SpeakerStatus, owned by its Node: the session
-	// it opens (no router listens: not Established) and the Service it
-	// announces no route for (no endpoints).
+	// The speaker writes its SpeakerStatus, owned by its Node, through
+	// the chart's RBAC and admission policy: the session it opens (no
+	// router listens: not Established) and the Services it serves.
 	eventually("the speaker's SpeakerStatus", func(ctx context.Context) (bool, error) {
 		s, err := cp.Dynamic.Resource(speakerStatusesGVR).Get(ctx, "node-1", metav1.GetOptions{})
 		if err != nil {
@@ -384,8 +384,8 @@ func TestBinariesRunWithChartRBAC(t *testing.T) {
 		}
 		owners := s.GetOwnerReferences()
 		configured, _, _ := unstructured.NestedInt64(s.Object, "status", "sessionsConfigured")
-		groups, _, _ := unstructured.NestedSlice(s.Object, "status", "notAnnounced")
-		return len(owners) == 1 && owners[0].Kind == "Node" && owners[0].UID == created.UID && configured == 1 && len(groups) == 1, nil
+		classless, _, _ := unstructured.NestedBool(s.Object, "status", "servesClassless")
+		return len(owners) == 1 && owners[0].Kind == "Node" && owners[0].UID == created.UID && configured == 1 && classless, nil
 	})
 	// The speaker reads the password when it configures the peer; a
 	// refused read would be a Warning Event on the BGPPeer (and a log line).

@@ -34,7 +34,7 @@ type speakerProc struct {
 }
 
 // startSpeaker runs vipcast-speaker for node against the control plane,
-// with a short convergence delay; extra flags follow.
+// with a short convergence delay and status interval; extra flags follow.
 func (e *env) startSpeaker(node string, extra ...string) *speakerProc {
 	e.T.Helper()
 	log := filepath.Join(e.CP.Dir, fmt.Sprintf("speaker-%s-%d.log", node, time.Now().UnixNano()))
@@ -43,6 +43,9 @@ func (e *env) startSpeaker(node string, extra ...string) *speakerProc {
 		"--node-name", node,
 		"--metrics-bind-address", "0",
 		"--convergence-delay", "500ms",
+		// Counts in the SpeakerStatus within the tests' waits (a session's
+		// change is written at once whatever the interval).
+		"--status-interval", "2s",
 		// Routing only: the speaker runs in the test's own network
 		// namespace, whose kernel may lack IPVS (the dataplane has its
 		// own tier, in a VM).
