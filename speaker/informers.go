@@ -10,9 +10,11 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
@@ -20,6 +22,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -38,6 +43,10 @@ const sliceIndex = "service"
 // the watches resume.
 type watched struct {
 	nodeName string
+	// factory watches the LoadBalancer Services (a field selector) and
+	// the EndpointSlices of Services that are not headless (kube-proxy's
+	// label selector, without its service-proxy-name part: vipcast serves
+	// the VIPs of Services another proxy handles).
 	factory  informers.SharedInformerFactory
 	nodes    informers.SharedInformerFactory
 	dynamic  dynamicinformer.DynamicSharedInformerFactory
@@ -50,9 +59,11 @@ type watched struct {
 	allNodesFrom informers.SharedInformerFactory
 	pools        cache.SharedIndexInformer
 	peers        cache.SharedIndexInformer
-	// speakerService is Options.SpeakerService when tier 1 follows the
-	// speakers' readiness; empty otherwise.
-	speakerService string
+	// speakers watches the EndpointSlices of Options.SpeakerService (a
+	// headless Service, which factory leaves out) when tier 1 follows the
+	// speakers' readiness; nil otherwise.
+	speakers     cache.SharedIndexInformer
+	speakersFrom informers.SharedInformerFactory
 	// secrets has one Secret informer per password Secret
 	// (Options.PasswordSecrets), by namespace/name.
 	secrets map[types.NamespacedName]cache.SharedIndexInformer
@@ -66,17 +77,19 @@ type watched struct {
 func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*watched, error) {
 	w := &watched{
 		nodeName: opts.NodeName,
-		factory:  informers.NewSharedInformerFactory(opts.Client, 0),
-		nodes: informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
-		})),
+		factory: informers.NewSharedInformerFactoryWithOptions(opts.Client, 0,
+			informers.WithTransform(slimObject),
+		),
+		nodes: informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTransform(slimObject),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
+			})),
 		dynamic: dynamicinformer.NewDynamicSharedInformerFactory(opts.Dynamic, 0),
 	}
-	w.services = w.factory.Core().V1().Services().Informer()
-	w.slices = w.factory.Discovery().V1().EndpointSlices().Informer()
+	w.services, w.slices = selectedInformers(w.factory)
 	w.node = w.nodes.Core().V1().Nodes().Informer()
 	if opts.TunnelPrefix.IsValid() {
-		w.allNodesFrom = informers.NewSharedInformerFactory(opts.Client, 0)
+		w.allNodesFrom = informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTransform(slimObject))
 		w.allNodes = w.allNodesFrom.Core().V1().Nodes().Informer()
 		if _, err := w.allNodes.AddEventHandler(configHandler(q, sameNodeAddress)); err != nil {
 			return nil, fmt.Errorf("event handler: %w", err)
@@ -84,6 +97,11 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	}
 	w.pools = w.dynamic.ForResource(vipcastv1alpha1.IPPoolsResource).Informer()
 	w.peers = w.dynamic.ForResource(vipcastv1alpha1.BGPPeersResource).Informer()
+	for _, inf := range []cache.SharedIndexInformer{w.pools, w.peers} {
+		if err := inf.SetTransform(slimObject); err != nil {
+			return nil, fmt.Errorf("informer transform: %w", err)
+		}
+	}
 
 	if err := w.watchSecrets(opts, q); err != nil {
 		return nil, err
@@ -92,9 +110,8 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 		return nil, fmt.Errorf("endpointslice index: %w", err)
 	}
 	if opts.TunnelPrefix.IsValid() && opts.SpeakerService != "" {
-		w.speakerService = opts.SpeakerService
-		if _, err := w.slices.AddEventHandler(speakersHandler(q, opts.SpeakerService)); err != nil {
-			return nil, fmt.Errorf("event handler: %w", err)
+		if err := w.watchSpeakers(opts, q); err != nil {
+			return nil, err
 		}
 	}
 	handlers := []struct {
@@ -115,6 +132,41 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	return w, nil
 }
 
+// selectedInformers returns factory's informers of the LoadBalancer
+// Services and of the EndpointSlices of Services that are not headless
+// (ServiceFieldSelector, SliceLabelSelector).
+func selectedInformers(factory informers.SharedInformerFactory) (services, slices cache.SharedIndexInformer) {
+	indexers := cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}
+	services = factory.InformerFor(&v1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredServiceInformer(c, v1.NamespaceAll, resync, indexers,
+			func(o *metav1.ListOptions) { o.FieldSelector = ServiceFieldSelector })
+	})
+	slices = factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return discoveryinformers.NewFilteredEndpointSliceInformer(c, v1.NamespaceAll, resync, indexers,
+			func(o *metav1.ListOptions) { o.LabelSelector = SliceLabelSelector })
+	})
+	return services, slices
+}
+
+// watchSpeakers watches the EndpointSlices of the speakers' headless
+// Service (Options.SpeakerService) alone, a full recompute queued on q when
+// the nodes with a ready speaker change.
+func (w *watched) watchSpeakers(opts Options, q workqueue.TypedRateLimitingInterface[string]) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(opts.SpeakerService)
+	if err != nil {
+		return fmt.Errorf("speaker Service %q: %w", opts.SpeakerService, err)
+	}
+	w.speakersFrom = informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTransform(slimObject),
+		informers.WithNamespace(ns), informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = discoveryv1.LabelServiceName + "=" + name
+		}))
+	w.speakers = w.speakersFrom.Discovery().V1().EndpointSlices().Informer()
+	if _, err := w.speakers.AddEventHandler(speakersHandler(q, opts.SpeakerService)); err != nil {
+		return fmt.Errorf("event handler: %w", err)
+	}
+	return nil
+}
+
 // start starts the informers and waits until their caches are filled.
 func (w *watched) start(ctx context.Context) error {
 	w.factory.Start(ctx.Done())
@@ -124,6 +176,10 @@ func (w *watched) start(ctx context.Context) error {
 	if w.allNodes != nil {
 		w.allNodesFrom.Start(ctx.Done())
 		synced = append(synced, w.allNodes.HasSynced)
+	}
+	if w.speakers != nil {
+		w.speakersFrom.Start(ctx.Done())
+		synced = append(synced, w.speakers.HasSynced)
 	}
 	for _, f := range w.secretFactories {
 		f.Start(ctx.Done())
@@ -286,12 +342,11 @@ func speakersHandler(q workqueue.TypedRateLimitingInterface[string], key string)
 // of the speakers' Service (Options.SpeakerService) in an EndpointSlice
 // the EndpointSlice controller manages. Nil when readiness is not watched.
 func (w *watched) speakersReady() map[string]bool {
-	if w.speakerService == "" {
+	if w.speakers == nil {
 		return nil
 	}
-	objs, _ := w.slices.GetIndexer().ByIndex(sliceIndex, w.speakerService)
 	out := map[string]bool{}
-	for _, o := range objs {
+	for _, o := range w.speakers.GetStore().List() {
 		maps.Copy(out, readyNodes(o))
 	}
 	return out
@@ -536,4 +591,39 @@ func (w *watched) passwordSecrets() string {
 		names = append(names[:maxNamedSecrets], fmt.Sprintf("and %d more", n-maxNamedSecrets))
 	}
 	return "it reads " + strings.Join(names, ", ")
+}
+
+// ServiceFieldSelector and SliceLabelSelector narrow the speaker's
+// watches to what it can serve: LoadBalancer Services (the API server
+// filters by spec.type), and EndpointSlices of Services that are not
+// headless (a LoadBalancer Service has a cluster IP), as kube-proxy
+// selects them. kube-proxy also leaves out Services labelled
+// service.kubernetes.io/service-proxy-name, which another proxy handles;
+// the speaker does not: it serves their VIPs.
+const (
+	ServiceFieldSelector = "spec.type=" + string(v1.ServiceTypeLoadBalancer)
+	SliceLabelSelector   = "!" + v1.IsHeadlessService
+)
+
+// slimObject drops from an object, before the informers cache it, what
+// the speaker never reads: managedFields (often the largest part of an
+// object), kubectl's last-applied annotation, and a Node's image and
+// volume lists.
+func slimObject(obj any) (any, error) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		slim, err := slimObject(t.Obj)
+		return cache.DeletedFinalStateUnknown{Key: t.Key, Obj: slim}, err
+	}
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+		if a := m.GetAnnotations(); a[v1.LastAppliedConfigAnnotation] != "" {
+			a = maps.Clone(a)
+			delete(a, v1.LastAppliedConfigAnnotation)
+			m.SetAnnotations(a)
+		}
+	}
+	if n, ok := obj.(*v1.Node); ok {
+		n.Status.Images, n.Status.VolumesInUse, n.Status.VolumesAttached = nil, nil, nil
+	}
+	return obj, nil
 }

@@ -7,7 +7,9 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -211,5 +213,48 @@ func TestSameNode(t *testing.T) {
 		if got := sameNode(node(nil), node(tc.mutate)); got != tc.same {
 			t.Errorf("%s: sameNode = %v, want %v", tc.name, got, tc.same)
 		}
+	}
+}
+
+// TestSlimObject: what the informers cache lacks managedFields, kubectl's
+// last-applied annotation and a Node's image and volume lists, and keeps
+// everything the speaker reads.
+func TestSlimObject(t *testing.T) {
+	mf := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
+	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "web", ManagedFields: mf, Annotations: map[string]string{
+		v1.LastAppliedConfigAnnotation: `{"big":"json"}`, "vipcast.io/pool": "vips"}}}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", ManagedFields: mf, Labels: map[string]string{"rack": "r1"}},
+		Status: v1.NodeStatus{
+			Addresses:    []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}},
+			Images:       []v1.ContainerImage{{Names: []string{"registry.example/app:v1"}, SizeBytes: 1 << 20}},
+			VolumesInUse: []v1.UniqueVolumeName{"kubernetes.io/csi/x"},
+		}}
+	pool := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"name": "vips",
+		"managedFields": []any{map[string]any{"manager": "kubectl"}}}, "spec": map[string]any{"addresses": []any{"10.0.0.0/24"}}}}
+
+	for _, obj := range []any{svc, node, pool, cache.DeletedFinalStateUnknown{Key: "web/a", Obj: svc.DeepCopy()}} {
+		got, err := slimObject(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := got.(cache.DeletedFinalStateUnknown); ok {
+			got = d.Obj
+		}
+		m, err := meta.Accessor(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.GetManagedFields() != nil || m.GetAnnotations()[v1.LastAppliedConfigAnnotation] != "" {
+			t.Errorf("%s: managedFields %v, annotations %v", m.GetName(), m.GetManagedFields(), m.GetAnnotations())
+		}
+	}
+	if svc.Annotations["vipcast.io/pool"] != "vips" {
+		t.Errorf("the Service's own annotations: %v", svc.Annotations)
+	}
+	if node.Status.Images != nil || node.Status.VolumesInUse != nil || len(node.Status.Addresses) != 1 || node.Labels["rack"] != "r1" {
+		t.Errorf("node status %+v, labels %v: want the addresses and labels only", node.Status, node.Labels)
+	}
+	if addrs, _, _ := unstructured.NestedSlice(pool.Object, "spec", "addresses"); len(addrs) != 1 {
+		t.Errorf("the pool's spec: %v", pool.Object)
 	}
 }

@@ -36,6 +36,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -644,11 +645,17 @@ func clients(f *flags) (client, calls kubernetes.Interface, dyn dynamic.Interfac
 	}
 	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
 	cfg.UserAgent = speaker.Component
-	if client, err = kubernetes.NewForConfig(cfg); err != nil {
-		return nil, nil, nil, fmt.Errorf("kubernetes client: %w", err)
-	}
+	// vipcast's own resources are JSON (custom resources have no
+	// protobuf); the core types come in protobuf, as kube-proxy reads
+	// them: fewer bytes and less CPU per event on both sides.
 	if dyn, err = dynamic.NewForConfig(cfg); err != nil {
 		return nil, nil, nil, fmt.Errorf("dynamic client: %w", err)
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	if client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, nil, nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	bounded := rest.CopyConfig(cfg)
 	bounded.Timeout = callTimeout
