@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +23,8 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	servicehelper "k8s.io/cloud-provider/service/helpers"
 	"k8s.io/klog/v2"
+
+	"github.com/vipcast/vipcast/svcspec"
 )
 
 // Retry delays of a failed sync: the stock service controller's.
@@ -57,7 +60,19 @@ type ServiceController struct {
 	// failing holds the keys of the Services whose last sync failed.
 	failingMu sync.Mutex
 	failing   map[string]bool
+
+	// judged holds, by Service key, the dataplane problems last reported
+	// (svcspec.Problems, joined), so that each is reported once.
+	judgedMu sync.Mutex
+	judged   map[string]string
 }
+
+// ReasonInvalidDataplaneConfig is the reason of the Warning Event on a
+// Service whose ports, IPVS scheduler annotation or source ranges the
+// dataplane cannot use as written (svcspec.Problems). vipcast-ccm judges
+// them once for the cluster; the speakers program what is usable and log
+// the rest, so a bad annotation costs one Event, not one per node.
+const ReasonInvalidDataplaneConfig = "InvalidDataplaneConfig"
 
 // NewServiceController builds the controller on the Service informer the
 // provider also uses (SetInformers), so both see the same cache.
@@ -71,6 +86,7 @@ func NewServiceController(p *Provider, client kubernetes.Interface, services cor
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](minRetryDelay, maxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "service"}),
 		failing: map[string]bool{},
+		judged:  map[string]string{},
 	}
 	p.onFreed(c.retryFailed)
 	_, err := services.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -185,6 +201,7 @@ func (c *ServiceController) sync(ctx context.Context, key string) error {
 	}
 	svc, err := c.lister.Services(ns).Get(name)
 	if apierrors.IsNotFound(err) {
+		c.judge(key, nil)
 		return nil // released by the provider's delete handler
 	}
 	if err != nil {
@@ -195,8 +212,10 @@ func (c *ServiceController) sync(ctx context.Context, key string) error {
 	}
 	switch {
 	case c.p.classes.Serves(svc) && svc.DeletionTimestamp == nil:
+		c.judge(key, svc)
 		err = c.ensure(ctx, svc)
 	case servicehelper.HasLBFinalizer(svc) && c.p.classes.ServesClassOf(svc):
+		c.judge(key, nil)
 		err = c.cleanup(ctx, svc)
 	default:
 		c.p.reserveForeign(ctx, svc)
@@ -206,6 +225,27 @@ func (c *ServiceController) sync(ctx context.Context, key string) error {
 		c.recorder.Eventf(svc, v1.EventTypeWarning, "SyncLoadBalancerFailed", "Error syncing load balancer: %v", err)
 	}
 	return err
+}
+
+// judge reports, with a Warning Event on svc, a change of what is wrong
+// with its ports, scheduler annotation or source ranges (svcspec.Problems);
+// a nil svc (deleted, or no longer served) forgets the Service key.
+func (c *ServiceController) judge(key string, svc *v1.Service) {
+	msg := ""
+	if svc != nil {
+		msg = strings.Join(svcspec.Problems(svc), "; ")
+	}
+	c.judgedMu.Lock()
+	last := c.judged[key]
+	if msg == "" {
+		delete(c.judged, key)
+	} else {
+		c.judged[key] = msg
+	}
+	c.judgedMu.Unlock()
+	if msg != "" && msg != last {
+		c.recorder.Event(svc, v1.EventTypeWarning, ReasonInvalidDataplaneConfig, msg)
+	}
 }
 
 // ensure allocates the Service's VIPs and publishes them, unless its status

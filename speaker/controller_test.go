@@ -1302,20 +1302,24 @@ func unstructuredDelete(obj map[string]any, path ...string) {
 }
 
 // TestControllerInvalidDataplaneConfig: a Service whose scheduler
-// annotation names no IPVS scheduler gets a Warning Event
-// InvalidDataplaneConfig naming the node and the bad value, and loses
-// nothing: it is programmed with the default scheduler and announced.
+// annotation names no IPVS scheduler loses nothing — it is programmed with
+// the default scheduler and announced — and the speaker puts no Event on
+// it: vipcast-ccm reports it once (TestDataplaneConfigJudgedOnce), where
+// each speaker would add one per node. A dataplane refusal, which is the
+// node's own, is still reported by the node (the control).
 func TestControllerInvalidDataplaneConfig(t *testing.T) {
-	client, _, dp, engine := startRefusing(t, 1, "a", "bogus", "none")
-	eventually(t, "a Warning Event InvalidDataplaneConfig on Service a", func() bool {
-		return hasWarning(t.Context(), t, client, "a", "InvalidDataplaneConfig", "node n1", "bogus")
-	}, func() string { return fmt.Sprintf("routes %v", engine.prefixes()) })
-	eventually(t, "Service a programmed with the default scheduler and announced", func() bool {
+	client, _, dp, engine := startRefusing(t, 2, "a", "bogus", "sed")
+	setScheduler(t.Context(), t, client, "b", "sed")
+	eventually(t, "Service a programmed with the default scheduler and announced, b refused", func() bool {
 		dp.mu.Lock()
 		s, ok := dp.kernel[ipvs.Key{VIP: netip.MustParseAddr("10.100.0.1"), Port: 80, Protocol: ipvs.TCP}]
 		dp.mu.Unlock()
-		return ok && s.Scheduler == ipvs.DefaultScheduler && engine.prefixes()[netip.MustParsePrefix("10.100.0.1/32")]
+		return ok && s.Scheduler == ipvs.DefaultScheduler && engine.prefixes()[netip.MustParsePrefix("10.100.0.1/32")] &&
+			hasWarning(t.Context(), t, client, "b", "DataplaneRefused", "node n1")
 	}, func() string { return fmt.Sprintf("kernel %v, routes %v", dp.kernel, engine.prefixes()) })
+	if hasWarning(t.Context(), t, client, "a", "InvalidDataplaneConfig") {
+		t.Errorf("the speaker put an InvalidDataplaneConfig Event on Service a: one per node")
+	}
 }
 
 // hasWarning reports whether namespace ns holds a Warning Event of reason

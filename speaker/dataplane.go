@@ -6,13 +6,13 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/vipcast/vipcast/ipvs"
 	"github.com/vipcast/vipcast/poolspec"
+	"github.com/vipcast/vipcast/svcspec"
 )
 
 // AnnotationScheduler is the Service annotation that picks the IPVS scheduler of its
@@ -131,17 +131,17 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 	}
 	slices.SortFunc(vips, netip.Addr.Compare)
 
-	ports, problems := dataplanePorts(svc)
+	ports, problems := svcspec.Ports(svc)
 	if len(ports) == 0 {
 		return nil, problems
 	}
-	sched, flags, problem := serviceScheduler(svc)
+	sched, flags, problem := svcspec.Scheduler(svc)
 	if problem != "" {
 		problems = append(problems, problem)
 	}
 	persistent := sessionPersistence(svc)
 	sched, flags = clientAffinity(sched, flags, persistent)
-	restricted, ranges, problem := sourceRanges(svc)
+	restricted, ranges, problem := svcspec.SourceRanges(svc)
 	if problem != "" {
 		problems = append(problems, problem)
 	}
@@ -158,7 +158,7 @@ func ServiceDataplane(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSli
 			admitted = vipRanges(vip, ranges, &view.Node)
 		}
 		for i, p := range ports {
-			s := ipvs.Service{VIP: vip, Port: p.port, Protocol: p.proto, Scheduler: sched, Flags: flags, Persistent: persistent,
+			s := ipvs.Service{VIP: vip, Port: p.Port, Protocol: p.Proto, Scheduler: sched, Flags: flags, Persistent: persistent,
 				Restricted: restricted, SourceRanges: admitted}
 			rs.set(&s, i, local, used[slot])
 			services = append(services, s)
@@ -183,7 +183,7 @@ type realServers struct {
 // servers of the families fams, and the problems found on the way. The
 // in-cluster endpoints are the Cluster policy's backends, for the two-tier
 // families and, under Local, the one-tier ones.
-func serviceRealServers(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, view *View, fams [2]bool, local bool) (realServers, []string) {
+func serviceRealServers(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []svcspec.Port, view *View, fams [2]bool, local bool) (realServers, []string) {
 	var rs realServers
 	var problems []string
 	if view.Tunnels != nil {
@@ -265,7 +265,7 @@ func (v *View) tunnelsOf(fam int) map[string]netip.Addr {
 // An endpoint without nodeName, or on a node without tunnel address, has
 // no way in: it is left out and reported. A node whose speaker is not
 // ready (view.speakerReady) drains: see drainUnready.
-func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, view *View, fams [2]bool) ([][2]tiers, []string) {
+func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []svcspec.Port, view *View, fams [2]bool) ([][2]tiers, []string) {
 	all := dataplaneBackendsByNode(svc, endpointSlices, ports)
 	// Tier 2 is this node's endpoints under the Local rules: they fall
 	// back to serving terminating ones when none of them is ready, even
@@ -306,7 +306,7 @@ func twoTierBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlic
 						ready++
 					}
 				}
-				out[i][fam].nodes = append(out[i][fam].nodes, ipvs.Backend{Addr: tunnel, Port: p.port, Weight: ready, Tunnel: true})
+				out[i][fam].nodes = append(out[i][fam].nodes, ipvs.Backend{Addr: tunnel, Port: p.Port, Weight: ready, Tunnel: true})
 				nodeOf[tunnel] = node
 			}
 			out[i][fam].nodes = sortBackends(out[i][fam].nodes)
@@ -368,7 +368,7 @@ func drainUnready(nodes []ipvs.Backend, nodeOf map[netip.Addr]string, view *View
 // dataplaneBackendsByNode returns, per port and family, the backends of
 // every node by node name ("" for endpoints without one), with the rules
 // of dataplaneBackends.
-func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort) [][2]map[string][]ipvs.Backend {
+func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []svcspec.Port) [][2]map[string][]ipvs.Backend {
 	out := make([][2]map[string][]ipvs.Backend, len(ports))
 	for i := range out {
 		out[i] = [2]map[string][]ipvs.Backend{{}, {}}
@@ -399,22 +399,6 @@ func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.Endp
 		}
 	}
 	return out
-}
-
-// serviceScheduler returns the scheduler and flags of the Service's virtual
-// servers from AnnotationScheduler: "" and 0 (the ipvs package's default)
-// when unset, empty or invalid, and then, for an invalid value, the problem
-// to report.
-func serviceScheduler(svc *v1.Service) (sched string, flags uint32, problem string) {
-	raw := strings.TrimSpace(svc.Annotations[AnnotationScheduler])
-	if raw == "" {
-		return "", 0, ""
-	}
-	sched, flags, err := ipvs.ParseScheduler(raw)
-	if err != nil {
-		return "", 0, fmt.Sprintf("%v; the virtual servers use the default scheduler (%s) until it is fixed", err, ipvs.DefaultScheduler)
-	}
-	return sched, flags, ""
 }
 
 // sessionPersistence returns the IPVS persistence timeout in seconds for
@@ -451,43 +435,11 @@ func clientAffinity(sched string, flags, persistent uint32) (string, uint32) {
 	return sched, flags
 }
 
-// dataplanePort is a ServicePort as the dataplane needs it.
-type dataplanePort struct {
-	name  string
-	port  uint16
-	proto ipvs.Protocol
-}
-
-// dataplanePorts returns the Service's usable ports sorted by port and
-// protocol, one per port and protocol (the first wins), and a problem for
-// each unusable one.
-func dataplanePorts(svc *v1.Service) (ports []dataplanePort, problems []string) {
-	ports = make([]dataplanePort, 0, len(svc.Spec.Ports))
-	for i, sp := range svc.Spec.Ports {
-		if sp.Port < 1 || sp.Port > 65535 {
-			problems = append(problems, fmt.Sprintf("spec.ports[%d]: port %d is out of range 1-65535; it has no virtual server", i, sp.Port))
-			continue
-		}
-		proto, err := ipvs.ParseProtocol(string(sp.Protocol))
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("spec.ports[%d]: %v; it has no virtual server", i, err))
-			continue
-		}
-		ports = append(ports, dataplanePort{name: sp.Name, port: uint16(sp.Port), proto: proto})
-	}
-	slices.SortStableFunc(ports, compareDataplanePort)
-	return slices.CompactFunc(ports, func(a, b dataplanePort) bool { return compareDataplanePort(a, b) == 0 }), problems
-}
-
-func compareDataplanePort(a, b dataplanePort) int {
-	return cmp.Or(cmp.Compare(a.port, b.port), cmp.Compare(a.proto, b.proto))
-}
-
 // dataplaneBackends returns, per port (indexed like ports) and per family
 // slot, the sorted, deduplicated backends of the families in fams, for the
 // node nodeName in zone. Under Cluster policy a ready endpoint that the
 // hints' topology leaves out gets weight 0: no new flows, its own kept.
-func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, fams [2]bool, nodeName, zone string, local bool) [][2][]ipvs.Backend {
+func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []svcspec.Port, fams [2]bool, nodeName, zone string, local bool) [][2][]ipvs.Backend {
 	out := backendBuffers(svc, endpointSlices, len(ports), fams, nodeName, local)
 	rd := scanEndpoints(svc, endpointSlices, ports, nodeName, zone)
 	targets := make([]uint16, len(ports)) // target port per ServicePort in the current slice
@@ -566,7 +518,7 @@ func backendBuffers(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice
 
 // sliceTargets sets targets[i] to the port of s named like ports[i] with
 // its protocol, or 0, and reports whether any is set.
-func sliceTargets(s *discoveryv1.EndpointSlice, ports []dataplanePort, targets []uint16) bool {
+func sliceTargets(s *discoveryv1.EndpointSlice, ports []svcspec.Port, targets []uint16) bool {
 	found := false
 	for i, p := range ports {
 		targets[i] = 0
@@ -581,10 +533,10 @@ func sliceTargets(s *discoveryv1.EndpointSlice, ports []dataplanePort, targets [
 			if sp.Protocol != nil {
 				proto = string(*sp.Protocol)
 			}
-			if name != p.name {
+			if name != p.Name {
 				continue
 			}
-			if pr, err := ipvs.ParseProtocol(proto); err != nil || pr != p.proto {
+			if pr, err := ipvs.ParseProtocol(proto); err != nil || pr != p.Proto {
 				continue
 			}
 			targets[i] = uint16(*sp.Port)

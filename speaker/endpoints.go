@@ -6,6 +6,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/vipcast/vipcast/svcspec"
 )
 
 // endpointState is what an endpoint's conditions make of it for the
@@ -142,7 +144,7 @@ func (r endpointKinds) announces(local bool) bool {
 // nodeName in zone (its topology.kubernetes.io/zone label). With no ports
 // it returns one entry for the whole Service, whatever its slices' ports:
 // what the routes need.
-func scanEndpoints(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []dataplanePort, nodeName, zone string) [][2]endpointKinds {
+func scanEndpoints(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSlice, ports []svcspec.Port, nodeName, zone string) [][2]endpointKinds {
 	out := make([][2]endpointKinds, max(1, len(ports)))
 	targets := make([]uint16, len(out))
 	for _, s := range endpointSlices {

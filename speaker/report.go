@@ -124,8 +124,11 @@ func (r *reporter) peerProblems(ctx context.Context, peers []*vipcastv1alpha1.BG
 	r.peers = current
 }
 
-// dataplaneProblems reports a changed problem with a Service's annotations
-// or ports (ServiceDataplane's problems), with a Warning Event on it.
+// dataplaneProblems logs a changed problem with a Service's annotations or
+// ports (ServiceDataplane's problems). It puts no Event on the Service: the
+// Service's own problems are the same on every node, and vipcast-ccm
+// reports them once (InvalidDataplaneConfig); an Event from each speaker
+// would be one per node.
 func (r *reporter) dataplaneProblems(ctx context.Context, svc *v1.Service, problems []string) {
 	key := ServiceKey(svc)
 	msg := strings.Join(problems, "; ")
@@ -137,7 +140,6 @@ func (r *reporter) dataplaneProblems(ctx context.Context, svc *v1.Service, probl
 		return
 	}
 	klog.FromContext(ctx).Info("Service has a dataplane problem", "service", key, "problem", msg)
-	r.recorder.Eventf(svc, v1.EventTypeWarning, "InvalidDataplaneConfig", "node %s: %s", r.nodeName, msg)
 	r.service[key] = msg
 }
 
