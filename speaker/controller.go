@@ -113,6 +113,11 @@ type Options struct {
 	// EndpointSlice controller manages count. Empty: every node with a
 	// tunnel address takes flows.
 	SpeakerService string
+	// PrefixWarning, when above 0, is how many announced prefixes a node
+	// may have before it warns (a Warning Event PrefixCountHigh on its
+	// Node, once per crossing): routers hold a bounded number of routes
+	// and ECMP groups. 0 never warns.
+	PrefixWarning int
 	// StatusInterval is how often, at most, the node's SpeakerStatus is
 	// written for a change of its counts or sample of prefixes (with up to
 	// 20% jitter); a change of a session, a refusal or the served classes

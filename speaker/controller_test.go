@@ -1358,3 +1358,44 @@ func startRefusing(t *testing.T, n int, name, sched, refuse string) (*fake.Clien
 	go func() { _ = c.Run(t.Context()) }()
 	return client, c, dp, engine
 }
+
+// TestControllerPrefixCountWarning: a node that comes to announce more
+// prefixes than Options.PrefixWarning gets one PrefixCountHigh Warning on
+// its Node naming the count and the setting; none at or under it.
+func TestControllerPrefixCountWarning(t *testing.T) {
+	for _, tc := range []struct {
+		limit int
+		warn  bool
+	}{{3, true}, {4, false}, {0, false}} {
+		client := fakeServices(4)
+		engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
+		c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
+			Resync: time.Hour, PrefixWarning: tc.limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		go func() { _ = c.Run(ctx) }()
+		eventually(t, "4 prefixes announced", func() bool { return len(engine.prefixes()) == 4 },
+			func() string { return fmt.Sprint(engine.prefixes()) })
+		warned := func() bool {
+			evs, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return slices.ContainsFunc(evs.Items, func(e v1.Event) bool {
+				return e.InvolvedObject.Kind == "Node" && e.Reason == "PrefixCountHigh" &&
+					strings.Contains(e.Message, "announces 4 prefixes") && strings.Contains(e.Message, fmt.Sprintf("=%d", tc.limit))
+			})
+		}
+		if tc.warn {
+			eventually(t, "a PrefixCountHigh Warning on the Node", warned, func() string { return "none" })
+		} else {
+			time.Sleep(statusCompute + time.Second) // the status (and the check) is computed at most this often
+			if warned() {
+				t.Errorf("limit %d: a PrefixCountHigh Warning for 4 prefixes", tc.limit)
+			}
+		}
+		cancel()
+	}
+}

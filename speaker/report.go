@@ -3,6 +3,7 @@ package speaker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 
@@ -29,6 +30,10 @@ type reporter struct {
 	peers   map[string]string // BGPPeer name → its last problem
 	service map[string]string // Service key → its last dataplane problem
 	refused map[string]string // Service key → why the kernel last refused it
+
+	// manyPrefixes is whether the node last had more announced prefixes
+	// than the warning's count (prefixCount).
+	manyPrefixes bool
 
 	mu        sync.Mutex
 	sessionUp map[string]bool // last known Established state per peer
@@ -122,6 +127,25 @@ func (r *reporter) peerProblems(ctx context.Context, peers []*vipcastv1alpha1.BG
 		}
 	}
 	r.peers = current
+}
+
+// prefixCount warns, with a Warning Event on the Node, when the node comes
+// to announce more than limit prefixes (limit 0: never); it warns again
+// only after the count has gone back under nine tenths of limit, so a
+// count that hovers at the limit is one Event.
+func (r *reporter) prefixCount(ctx context.Context, node *v1.Node, n, limit int) {
+	switch {
+	case limit <= 0 || (r.manyPrefixes && n > limit*9/10):
+		return
+	case n <= limit:
+		r.manyPrefixes = false
+		return
+	}
+	r.manyPrefixes = true
+	msg := fmt.Sprintf("node %s announces %d prefixes, more than --announced-prefixes-warning=%d: routers hold a bounded number of routes and ECMP groups (see docs/tor.md, Fabric limits); aggregate with the pools' spec.bgp.aggregationLength under externalTrafficPolicy Cluster, or raise the warning if the routers hold more",
+		r.nodeName, n, limit)
+	klog.FromContext(ctx).Info("Many prefixes announced", "node", r.nodeName, "prefixes", n, "warning", limit)
+	r.recorder.Event(node, v1.EventTypeWarning, "PrefixCountHigh", msg)
 }
 
 // dataplaneProblems logs a changed problem with a Service's annotations or

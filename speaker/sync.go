@@ -396,6 +396,7 @@ func (c *Controller) publishStatus(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reading the BGP sessions: %w", err)
 	}
+	c.report.prefixCount(ctx, node, c.ann.table.Len(), c.opts.PrefixWarning)
 	var refused map[string]string
 	if c.prog != nil {
 		refused = c.prog.refusedMessages()

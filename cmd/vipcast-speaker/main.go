@@ -64,6 +64,7 @@ type flags struct {
 	convergenceDelay time.Duration
 	resync           time.Duration
 	statusInterval   time.Duration
+	prefixWarning    int
 	qps              float64
 	burst            int
 	ipvs             bool
@@ -105,6 +106,7 @@ func parseFlags(args []string) (*flags, error) {
 	})
 	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "How long routers take to converge: on SIGTERM, how long to keep serving after withdrawing the routes, before the sessions close; under externalTrafficPolicy Local, how long a node whose endpoints all terminate keeps announcing after another node has ready ones.")
 	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
+	fs.IntVar(&f.prefixWarning, "announced-prefixes-warning", 5000, "Warn (a PrefixCountHigh Warning Event on the Node) when the node announces more prefixes than this: routers hold a bounded number of routes and ECMP groups. 0 never warns.")
 	fs.DurationVar(&f.statusInterval, "status-interval", speaker.DefaultStatusInterval, "How often, at most, the node's SpeakerStatus is written for a change of its counts (with up to 20% jitter); a change of a BGP session or a kernel refusal is written at once. Each write is one small patch: 5,000 nodes at 30s write about 170 a second.")
 	fs.Func("bgp-password-secrets", "Comma-separated namespace/name of the Secrets BGPPeers may name for TCP MD5 passwords (spec.passwordSecretRef) and BFD keys (spec.bfd.authentication.secretRef), such as vipcast-bgp-passwords/tor-a-md5; the speaker watches each of them by name and reads no other Secret. Empty: none (a BGPPeer naming a Secret is refused).", func(v string) (err error) {
 		f.passwordSecrets, err = parseSecretNames(v)
@@ -159,6 +161,8 @@ func (f *flags) check() error {
 		return errors.New("--node-name is empty: pass --node-name or set NODE_NAME (in a DaemonSet, from the downward API spec.nodeName)")
 	case f.convergenceDelay < 0:
 		return fmt.Errorf("--convergence-delay=%v is negative: use 0s or more, such as 3s", f.convergenceDelay)
+	case f.prefixWarning < 0:
+		return fmt.Errorf("--announced-prefixes-warning=%d is negative: use 0 (never warn) or a count of prefixes, such as 5000", f.prefixWarning)
 	case f.statusInterval < time.Second:
 		return fmt.Errorf("--status-interval=%v is too short: use 1s or more, such as 30s", f.statusInterval)
 	case f.resync < time.Second:
@@ -422,6 +426,7 @@ func speakerOptions(f *flags, client, calls kubernetes.Interface, dyn dynamic.In
 		BGP:             engine,
 		Resync:          f.resync,
 		StatusInterval:  f.statusInterval,
+		PrefixWarning:   f.prefixWarning,
 		Handover:        f.convergenceDelay,
 		Metrics:         metrics,
 		DataplaneResync: f.dataplaneResync,

@@ -850,6 +850,7 @@ func TestSchemaRejectsWrongType(t *testing.T) {
 		{"resync 999ms", "speaker: {resyncPeriod: 999ms}", []string{"/speaker/resyncPeriod"}},
 		{"resync in ns", "speaker: {resyncPeriod: 5000000000ns}", []string{"/speaker/resyncPeriod"}},
 		{"status interval below 1s", "speaker: {statusInterval: 500ms}", []string{"/speaker/statusInterval"}},
+		{"prefix warning negative", "speaker: {announcedPrefixesWarning: -1}", []string{"/speaker/announcedPrefixesWarning"}},
 		{"dataplane resync below 1s", "speaker: {ipvs: {enabled: true, resyncPeriod: 100ms}}", []string{"/speaker/ipvs/resyncPeriod"}},
 		{"dataplane resync zero", "speaker: {ipvs: {enabled: true, resyncPeriod: 0m}}", []string{"/speaker/ipvs/resyncPeriod"}},
 		// Keys that no longer exist name themselves.
