@@ -105,9 +105,6 @@ func parseFlags(args []string) (*flags, error) {
 		return err
 	})
 	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "How long routers take to converge: on SIGTERM, how long to keep serving after withdrawing the routes, before the sessions close; under externalTrafficPolicy Local, how long a node whose endpoints all terminate keeps announcing after another node has ready ones.")
-	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
-	fs.IntVar(&f.prefixWarning, "announced-prefixes-warning", 5000, "Warn (a PrefixCountHigh Warning Event on the Node) when the node announces more prefixes than this: routers hold a bounded number of routes and ECMP groups. 0 never warns.")
-	fs.DurationVar(&f.statusInterval, "status-interval", speaker.DefaultStatusInterval, "How often, at most, the node's SpeakerStatus is written for a change of its counts (with up to 20% jitter); a change of a BGP session or a kernel refusal is written at once. Each write is one small patch: 5,000 nodes at 30s write about 170 a second.")
 	fs.Func("bgp-password-secrets", "Comma-separated namespace/name of the Secrets BGPPeers may name for TCP MD5 passwords (spec.passwordSecretRef) and BFD keys (spec.bfd.authentication.secretRef), such as vipcast-bgp-passwords/tor-a-md5; the speaker watches each of them by name and reads no other Secret. Empty: none (a BGPPeer naming a Secret is refused).", func(v string) (err error) {
 		f.passwordSecrets, err = parseSecretNames(v)
 		return err
@@ -115,8 +112,6 @@ func parseFlags(args []string) (*flags, error) {
 	fs.Func("bgp-password-namespaces", "Removed: use --bgp-password-secrets, which names each Secret.", func(string) error {
 		return errors.New("this flag was removed: name each Secret instead with --bgp-password-secrets=<namespace>/<name>,..., such as --bgp-password-secrets=vipcast-bgp-passwords/tor-a-md5 (chart value speaker.bgpPasswordSecrets.secrets); the speaker no longer reads every Secret of a namespace")
 	})
-	fs.Float64Var(&f.qps, "kube-api-qps", 50, "Queries per second to the API server.")
-	fs.IntVar(&f.burst, "kube-api-burst", 100, "Burst of queries to the API server.")
 	fs.BoolVar(&f.ipvs, "ipvs", true, "Program IPVS virtual servers for the VIPs (needs NET_ADMIN and the ip_vs modules); false only announces routes.")
 	fs.StringVar(&f.ipvsLink, "ipvs-link", ipvs.DefaultLinkName, "Dummy link that carries the VIPs (created if missing).")
 	fs.DurationVar(&f.prefixRestart, "bgp-prefix-limit-restart", bgp.DefaultPrefixLimitRestart, "How long a BGP session stays down after the router sent more prefixes than its limit; doubled for each consecutive time, up to 30m.")
@@ -136,6 +131,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.speakerService, "speaker-service", "", "With --tunnel-prefix: namespace/name of a headless Service that selects the speakers' pods (the chart makes one). Tier 1 sends new flows only to nodes whose speaker is a ready endpoint of it, so a node without a working speaker (excluded by the DaemonSet's nodeSelector, crash-looping, lacking the tunnel modules) gets none; when no such node hosts an endpoint, to the others rather than none. Empty: to every node with a tunnel address.")
 	fs.StringVar(&f.class, lbclass.FlagClass, "", "The spec.loadBalancerClass of the Services vipcast serves, such as vipcast.io/bgp; empty serves no class. Must be the CCM's value.")
 	fs.BoolVar(&f.classless, lbclass.FlagClassless, true, "Also serve Services without a spec.loadBalancerClass. Default: true without --"+lbclass.FlagClass+", false with it. Must be the CCM's value.")
+	apiFlags(fs, f)
 	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -151,6 +147,16 @@ func parseFlags(args []string) (*flags, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// apiFlags registers the flags of what the speaker asks of the API server
+// and writes to it.
+func apiFlags(fs *flag.FlagSet, f *flags) {
+	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
+	fs.IntVar(&f.prefixWarning, "announced-prefixes-warning", 5000, "Warn (a PrefixCountHigh Warning Event on the Node) when the node announces more prefixes than this: routers hold a bounded number of routes and ECMP groups. 0 never warns.")
+	fs.DurationVar(&f.statusInterval, "status-interval", speaker.DefaultStatusInterval, "How often, at most, the node's SpeakerStatus is written for a change of its counts (with up to 20% jitter); a change of a BGP session or a kernel refusal is written at once. Each write is one small patch: 5,000 nodes at 30s write about 170 a second.")
+	fs.Float64Var(&f.qps, "kube-api-qps", 50, "Queries per second to the API server.")
+	fs.IntVar(&f.burst, "kube-api-burst", 100, "Burst of queries to the API server.")
 }
 
 // check refuses flag values the speaker cannot run with, naming the flag
