@@ -253,12 +253,13 @@ fuzz: ## run every fuzz target for a while each (FUZZTIME=60s)
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $${FUZZTIME:-60s} $${t%%:*}; \
 	done
 
-bench: tools routers ## print the ipam, CCM, speaker, dataplane (one tier and two), BFD and test-VM benchmarks (figures and ratios)
+bench: tools routers $(K8S_BIN)/kube-proxy ## print the ipam, CCM, speaker, scale (against kube-proxy), dataplane (one tier and two), BFD and test-VM benchmarks (figures and ratios)
 	@mkdir -p _output
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ ./poolspec/ ./speaker/ ./bfd/ | tee _output/bench-ipam.txt
 	$(GO) test -tags controlplane -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
 	$(GO) test -tags routing -count=1 -timeout 10m -run '^$$' -bench BenchmarkAnnounce10k -benchtime 3x ./bgp/ 2>&1 | tee _output/bench-bgp.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -tags routing -count=1 -timeout 30m -run '^$$' -bench BenchmarkSpeakerAnnounce -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-speaker.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
+	$(GO) test -tags routing -count=1 -timeout 60m -run '^$$' -bench BenchmarkScale -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-scale.txt | grep -E 'BENCH|^ok|FAIL'
 	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkDiff|BenchmarkRelayCheck' -benchmem ./ipvs/ | tee _output/bench-ipvs-diff.txt
 	$(GO) test -tags kernel -count=1 -timeout 30m -run '^$$' -bench BenchmarkKernelDataplane -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-ipvs.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -tags kernel -count=1 -timeout 10m -run '^$$' -bench BenchmarkTwoTier -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-twotier.txt | grep -E '^Benchmark|^ok|FAIL'

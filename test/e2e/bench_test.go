@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"sort"
@@ -16,14 +17,26 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 
 	"github.com/vipcast/vipcast/test/ccmtest"
 )
 
-const benchServices = 1000
+// ccmServices is how many Services BenchmarkCCMAllocation creates.
+var ccmServices = flag.Int("ccm-services", 1000, "BenchmarkCCMAllocation: Services created at once (above 2,000 they allocate no node ports, which would run out)")
+
+// benchService is bench Service name in ns, without node ports when the
+// run creates more Services than the node port range holds.
+func benchService(ns, name string) *v1.Service {
+	s := ccmtest.LBService(ns, name)
+	if *ccmServices > 2000 {
+		s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+	}
+	return s
+}
 
 // BenchmarkCCMAllocation measures, against the real API server, the time
-// until 1,000 Services created at once all have VIPs from vipcast-ccm (with
+// until 1,000 Services (-ccm-services) created at once all have VIPs from vipcast-ccm (with
 // the binary's default flags), next to the floor measured on the same API
 // server in the same run: the same 1,000 Services created and their status
 // written directly with client-go from 8 workers. Run with -benchtime=1x
@@ -35,7 +48,7 @@ func BenchmarkCCMAllocation(b *testing.B) {
 		// A real cluster has nodes; without any, the service controller adds
 		// an UnAvailableLoadBalancer warning Event to every Service.
 		e.readyNodes("node-a", "node-b")
-		e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: bench}\nspec: {addresses: [10.90.0.0/20]}\n")
+		e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: bench}\nspec: {addresses: [10.90.0.0/17]}\n")
 
 		// Warm the API server up (first requests pay for caches and
 		// connections) so the floor is not measured cold.
@@ -71,12 +84,12 @@ func BenchmarkCCMAllocation(b *testing.B) {
 		e.createService(ccmtest.LBService("ccm", "warmup"))
 		e.waitAllAllocated(30*time.Second, "ccm", func(*v1.Service) int { return 1 })
 
-		w := e.watchAllocations("ccm", benchServices)
+		w := e.watchAllocations("ccm", *ccmServices)
 		start := time.Now()
-		e.runWorkers(benchServices, 8, func(i int) error {
-			name := fmt.Sprintf("s-%04d", i)
+		e.runWorkers(*ccmServices, 8, func(i int) error {
+			name := fmt.Sprintf("s-%05d", i)
 			w.created(name)
-			_, err := e.CP.Client.CoreV1().Services("ccm").Create(context.Background(), ccmtest.LBService("ccm", name), metav1.CreateOptions{})
+			_, err := e.CP.Client.CoreV1().Services("ccm").Create(context.Background(), benchService("ccm", name), metav1.CreateOptions{})
 			return err
 		})
 		w.wait(b)
@@ -84,7 +97,7 @@ func BenchmarkCCMAllocation(b *testing.B) {
 		p50, p99 := w.percentiles()
 		ratio := total.Seconds() / floor.Seconds()
 		fmt.Printf("BENCH ccm-allocation: %d Services: vipcast-ccm %.2fs (p50 %s, p99 %s per Service); floor (create + status write, 8 workers) %.2fs (p50 %s, p99 %s); ratio %.2fx\n",
-			benchServices, total.Seconds(), p50.Round(time.Millisecond), p99.Round(time.Millisecond),
+			*ccmServices, total.Seconds(), p50.Round(time.Millisecond), p99.Round(time.Millisecond),
 			floor.Seconds(), floorP50.Round(time.Millisecond), floorP99.Round(time.Millisecond), ratio)
 		fmt.Printf("BENCH ccm-allocation: reference: the stock service controller's writes done directly (create, finalizer patch, 2 Events, status patch; 8 workers) %.2fs = %.2fx the floor; vipcast-ccm / that = %.2fx\n",
 			stockPattern.Seconds(), stockPattern.Seconds()/floor.Seconds(), total.Seconds()/stockPattern.Seconds())
@@ -165,17 +178,17 @@ func (aw *allocationWatch) percentiles() (p50, p99 time.Duration) {
 	return lat[len(lat)/2], lat[len(lat)*99/100]
 }
 
-// floorRun creates benchServices Services in ns and writes their status
+// floorRun creates -ccm-services Services in ns and writes their status
 // directly from 8 workers; it returns the time until the watch saw every
 // status and the per-Service p50/p99, then deletes the Services. With
 // stockWrites it also makes the other writes the stock service controller
 // makes per Service: a finalizer patch and two Events.
 func (e *env) floorRun(b testing.TB, ns string, stockWrites bool) (total, p50, p99 time.Duration) {
 	e.Namespace(ns, nil)
-	w := e.watchAllocations(ns, benchServices)
+	w := e.watchAllocations(ns, *ccmServices)
 	start := time.Now()
-	e.runWorkers(benchServices, 8, func(i int) error {
-		s := ccmtest.LBService(ns, fmt.Sprintf("s-%04d", i))
+	e.runWorkers(*ccmServices, 8, func(i int) error {
+		s := benchService(ns, fmt.Sprintf("s-%05d", i))
 		w.created(s.Name)
 		created, err := e.CP.Client.CoreV1().Services(ns).Create(context.Background(), s, metav1.CreateOptions{})
 		if err != nil {
@@ -193,8 +206,8 @@ func (e *env) floorRun(b testing.TB, ns string, stockWrites bool) (total, p50, p
 	w.wait(b)
 	total = time.Since(start)
 	p50, p99 = w.percentiles()
-	e.runWorkers(benchServices, 8, func(i int) error {
-		name := fmt.Sprintf("s-%04d", i)
+	e.runWorkers(*ccmServices, 8, func(i int) error {
+		name := fmt.Sprintf("s-%05d", i)
 		if stockWrites {
 			// Drop the finalizer ourselves, or the CCM started next would
 			// spend the measured run cleaning these Services up.

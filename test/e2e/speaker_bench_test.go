@@ -47,31 +47,7 @@ func BenchmarkSpeakerAnnounce(b *testing.B) {
 		e.mustApplyPools("apiVersion: vipcast.io/v1alpha1\nkind: IPPool\nmetadata: {name: bench}\nspec: {addresses: [10.200.0.0/16]}\n")
 		e.applyPeer(peerDoc("frr", frr.Address, frr.Port, 64500, 64501, ""))
 
-		// Publish 10,000 VIPs, each a Service with status and one ready
-		// endpoint on another node.
-		e.Namespace("bench", nil)
-		vips := make([]netip.Prefix, benchVIPs)
-		setup := time.Now()
-		e.runWorkers(benchVIPs, 16, func(i int) error {
-			ip := netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)})
-			vips[i] = netip.PrefixFrom(ip, 32)
-			name := fmt.Sprintf("s-%05d", i)
-			svc := ccmtest.LBService("bench", name)
-			// 10,000 would exhaust the node port range.
-			svc.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
-			ctx := context.Background()
-			created, err := e.CP.Client.CoreV1().Services("bench").Create(ctx, svc, metav1.CreateOptions{})
-			if err != nil {
-				return err
-			}
-			created.Status.LoadBalancer = *lbStatusFor(ip.String())
-			if _, err := e.CP.Client.CoreV1().Services("bench").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-				return err
-			}
-			_, err = e.CP.Client.DiscoveryV1().EndpointSlices("bench").Create(ctx, benchSlice(name, i), metav1.CreateOptions{})
-			return err
-		})
-		b.Logf("published %d VIPs in %v", benchVIPs, time.Since(setup).Round(time.Millisecond))
+		vips := e.publishBench(benchVIPs)
 
 		sp := e.startSpeaker("bench", "-v", "0")
 		if err := frr.WaitEstablished(speakerAddr, 60*time.Second); err != nil {
@@ -139,6 +115,37 @@ func BenchmarkSpeakerAnnounce(b *testing.B) {
 		b.ReportMetric(floorWithdraw.Seconds(), "s-floor-withdraw")
 		b.ReportMetric(announce.Seconds()/floor.Seconds(), "x-floor")
 	}
+}
+
+// publishBench publishes n VIPs in namespace bench from 10.200.0.0/16,
+// each a LoadBalancer Service s-NNNNN with status and one ready endpoint
+// on another node, and returns their host prefixes.
+func (e *env) publishBench(n int) []netip.Prefix {
+	e.T.Helper()
+	e.Namespace("bench", nil)
+	vips := make([]netip.Prefix, n)
+	setup := time.Now()
+	e.runWorkers(n, 16, func(i int) error {
+		ip := netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)})
+		vips[i] = netip.PrefixFrom(ip, 32)
+		name := fmt.Sprintf("s-%05d", i)
+		svc := ccmtest.LBService("bench", name)
+		// 10,000 would exhaust the node port range.
+		svc.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+		ctx := context.Background()
+		created, err := e.CP.Client.CoreV1().Services("bench").Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		created.Status.LoadBalancer = *lbStatusFor(ip.String())
+		if _, err := e.CP.Client.CoreV1().Services("bench").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		_, err = e.CP.Client.DiscoveryV1().EndpointSlices("bench").Create(ctx, benchSlice(name, i), metav1.CreateOptions{})
+		return err
+	})
+	e.T.Logf("published %d VIPs in %v", n, time.Since(setup).Round(time.Millisecond))
+	return vips
 }
 
 // benchSlice is the EndpointSlice of bench Service name: one ready

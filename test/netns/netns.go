@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -203,6 +204,21 @@ func Enslave(t harness.T, ns *NS, link, bridge string) {
 // own namespace (such as an API server on loopback), until the test ends.
 func Forward(t harness.T, ns *NS, listen, target string) {
 	t.Helper()
+	forward(t, ns, listen, target, nil)
+}
+
+// Metered is Forward that counts the bytes target sends back (what a
+// client in ns receives, such as an API server's answers and watch
+// events); it returns the address it listens on (listen may have port 0)
+// and the count.
+func Metered(t harness.T, ns *NS, listen, target string) (string, *atomic.Int64) {
+	t.Helper()
+	down := &atomic.Int64{}
+	return forward(t, ns, listen, target, down), down
+}
+
+func forward(t harness.T, ns *NS, listen, target string, down *atomic.Int64) string {
+	t.Helper()
 	ln, err := ns.Listen("tcp", listen)
 	if err != nil {
 		t.Fatalf("forwarder on %s: %v", listen, err)
@@ -214,9 +230,10 @@ func Forward(t harness.T, ns *NS, listen, target string) {
 			if err != nil {
 				return
 			}
-			go relay(in, target)
+			go relay(in, target, down)
 		}
 	}()
+	return ln.Addr().String()
 }
 
 // Listen opens a listener inside ns (nil: this process's namespace). The
@@ -280,15 +297,33 @@ func Do(fd int, f func() error) error {
 	return ferr
 }
 
-func relay(in net.Conn, target string) {
+// relay copies between in and a connection to target until either side
+// ends, adding what target sends to down (when not nil).
+func relay(in net.Conn, target string, down *atomic.Int64) {
 	defer func() { _ = in.Close() }()
 	out, err := net.DialTimeout("tcp", target, 5*time.Second)
 	if err != nil {
 		return
 	}
 	defer func() { _ = out.Close() }()
+	var back io.Writer = in
+	if down != nil {
+		back = countingWriter{in, down}
+	}
 	done := make(chan struct{}, 2)
 	go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(back, out); done <- struct{}{} }()
 	<-done
+}
+
+// countingWriter adds what it writes to n.
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
