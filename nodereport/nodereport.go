@@ -66,13 +66,17 @@ func Why(o Objects) []NodeAnswer {
 		node := &o.Nodes[i]
 		a := NodeAnswer{Node: node.Name}
 		st := byName[node.Name]
+		var refused string
+		if st != nil {
+			refused = refusal(&st.Status, key)
+		}
 		switch {
 		case st == nil:
 			a.Why = "no SpeakerStatus: no vipcast-speaker has run on this node"
 		case stopped(&st.Status):
 			a.Why = speaker.StoppedReason
-		case refusal(&st.Status, key) != "":
-			a.Why = "dataplane refused it: " + refusal(&st.Status, key)
+		case refused != "":
+			a.Why = "dataplane refused it: " + refused
 		default:
 			a = decide(o, node, &st.Status)
 		}
