@@ -1,8 +1,10 @@
 package speaker
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"testing"
 
 	"k8s.io/utils/ptr"
@@ -180,5 +182,30 @@ func TestRouteTableAccessors(t *testing.T) {
 	}
 	if got, want := tab.Routes(), []bgp.Route{route("192.0.2.1/32"), route("192.0.2.2/32")}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Routes() = %v, want %v", got, want)
+	}
+}
+
+// TestRouteTableFirst: First gives the table's smallest prefixes in
+// order, the same as the head of Routes, for a sample smaller and larger
+// than the table.
+func TestRouteTableFirst(t *testing.T) {
+	tbl := NewRouteTable()
+	for i := range 50 {
+		addr := netip.AddrFrom4([4]byte{10, 0, byte(i * 7 % 50), 1})
+		if i%5 == 0 {
+			addr = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)})
+		}
+		tbl.Set(fmt.Sprintf("ns/s%d", i), []bgp.Route{{Prefix: netip.PrefixFrom(addr, addr.BitLen())}})
+	}
+	all := tbl.Routes()
+	for _, n := range []int{0, 1, 8, 50, 60} {
+		got := tbl.First(n)
+		var want []netip.Prefix
+		for _, r := range all[:min(n, len(all))] {
+			want = append(want, r.Prefix)
+		}
+		if len(got) != len(want) || (len(want) > 0 && !slices.Equal(got, want)) {
+			t.Errorf("First(%d) = %v, want %v", n, got, want)
+		}
 	}
 }
