@@ -1261,35 +1261,34 @@ func (d *Dataplane) applyServices(p Plan, f *failures) {
 	}
 }
 
-// applyBackends deletes (skipping absent ones), updates and adds (updating
-// present ones) p's real servers, in that order.
+// applyBackends changes p's real servers in the order of backendOps:
+// adding one that is present updates it, deleting one that is absent is
+// fine.
 func (d *Dataplane) applyBackends(p Plan, f *failures) {
-	for _, c := range p.DelBackends {
-		if err := d.destCmd(ipvsCmdDelDest, c.Key, c.Backend); err != nil && !isNotFound(err) {
-			f.addKey(c.Key, "delete real server "+c.String(), err)
-		}
-	}
-	for _, c := range p.UpdateBackends {
-		if err := d.destCmd(ipvsCmdSetDest, c.Key, c.Backend); err != nil {
-			f.addKey(c.Key, "update real server "+c.String(), err)
-		}
-	}
-	for _, c := range p.AddBackends {
-		if f.absent[c.Key] {
+	for _, op := range p.backendOps() {
+		c := op.BackendChange
+		var err error
+		what := "add real server "
+		switch {
+		case op.cmd == ipvsCmdNewDest && f.absent[c.Key]:
 			continue // its virtual server was refused: that is the failure
-		}
-		if c.Again {
-			if err := d.againDest(c.Key, c.Backend); err != nil {
-				f.addKey(c.Key, "add real server again "+c.String(), err)
+		case op.cmd == ipvsCmdNewDest && c.Again:
+			err, what = d.againDest(c.Key, c.Backend), "add real server again "
+		case op.cmd == ipvsCmdNewDest:
+			err = d.destCmd(ipvsCmdNewDest, c.Key, c.Backend)
+			if errors.Is(err, unix.EEXIST) {
+				err = d.destCmd(ipvsCmdSetDest, c.Key, c.Backend)
 			}
-			continue
-		}
-		err := d.destCmd(ipvsCmdNewDest, c.Key, c.Backend)
-		if errors.Is(err, unix.EEXIST) {
-			err = d.destCmd(ipvsCmdSetDest, c.Key, c.Backend)
+		case op.cmd == ipvsCmdSetDest:
+			err, what = d.destCmd(ipvsCmdSetDest, c.Key, c.Backend), "update real server "
+		default:
+			what = "delete real server "
+			if err = d.destCmd(ipvsCmdDelDest, c.Key, c.Backend); isNotFound(err) {
+				err = nil
+			}
 		}
 		if err != nil {
-			f.addKey(c.Key, "add real server "+c.String(), err)
+			f.addKey(c.Key, what+c.String(), err)
 		}
 	}
 }

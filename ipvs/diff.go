@@ -27,10 +27,11 @@ func (c BackendChange) String() string {
 
 // Plan is a set of kernel changes, in the order Apply performs them: filter
 // new VIPs, bind VIPs, start source NAT, add virtual servers, let them
-// through the VIP filter, update virtual servers, delete, update and add
-// real servers, stop letting through the virtual servers going, delete
-// them (their real servers go with them), stop source NAT, unbind VIPs,
-// stop filtering them. Every slice is sorted.
+// through the VIP filter, update virtual servers, change the real servers
+// make before break (add, raise, lower, delete: backendOps), stop letting
+// through the virtual servers going, delete them (their real servers go
+// with them), stop source NAT, unbind VIPs, stop filtering them. Every
+// slice is sorted.
 type Plan struct {
 	AddVIPs []netip.Addr
 	// AddSNAT: virtual servers whose connections become masqueraded. Done
@@ -39,9 +40,13 @@ type Plan struct {
 	AddSNAT        []Key
 	AddServices    []Service // without backends: AddBackends holds them
 	UpdateServices []Service // scheduler, flags or persistence changed
-	DelBackends    []BackendChange
-	UpdateBackends []BackendChange // weight or forwarding changed
 	AddBackends    []BackendChange
+	// UpdateBackends: real servers whose weight rises or whose forwarding
+	// changes; LowerBackends: those whose weight falls. Apply raises
+	// before it lowers.
+	UpdateBackends []BackendChange
+	LowerBackends  []BackendChange
+	DelBackends    []BackendChange
 	DelServices    []Key
 	DelSNAT        []Key
 	DelVIPs        []netip.Addr
@@ -83,7 +88,7 @@ func (p Plan) serviceKeys() []Key {
 			out = append(out, s.Key())
 		}
 	}
-	for _, bcs := range [][]BackendChange{p.DelBackends, p.UpdateBackends, p.AddBackends} {
+	for _, bcs := range [][]BackendChange{p.AddBackends, p.UpdateBackends, p.LowerBackends, p.DelBackends} {
 		for _, b := range bcs {
 			out = append(out, b.Key)
 		}
@@ -94,7 +99,7 @@ func (p Plan) serviceKeys() []Key {
 // Len is the number of kernel operations in p.
 func (p Plan) Len() int {
 	return len(p.AddVIPs) + len(p.AddSNAT) + len(p.DelSNAT) + len(p.AddServices) + len(p.UpdateServices) + len(p.DelBackends) +
-		len(p.UpdateBackends) + len(p.AddBackends) + len(p.DelServices) + len(p.DelVIPs) + p.Filter.Len() + p.Tier2.Len() + p.InCluster.Len()
+		len(p.UpdateBackends) + len(p.LowerBackends) + len(p.AddBackends) + len(p.DelServices) + len(p.DelVIPs) + p.Filter.Len() + p.Tier2.Len() + p.InCluster.Len()
 }
 
 // Empty reports whether p changes nothing.
@@ -113,7 +118,7 @@ func (p Plan) String() string {
 	add("+svc", len(p.AddServices))
 	add("~svc", len(p.UpdateServices))
 	add("-rs", len(p.DelBackends))
-	add("~rs", len(p.UpdateBackends))
+	add("~rs", len(p.UpdateBackends)+len(p.LowerBackends))
 	add("+rs", len(p.AddBackends))
 	add("-svc", len(p.DelServices))
 	add("-snat", len(p.DelSNAT))
@@ -141,6 +146,7 @@ func (p *Plan) Merge(q Plan) {
 	p.UpdateServices = append(p.UpdateServices, q.UpdateServices...)
 	p.DelBackends = append(p.DelBackends, q.DelBackends...)
 	p.UpdateBackends = append(p.UpdateBackends, q.UpdateBackends...)
+	p.LowerBackends = append(p.LowerBackends, q.LowerBackends...)
 	p.AddBackends = append(p.AddBackends, q.AddBackends...)
 	p.DelServices = append(p.DelServices, q.DelServices...)
 	p.DelVIPs = append(p.DelVIPs, q.DelVIPs...)
@@ -167,6 +173,7 @@ func (p *Plan) sort() {
 	}
 	slices.SortFunc(p.DelBackends, byChange)
 	slices.SortFunc(p.UpdateBackends, byChange)
+	slices.SortFunc(p.LowerBackends, byChange)
 	slices.SortFunc(p.AddBackends, byChange)
 	p.Filter.sort()
 	p.Tier2.sort()
@@ -324,6 +331,13 @@ func diffService(p *Plan, want, have *Service) {
 	if len(p.AddBackends) > added && tunnelled(w) {
 		first = p.AddBackends[added].Backend.AddrPort()
 	}
+	diffKept(p, k, kept, first)
+}
+
+// diffKept adds to p the changes of the real servers of virtual server k
+// in both lists (kept: want's, have's); first is the first real server of
+// tier 1 that p adds (invalid: none).
+func diffKept(p *Plan, k Key, kept [][2]Backend, first netip.AddrPort) {
 	for _, b := range kept {
 		if first.IsValid() && b[0].AddrPort().Compare(first) > 0 {
 			// Tier 1 of the two-tier dataplane must pick the same node
@@ -336,14 +350,54 @@ func diffService(p *Plan, want, have *Service) {
 			// order; those before it keep their place. Their connections
 			// keep going: a real server added again is the same one, back
 			// from IPVS's trash, deleted and added back in one netlink
-			// message (againDest).
-			p.AddBackends = append(p.AddBackends, BackendChange{Key: k, Backend: b[0], Again: true})
+			// message (againDest). It comes back with the higher of its
+			// two weights, lowered afterwards like any other (see
+			// backendOps).
+			again := b[0]
+			again.Weight = max(b[0].Weight, b[1].Weight)
+			p.AddBackends = append(p.AddBackends, BackendChange{Key: k, Backend: again, Again: true})
+			if b[0].Weight < b[1].Weight {
+				p.LowerBackends = append(p.LowerBackends, BackendChange{Key: k, Backend: b[0]})
+			}
 			continue
 		}
-		if b[0].Weight != b[1].Weight || b[0].Tunnel != b[1].Tunnel {
+		switch {
+		case b[0].Weight < b[1].Weight:
+			p.LowerBackends = append(p.LowerBackends, BackendChange{Key: k, Backend: b[0]})
+		case b[0].Weight != b[1].Weight || b[0].Tunnel != b[1].Tunnel:
 			p.UpdateBackends = append(p.UpdateBackends, BackendChange{Key: k, Backend: b[0]})
 		}
 	}
+}
+
+// backendOp is one real-server command of a Plan: cmd is ipvsCmdNewDest
+// (with Again, the deletion and addition of againDest), ipvsCmdSetDest or
+// ipvsCmdDelDest.
+type backendOp struct {
+	cmd uint8
+	BackendChange
+}
+
+// backendOps returns p's real-server commands in the order Apply runs
+// them, make before break: add (and add again), raise, lower, delete. A
+// virtual server that has a real server with weight before and after p
+// has one at every step in between: with deletions or lowered weights
+// first, one whose only ready real server moves (a Local handover: one
+// node drains, another gains its first endpoint) would have none for a
+// moment, and IPVS answers a new connection that finds no real server
+// with ICMP port unreachable, which the client reads as a refused
+// connection.
+func (p Plan) backendOps() []backendOp {
+	ops := make([]backendOp, 0, len(p.AddBackends)+len(p.UpdateBackends)+len(p.LowerBackends)+len(p.DelBackends))
+	for _, step := range []struct {
+		cmd uint8
+		cs  []BackendChange
+	}{{ipvsCmdNewDest, p.AddBackends}, {ipvsCmdSetDest, p.UpdateBackends}, {ipvsCmdSetDest, p.LowerBackends}, {ipvsCmdDelDest, p.DelBackends}} {
+		for _, c := range step.cs {
+			ops = append(ops, backendOp{cmd: step.cmd, BackendChange: c})
+		}
+	}
+	return ops
 }
 
 // tunnelled reports whether bs are tier 1 of the two-tier dataplane (they
@@ -402,8 +456,8 @@ func (p Plan) applyServices(s *State) {
 	setSNAT(p.DelSNAT, false)
 }
 
-// applyBackends deletes, updates and adds p's real servers in s, in that
-// order. Changes to a virtual server s does not hold are skipped.
+// applyBackends changes p's real servers in s, in the order of backendOps.
+// Changes to a virtual server s does not hold are skipped.
 func (p Plan) applyBackends(s *State) {
 	touched := map[Key]bool{}
 	edit := func(c BackendChange, fn func(bs []Backend, b Backend) []Backend) {
@@ -420,14 +474,20 @@ func (p Plan) applyBackends(s *State) {
 		svc.Backends = fn(svc.Backends, c.Backend)
 		s.Services[c.Key] = svc
 	}
-	for _, c := range p.DelBackends {
-		edit(c, withoutBackend)
+	for _, op := range p.backendOps() {
+		op.applyTo(edit)
 	}
-	for _, c := range p.UpdateBackends {
-		edit(c, withWeight)
-	}
-	for _, c := range p.AddBackends {
-		edit(c, withBackend)
+}
+
+// applyTo performs op in memory through edit (see applyBackends).
+func (op backendOp) applyTo(edit func(BackendChange, func([]Backend, Backend) []Backend)) {
+	switch op.cmd {
+	case ipvsCmdNewDest:
+		edit(op.BackendChange, withBackend)
+	case ipvsCmdSetDest:
+		edit(op.BackendChange, withWeight)
+	default:
+		edit(op.BackendChange, withoutBackend)
 	}
 }
 

@@ -66,9 +66,9 @@ func TestDiff(t *testing.T) {
 			desired: state(svc("192.0.2.1", 80, be("10.0.0.1", 8080, 0), be("10.0.0.3", 8080, 1))),
 			actual:  state(svc("192.0.2.1", 80, be("10.0.0.1", 8080, 1), be("10.0.0.2", 8080, 1))),
 			want: Plan{
-				DelBackends:    []BackendChange{{Key: k("192.0.2.1", 80), Backend: be("10.0.0.2", 8080, 1)}},
-				UpdateBackends: []BackendChange{{Key: k("192.0.2.1", 80), Backend: be("10.0.0.1", 8080, 0)}},
-				AddBackends:    []BackendChange{{Key: k("192.0.2.1", 80), Backend: be("10.0.0.3", 8080, 1)}},
+				DelBackends:   []BackendChange{{Key: k("192.0.2.1", 80), Backend: be("10.0.0.2", 8080, 1)}},
+				LowerBackends: []BackendChange{{Key: k("192.0.2.1", 80), Backend: be("10.0.0.1", 8080, 0)}},
+				AddBackends:   []BackendChange{{Key: k("192.0.2.1", 80), Backend: be("10.0.0.3", 8080, 1)}},
 			},
 		},
 		{
@@ -193,6 +193,9 @@ func checkPlan(t *testing.T, desired, actual State, p Plan) {
 	for a := range actual.VIPs {
 		owned[a] = struct{}{}
 	}
+	if msg := breakBeforeMake(actual, desired, p); msg != "" {
+		t.Errorf("plan %v: %s", p, msg)
+	}
 	got := actual.Clone()
 	p.ApplyTo(&got)
 	if again := Diff(desired, got); !again.Empty() {
@@ -248,7 +251,7 @@ func TestDiffService(t *testing.T) {
 	actual.Services[Key{VIP: ip("10.96.0.1"), Port: 80, Protocol: TCP}] = svc("10.96.0.1", 80).Normalize()
 
 	p := DiffService(Key{}, ptr(svc("192.0.2.1", 80, be("10.0.0.1", 8080, 0))), actual)
-	if p.Len() != 1 || len(p.UpdateBackends) != 1 {
+	if p.Len() != 1 || len(p.LowerBackends) != 1 {
 		t.Errorf("drain: %v", p)
 	}
 	p = DiffService(Key{VIP: ip("192.0.2.1"), Port: 443, Protocol: TCP}, nil, actual)
@@ -421,6 +424,73 @@ func randomState(r *byteReader, foreign bool) State {
 	return st
 }
 
+// weightOf is the total weight of the real servers of k in s.
+func weightOf(s State, k Key) int {
+	w := 0
+	for _, b := range s.Services[k].Backends {
+		w += b.Weight
+	}
+	return w
+}
+
+// breakBeforeMake replays p's real-server commands one by one on actual,
+// in the order Apply runs them, and says which command leaves a virtual
+// server that has weight in actual and in desired without any (a new
+// connection then gets ICMP port unreachable); "" when none does.
+func breakBeforeMake(actual, desired State, p Plan) string {
+	s := actual.Clone()
+	for i, op := range p.backendOps() {
+		Plan{AddBackends: pick(op, ipvsCmdNewDest), UpdateBackends: pick(op, ipvsCmdSetDest), DelBackends: pick(op, ipvsCmdDelDest)}.applyBackends(&s)
+		k := op.Key
+		if weightOf(actual, k) > 0 && weightOf(desired, k) > 0 && weightOf(s, k) == 0 {
+			return fmt.Sprintf("after command %d (%d %v) of %d, %s has no real server with weight: %v", i+1, op.cmd, op.BackendChange, len(p.backendOps()), k, s.Services[k].Backends)
+		}
+	}
+	return ""
+}
+
+// pick is op's change when its command is cmd, else nil.
+func pick(op backendOp, cmd uint8) []BackendChange {
+	if op.cmd != cmd {
+		return nil
+	}
+	return []BackendChange{op.BackendChange}
+}
+
+// TestMakeBeforeBreak: a virtual server whose real servers have weight
+// before and after a plan has weight at every command of it, whichever
+// real server gains or loses it: the Local handover of the lab's rollout
+// (one node's endpoint terminates as another node's becomes ready, with
+// the new node sorting before or after the old), a real server that
+// tier 1 adds again with a lower weight, a pod replaced by another one.
+func TestMakeBeforeBreak(t *testing.T) {
+	node := func(a string, w int) Backend {
+		return Backend{Addr: ip("10.52.0." + a), Port: 80, Weight: w, Tunnel: true}
+	}
+	tier1 := func(bs ...Backend) State { return state(svc("192.0.2.1", 80, bs...)) }
+	tests := []struct {
+		name           string
+		actual, wanted State
+	}{
+		{"handover to a node that sorts after", tier1(node("1", 1)), tier1(node("1", 0), node("2", 1))},
+		{"handover to a node that sorts before", tier1(node("2", 1)), tier1(node("1", 1), node("2", 0))},
+		{"handover between kept nodes", tier1(node("1", 1), node("2", 0)), tier1(node("1", 0), node("2", 1))},
+		{"added again with a lower weight", tier1(node("2", 1), node("3", 0)), tier1(node("1", 0), node("2", 0), node("3", 1))},
+		{"a pod replaced", state(svc("192.0.2.1", 80, be("10.0.0.2", 80, 1))), state(svc("192.0.2.1", 80, be("10.0.0.1", 80, 1)))},
+		{"a pod drained, another ready", state(svc("192.0.2.1", 80, be("10.0.0.1", 80, 1), be("10.0.0.2", 80, 0))),
+			state(svc("192.0.2.1", 80, be("10.0.0.1", 80, 0), be("10.0.0.2", 80, 1)))},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Diff(tt.wanted, tt.actual)
+			if msg := breakBeforeMake(tt.actual, tt.wanted, p); msg != "" {
+				t.Errorf("plan %v: %s", p, msg)
+			}
+			checkPlan(t, tt.wanted, tt.actual, p)
+		})
+	}
+}
+
 // TestDiffTier1Order: a real server added to tier 1 of the two-tier
 // dataplane (tunnel real servers) re-adds those that sort after it, in the
 // plan's order, so that every node's kernel list (and mh table) has one
@@ -459,7 +529,7 @@ func TestDiffTier1Order(t *testing.T) {
 		t.Errorf("tier 1 gains a node in the middle: %v (adds %v), want .11 updated in place, .12 added, .13 and .14 added again", p, adds)
 	}
 	p = DiffService(Key{}, ptr(svc("192.0.2.1", 80, node("10.52.0.12", 0))), actual)
-	if p.Len() != 1 || len(p.UpdateBackends) != 1 {
+	if p.Len() != 1 || len(p.LowerBackends) != 1 {
 		t.Errorf("tier 1 weight change: %v, want one update", p)
 	}
 	p = DiffService(Key{}, ptr(svc("192.0.2.2", 80, be("10.0.0.1", 8080, 1), be("10.0.0.2", 8080, 1))), actual)
@@ -497,12 +567,18 @@ func FuzzTier1KernelOrder(f *testing.F) {
 			}
 			want := Service{VIP: key.VIP, Port: 80, Protocol: TCP, Backends: bs}.Normalize()
 			p := DiffService(key, &want, actual)
-			for _, c := range p.DelBackends {
-				kernel = slices.DeleteFunc(kernel, func(a netip.AddrPort) bool { return a == c.Backend.AddrPort() })
+			for _, op := range p.backendOps() {
+				switch op.cmd {
+				case ipvsCmdDelDest:
+					kernel = slices.DeleteFunc(kernel, func(a netip.AddrPort) bool { return a == op.Backend.AddrPort() })
+				case ipvsCmdNewDest:
+					kernel = slices.DeleteFunc(kernel, func(a netip.AddrPort) bool { return a == op.Backend.AddrPort() })
+					kernel = slices.Insert(kernel, 0, op.Backend.AddrPort())
+				}
 			}
-			for _, c := range p.AddBackends {
-				kernel = slices.DeleteFunc(kernel, func(a netip.AddrPort) bool { return a == c.Backend.AddrPort() })
-				kernel = slices.Insert(kernel, 0, c.Backend.AddrPort())
+			wanted := State{Services: map[Key]Service{key: want}}
+			if msg := breakBeforeMake(actual, wanted, p); msg != "" {
+				t.Fatalf("after %v: %s", want.Backends, msg)
 			}
 			p.ApplyTo(&actual)
 			var canonical []netip.AddrPort

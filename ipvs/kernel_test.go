@@ -142,7 +142,7 @@ func planServiceKeys(p Plan) map[Key]bool {
 	for _, s := range append(slices.Clone(p.AddServices), p.UpdateServices...) {
 		keys[s.Key()] = true
 	}
-	for _, c := range slices.Concat(p.AddBackends, p.UpdateBackends, p.DelBackends) {
+	for _, c := range slices.Concat(p.AddBackends, p.UpdateBackends, p.LowerBackends, p.DelBackends) {
 		keys[c.Key] = true
 	}
 	for _, k := range p.DelServices {
@@ -228,7 +228,7 @@ func testSpreadRemoveDrain(t *testing.T) {
 	if err != nil {
 		t.Fatalf("SyncService: %v", err)
 	}
-	if p.Len() != 1 || len(p.UpdateBackends) != 1 || p.UpdateBackends[0].Backend.Weight != 0 {
+	if p.Len() != 1 || len(p.LowerBackends) != 1 || p.LowerBackends[0].Backend.Weight != 0 {
 		t.Fatalf("drain %s: %v", drained.name, p)
 	}
 	got = cl.spread(t, vip, 30)
@@ -470,7 +470,7 @@ func testDriftAndForeign(t *testing.T) {
 	}
 	p := syncOK(t, d, desired)
 	if len(p.AddServices) != 1 || p.AddServices[0].Key() != a.Key() || len(p.AddBackends) != 1 ||
-		len(p.UpdateBackends) != 1 || p.Len() != 3 {
+		len(p.LowerBackends) != 1 || p.Len() != 3 {
 		t.Errorf("repair: %+v", p)
 	}
 	if !slices.Equal(p.Lost, []Key{a.Key()}) {

@@ -308,7 +308,7 @@ func BenchmarkTwoTierEndpoints(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if len(p.UpdateBackends) != 1 || p.Len() != 1 {
+		if len(p.UpdateBackends)+len(p.LowerBackends) != 1 || p.Len() != 1 {
 			b.Fatalf("other node's endpoint change: %v", p)
 		}
 		desired.Add(s)

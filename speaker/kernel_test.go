@@ -111,7 +111,7 @@ func planKeys(p ipvs.Plan) (keys map[ipvs.Key]bool, vips []netip.Addr) {
 	for _, s := range slices.Concat(p.AddServices, p.UpdateServices) {
 		keys[s.Key()] = true
 	}
-	for _, c := range slices.Concat(p.AddBackends, p.UpdateBackends, p.DelBackends) {
+	for _, c := range slices.Concat(p.AddBackends, p.UpdateBackends, p.LowerBackends, p.DelBackends) {
 		keys[c.Key] = true
 	}
 	for _, s := range slices.Concat(p.Tier2.Add, p.Tier2.Del, p.InCluster.Add, p.InCluster.Del) {
