@@ -21,9 +21,14 @@ type contact struct {
 	interval time.Duration
 	metrics  *Metrics
 	now      func() time.Time
+	// lost and back, when set, are called when contact is lost after
+	// the first answer, and when it returns from such a loss.
+	lost, back func()
 	// state, owned by run's goroutine: when the last answer came (zero
-	// before the first), and since when the server has not answered.
+	// before the first), since when the server has not answered, and
+	// whether lost was called for this outage.
 	last, lostSince time.Time
+	calledLost      bool
 }
 
 // run probes the API server every interval until ctx ends.
@@ -64,6 +69,10 @@ func (c *contact) record(logger klog.Logger, err error) {
 		logger.Info("API server reachable again; resuming from the informers' caches",
 			"unreachableFor", now.Sub(c.lostSince).Round(time.Second))
 		c.lostSince = time.Time{}
+		if c.calledLost && c.back != nil {
+			c.back()
+		}
+		c.calledLost = false
 	case err != nil && c.lostSince.IsZero() && c.last.IsZero():
 		c.lostSince = now
 		logger.Error(err, "API server unreachable at start: nothing is announced until the speaker has read the Services, EndpointSlices, Node, IPPools and BGPPeers")
@@ -71,6 +80,10 @@ func (c *contact) record(logger klog.Logger, err error) {
 		c.lostSince = now
 		logger.Error(err, "API server unreachable: keeping BGP sessions, routes and IPVS exactly as they are until it answers again",
 			"lastContact", c.last.UTC().Format(time.RFC3339))
+		c.calledLost = true
+		if c.lost != nil {
+			c.lost()
+		}
 	}
 	if err == nil {
 		c.last = now

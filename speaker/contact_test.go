@@ -26,22 +26,27 @@ func TestContactLogsOncePerOutage(t *testing.T) {
 	cfg := textlogger.NewConfig(textlogger.Output(&buf), textlogger.Verbosity(0))
 	logger := textlogger.NewLogger(cfg)
 	clock := time.Unix(1_000_000, 0)
-	c := &contact{metrics: m, now: func() time.Time { return clock }}
+	var lost, back int
+	c := &contact{metrics: m, now: func() time.Time { return clock }, lost: func() { lost++ }, back: func() { back++ }}
 	down := errors.New("connection refused")
 
+	// lost and back (the outage hold's hooks) are called once per outage
+	// after the first answer, not for the failures before it.
 	steps := []struct {
-		err      error
-		wantLog  string // substring of the only new line; empty: no line
-		wantLast float64
+		err             error
+		wantLog         string // substring of the only new line; empty: no line
+		wantLast        float64
+		wantLost, wantB int
 	}{
-		{down, "unreachable at start: nothing is announced", 0},
-		{down, "", 0},
-		{nil, "reachable again", 1_000_020},
-		{nil, "", 1_000_030},
-		{down, "keeping BGP sessions, routes and IPVS exactly as they are", 1_000_030},
-		{down, "", 1_000_030},
-		{down, "", 1_000_030},
-		{nil, `unreachableFor="30s"`, 1_000_070},
+		{down, "unreachable at start: nothing is announced", 0, 0, 0},
+		{down, "", 0, 0, 0},
+		{nil, "reachable again", 1_000_020, 0, 0},
+		{nil, "", 1_000_030, 0, 0},
+		{down, "keeping BGP sessions, routes and IPVS exactly as they are", 1_000_030, 1, 0},
+		{down, "", 1_000_030, 1, 0},
+		{down, "", 1_000_030, 1, 0},
+		{nil, `unreachableFor="30s"`, 1_000_070, 1, 1},
+		{nil, "", 1_000_080, 1, 1},
 	}
 	for i, s := range steps {
 		buf.Reset()
@@ -55,6 +60,9 @@ func TestContactLogsOncePerOutage(t *testing.T) {
 		}
 		if got := testutil.ToFloat64(m.lastContact); got != s.wantLast {
 			t.Errorf("step %d: last contact metric %v, want %v", i, got, s.wantLast)
+		}
+		if lost != s.wantLost || back != s.wantB {
+			t.Errorf("step %d: lost called %d times, back %d, want %d and %d", i, lost, back, s.wantLost, s.wantB)
 		}
 		clock = clock.Add(10 * time.Second)
 	}

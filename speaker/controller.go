@@ -83,6 +83,10 @@ type Options struct {
 	// another node has ready ones (HandoverRoutes): the time the routers
 	// need to learn that node's route. 0 withdraws at once.
 	Handover time.Duration
+	// OutageSettle is how long after an API-server outage the endpoints
+	// ready when it began stay ready whatever the EndpointSlices say,
+	// short of terminating (outageHold); 0 reads them as they come.
+	OutageSettle time.Duration
 	// DataplaneResync is how often the whole kernel table is compared
 	// with the desired state, repairing drift.
 	DataplaneResync time.Duration
@@ -223,7 +227,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.events.StartStructuredLogging(3)
 	c.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.opts.Calls.CoreV1().Events("")})
 	defer c.events.Shutdown()
-	probe := &contact{client: c.opts.Calls, interval: contactInterval, metrics: c.opts.Metrics, now: time.Now}
+	probe := &contact{client: c.opts.Calls, interval: contactInterval, metrics: c.opts.Metrics, now: time.Now,
+		lost: c.watch.outageBegins, back: func() { c.outageEnds(ctx) }}
 	go probe.run(ctx)
 	go c.status.run(ctx)
 
@@ -242,6 +247,18 @@ func (c *Controller) Run(ctx context.Context) error {
 	for c.processNext(ctx) {
 	}
 	return nil
+}
+
+// outageEnds starts the outage hold's settle time as the API server
+// answers again, and queues the full recompute that ends it.
+func (c *Controller) outageEnds(ctx context.Context) {
+	if c.watch.hold == nil || !c.watch.hold.end() {
+		return
+	}
+	settle := c.opts.OutageSettle
+	klog.FromContext(ctx).Info("Endpoints ready when the API server became unreachable stay ready, short of terminating or going away, while the nodes report again",
+		"for", settle, "node", c.opts.NodeName)
+	time.AfterFunc(settle, func() { c.queue.Add(keyConfig) })
 }
 
 // tick queues the periodic config sync and dataplane resync, probes the

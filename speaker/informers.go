@@ -69,6 +69,9 @@ type watched struct {
 	secrets map[types.NamespacedName]cache.SharedIndexInformer
 	// secretFactories start them.
 	secretFactories []informers.SharedInformerFactory
+	// hold reads the EndpointSlices through an API-server outage's
+	// aftermath (Options.OutageSettle); nil: as they come.
+	hold *outageHold
 }
 
 // newWatched creates the informers and routes their events to q: a
@@ -85,6 +88,9 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
 			})),
 		dynamic: dynamicinformer.NewDynamicSharedInformerFactory(opts.Dynamic, 0),
+	}
+	if opts.OutageSettle > 0 {
+		w.hold = &outageHold{settle: opts.OutageSettle, now: time.Now}
 	}
 	w.services, w.slices = selectedInformers(w.factory)
 	w.node = w.nodes.Core().V1().Nodes().Informer()
@@ -346,10 +352,50 @@ func (w *watched) speakersReady() map[string]bool {
 		return nil
 	}
 	out := map[string]bool{}
-	for _, o := range w.speakers.GetStore().List() {
-		maps.Copy(out, readyNodes(o))
+	for _, s := range w.held(storeSlices(w.speakers)) {
+		maps.Copy(out, readyNodes(s))
 	}
 	return out
+}
+
+// storeSlices returns the EndpointSlices in inf's cache.
+func storeSlices(inf cache.SharedIndexInformer) []*discoveryv1.EndpointSlice {
+	objs := inf.GetStore().List()
+	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// held returns slices as the outage hold reads them.
+func (w *watched) held(slices []*discoveryv1.EndpointSlice) []*discoveryv1.EndpointSlice {
+	out, _ := w.heldCount(slices)
+	return out
+}
+
+// heldCount returns slices as the outage hold reads them, and how many
+// endpoints it reads as ready against the slices' word.
+func (w *watched) heldCount(slices []*discoveryv1.EndpointSlice) ([]*discoveryv1.EndpointSlice, int) {
+	if w.hold == nil {
+		return slices, 0
+	}
+	return w.hold.apply(slices)
+}
+
+// outageBegins starts the outage hold, if any, from the caches'
+// EndpointSlices (the Services' and the speakers').
+func (w *watched) outageBegins() {
+	if w.hold == nil {
+		return
+	}
+	all := storeSlices(w.slices)
+	if w.speakers != nil {
+		all = append(all, storeSlices(w.speakers)...)
+	}
+	w.hold.begin(all)
 }
 
 // service returns the Service with the given key from the cache; nil when
@@ -381,8 +427,16 @@ func (w *watched) listServices() []*v1.Service {
 	return out
 }
 
-// slicesOf returns one Service's EndpointSlices from the cache.
+// slicesOf returns one Service's EndpointSlices from the cache, as the
+// outage hold reads them.
 func (w *watched) slicesOf(svc *v1.Service) []*discoveryv1.EndpointSlice {
+	out, _ := w.heldSlicesOf(svc)
+	return out
+}
+
+// heldSlicesOf is slicesOf, with how many endpoints the outage hold reads
+// as ready against the slices' word.
+func (w *watched) heldSlicesOf(svc *v1.Service) ([]*discoveryv1.EndpointSlice, int) {
 	objs, _ := w.slices.GetIndexer().ByIndex(sliceIndex, ServiceKey(svc))
 	slices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
 	for _, o := range objs {
@@ -390,7 +444,7 @@ func (w *watched) slicesOf(svc *v1.Service) []*discoveryv1.EndpointSlice {
 			slices = append(slices, s)
 		}
 	}
-	return slices
+	return w.heldCount(slices)
 }
 
 // sameNodeAddress reports whether a Node update leaves its IPv4 and IPv6

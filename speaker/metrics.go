@@ -20,6 +20,7 @@ type Metrics struct {
 	serviceErrors  *prometheus.GaugeVec
 	lastContact    prometheus.Gauge
 	tier1Nodes     *prometheus.GaugeVec
+	outageHeld     prometheus.Gauge
 }
 
 // The reasons of vipcast_speaker_service_errors.
@@ -75,11 +76,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "vipcast_speaker_tier1_nodes",
 			Help: "With two tiers and --speaker-service: the nodes with a tunnel address, by whether their speaker is ready (a ready endpoint of the speakers' Service). Tier 1 sends no new flow to a not_ready node while a ready one hosts an endpoint.",
 		}, []string{"state"}),
+		outageHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipcast_speaker_outage_held_endpoints",
+			Help: "Endpoints the EndpointSlices call not ready that the speaker reads as ready, as they were when the API server became unreachable, until --outage-settle after it answers again (the node monitor's catch-up after an outage). 0 outside that time.",
+		}),
 	}
 	for _, r := range []string{reasonScheduler, reasonKernel} {
 		m.serviceErrors.WithLabelValues(r).Set(0)
 	}
-	for _, c := range []prometheus.Collector{m.announced, m.syncSeconds, m.virtualServers, m.changes, m.drift, m.serviceErrors, m.lastContact, m.tier1Nodes} {
+	for _, c := range []prometheus.Collector{m.announced, m.syncSeconds, m.virtualServers, m.changes, m.drift, m.serviceErrors, m.lastContact, m.tier1Nodes, m.outageHeld} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -97,6 +102,12 @@ func (m *Metrics) setTier1Nodes(ready, notReady int) {
 	if m != nil {
 		m.tier1Nodes.WithLabelValues("ready").Set(float64(ready))
 		m.tier1Nodes.WithLabelValues("not_ready").Set(float64(notReady))
+	}
+}
+
+func (m *Metrics) setOutageHeld(n int) {
+	if m != nil {
+		m.outageHeld.Set(float64(n))
 	}
 }
 

@@ -348,9 +348,13 @@ type serviceSnapshot struct {
 func (c *Controller) snapshot() []serviceSnapshot {
 	services := c.watch.listServices()
 	out := make([]serviceSnapshot, 0, len(services))
+	held := 0
 	for _, svc := range services {
-		out = append(out, serviceSnapshot{svc, c.watch.slicesOf(svc)})
+		slices, n := c.watch.heldSlicesOf(svc)
+		held += n
+		out = append(out, serviceSnapshot{svc, slices})
 	}
+	c.opts.Metrics.setOutageHeld(held)
 	return out
 }
 

@@ -71,6 +71,27 @@ func TestParseFlagsDataplaneProbe(t *testing.T) {
 	}
 }
 
+// TestParseFlagsOutageSettle checks --outage-settle: 2m by default, 0s
+// (off) accepted, a negative value refused naming the flag and the fix.
+func TestParseFlagsOutageSettle(t *testing.T) {
+	base := []string{"--node-name", "n1"}
+	for _, tc := range []struct {
+		args    []string
+		want    time.Duration
+		wantErr string
+	}{
+		{args: nil, want: 2 * time.Minute},
+		{args: []string{"--outage-settle", "0s"}, want: 0},
+		{args: []string{"--outage-settle", "90s"}, want: 90 * time.Second},
+		{args: []string{"--outage-settle", "-1s"}, wantErr: "--outage-settle=-1s is negative: use 0s (off) or more, such as 2m"},
+	} {
+		f, ok := parseChecked(t, append(slices.Clone(base), tc.args...), tc.wantErr)
+		if ok && f.outageSettle != tc.want {
+			t.Errorf("%q: outage settle %v, want %v", tc.args, f.outageSettle, tc.want)
+		}
+	}
+}
+
 // TestParseFlagsTunnel checks --tunnel-prefix and --tunnel-mtu: off by
 // default, an IPv4 prefix of /8 to /30 (masked) and optionally an IPv6
 // prefix of /32 to /124 after a comma, and each bad value refused naming

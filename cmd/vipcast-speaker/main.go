@@ -64,6 +64,7 @@ type flags struct {
 	convergenceDelay time.Duration
 	resync           time.Duration
 	statusInterval   time.Duration
+	outageSettle     time.Duration
 	prefixWarning    int
 	qps              float64
 	burst            int
@@ -155,6 +156,7 @@ func apiFlags(fs *flag.FlagSet, f *flags) {
 	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
 	fs.IntVar(&f.prefixWarning, "announced-prefixes-warning", 5000, "Warn (a PrefixCountHigh Warning Event on the Node) when the node announces more prefixes than this: routers hold a bounded number of routes and ECMP groups. 0 never warns.")
 	fs.DurationVar(&f.statusInterval, "status-interval", speaker.DefaultStatusInterval, "How often, at most, the node's SpeakerStatus is written for a change of its counts (with up to 20% jitter); a change of a BGP session or a kernel refusal is written at once. Each write is one small patch: 5,000 nodes at 30s write about 170 a second.")
+	fs.DurationVar(&f.outageSettle, "outage-settle", speaker.DefaultOutageSettle, "After an API-server outage, how long endpoints that were ready when it began stay ready for the speaker, short of terminating or going away, while kube-controller-manager, which found every node's lease stale, marks their pods not ready until the kubelets report again. 0 reads the EndpointSlices as they come.")
 	fs.Float64Var(&f.qps, "kube-api-qps", 50, "Queries per second to the API server.")
 	fs.IntVar(&f.burst, "kube-api-burst", 100, "Burst of queries to the API server.")
 }
@@ -169,6 +171,8 @@ func (f *flags) check() error {
 		return fmt.Errorf("--convergence-delay=%v is negative: use 0s or more, such as 3s", f.convergenceDelay)
 	case f.prefixWarning < 0:
 		return fmt.Errorf("--announced-prefixes-warning=%d is negative: use 0 (never warn) or a count of prefixes, such as 5000", f.prefixWarning)
+	case f.outageSettle < 0:
+		return fmt.Errorf("--outage-settle=%v is negative: use 0s (off) or more, such as 2m", f.outageSettle)
 	case f.statusInterval < time.Second:
 		return fmt.Errorf("--status-interval=%v is too short: use 1s or more, such as 30s", f.statusInterval)
 	case f.resync < time.Second:
@@ -434,6 +438,7 @@ func speakerOptions(f *flags, client, calls kubernetes.Interface, dyn dynamic.In
 		StatusInterval:  f.statusInterval,
 		PrefixWarning:   f.prefixWarning,
 		Handover:        f.convergenceDelay,
+		OutageSettle:    f.outageSettle,
 		Metrics:         metrics,
 		DataplaneResync: f.dataplaneResync,
 		DataplaneProbe:  f.dataplaneProbe,

@@ -325,6 +325,7 @@ func checkSpeaker(t *testing.T, r *Rendered, delay string, delaySeconds int64) *
 	c := spec.Containers[0]
 	wantArg(t, "speaker", c.Args, "--node-name", "$(NODE_NAME)")
 	wantArg(t, "speaker", c.Args, "--convergence-delay", delay)
+	wantArg(t, "speaker", c.Args, "--outage-settle", "2m")
 	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
 		return e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName"
 	}) {
@@ -850,6 +851,7 @@ func TestSchemaRejectsWrongType(t *testing.T) {
 		{"resync 999ms", "speaker: {resyncPeriod: 999ms}", []string{"/speaker/resyncPeriod"}},
 		{"resync in ns", "speaker: {resyncPeriod: 5000000000ns}", []string{"/speaker/resyncPeriod"}},
 		{"status interval below 1s", "speaker: {statusInterval: 500ms}", []string{"/speaker/statusInterval"}},
+		{"outage settle not a duration", "speaker: {outageSettle: 2 minutes}", []string{"/speaker/outageSettle"}},
 		{"prefix warning negative", "speaker: {announcedPrefixesWarning: -1}", []string{"/speaker/announcedPrefixesWarning"}},
 		{"dataplane resync below 1s", "speaker: {ipvs: {enabled: true, resyncPeriod: 100ms}}", []string{"/speaker/ipvs/resyncPeriod"}},
 		{"dataplane resync zero", "speaker: {ipvs: {enabled: true, resyncPeriod: 0m}}", []string{"/speaker/ipvs/resyncPeriod"}},

@@ -594,8 +594,14 @@ type SpeakerValues struct {
 	AllAtOnce bool
 }
 
+// OutageSettle is the lab speakers' speaker.outageSettle: shorter than
+// the chart's 2m, so that TestCluster/outage sees the hold end, and long
+// enough for the kubelets the test stops past the API server's return to
+// mark their pods ready again (about 30 s).
+const OutageSettle = time.Minute
+
 // HelmValuesFile writes the lab's values for charts/vipcast: v, the lab's
-// convergence delay, with Options.Resync the speakers' resync periods and,
+// convergence delay and outage settle time (OutageSettle), with Options.Resync the speakers' resync periods and,
 // with Options.Password, the demo's password Secret for the speakers to
 // read. One CCM replica (and so no PodDisruptionBudget, which must stay
 // below the replicas): each node is one emulated CPU, and with the chart's
@@ -636,9 +642,10 @@ func (l *Lab) HelmValuesFile(v SpeakerValues) (string, error) {
 speaker:
   image: {repository: vipcast/vipcast-speaker, tag: %q}
   convergenceDelay: 2s
+  outageSettle: %s
   metrics: {allowedSources: [%s/32]}
 %s  ipvs: %s}
-`, v.Tag, v.Tag, torAddr, speaker, ipvs)
+`, v.Tag, v.Tag, fmt.Sprintf("%ds", int(OutageSettle.Seconds())), torAddr, speaker, ipvs)
 	l.values++
 	path := filepath.Join(l.Opts.Dir, fmt.Sprintf("values-%d-%s.yaml", l.values, v.Tag))
 	return path, os.WriteFile(path, []byte(values), 0o600)

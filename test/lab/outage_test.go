@@ -3,6 +3,7 @@
 package lab_test
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -11,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/vipcast/vipcast/test/lab"
 	"github.com/vipcast/vipcast/test/lab/nodeapi"
@@ -24,25 +27,35 @@ const (
 	logBack     = "API server reachable again"
 	logStartsUp = "Waiting for the API server to read this Node"
 	lastContact = "vipcast_speaker_apiserver_last_contact_timestamp_seconds"
+	outageHeld  = "vipcast_speaker_outage_held_endpoints"
 )
+
+// nodeGrace is kube-controller-manager's --node-monitor-grace-period,
+// its default, which test/controlplane leaves as it is.
+const nodeGrace = 50 * time.Second
 
 // outage is the fault tier of an API server outage, in the real cluster:
 // speakers peered with the FRR ToR using TCP MD5 (password from a Secret),
 // IPVS programmed, the client holding 20 connections through the demo
 // Service's vip that exchange a request every 200 ms. The API server is
-// stopped for longer than two resync periods — frozen (SIGSTOP) in one
-// run, killed in the other, with etcd's history compacted meanwhile so
-// every watch must list again. Throughout and after each run: the ToR's
-// route, the BGP sessions (no flap), the IPVS tables, the held connections
-// and the Service's VIP are unchanged, each speaker logs the outage once
-// and its last-contact metric stops; once the API server is back, zero
-// UPDATEs reach the ToR. Last, a speaker that the kubelet starts while the
-// API server is down announces nothing and says why.
+// stopped — frozen (SIGSTOP) in one run, for longer than the node monitor's
+// grace period, and killed in the other, for longer than two resync
+// periods, with etcd's history compacted meanwhile so every watch must
+// list again. Throughout and after each run: the ToR's route, the BGP
+// sessions (no flap), the IPVS tables, the held connections and the
+// Service's VIP are unchanged, each speaker logs the outage once and its
+// last-contact metric stops; once the API server is back, zero UPDATEs
+// reach the ToR. Last, a speaker that the kubelet starts while the API
+// server is down announces nothing and says why.
 //
 // The kubelets, kube-proxy, the controllers and the CCM lose the API
-// server too, as in a real outage: the controllers' node monitor grace
-// period (test/controlplane) outlasts the outage, so no node is marked
-// unreachable when it returns.
+// server too, as in a real outage. In the frozen run the kubelets are
+// stopped too as it returns, as on nodes starved by the catch-up: every
+// Lease is older than the grace period when kube-controller-manager looks,
+// and it marks every node unreachable and every pod not ready (the
+// control: the test fails unless it does) until the kubelets report
+// again; the speakers hold the endpoints ready through it
+// (--outage-settle) and the fabric sees nothing.
 func outage(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	resync := l.Opts.Resync
 	// Longer than two resync periods and than a probe's interval plus
@@ -61,8 +74,11 @@ func outage(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	runs := []struct {
 		name        string
 		stop, start func() error
+		outage      time.Duration
+		late        bool // the kubelets stopped as the API server returns
 	}{
-		{"SIGSTOP", l.CP.PauseAPIServer, l.CP.ResumeAPIServer},
+		// Past the grace period and a Lease renewal (every 10 s).
+		{"SIGSTOP past the node grace period", l.CP.PauseAPIServer, l.CP.ResumeAPIServer, nodeGrace + 25*time.Second, true},
 		{"kill and compact etcd", func() error {
 			if err := l.CP.KillAPIServer(); err != nil {
 				return err
@@ -70,10 +86,10 @@ func outage(t *testing.T, l *lab.Lab, vip netip.Addr) {
 			rev, err := l.CP.CompactEtcd(ctx)
 			t.Logf("etcd compacted to revision %d: every watch lists again", rev)
 			return err
-		}, l.CP.RestartAPIServer},
+		}, l.CP.RestartAPIServer, outage, false},
 	}
 	for _, run := range runs {
-		outageRun(t, l, vip, held, outage, resync, run.name, run.stop, run.start)
+		outageRun(t, l, vip, held, run.outage, resync, run.name, run.stop, run.start, run.late)
 	}
 	held.Stop()
 	startDuringOutage(t, l, vip, resync)
@@ -157,8 +173,11 @@ func speakerTail(t *testing.T, l *lab.Lab, node string) string {
 
 // outageRun stops the API server with stop for the outage, checks that
 // nothing changed, starts it again with start and checks again after two
-// resync periods.
-func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage, resync time.Duration, name string, stop, start func() error) {
+// resync periods. With late, the kubelets are stopped before the API
+// server starts again and continued once the node monitor has marked
+// every node unreachable and every speaker holds endpoints (lateKubelets),
+// and the checks after the return wait for the hold's end.
+func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage, resync time.Duration, name string, stop, start func() error, late bool) {
 	t.Helper()
 	ctx := t.Context()
 	svc, err := l.CP.Client.CoreV1().Services(lab.DemoNamespace).Get(ctx, lab.DemoService, metav1.GetOptions{})
@@ -189,11 +208,27 @@ func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage,
 		t.Errorf("%s: %s went from %v to %v during the outage, want no contact", name, lastContact, contact, now)
 	}
 	exchanges = checkHeld(t, held, name+" during the outage", exchanges)
+	if late {
+		if err := signalKubelets(ctx, l, "STOP"); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = signalKubelets(context.WithoutCancel(ctx), l, "CONT") }()
+	}
 	started = true
 	if err := start(); err != nil {
 		t.Fatalf("%s: starting the API server again: %v", name, err)
 	}
-	time.Sleep(2*resync + 12*time.Second) // two resyncs and a probe after the return
+	returned := time.Now()
+	if late {
+		lateKubelets(t, l, vip, name, before)
+		exchanges = checkHeld(t, held, name+" while the nodes were unreachable", exchanges)
+		// The hold ends OutageSettle after each speaker's probe saw the
+		// return (within 10 s), then one resync applies the slices.
+		time.Sleep(time.Until(returned.Add(lab.OutageSettle + 10*time.Second + resync)))
+		waitMetric(t, l, outageHeld, "every speaker's hold over", func(v float64) bool { return v == 0 }, 2*resync+10*time.Second)
+	} else {
+		time.Sleep(2*resync + 12*time.Second) // two resyncs and a probe after the return
+	}
 	sameFabric(t, l, name+", after the API server returned", before, readFabric(t, l, vip))
 	checkHeld(t, held, name+" after the outage", exchanges)
 	for node, v := range readMetric(t, l, lastContact) {
@@ -216,6 +251,101 @@ func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage,
 	}
 	if !t.Failed() {
 		t.Logf("%s for %v: route, sessions, IPVS, Service and held connections unchanged; 0 UPDATEs at the ToR after the return", name, outage)
+	}
+}
+
+// signalKubelets sends signal sig (STOP, CONT) to the kubelet of every
+// node.
+func signalKubelets(ctx context.Context, l *lab.Lab, sig string) error {
+	for _, n := range l.Nodes {
+		script := `for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = kubelet ] && kill -` + sig + ` "${p#/proc/}"; done; true`
+		if out, err := n.Exec(ctx, "sh", "-c", script); err != nil {
+			return fmt.Errorf("%s: SIG%s to the kubelet: %w: %s", n.Name, sig, err, out)
+		}
+	}
+	return nil
+}
+
+// lateKubelets runs, the kubelets stopped, from the API server's return:
+// it waits until kube-controller-manager marks every node unreachable
+// (the control) and every speaker holds endpoints the slices call not
+// ready, checks that the fabric has not changed, continues the kubelets
+// and waits until every node and every demo pod is ready again.
+func lateKubelets(t *testing.T, l *lab.Lab, vip netip.Addr, name string, before fabricState) {
+	t.Helper()
+	ctx := t.Context()
+	start := time.Now()
+	unknown := func(n *corev1.Node) bool {
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionUnknown
+			}
+		}
+		return false
+	}
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var ready []string
+		for _, n := range l.Nodes {
+			node, err := l.CP.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil || !unknown(node) {
+				ready = append(ready, fmt.Sprintf("%s (%v)", n.Name, err))
+			}
+		}
+		last = fmt.Sprintf("not marked unreachable: %v", ready)
+		return len(ready) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: control: kube-controller-manager marked no node unreachable within a minute of the return, the kubelets stopped (%s): the test cannot tell", name, last)
+	}
+	marked := time.Since(start)
+	waitMetric(t, l, outageHeld, "every speaker holding endpoints", func(v float64) bool { return v > 0 }, time.Minute)
+	heldN := readMetric(t, l, outageHeld)
+	sameFabric(t, l, name+", the nodes unreachable and their pods not ready", before, readFabric(t, l, vip))
+	if err := signalKubelets(ctx, l, "CONT"); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := l.CP.Client.CoreV1().Pods(lab.DemoNamespace).List(ctx, metav1.ListOptions{})
+		notReady := []string{fmt.Sprint(err)}
+		if err == nil {
+			notReady = nil
+		} else {
+			pods = &corev1.PodList{}
+		}
+		for _, p := range pods.Items {
+			if !slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+				return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+			}) {
+				notReady = append(notReady, p.Name)
+			}
+		}
+		last = fmt.Sprintf("pods not ready: %v", notReady)
+		return len(notReady) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: the demo's pods not ready again within 2 minutes of the kubelets' return: %s", name, last)
+	}
+	t.Logf("%s: every node marked unreachable %s after the return, the speakers held %v endpoints ready; the kubelets continued, every demo pod ready again %s after the return",
+		name, marked.Round(time.Second), heldN, time.Since(start).Round(time.Second))
+}
+
+// waitMetric waits until series, on every node's speaker, satisfies ok.
+func waitMetric(t *testing.T, l *lab.Lab, series, what string, ok func(float64) bool, bound time.Duration) {
+	t.Helper()
+	var got map[string]float64
+	err := wait.PollUntilContextTimeout(t.Context(), time.Second, bound, true, func(ctx context.Context) (bool, error) {
+		got = map[string]float64{}
+		all := true
+		for _, n := range l.Nodes {
+			v, err := n.Metric(ctx, series)
+			got[n.Name] = v
+			all = all && err == nil && ok(v)
+		}
+		return all, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: %s not so within %v (last %v)", what, series, bound, got)
 	}
 }
 
