@@ -120,6 +120,13 @@ type Status struct {
 	// matched to the session and discarded (RFC 5880 section 6.8.6:
 	// wrong discriminators for its state, TTL, authentication).
 	PacketsIn, PacketsOut, Downs, Discarded uint64
+	// TxLateMax is the most a periodic packet went out after its time,
+	// and RxGapMax the longest time between two packets the session
+	// accepted while Up, since it started: how close the process's own
+	// scheduling (its goroutines starved of CPU) came to the detection
+	// time, on the sending and on the receiving side. RxGapMax includes
+	// the peer's interval and its jitter.
+	TxLateMax, RxGapMax time.Duration
 	// Err is the last socket error, if any.
 	Err string
 }
@@ -639,8 +646,10 @@ type runner struct {
 	log    klog.Logger
 	notify func(Event)
 
-	// s is owned by the run goroutine.
+	// s and lastRx (when the last accepted packet came) are owned by the
+	// run goroutine.
 	s      *Session
+	lastRx time.Time
 	rx     chan received
 	timers chan Timers
 	cancel context.CancelFunc
@@ -700,7 +709,7 @@ func (r *runner) run(ctx context.Context) {
 			r.shutdown()
 			return
 		case <-txTimer.C:
-			r.send(false)
+			r.sendPeriodic(nextTx)
 			armTx()
 			continue
 		case <-detect.C:
@@ -749,7 +758,14 @@ func (r *runner) receive(p received) (ch Change, ok bool) {
 			"myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)
 		return Change{}, false
 	}
+	up := r.s.State() == Up
 	ch = r.s.Receive(p.p, p.at)
+	r.count(func(s *Status) {
+		if up && !r.lastRx.IsZero() {
+			s.RxGapMax = max(s.RxGapMax, p.at.Sub(r.lastRx))
+		}
+	})
+	r.lastRx = p.at
 	if ch.Changed() {
 		r.log.V(4).Info("BFD packet changed the session's state", "state", p.p.State, "diag", p.p.Diag, "myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)
 	}
@@ -768,6 +784,16 @@ func (r *runner) shutdown() {
 	}
 	r.record(ch, time.Now())
 	r.log.V(2).Info("Stopped BFD session")
+}
+
+// sendPeriodic sends the periodic packet due at due (zero: the first,
+// sent at once), recording how late it goes (Status.TxLateMax).
+func (r *runner) sendPeriodic(due time.Time) {
+	if !due.IsZero() {
+		late := time.Since(due)
+		r.count(func(s *Status) { s.TxLateMax = max(s.TxLateMax, late) })
+	}
+	r.send(false)
 }
 
 // send sends one packet.
@@ -795,6 +821,7 @@ func (r *runner) record(ch Change, now time.Time) {
 	snap := r.snapshot(now)
 	r.mu.Lock()
 	snap.PacketsIn, snap.PacketsOut, snap.Downs, snap.Discarded, snap.Err = r.status.PacketsIn, r.status.PacketsOut, r.status.Downs, r.status.Discarded, r.status.Err
+	snap.TxLateMax, snap.RxGapMax = r.status.TxLateMax, r.status.RxGapMax
 	if !ch.Changed() {
 		snap.Since = r.status.Since
 	}

@@ -98,6 +98,15 @@ func TestManagersOverLoopback(t *testing.T) {
 	if st, _ := ma.Status("b"); st.Downs != 0 || st.PacketsIn == 0 || st.PacketsOut == 0 || st.Err != "" {
 		t.Fatalf("status %+v", st)
 	}
+	// The scheduling measures: the longest gap between the peer's
+	// packets is at least its interval less the jitter (RFC 5880 6.8.7:
+	// 75% of it at the least), and both are below the detection time, or
+	// the session would have gone down.
+	if st, _ := mb.Status("a"); st.RxGapMax < 150*time.Millisecond || st.RxGapMax >= st.Detect || st.TxLateMax <= 0 || st.TxLateMax >= st.Detect {
+		t.Errorf("receive gap %v (want 150ms to the detection time %v), transmit delay %v (want above 0, below it)", st.RxGapMax, st.Detect, st.TxLateMax)
+	} else {
+		t.Logf("the longest gap between received packets %v, the most a packet went out late %v", st.RxGapMax, st.TxLateMax)
+	}
 
 	mb.Remove("a")
 	st := waitState(t, ma, "b", Down, 2*time.Second)

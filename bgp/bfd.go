@@ -230,6 +230,7 @@ func (g *GoBGP) fillBFD(ss *SessionState, name string) {
 	}
 	ss.BFD = st.State.String()
 	ss.BFDDowns = st.Downs
+	ss.BFDTxLateMax, ss.BFDRxGapMax = st.TxLateMax, st.RxGapMax
 	if st.Diag != bfd.DiagNone {
 		ss.BFDDiag = st.Diag.String()
 	}

@@ -175,6 +175,9 @@ type SessionState struct {
 	BFDDiag string
 	// BFDDowns counts the BFD session's changes from Up to Down.
 	BFDDowns uint64
+	// BFDTxLateMax and BFDRxGapMax are the BFD session's bfd.Status
+	// TxLateMax and RxGapMax.
+	BFDTxLateMax, BFDRxGapMax time.Duration
 }
 
 // Established reports whether the session is up.

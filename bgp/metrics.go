@@ -16,7 +16,7 @@ type collector struct {
 	s       Speaker
 	timeout time.Duration
 
-	read, up, state, announced, sent, received, transitions, limited, bfdUp, bfdDowns *prometheus.Desc
+	read, up, state, announced, sent, received, transitions, limited, bfdUp, bfdDowns, bfdTxLate, bfdRxGap *prometheus.Desc
 }
 
 // NewCollector returns a Prometheus collector that reports the sessions
@@ -34,6 +34,10 @@ type collector struct {
 //	vipcast_bfd_session_up{peer}                  1 when the BFD session is Up
 //	vipcast_bfd_session_down_transitions_total{peer}
 //	    BFD session changes from Up to Down
+//	vipcast_bfd_transmit_delay_max_seconds{peer}
+//	    the most a periodic BFD packet went out after its time
+//	vipcast_bfd_receive_gap_max_seconds{peer}
+//	    the longest time between two BFD packets accepted while Up
 //
 // The BFD metrics exist only for peers with BFD. When the engine does not
 // answer within 5 s, the scrape carries vipcast_bgp_scrape_success 0 and
@@ -63,12 +67,16 @@ func NewCollector(s Speaker) prometheus.Collector {
 			"Whether the peer's BFD session is Up (1) or not (0); only for peers with BFD.", peer, nil),
 		bfdDowns: prometheus.NewDesc("vipcast_bfd_session_down_transitions_total",
 			"BFD session changes from Up to Down, each of which reset the BGP session unless the router had set the BFD session AdminDown.", peer, nil),
+		bfdTxLate: prometheus.NewDesc("vipcast_bfd_transmit_delay_max_seconds",
+			"The most a periodic BFD packet to the peer went out after its time, since the session started: the speaker's own scheduling delay on the sending side (compare with the peer's detection time).", peer, nil),
+		bfdRxGap: prometheus.NewDesc("vipcast_bfd_receive_gap_max_seconds",
+			"The longest time between two BFD packets from the peer accepted while the session was Up, since it started: the peer's interval and jitter plus the speaker's delay on the receiving side (compare with the detection time).", peer, nil),
 	}
 }
 
 // Describe sends the descriptors of every metric.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.read, c.up, c.state, c.announced, c.sent, c.received, c.transitions, c.limited, c.bfdUp, c.bfdDowns} {
+	for _, d := range []*prometheus.Desc{c.read, c.up, c.state, c.announced, c.sent, c.received, c.transitions, c.limited, c.bfdUp, c.bfdDowns, c.bfdTxLate, c.bfdRxGap} {
 		ch <- d
 	}
 }
@@ -99,6 +107,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		if s.BFD != "" {
 			ch <- prometheus.MustNewConstMetric(c.bfdUp, prometheus.GaugeValue, boolValue(s.BFD == "Up"), s.Peer)
 			ch <- prometheus.MustNewConstMetric(c.bfdDowns, prometheus.CounterValue, float64(s.BFDDowns), s.Peer)
+			ch <- prometheus.MustNewConstMetric(c.bfdTxLate, prometheus.GaugeValue, s.BFDTxLateMax.Seconds(), s.Peer)
+			ch <- prometheus.MustNewConstMetric(c.bfdRxGap, prometheus.GaugeValue, s.BFDRxGapMax.Seconds(), s.Peer)
 		}
 	}
 }
