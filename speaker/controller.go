@@ -45,6 +45,10 @@ const keyResync = "\x00resync"
 // keyResync's work, told apart in the log of what it finds.
 const keyDrift = "\x00drift"
 
+// keyNodes is the queue key for a change of other nodes' addresses (with
+// two tiers): see syncNodes.
+const keyNodes = "\x00nodes"
+
 // keyStatus is the queue key for computing the node's SpeakerStatus,
 // queued statusCompute after every change.
 const keyStatus = "\x00status"
@@ -316,6 +320,8 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		err = c.syncConfig(ctx, true)
 	case keyStatus:
 		err = c.publishStatus(ctx)
+	case keyNodes:
+		err = c.syncNodes(ctx)
 	default:
 		err = c.syncService(ctx, key)
 	}
@@ -363,6 +369,8 @@ func printableKey(key string) string {
 		return "probe"
 	case keyStatus:
 		return "status"
+	case keyNodes:
+		return "nodes"
 	}
 	return key
 }

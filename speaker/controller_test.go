@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -183,6 +184,8 @@ type recordingDataplane struct {
 	// lostOnService is the Lost of the next SyncService's plan, as when
 	// that call's second kernel read found these gone.
 	lostOnService []ipvs.Key
+	// desired is the last SyncService's desired virtual server by key.
+	desired map[ipvs.Key]ipvs.Service
 }
 
 func (d *recordingDataplane) Probe() (bool, error) {
@@ -215,6 +218,10 @@ func (d *recordingDataplane) SyncService(key ipvs.Key, desired *ipvs.Service) (i
 		d.deletes = append(d.deletes, key)
 	} else {
 		d.service = append(d.service, key)
+		if d.desired == nil {
+			d.desired = map[ipvs.Key]ipvs.Service{}
+		}
+		d.desired[key] = *desired
 	}
 	p := ipvs.Plan{Lost: d.lostOnService}
 	d.lostOnService = nil
@@ -679,6 +686,107 @@ func TestControllerTwoTier(t *testing.T) {
 		st, r := dp.last()
 		return fmt.Sprintf("routes %v, virtual server %+v, sync peers %s", r, st.Services[key], dp.syncPeers())
 	})
+}
+
+// TestControllerNodeChangeScoped: with two tiers, a node that joins or
+// leaves changes the tunnel routes, the relay's peers and the tier 1 of
+// the Services with endpoints on it, one SyncService each, and nothing
+// else: no full sync of every Service (the periodic ones an hour away).
+func TestControllerNodeChangeScoped(t *testing.T) {
+	client := fakeServices(3) // Services a, b, c; VIPs 10.100.0.1-3; one endpoint each on n2
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n2 := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.3"}}}}
+	if _, err := client.CoreV1().Nodes().Create(ctx, n2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sb := testSlice("b") // b's endpoint on n4, a node not there yet
+	sb.Endpoints[0].NodeName = ptr.To("n4")
+	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, sb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dp := &tunnelDataplane{}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16"), Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	a := netip.MustParseAddr
+	vs := func(vip string) ipvs.Key { return ipvs.Key{VIP: a(vip), Port: 80, Protocol: ipvs.TCP} }
+	// Full recomputes of every Service, and node-scoped ones.
+	recomputes := func(kind string) uint64 {
+		h, ok := m.syncSeconds.WithLabelValues(kind).(prometheus.Histogram)
+		if !ok {
+			return 0
+		}
+		var pb dto.Metric
+		_ = h.Write(&pb)
+		return pb.GetHistogram().GetSampleCount()
+	}
+	state := func() string {
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		return fmt.Sprintf("syncs %d, service syncs %v, routes %v, sync peers %v, b %+v", len(dp.syncs), dp.service, dp.routes, dp.peers, dp.desired[vs("10.100.0.2")])
+	}
+	eventually(t, "the first full sync, b without tier 1", func() bool {
+		st, r := dp.last()
+		return len(st.Services) == 3 && len(st.Services[vs("10.100.0.2")].Backends) == 0 && len(r) == 1
+	}, state)
+	calls := func() (syncs int, services []ipvs.Key) {
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		return len(dp.syncs), slices.Clone(dp.service)
+	}
+	time.Sleep(200 * time.Millisecond) // the Services' own keys, queued at start, find nothing to change
+	syncs0, before := calls()
+	configs := recomputes("config")
+
+	n4 := n2.DeepCopy()
+	n4.Name, n4.Status.Addresses[0].Address = "n4", "10.0.0.5"
+	if _, err := client.CoreV1().Nodes().Create(ctx, n4, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n4's route and b's tier 1 through n4", func() bool {
+		_, r := dp.last()
+		dp.mu.Lock()
+		b := dp.desired[vs("10.100.0.2")]
+		dp.mu.Unlock()
+		return r[a("100.127.0.5")] == a("10.0.0.5") && fmt.Sprint(b.Backends) == "[100.127.0.5:80 w1 ipip]" && dp.syncPeers() == "[10.0.0.3 10.0.0.5]"
+	}, state)
+	time.Sleep(200 * time.Millisecond)
+	syncs, after := calls()
+	if got := after[len(before):]; syncs != syncs0 || !slices.Equal(got, []ipvs.Key{vs("10.100.0.2")}) {
+		t.Errorf("n4 joined: %d full syncs and SyncService calls %v, want none and [b's]", syncs-syncs0, got)
+	}
+	if n, scoped := recomputes("config")-configs, recomputes("nodes"); n != 0 || scoped != 1 {
+		t.Errorf("n4 joined: %d recomputes of every Service and %d node-scoped ones, want 0 and 1", n, scoped)
+	}
+
+	if err := client.CoreV1().Nodes().Delete(ctx, "n2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n2's route gone, a's and c's tier 1 without it", func() bool {
+		_, r := dp.last()
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		return len(r) == 1 && len(dp.desired[vs("10.100.0.1")].Backends) == 0 && len(dp.desired[vs("10.100.0.3")].Backends) == 0
+	}, state)
+	time.Sleep(200 * time.Millisecond)
+	syncs2, after2 := calls()
+	got := after2[len(after):]
+	slices.SortFunc(got, func(x, y ipvs.Key) int { return strings.Compare(x.String(), y.String()) })
+	if syncs2 != syncs || !slices.Equal(got, []ipvs.Key{vs("10.100.0.1"), vs("10.100.0.3")}) {
+		t.Errorf("n2 left: %d full syncs and SyncService calls %v, want none and [a's c's]", syncs2-syncs, got)
+	}
+	if n := recomputes("config") - configs; n != 0 {
+		t.Errorf("n2 left: %d recomputes of every Service, want 0", n)
+	}
 }
 
 // TestControllerTier1Readiness: with SpeakerService, tier 1 gives weight 0

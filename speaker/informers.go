@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -35,6 +36,9 @@ import (
 // sliceIndex indexes EndpointSlices by the namespace/name of their Service.
 const sliceIndex = "service"
 
+// sliceNodeIndex indexes EndpointSlices by the nodes of their endpoints.
+const sliceNodeIndex = "node"
+
 // watched holds the speaker's informers and reads the API objects from
 // their caches, decoded: Services, EndpointSlices, this Node, IPPools and
 // BGPPeers, and the password Secrets it is told to read, each by name.
@@ -54,9 +58,13 @@ type watched struct {
 	slices   cache.SharedIndexInformer
 	node     cache.SharedIndexInformer
 	// allNodes watches every Node for its address (the two-tier
-	// dataplane's tunnel addresses); nil with one tier.
+	// dataplane's tunnel addresses); nil with one tier. changedNodes are
+	// the nodes whose address came, went or changed since the worker last
+	// took them (takeChangedNodes).
 	allNodes     cache.SharedIndexInformer
 	allNodesFrom informers.SharedInformerFactory
+	nodesMu      sync.Mutex
+	changedNodes map[string]bool
 	pools        cache.SharedIndexInformer
 	peers        cache.SharedIndexInformer
 	// speakers watches the EndpointSlices of Options.SpeakerService (a
@@ -97,7 +105,7 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	if opts.TunnelPrefix.IsValid() {
 		w.allNodesFrom = informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTransform(slimObject))
 		w.allNodes = w.allNodesFrom.Core().V1().Nodes().Informer()
-		if _, err := w.allNodes.AddEventHandler(configHandler(q, sameNodeAddress)); err != nil {
+		if _, err := w.allNodes.AddEventHandler(w.nodesHandler(q)); err != nil {
 			return nil, fmt.Errorf("event handler: %w", err)
 		}
 	}
@@ -112,7 +120,7 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	if err := w.watchSecrets(opts, q); err != nil {
 		return nil, err
 	}
-	if err := w.slices.AddIndexers(cache.Indexers{sliceIndex: sliceServiceKey}); err != nil {
+	if err := w.slices.AddIndexers(cache.Indexers{sliceIndex: sliceServiceKey, sliceNodeIndex: sliceNodes}); err != nil {
 		return nil, fmt.Errorf("endpointslice index: %w", err)
 	}
 	if opts.TunnelPrefix.IsValid() && opts.SpeakerService != "" {
@@ -126,7 +134,9 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	}{
 		{w.services, keysHandler(q, serviceKeys)},
 		{w.slices, keysHandler(q, sliceServiceKey)},
-		{w.node, configHandler(q, sameNode)},
+		// The field selector keeps other Nodes out; so does the filter,
+		// whatever the server (a fake API ignores field selectors).
+		{w.node, cache.FilteringResourceEventHandler{FilterFunc: w.isThisNode, Handler: configHandler(q, sameNode)}},
 		{w.pools, configHandler(q, sameSpec)},
 		{w.peers, configHandler(q, sameSpec)},
 	}
@@ -458,6 +468,94 @@ func sameNodeAddress(old, cur any) bool {
 	a, _ := NodeFrom(o)
 	b, _ := NodeFrom(n)
 	return a.IPv4 == b.IPv4 && a.IPv6 == b.IPv6
+}
+
+// nodesHandler notes which nodes' addresses come, go or change and
+// queues keyNodes for them (once for many): the worker updates the tunnel
+// addresses and recomputes only the Services with endpoints on those
+// nodes (syncNodes), not every Service. The Nodes of the first list are
+// the first full sync's.
+func (w *watched) nodesHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
+	changed := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		n, ok := obj.(*v1.Node)
+		if !ok {
+			q.Add(keyConfig)
+			return
+		}
+		w.nodesMu.Lock()
+		if w.changedNodes == nil {
+			w.changedNodes = map[string]bool{}
+		}
+		w.changedNodes[n.Name] = true
+		w.nodesMu.Unlock()
+		q.Add(keyNodes)
+	}
+	return cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			if !initial {
+				changed(obj)
+			}
+		},
+		UpdateFunc: func(old, cur any) {
+			if !sameNodeAddress(old, cur) {
+				changed(cur)
+			}
+		},
+		DeleteFunc: changed,
+	}
+}
+
+// isThisNode reports whether obj is this node's Node.
+func (w *watched) isThisNode(obj any) bool {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	n, ok := obj.(*v1.Node)
+	return ok && n.Name == w.nodeName
+}
+
+// takeChangedNodes returns the nodes nodesHandler noted, and forgets them.
+func (w *watched) takeChangedNodes() []string {
+	w.nodesMu.Lock()
+	defer w.nodesMu.Unlock()
+	out := slices.Sorted(maps.Keys(w.changedNodes))
+	w.changedNodes = nil
+	return out
+}
+
+// sliceNodes is the sliceNodeIndex function: the nodes of a slice's
+// endpoints.
+func sliceNodes(obj any) ([]string, error) {
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	var out []string
+	for _, e := range s.Endpoints {
+		if e.NodeName != nil && *e.NodeName != "" && !slices.Contains(out, *e.NodeName) {
+			out = append(out, *e.NodeName)
+		}
+	}
+	return out, nil
+}
+
+// servicesOnNodes returns the keys of the Services with an endpoint on
+// one of nodes, sorted.
+func (w *watched) servicesOnNodes(nodes []string) []string {
+	keys := map[string]bool{}
+	for _, n := range nodes {
+		objs, _ := w.slices.GetIndexer().ByIndex(sliceNodeIndex, n)
+		for _, o := range objs {
+			ks, _ := sliceServiceKey(o)
+			for _, k := range ks {
+				keys[k] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(keys))
 }
 
 // nodeAddresses returns every Node's IPv4 and IPv6 addresses by name (the

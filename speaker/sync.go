@@ -61,6 +61,38 @@ func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 	return dpErr
 }
 
+// syncNodes follows a change of nodes' addresses (with two tiers: a node
+// added, deleted or given another address): the tunnel addresses, the
+// routes to them, the tunnel guard and the relay's peers, then the
+// Services with endpoints on those nodes, whose tier 1 names their tunnel
+// addresses — not every Service, as a full sync would at every node's
+// add or delete anywhere in the cluster. A change of this node, or one
+// before the first full sync, is a full sync's. The problems with tunnel
+// addresses are reported by the next full sync (every --resync-period).
+func (c *Controller) syncNodes(ctx context.Context) error {
+	nodes := c.watch.takeChangedNodes()
+	if !c.HasSynced() || c.view == nil || slices.Contains(nodes, c.opts.NodeName) {
+		return c.syncConfig(ctx, false)
+	}
+	defer c.opts.Metrics.observeSync("nodes", time.Now())
+	tunnels, tunnels6, problems := c.syncTunnels(ctx, c.opts.NodeName)
+	if len(problems) > 0 {
+		klog.FromContext(ctx).V(2).Info("Tunnel problems after a change of nodes", "nodes", nodes, "problems", problems)
+	}
+	c.view.Tunnels, c.view.Tunnels6 = tunnels, tunnels6
+	if tunnels != nil && c.view.SpeakersReady != nil {
+		c.reportTier1(ctx, tunnels, c.view)
+	}
+	for _, key := range c.watch.servicesOnNodes(nodes) {
+		if err := c.syncService(ctx, key); err != nil {
+			// Retried alone, as its own key.
+			klog.FromContext(ctx).Error(err, "Sync failed; retrying", "key", key)
+			c.queue.AddRateLimited(key)
+		}
+	}
+	return nil
+}
+
 // syncView compiles this node's View of the pools and peers into c.view,
 // reporting problems with the node and the pools; it returns the node and
 // the peers for the sessions step.
