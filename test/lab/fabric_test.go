@@ -240,8 +240,10 @@ func whyLocal(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	t.Logf("kubectl vipcast why %s (Local, endpoint on node1 only):\n%s", svc, out)
 }
 
-// bfdTrials is how many times frozenTrials freezes a node.
-const bfdTrials = 20
+// bfdTrials is how many times frozenTrials freezes a node: each trial
+// takes about 3.4 s of the suite, and every one must go through BFD;
+// make bench's namespace tier gives the larger distribution.
+const bfdTrials = 10
 
 // waitBFDNotUp waits until the ToR's BFD session with addr has left Up,
 // its peer having said it went administratively down.

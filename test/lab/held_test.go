@@ -285,8 +285,13 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 		}
 		// The kernel sends a connection to the other nodes at its third
 		// packet and flushes within about 2 s: a UDP flow's third
-		// datagram leaves two intervals after its first.
-		time.Sleep(3*heldInterval + 3*time.Second)
+		// datagram leaves two intervals after its first. Without
+		// connection sync, one exchange each is enough.
+		if twoTier && !noSync {
+			time.Sleep(3*heldInterval + 3*time.Second)
+		} else {
+			time.Sleep(heldInterval)
+		}
 		before, _, _ := held.Status()
 		beforeU, _, _ := heldU.Status()
 		if err := ev.change(); err != nil {

@@ -93,8 +93,9 @@ func outage(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		outage      time.Duration
 		late        bool // the kubelets stopped as the API server returns
 	}{
-		// Past the grace period and a Lease renewal (every 10 s).
-		{"SIGSTOP past the node grace period", l.CP.PauseAPIServer, l.CP.ResumeAPIServer, nodeGrace + 25*time.Second, true},
+		// Past the grace period: the kubelets, stopped before the API
+		// server returns, cannot renew their Leases in time.
+		{"SIGSTOP past the node grace period", l.CP.PauseAPIServer, l.CP.ResumeAPIServer, nodeGrace + 15*time.Second, true},
 		{"kill and compact etcd", func() error {
 			if err := l.CP.KillAPIServer(); err != nil {
 				return err
