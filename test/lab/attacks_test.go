@@ -47,7 +47,7 @@ func attacks(t *testing.T, l *lab.Lab) {
 
 func strangerToHostPorts(t *testing.T, l *lab.Lab) {
 	node1, client := l.Nodes[0], netip.MustParseAddr("192.168.50.2")
-	// BFD on for the attack (outage turned it off): the guard's BFD rule
+	// BFD on for the attack (fabric turned it off): the guard's BFD rule
 	// is there while the node runs BFD sessions. Off again after, as the
 	// scenarios that follow expect.
 	if err := l.SetPeerBFD(t.Context(), true); err != nil {

@@ -341,65 +341,32 @@ func (h *Held) Stop() {
 // the line that starts with series (a metric name, with its labels if it
 // has any).
 func (n *Node) Metric(ctx context.Context, series string) (float64, error) {
-	var v float64
-	found := false
-	err := n.scrape(ctx, func(line string) bool {
-		if s, ok := strings.CutPrefix(line, series+" "); ok {
-			var err error
-			v, err = strconv.ParseFloat(s, 64)
-			found = err == nil
-			return false
-		}
-		return true
-	})
-	if err == nil && !found {
-		err = fmt.Errorf("%s: no sample %s", n.Name, series)
-	}
-	return v, err
-}
-
-// Metrics reads every sample of the node speaker's metric name, by
-// series (the name with its labels).
-func (n *Node) Metrics(ctx context.Context, name string) (map[string]float64, error) {
-	out := map[string]float64{}
-	err := n.scrape(ctx, func(line string) bool {
-		series, s, ok := strings.Cut(line, " ")
-		if ok && (series == name || strings.HasPrefix(series, name+"{")) {
-			if v, err := strconv.ParseFloat(s, 64); err == nil {
-				out[series] = v
-			}
-		}
-		return true
-	})
-	return out, err
-}
-
-// scrape reads the node speaker's /metrics, line by line, until each
-// returns false.
-func (n *Node) scrape(ctx context.Context, each func(string) bool) error {
 	url := "http://" + net.JoinHostPort(n.Addr.String(), MetricsPort) + "/metrics"
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	resp, err := httpClient(n.lab.TorNS, controlTimeout).Do(req)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		// A collector's error fails the whole scrape: say which.
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+		return 0, fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
 	for sc.Scan() {
-		if !each(sc.Text()) {
-			return nil
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			return strconv.ParseFloat(v, 64)
 		}
 	}
-	return sc.Err()
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("%s: no sample %s", url, series)
 }
 
 // ConsoleLines returns the lines of the node's console (where its

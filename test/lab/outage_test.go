@@ -56,11 +56,6 @@ const nodeGrace = 50 * time.Second
 // control: the test fails unless it does) until the kubelets report
 // again; the speakers hold the endpoints ready through it
 // (--outage-settle) and the fabric sees nothing.
-//
-// BFD (300ms x 3, left on by the fabric scenario) runs throughout: no
-// session goes down at the ToR, and each speaker's own measures of its
-// BFD scheduling (the most a packet went out late, the longest gap between
-// received packets) are logged. The scenario turns BFD off at its end.
 func outage(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	resync := l.Opts.Resync
 	// Longer than two resync periods and than a probe's interval plus
@@ -69,17 +64,6 @@ func outage(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	ctx := t.Context()
 	for _, n := range l.Nodes {
 		waitIPVS(t, n, vip, backendsOf(n.Pods...))
-	}
-	bfdDowns := map[string]int{}
-	for _, n := range l.Nodes {
-		if err := l.ToR.WaitBFDUp(n.Addr, 2*time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.ToR.BFDPeer(n.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bfdDowns[n.Name] = p.SessionDownEvents
 	}
 	held, err := l.Hold(ctx, netip.AddrPortFrom(vip, 80), 20, 200*time.Millisecond)
 	if err != nil {
@@ -109,36 +93,7 @@ func outage(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		outageRun(t, l, vip, held, run.outage, resync, run.name, run.stop, run.start, run.late)
 	}
 	held.Stop()
-	for _, n := range l.Nodes {
-		if p, err := l.ToR.BFDPeer(n.Addr); err != nil || p.SessionDownEvents != bfdDowns[n.Name] {
-			t.Errorf("the ToR's BFD session with %s: %+v, %v; want no down event since the outages began (%d)", n.Name, p, err, bfdDowns[n.Name])
-		}
-		late, errL := n.Metrics(ctx, "vipcast_bfd_transmit_delay_max_seconds")
-		gap, errG := n.Metrics(ctx, "vipcast_bfd_receive_gap_max_seconds")
-		if errL != nil || errG != nil || len(late) == 0 || len(gap) == 0 {
-			t.Errorf("%s's BFD scheduling measures: %v (%v), %v (%v), want a sample each", n.Name, late, errL, gap, errG)
-			continue
-		}
-		t.Logf("%s's speaker, BFD since the fabric scenario turned it on (detection 300ms x 3), through both outages: a packet went out at most %v late, the longest gap between received packets %v",
-			n.Name, maxSample(late), maxSample(gap))
-	}
 	startDuringOutage(t, l, vip, resync)
-	// BFD off: the speakers take the sessions AdminDown, which FRR 8.4's
-	// bgpd counts as a failure all the same (test/e2e
-	// TestSpeakerFabricBFD; docs/tor.md: remove BFD on the router first),
-	// so the BGP sessions start again without BFD.
-	bfdOff(t, l)
-	took := waitRoute(t, l, vip, time.Minute, l.Nodes...)
-	t.Logf("BFD off in the BGPPeer: both nodes back in the ToR's route %v after their BFD sessions went down", took.Round(time.Millisecond))
-}
-
-// maxSample is the largest of samples, in seconds, as a duration.
-func maxSample(samples map[string]float64) time.Duration {
-	m := 0.0
-	for _, v := range samples {
-		m = max(m, v)
-	}
-	return time.Duration(m * float64(time.Second)).Round(time.Millisecond)
 }
 
 // fabricState is what must not change during an outage: the ToR's next
