@@ -596,9 +596,11 @@ type SpeakerValues struct {
 
 // OutageSettle is the lab speakers' speaker.outageSettle: shorter than
 // the chart's 2m, so that TestCluster/outage sees the hold end, and long
-// enough for the kubelets the test stops past the API server's return to
-// mark their pods ready again (about 30 s).
-const OutageSettle = time.Minute
+// enough for the node monitor to mark the nodes (at once, or up to a grace
+// period later when a kubelet's last Lease renewal landed as the API
+// server resumed) and for the kubelets the test stops past the return to
+// mark their pods ready again (about 25 s after they continue).
+const OutageSettle = 90 * time.Second
 
 // HelmValuesFile writes the lab's values for charts/vipcast: v, the lab's
 // convergence delay and outage settle time (OutageSettle), with Options.Resync the speakers' resync periods and,

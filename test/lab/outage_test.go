@@ -50,7 +50,7 @@ const nodeGrace = 50 * time.Second
 //
 // The kubelets, kube-proxy, the controllers and the CCM lose the API
 // server too, as in a real outage. In the frozen run the kubelets are
-// stopped too as it returns, as on nodes starved by the catch-up: every
+// stopped too from 15 s before it returns, as on starved nodes: every
 // Lease is older than the grace period when kube-controller-manager looks,
 // and it marks every node unreachable and every pod not ready (the
 // control: the test fails unless it does) until the kubelets report
@@ -203,18 +203,25 @@ func outageRun(t *testing.T, l *lab.Lab, vip netip.Addr, held *lab.Held, outage,
 	// After a probe's interval and timeout the last contact is final.
 	time.Sleep(15 * time.Second)
 	contact := readMetric(t, l, lastContact)
-	time.Sleep(outage - 15*time.Second)
+	if late {
+		// The kubelets stop 15 s before the return, so that their last
+		// Lease renewals, hung in the frozen server, have timed out (10 s)
+		// and do not land as it resumes: their Leases are as old as the
+		// outage when the node monitor looks.
+		time.Sleep(outage - 30*time.Second)
+		if err := signalKubelets(ctx, l, "STOP"); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = signalKubelets(context.WithoutCancel(ctx), l, "CONT") }()
+		time.Sleep(15 * time.Second)
+	} else {
+		time.Sleep(outage - 15*time.Second)
+	}
 	sameFabric(t, l, fmt.Sprintf("%s, %v into the outage", name, outage), before, readFabric(t, l, vip))
 	if now := readMetric(t, l, lastContact); !reflect.DeepEqual(now, contact) {
 		t.Errorf("%s: %s went from %v to %v during the outage, want no contact", name, lastContact, contact, now)
 	}
 	exchanges = checkHeld(t, held, name+" during the outage", exchanges)
-	if late {
-		if err := signalKubelets(ctx, l, "STOP"); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = signalKubelets(context.WithoutCancel(ctx), l, "CONT") }()
-	}
 	started = true
 	if err := start(); err != nil {
 		t.Fatalf("%s: starting the API server again: %v", name, err)
