@@ -25,10 +25,8 @@ type contact struct {
 	// the first answer, and when it returns from such a loss.
 	lost, back func()
 	// state, owned by run's goroutine: when the last answer came (zero
-	// before the first), since when the server has not answered, and
-	// whether lost was called for this outage.
+	// before the first), and since when the server has not answered.
 	last, lostSince time.Time
-	calledLost      bool
 }
 
 // run probes the API server every interval until ctx ends.
@@ -69,10 +67,10 @@ func (c *contact) record(logger klog.Logger, err error) {
 		logger.Info("API server reachable again; resuming from the informers' caches",
 			"unreachableFor", now.Sub(c.lostSince).Round(time.Second))
 		c.lostSince = time.Time{}
-		if c.calledLost && c.back != nil {
+		// An outage after an answer (lost was called), not at start.
+		if !c.last.IsZero() && c.back != nil {
 			c.back()
 		}
-		c.calledLost = false
 	case err != nil && c.lostSince.IsZero() && c.last.IsZero():
 		c.lostSince = now
 		logger.Error(err, "API server unreachable at start: nothing is announced until the speaker has read the Services, EndpointSlices, Node, IPPools and BGPPeers")
@@ -80,7 +78,6 @@ func (c *contact) record(logger klog.Logger, err error) {
 		c.lostSince = now
 		logger.Error(err, "API server unreachable: keeping BGP sessions, routes and IPVS exactly as they are until it answers again",
 			"lastContact", c.last.UTC().Format(time.RFC3339))
-		c.calledLost = true
 		if c.lost != nil {
 			c.lost()
 		}

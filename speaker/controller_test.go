@@ -587,6 +587,17 @@ func TestControllerRetriesRefusedService(t *testing.T) {
 	})
 }
 
+// createNode creates Node name with InternalIP addr in client.
+func createNode(ctx context.Context, t *testing.T, client *fake.Clientset, name, addr string) *v1.Node {
+	t.Helper()
+	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: addr}}}}
+	if _, err := client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // tunnelDataplane is a recordingDataplane that also records the tunnel
 // routes it is given.
 type tunnelDataplane struct {
@@ -638,11 +649,7 @@ func TestControllerTwoTier(t *testing.T) {
 	client := fakeServices(1) // Service a, VIP 10.100.0.1, one endpoint on n2
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	n2 := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"},
-		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.3"}}}}
-	if _, err := client.CoreV1().Nodes().Create(ctx, n2, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createNode(ctx, t, client, "n2", "10.0.0.3")
 	dp := &tunnelDataplane{}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: 300 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")})
@@ -664,11 +671,7 @@ func TestControllerTwoTier(t *testing.T) {
 	})
 
 	// Node n3 joins, and Service a gets an endpoint there and one here.
-	n3 := n2.DeepCopy()
-	n3.Name, n3.Status.Addresses[0].Address = "n3", "10.0.0.4"
-	if _, err := client.CoreV1().Nodes().Create(ctx, n3, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createNode(ctx, t, client, "n3", "10.0.0.4")
 	slice := testSlice("a")
 	for _, ep := range []struct{ addr, node string }{{"10.244.1.1", "n3"}, {"10.244.2.1", "n1"}} {
 		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{ep.addr}, NodeName: ptr.To(ep.node),
@@ -696,11 +699,7 @@ func TestControllerNodeChangeScoped(t *testing.T) {
 	client := fakeServices(3) // Services a, b, c; VIPs 10.100.0.1-3; one endpoint each on n2
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	n2 := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"},
-		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.3"}}}}
-	if _, err := client.CoreV1().Nodes().Create(ctx, n2, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createNode(ctx, t, client, "n2", "10.0.0.3")
 	sb := testSlice("b") // b's endpoint on n4, a node not there yet
 	sb.Endpoints[0].NodeName = ptr.To("n4")
 	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, sb, metav1.UpdateOptions{}); err != nil {
@@ -747,11 +746,7 @@ func TestControllerNodeChangeScoped(t *testing.T) {
 	syncs0, before := calls()
 	configs := recomputes("config")
 
-	n4 := n2.DeepCopy()
-	n4.Name, n4.Status.Addresses[0].Address = "n4", "10.0.0.5"
-	if _, err := client.CoreV1().Nodes().Create(ctx, n4, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createNode(ctx, t, client, "n4", "10.0.0.5")
 	eventually(t, "n4's route and b's tier 1 through n4", func() bool {
 		_, r := dp.last()
 		dp.mu.Lock()

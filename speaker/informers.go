@@ -120,7 +120,7 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	if err := w.watchSecrets(opts, q); err != nil {
 		return nil, err
 	}
-	if err := w.slices.AddIndexers(cache.Indexers{sliceIndex: sliceServiceKey, sliceNodeIndex: sliceNodes}); err != nil {
+	if err := w.slices.AddIndexers(w.sliceIndexers()); err != nil {
 		return nil, fmt.Errorf("endpointslice index: %w", err)
 	}
 	if opts.TunnelPrefix.IsValid() && opts.SpeakerService != "" {
@@ -468,6 +468,16 @@ func sameNodeAddress(old, cur any) bool {
 	a, _ := NodeFrom(o)
 	b, _ := NodeFrom(n)
 	return a.IPv4 == b.IPv4 && a.IPv6 == b.IPv6
+}
+
+// sliceIndexers are the EndpointSlice indexes: by Service, and with two
+// tiers by node (servicesOnNodes).
+func (w *watched) sliceIndexers() cache.Indexers {
+	out := cache.Indexers{sliceIndex: sliceServiceKey}
+	if w.allNodes != nil {
+		out[sliceNodeIndex] = sliceNodes
+	}
+	return out
 }
 
 // nodesHandler notes which nodes' addresses come, go or change and
