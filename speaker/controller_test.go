@@ -95,8 +95,20 @@ func fakeServices(n int) *fake.Clientset {
 // IPPool "p" with the given addresses.
 func fakePool(t *testing.T, addresses ...string) *dynamicfake.FakeDynamicClient {
 	t.Helper()
+	return fakePoolPeers(t, nil, addresses...)
+}
+
+// fakePoolPeers is fakePool with these BGPPeers too.
+func fakePoolPeers(t *testing.T, peers []*vipcastv1alpha1.BGPPeer, addresses ...string) *dynamicfake.FakeDynamicClient {
+	t.Helper()
 	pool := &vipcastv1alpha1.IPPool{TypeMeta: metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "IPPool"},
 		ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: vipcastv1alpha1.IPPoolSpec{Addresses: addresses}}
+	objs := []runtime.Object{pool}
+	for _, p := range peers {
+		p = p.DeepCopy()
+		p.TypeMeta = metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "BGPPeer"}
+		objs = append(objs, p)
+	}
 	scheme := runtime.NewScheme()
 	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
@@ -104,7 +116,7 @@ func fakePool(t *testing.T, addresses ...string) *dynamicfake.FakeDynamicClient 
 	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
 		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
 		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
-	}, pool)
+	}, objs...)
 }
 
 // TestControllerRecoversFromFailedApply checks that when the BGP engine
@@ -651,7 +663,7 @@ func TestControllerTwoTier(t *testing.T) {
 	defer cancel()
 	createNode(ctx, t, client, "n2", "10.0.0.3")
 	dp := &tunnelDataplane{}
-	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{mkPeer("tor", "10.0.0.254", nil)}, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: 300 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")})
 	if err != nil {
 		t.Fatal(err)
@@ -691,6 +703,61 @@ func TestControllerTwoTier(t *testing.T) {
 	})
 }
 
+// TestControllerRelayFollowsAnnouncers: with two tiers, the relay's peers
+// are the other nodes a BGPPeer selects, and they follow the labels of
+// other nodes (a node labelled in, one excluded from external load
+// balancers) and of this node (unlabelled, it announces nothing and
+// exchanges nothing).
+func TestControllerRelayFollowsAnnouncers(t *testing.T) {
+	client := fakeServices(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n1, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setLabels := func(n *v1.Node, lbls map[string]string) {
+		t.Helper()
+		n = n.DeepCopy()
+		n.Labels = lbls
+		if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	edge := map[string]string{"role": "edge"}
+	setLabels(n1, edge)
+	n2 := createNode(ctx, t, client, "n2", "10.0.0.3")
+	setLabels(n2, edge)
+	n3 := createNode(ctx, t, client, "n3", "10.0.0.4")
+	peer := mkPeer("tor", "10.0.0.254", nil)
+	peer.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: edge}
+	dp := &tunnelDataplane{}
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{peer}, "10.100.0.0/24"),
+		BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}, Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour,
+		TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	for _, step := range []struct {
+		name   string
+		change func()
+		want   string
+	}{
+		{"the edge nodes", func() {}, "[10.0.0.3]"},
+		{"n3 labelled edge", func() { setLabels(n3, edge) }, "[10.0.0.3 10.0.0.4]"},
+		{"n2 excluded from external load balancers", func() {
+			setLabels(n2, map[string]string{"role": "edge", LabelExcludeFromExternalLB: ""})
+		}, "[10.0.0.4]"},
+		{"this node unlabelled", func() { setLabels(n1, nil) }, "[]"},
+		{"this node labelled again", func() { setLabels(n1, edge) }, "[10.0.0.4]"},
+	} {
+		step.change()
+		eventually(t, step.name, func() bool { return dp.syncPeers() == step.want },
+			func() string { return "sync peers " + dp.syncPeers() + ", want " + step.want })
+	}
+}
+
 // TestControllerNodeChangeScoped: with two tiers, a node that joins or
 // leaves changes the tunnel routes, the relay's peers and the tier 1 of
 // the Services with endpoints on it, one SyncService each, and nothing
@@ -710,7 +777,7 @@ func TestControllerNodeChangeScoped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{mkPeer("tor", "10.0.0.254", nil)}, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16"), Metrics: m})
 	if err != nil {
 		t.Fatal(err)

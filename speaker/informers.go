@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net/netip"
 	"reflect"
 	"slices"
 	"sort"
@@ -457,9 +456,12 @@ func (w *watched) heldSlicesOf(svc *v1.Service) ([]*discoveryv1.EndpointSlice, i
 	return w.heldCount(slices)
 }
 
-// sameNodeAddress reports whether a Node update leaves its IPv4 and IPv6
-// addresses, those its tunnel addresses derive from, as they were.
-func sameNodeAddress(old, cur any) bool {
+// sameOtherNode reports whether an update of another node's Node leaves
+// what this node reads of it as it was: its IPv4 and IPv6 addresses,
+// which its tunnel addresses derive from, and its labels, by which
+// BGPPeer nodeSelectors and LabelExcludeFromExternalLB decide whether it
+// announces (the relay's peers, relayPeers).
+func sameOtherNode(old, cur any) bool {
 	o, ok1 := old.(*v1.Node)
 	n, ok2 := cur.(*v1.Node)
 	if !ok1 || !ok2 {
@@ -467,7 +469,7 @@ func sameNodeAddress(old, cur any) bool {
 	}
 	a, _ := NodeFrom(o)
 	b, _ := NodeFrom(n)
-	return a.IPv4 == b.IPv4 && a.IPv6 == b.IPv6
+	return a.IPv4 == b.IPv4 && a.IPv6 == b.IPv6 && maps.Equal(o.Labels, n.Labels)
 }
 
 // sliceIndexers are the EndpointSlice indexes: by Service, and with two
@@ -480,7 +482,7 @@ func (w *watched) sliceIndexers() cache.Indexers {
 	return out
 }
 
-// nodesHandler notes which nodes' addresses come, go or change and
+// nodesHandler notes which nodes come, go or change their addresses or labels and
 // queues keyNodes for them (once for many): the worker updates the tunnel
 // addresses and recomputes only the Services with endpoints on those
 // nodes (syncNodes), not every Service. The Nodes of the first list are
@@ -510,7 +512,7 @@ func (w *watched) nodesHandler(q workqueue.TypedRateLimitingInterface[string]) c
 			}
 		},
 		UpdateFunc: func(old, cur any) {
-			if !sameNodeAddress(old, cur) {
+			if !sameOtherNode(old, cur) {
 				changed(cur)
 			}
 		},
@@ -568,21 +570,21 @@ func (w *watched) servicesOnNodes(nodes []string) []string {
 	return slices.Sorted(maps.Keys(keys))
 }
 
-// nodeAddresses returns every Node's IPv4 and IPv6 addresses by name (the
-// zero Addr for a node without one), from the all-nodes cache (nil with one
-// tier).
-func (w *watched) nodeAddresses() (v4, v6 map[string]netip.Addr) {
+// allNodesList returns every Node of the cache (the two-tier Node
+// watch) as a Node; nil without that watch.
+func (w *watched) allNodesList() []Node {
 	if w.allNodes == nil {
-		return nil, nil
+		return nil
 	}
-	v4, v6 = map[string]netip.Addr{}, map[string]netip.Addr{}
-	for _, obj := range w.allNodes.GetStore().List() {
+	objs := w.allNodes.GetStore().List()
+	out := make([]Node, 0, len(objs))
+	for _, obj := range objs {
 		if node, ok := obj.(*v1.Node); ok {
 			n, _ := NodeFrom(node)
-			v4[node.Name], v6[node.Name] = n.IPv4, n.IPv6
+			out = append(out, n)
 		}
 	}
-	return v4, v6
+	return out
 }
 
 // currentNode returns this node from the cache; a Node with only its name

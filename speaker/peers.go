@@ -216,3 +216,60 @@ func translatePeer(p *v1alpha1.BGPPeer, node Node) (bgp.Peer, bool, *PeerError) 
 	}
 	return out, true, nil
 }
+
+// announcers returns the names of the nodes that open a BGP session, and
+// so can receive a VIP's flows from the fabric: those not excluded from
+// external load balancers (LabelExcludeFromExternalLB) that a BGPPeer
+// passing Check selects, as PeersForNode selects them. Each selector is
+// parsed once: P peers and N nodes cost P parses and P·N matches.
+func announcers(peers []*v1alpha1.BGPPeer, nodes []Node) map[string]bool {
+	sels := make([]labels.Selector, 0, len(peers))
+	for _, p := range peers {
+		if p.Spec.Check() == nil {
+			sels = append(sels, p.Spec.NodeSelectorOrAll())
+		}
+	}
+	out := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		if n.Excluded {
+			continue
+		}
+		for _, sel := range sels {
+			if sel.Matches(n.Labels) {
+				out[n.Name] = true
+				break
+			}
+		}
+	}
+	return out
+}
+
+// relayPeers returns the connection sync relay's peers, sorted: when this
+// node (self) announces, the IPv4 addresses of the other nodes that
+// announce (announcers); when it does not, none. Only the nodes the
+// fabric sends a VIP's flows to can receive a flow that ECMP moves, so
+// only they need each other's connections; a node that announces nothing
+// serves only flows of its own clients, which never move. This bounds
+// what the relay sends and what each node's kernel holds by the number of
+// announcing nodes, which BGPPeer nodeSelectors choose, not by the
+// cluster's size.
+func relayPeers(self string, nodes []Node, peers []*v1alpha1.BGPPeer) []netip.Addr {
+	ann := announcers(peers, nodes)
+	if !ann[self] {
+		return nil
+	}
+	var own netip.Addr
+	for _, n := range nodes {
+		if n.Name == self {
+			own = n.IPv4
+		}
+	}
+	var out []netip.Addr
+	for _, n := range nodes {
+		if n.Name != self && ann[n.Name] && n.IPv4.IsValid() && n.IPv4 != own {
+			out = append(out, n.IPv4)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}

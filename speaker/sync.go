@@ -61,8 +61,8 @@ func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 	return dpErr
 }
 
-// syncNodes follows a change of nodes' addresses (with two tiers: a node
-// added, deleted or given another address): the tunnel addresses, the
+// syncNodes follows a change of other nodes (with two tiers: a node
+// added, deleted, given another address or other labels): the tunnel addresses, the
 // routes to them, the tunnel guard and the relay's peers, then the
 // Services with endpoints on those nodes, whose tier 1 names their tunnel
 // addresses — not every Service, as a full sync would at every node's
@@ -244,8 +244,9 @@ func bfdPeers(peers []bgp.Peer) []netip.Addr {
 	return slices.Compact(out)
 }
 
-// syncPeerSetter is what the connection sync relay needs: the other
-// nodes' addresses; *ipvs.Dataplane implements it (without a relay its
+// syncPeerSetter is what the connection sync relay needs: the addresses
+// of the other nodes it exchanges connections with (relayPeers);
+// *ipvs.Dataplane implements it (without a relay its
 // SetSyncPeers does nothing).
 type syncPeerSetter interface {
 	SetSyncPeers(peers []netip.Addr)
@@ -255,9 +256,16 @@ type syncPeerSetter interface {
 // TunnelPrefix6 its IPv6 one) and routes this node's kernel to the
 // others' through their node addresses of the family; it returns the
 // tunnel addresses by node name and the problems to report (nodes without
-// one, routes the kernel refused).
+// one, routes the kernel refused). It also gives the relay its peers.
 func (c *Controller) syncTunnels(ctx context.Context, self string) (tunnels, tunnels6 map[string]netip.Addr, problems []string) {
-	addrs, addrs6 := c.watch.nodeAddresses()
+	nodes := c.watch.allNodesList()
+	var addrs, addrs6 map[string]netip.Addr
+	if nodes != nil {
+		addrs, addrs6 = make(map[string]netip.Addr, len(nodes)), make(map[string]netip.Addr, len(nodes))
+		for _, n := range nodes {
+			addrs[n.Name], addrs6[n.Name] = n.IPv4, n.IPv6
+		}
+	}
 	tunnels, problems = Tunnels(c.opts.TunnelPrefix, addrs)
 	if c.opts.TunnelPrefix6.IsValid() {
 		var p []string
@@ -288,16 +296,8 @@ func (c *Controller) syncTunnels(ctx context.Context, self string) (tunnels, tun
 		}
 	}
 	if sp, ok := c.opts.Dataplane.(syncPeerSetter); ok {
-		// The relay's peers: every other node's IPv4 InternalIP, as the
-		// relay listens on this node's.
-		peers := make([]netip.Addr, 0, len(addrs))
-		for name, a := range addrs {
-			if name != self {
-				peers = append(peers, a)
-			}
-		}
-		slices.SortFunc(peers, netip.Addr.Compare)
-		sp.SetSyncPeers(peers)
+		// The relay listens on this node's IPv4 InternalIP.
+		sp.SetSyncPeers(relayPeers(self, nodes, c.watch.listPeers(ctx)))
 	}
 	klog.FromContext(ctx).V(4).Info("Tunnel addresses", "nodes", len(tunnels), "ipv6", len(tunnels6), "routes", len(routes))
 	return tunnels, tunnels6, problems

@@ -10,15 +10,24 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 )
 
-// SelectsNode reports whether the spec's nodeSelector selects a node with
-// these labels (no nodeSelector selects every node). A selector that does
-// not parse selects nothing; Check reports it.
-func (s *BGPPeerSpec) SelectsNode(node labels.Set) bool {
+// NodeSelectorOrAll is spec.nodeSelector as a labels.Selector: every node
+// when unset, no node when it does not parse (Check reports it). Parse it
+// once to match many nodes.
+func (s *BGPPeerSpec) NodeSelectorOrAll() labels.Selector {
 	if s.NodeSelector == nil {
-		return true
+		return labels.Everything()
 	}
 	sel, err := metav1.LabelSelectorAsSelector(s.NodeSelector)
-	return err == nil && sel.Matches(node)
+	if err != nil {
+		return labels.Nothing()
+	}
+	return sel
+}
+
+// SelectsNode reports whether the spec's nodeSelector selects a node with
+// these labels (NodeSelectorOrAll).
+func (s *BGPPeerSpec) SelectsNode(node labels.Set) bool {
+	return s.NodeSelectorOrAll().Matches(node)
 }
 
 // Address is spec.peerAddress as a session uses it: an IPv4-mapped IPv6
