@@ -384,7 +384,7 @@ func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.Endp
 			e := &s.Endpoints[i]
 			addr, ok := endpointAddr(e)
 			st := stateOf(e)
-			if !ok || famSlot(addr) != slot || st == epExcluded {
+			if !ok || famSlot(addr) != slot {
 				continue
 			}
 			node := ""
@@ -392,7 +392,7 @@ func dataplaneBackendsByNode(svc *v1.Service, endpointSlices []*discoveryv1.Endp
 				node = *e.NodeName
 			}
 			for j, tp := range targets {
-				if tp != 0 {
+				if tp != 0 && st.keptFor(ports[j].Proto) {
 					out[j][slot][node] = append(out[j][slot][node], ipvs.Backend{Addr: addr, Port: tp, Weight: st.weight(rd[j][slot].fallback(false))})
 				}
 			}
@@ -455,11 +455,11 @@ func dataplaneBackends(svc *v1.Service, endpointSlices []*discoveryv1.EndpointSl
 			}
 			addr, ok := endpointAddr(e)
 			st := stateOf(e)
-			if !ok || famSlot(addr) != slot || st == epExcluded {
+			if !ok || famSlot(addr) != slot {
 				continue
 			}
 			for j, tp := range targets {
-				if tp == 0 {
+				if tp == 0 || !st.keptFor(ports[j].Proto) {
 					continue
 				}
 				w := st.weight(rd[j][slot].fallback(local))

@@ -294,7 +294,7 @@ func TestServiceDataplane(t *testing.T) {
 			want:   []ipvs.Service{with(vs("192.0.2.10", 80, ipvs.TCP), noSNAT)}},
 
 		// Conditions.
-		{name: "ready unset or true: weight 1; false: left out; terminating: weight 0",
+		{name: "ready unset or true: weight 1; false: weight 0 (it keeps its connections); terminating: weight 0",
 			svc: dpSvc("192.0.2.10"),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts,
 				dpEP{addr: "10.244.0.1", node: "n2"},                                    // ready unset
@@ -306,7 +306,19 @@ func TestServiceDataplane(t *testing.T) {
 				dpEP{addr: "10.244.0.7", node: "n2", ready: no, serving: no, term: yes}, // no longer serving: drains
 			)},
 			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP,
-				be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1), be("10.244.0.5", 8080, 0), be("10.244.0.6", 8080, 1), be("10.244.0.7", 8080, 0))}},
+				be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1), be("10.244.0.3", 8080, 0), be("10.244.0.4", 8080, 0),
+				be("10.244.0.5", 8080, 0), be("10.244.0.6", 8080, 1), be("10.244.0.7", 8080, 0))}},
+		// As kube-proxy: a not-ready endpoint's TCP connections go on (its
+		// conntrack entries stay), its UDP flows are balanced afresh
+		// (conntrack.CleanStaleEntries keeps only serving endpoints').
+		{name: "UDP: a not-ready endpoint is left out, a terminating one drains",
+			svc: withPorts(dpSvc("192.0.2.10"), sport("dns", 53, v1.ProtocolUDP)),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, ports(eport("dns", 5353, v1.ProtocolUDP)),
+				readyEP("10.244.0.1", "n2"),
+				dpEP{addr: "10.244.0.3", node: "n2", ready: no}, // not ready
+				dpEP{addr: "10.244.0.7", node: "n2", ready: no, serving: no, term: yes},
+			)},
+			want: []ipvs.Service{vs("192.0.2.10", 53, ipvs.UDP, be("10.244.0.1", 5353, 1), be("10.244.0.7", 5353, 0))}},
 		// KEP-1669, as kube-proxy's CategorizeEndpoints: when no endpoint
 		// of the category is ready, the serving terminating ones take new
 		// flows; those that no longer serve never do.
@@ -316,10 +328,10 @@ func TestServiceDataplane(t *testing.T) {
 				termEP("10.244.0.1", "n2"),
 				dpEP{addr: "10.244.0.2", node: "n3", ready: no, serving: yes, term: yes},
 				dpEP{addr: "10.244.0.3", node: "n2", ready: no, serving: no, term: yes},
-				dpEP{addr: "10.244.0.4", node: "n2", ready: no, serving: yes}, // not terminating: out
+				dpEP{addr: "10.244.0.4", node: "n2", ready: no, serving: yes}, // not terminating: no new flows
 			)},
 			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP,
-				be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1), be("10.244.0.3", 8080, 0))}},
+				be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1), be("10.244.0.3", 8080, 0), be("10.244.0.4", 8080, 0))}},
 		{name: "Local: no ready endpoint on this node: its serving terminating ones, though other nodes have ready ones",
 			svc: local(dpSvc("192.0.2.10")),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, httpPorts,
@@ -933,6 +945,17 @@ func TestServiceDataplaneTwoTier(t *testing.T) {
 			ready: map[string]bool{}, // n1 is this node: always ready
 			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 1), tun("10.52.0.2", 0)},
 				[]ipvs.Backend{be("10.1.0.1", 8080, 1)})},
+		},
+		{
+			// Its connections go on through tier 1 and tier 2 (weight 0),
+			// as a node's whose endpoints all terminate.
+			name: "a node whose only endpoint is not ready drains, and keeps it in tier 2",
+			svc:  dpSvc("192.0.2.10"),
+			slices: []*discoveryv1.EndpointSlice{dpSlice(discoveryv1.AddressTypeIPv4, httpPorts,
+				dpEP{addr: "10.1.0.1", node: "n1", ready: no}, readyEP("10.2.0.1", "n2"))},
+			ready: map[string]bool{"n2": true},
+			want: []ipvs.Service{twoTier("192.0.2.10", []ipvs.Backend{tun("10.52.0.1", 0), tun("10.52.0.2", 1)},
+				[]ipvs.Backend{be("10.1.0.1", 8080, 0)})},
 		},
 		{
 			name: "a node whose speaker is ready takes flows",

@@ -7,6 +7,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/vipcast/vipcast/ipvs"
 	"github.com/vipcast/vipcast/svcspec"
 )
 
@@ -18,7 +19,11 @@ type endpointState uint8
 
 const (
 	// epExcluded: neither ready nor terminating (a pod failing its
-	// endpointKinds probe, or an endpoint without address): no traffic.
+	// readiness probe, one not ready yet, one on a node gone Unknown): no
+	// new flows. It keeps its TCP and SCTP connections (weight 0, as
+	// kube-proxy's conntrack entries keep them), not its UDP flows
+	// (kube-proxy clears the conntrack entries of a UDP endpoint that is
+	// not serving): keptFor.
 	epExcluded endpointState = iota
 	// epReady: new flows and existing ones.
 	epReady
@@ -46,6 +51,18 @@ func stateOf(e *discoveryv1.Endpoint) endpointState {
 		return epDraining
 	}
 	return epExcluded
+}
+
+// keptFor reports whether an endpoint in state s is a real server of a
+// virtual server of protocol proto: always, except not ready (epExcluded)
+// under UDP. Ready and terminating endpoints are kept for every protocol;
+// a not-ready one keeps the TCP connections and SCTP associations it
+// has, at weight 0, which deleting it would expire
+// (net.ipv4.vs.expire_nodest_conn) — a readiness probe failing for a
+// moment would reset them all — while a UDP flow to it is balanced
+// afresh (ipvs/staleflows.go), as kube-proxy does.
+func (s endpointState) keptFor(proto ipvs.Protocol) bool {
+	return s != epExcluded || proto != ipvs.UDP
 }
 
 // weight is the IPVS weight of an endpoint in state s: 1 when ready, or

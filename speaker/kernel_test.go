@@ -411,7 +411,9 @@ func TestControllerKernel(t *testing.T) {
 	}
 
 	// b) An EndpointSlice update of Service a: only a's real servers
-	// change; 10.244.1.1 terminates (weight 0), 10.244.1.3 arrives.
+	// change; 10.244.1.1 terminates (weight 0), 10.244.1.3 arrives, and
+	// 10.244.1.4 arrives not ready: weight 0 under TCP (the connections it
+	// has go on), none under UDP (its flows are balanced afresh).
 	others := func(st ipvs.State) map[ipvs.Key]ipvs.Service {
 		m := maps.Clone(st.Services)
 		delete(m, aTCP)
@@ -420,12 +422,13 @@ func TestControllerKernel(t *testing.T) {
 	}
 	before := others(st)
 	sliceA = slice("a", "a-1", discoveryv1.AddressTypeIPv4, aPorts,
-		kep{"10.244.1.1", "n1", false, true}, kep{"10.244.1.2", "n2", true, false}, kep{"10.244.1.3", "n2", true, false})
+		kep{"10.244.1.1", "n1", false, true}, kep{"10.244.1.2", "n2", true, false}, kep{"10.244.1.3", "n2", true, false},
+		kep{"10.244.1.4", "n2", false, false})
 	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, sliceA, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	put(mh(ipvs.Service{VIP: aTCP.VIP, Port: 80, Protocol: ipvs.TCP, SNAT: true,
-		Backends: []ipvs.Backend{rs("10.244.1.1", 8080, 0), rs("10.244.1.2", 8080, 1), rs("10.244.1.3", 8080, 1)}}))
+		Backends: []ipvs.Backend{rs("10.244.1.1", 8080, 0), rs("10.244.1.2", 8080, 1), rs("10.244.1.3", 8080, 1), rs("10.244.1.4", 8080, 0)}}))
 	put(mh(ipvs.Service{VIP: aUDP.VIP, Port: 53, Protocol: ipvs.UDP, SNAT: true,
 		Backends: []ipvs.Backend{rs("10.244.1.1", 5353, 0), rs("10.244.1.2", 5353, 1), rs("10.244.1.3", 5353, 1)}}))
 	took := waitKernel("b) EndpointSlice update of a", 10*time.Second)
