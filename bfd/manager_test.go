@@ -32,7 +32,7 @@ func (r *recorder) all() []Event {
 
 // waitStatus polls the status of session key until ok holds, and returns
 // it; it fails the test after timeout, saying want.
-func waitStatus(t *testing.T, m *Manager, key, want string, timeout time.Duration, ok func(Status) bool) Status {
+func waitStatus(t testing.TB, m *Manager, key, want string, timeout time.Duration, ok func(Status) bool) Status {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -47,7 +47,7 @@ func waitStatus(t *testing.T, m *Manager, key, want string, timeout time.Duratio
 	}
 }
 
-func waitState(t *testing.T, m *Manager, key string, want State, timeout time.Duration) Status {
+func waitState(t testing.TB, m *Manager, key string, want State, timeout time.Duration) Status {
 	t.Helper()
 	return waitStatus(t, m, key, want.String(), timeout, func(st Status) bool { return st.State == want })
 }
