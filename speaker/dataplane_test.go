@@ -308,17 +308,19 @@ func TestServiceDataplane(t *testing.T) {
 			want: []ipvs.Service{vs("192.0.2.10", 80, ipvs.TCP,
 				be("10.244.0.1", 8080, 1), be("10.244.0.2", 8080, 1), be("10.244.0.3", 8080, 0), be("10.244.0.4", 8080, 0),
 				be("10.244.0.5", 8080, 0), be("10.244.0.6", 8080, 1), be("10.244.0.7", 8080, 0))}},
-		// As kube-proxy: a not-ready endpoint's TCP connections go on (its
-		// conntrack entries stay), its UDP flows are balanced afresh
-		// (conntrack.CleanStaleEntries keeps only serving endpoints').
-		{name: "UDP: a not-ready endpoint is left out, a terminating one drains",
+		// As kube-proxy: a not-ready or no longer serving endpoint's TCP
+		// connections go on (their conntrack entries stay), its UDP flows
+		// are balanced afresh (conntrack.CleanStaleEntries keeps only the
+		// serving endpoints' entries).
+		{name: "UDP: only serving endpoints; one not ready or no longer serving is left out",
 			svc: withPorts(dpSvc("192.0.2.10"), sport("dns", 53, v1.ProtocolUDP)),
 			slices: []*discoveryv1.EndpointSlice{dpSlice(v4, ports(eport("dns", 5353, v1.ProtocolUDP)),
 				readyEP("10.244.0.1", "n2"),
 				dpEP{addr: "10.244.0.3", node: "n2", ready: no}, // not ready
+				termEP("10.244.0.5", "n2"),                      // serving, terminating: drains while some are ready
 				dpEP{addr: "10.244.0.7", node: "n2", ready: no, serving: no, term: yes},
 			)},
-			want: []ipvs.Service{vs("192.0.2.10", 53, ipvs.UDP, be("10.244.0.1", 5353, 1), be("10.244.0.7", 5353, 0))}},
+			want: []ipvs.Service{vs("192.0.2.10", 53, ipvs.UDP, be("10.244.0.1", 5353, 1), be("10.244.0.5", 5353, 0))}},
 		// KEP-1669, as kube-proxy's CategorizeEndpoints: when no endpoint
 		// of the category is ready, the serving terminating ones take new
 		// flows; those that no longer serve never do.

@@ -20,10 +20,8 @@ type endpointState uint8
 const (
 	// epExcluded: neither ready nor terminating (a pod failing its
 	// readiness probe, one not ready yet, one on a node gone Unknown): no
-	// new flows. It keeps its TCP and SCTP connections (weight 0, as
-	// kube-proxy's conntrack entries keep them), not its UDP flows
-	// (kube-proxy clears the conntrack entries of a UDP endpoint that is
-	// not serving): keptFor.
+	// new flows; it keeps its TCP and SCTP connections, not its UDP
+	// flows (keptFor).
 	epExcluded endpointState = iota
 	// epReady: new flows and existing ones.
 	epReady
@@ -32,7 +30,8 @@ const (
 	// (KEP-1669: kube-proxy's fallback to serving terminating endpoints).
 	epServing
 	// epDraining: terminating and no longer serving: it keeps its TCP
-	// connections (weight 0) and takes nothing new.
+	// and SCTP connections (weight 0), not its UDP flows (keptFor), and
+	// takes nothing new.
 	epDraining
 )
 
@@ -54,15 +53,18 @@ func stateOf(e *discoveryv1.Endpoint) endpointState {
 }
 
 // keptFor reports whether an endpoint in state s is a real server of a
-// virtual server of protocol proto: always, except not ready (epExcluded)
-// under UDP. Ready and terminating endpoints are kept for every protocol;
-// a not-ready one keeps the TCP connections and SCTP associations it
-// has, at weight 0, which deleting it would expire
+// virtual server of protocol proto. Under TCP and SCTP every endpoint
+// with an address is: a not-ready or draining one keeps the connections
+// and associations it has, at weight 0, which deleting it would expire
 // (net.ipv4.vs.expire_nodest_conn) — a readiness probe failing for a
-// moment would reset them all — while a UDP flow to it is balanced
-// afresh (ipvs/staleflows.go), as kube-proxy does.
+// moment would reset them all — as kube-proxy's conntrack entries keep
+// them. Under UDP only serving ones (ready, or terminating and serving)
+// are: the flows to one that is not serving are balanced afresh
+// (ipvs/staleflows.go), as kube-proxy clears the conntrack entries of a
+// UDP endpoint that is not serving (pkg/proxy/conntrack's
+// CleanStaleEntries).
 func (s endpointState) keptFor(proto ipvs.Protocol) bool {
-	return s != epExcluded || proto != ipvs.UDP
+	return proto != ipvs.UDP || s == epReady || s == epServing
 }
 
 // weight is the IPVS weight of an endpoint in state s: 1 when ready, or

@@ -3,8 +3,11 @@
 package lab_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
@@ -28,6 +31,10 @@ import (
 //     pod itself lives on and would answer) is answered by another pod
 //     soon after: the figure is logged, the bound is generous (before,
 //     the flow stayed on its pod for as long as the client kept sending);
+//   - pods whose endpoints turn not ready (a readiness probe failing; the
+//     pods live on): a held TCP connection to one goes on, a UDP flow to
+//     one is answered by another pod, and new connections reach neither
+//     (kube-proxy's behaviour: conntrack keeps TCP, clears UDP);
 //   - a one-endpoint Service under Local policy rolled to a pod on the
 //     other node (the old endpoint terminating and serving while the new
 //     one is not ready yet, then both, then the old one gone) refuses no
@@ -44,6 +51,10 @@ func serviceContract(t *testing.T, l *lab.Lab) {
 
 	t.Run("ClientIP", func(t *testing.T) { clientIPAffinity(t, l, addr) })
 	t.Run("StaleUDP", func(t *testing.T) { staleUDP(t, l, netip.AddrPortFrom(vip, 53), pods) })
+	if err := l.SetEndpoints(ctx, pods, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("NotReady", func(t *testing.T) { notReady(t, l, vip, pods) })
 	if err := l.SetEndpoints(ctx, pods, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -253,6 +264,111 @@ func staleUDP(t *testing.T, l *lab.Lab, addr netip.AddrPort, pods []lab.Pod) {
 		t.Fatalf("the UDP flow still reaches %q (%v) %s after its endpoint went away, want another pod", pod, err, took.Round(time.Millisecond))
 	}
 	t.Logf("a UDP flow with a fixed 5-tuple: its endpoint %s removed, %s answered %s later", first, pod, took.Round(time.Millisecond))
+}
+
+// notReady: the endpoints of a held TCP connection's pod and of a UDP
+// flow's pod turn not ready. Once no new connection reaches them (every
+// node has the change), the UDP flow is answered by another pod and the
+// TCP connection still by its own: deleting its real server would have
+// reset it (expire_nodest_conn), as a readiness probe failing for a
+// moment must not.
+func notReady(t *testing.T, l *lab.Lab, vip netip.Addr, pods []lab.Pod) {
+	ctx := t.Context()
+	tcp, err := l.ClientNS.DialContext(ctx, "tcp", netip.AddrPortFrom(vip, 80).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tcp.Close() }()
+	br := bufio.NewReader(tcp)
+	get := func() (string, error) { // one request on the held connection
+		if err := tcp.SetDeadline(time.Now().Add(2 * time.Second)); err != nil {
+			return "", err
+		}
+		if _, err := io.WriteString(tcp, "GET / HTTP/1.1\r\nHost: lab\r\n\r\n"); err != nil {
+			return "", err
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return "", err
+		}
+		body, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		pod, _, _ := strings.Cut(strings.TrimSpace(string(body)), " ")
+		return pod, err
+	}
+	udp, err := l.ClientNS.DialContext(ctx, "udp", netip.AddrPortFrom(vip, 53).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = udp.Close() }()
+	ask := func() (string, error) {
+		if err := udp.SetDeadline(time.Now().Add(500 * time.Millisecond)); err != nil {
+			return "", err
+		}
+		if _, err := udp.Write([]byte("ping\n")); err != nil {
+			return "", err
+		}
+		buf := make([]byte, 1500)
+		k, err := udp.Read(buf)
+		if err != nil {
+			return "", err
+		}
+		pod, _, _ := strings.Cut(strings.TrimSpace(string(buf[:k])), " ")
+		return pod, nil
+	}
+	held, err := get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flow string
+	for try := 0; try < 5 && flow == ""; try++ {
+		flow, _ = ask()
+	}
+	if flow == "" {
+		t.Fatal("the UDP flow got no answer")
+	}
+	var ready, unready []lab.Pod
+	for _, p := range pods {
+		if p.Name == held || p.Name == flow {
+			unready = append(unready, p)
+		} else {
+			ready = append(ready, p)
+		}
+	}
+	if len(unready) == 0 || len(ready) == 0 {
+		t.Fatalf("the connection's pod %s and the flow's %s among %v: nothing to check", held, flow, names(pods))
+	}
+	if err := l.SetEndpointsNotReady(ctx, ready, nil, unready); err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	var last map[string]int
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		last, err = podsOfConns(ctx, l, netip.AddrPortFrom(vip, 80), affinityConns)
+		return err == nil && last[held] == 0 && last[flow] == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("new connections still reach the not-ready pods %v %s after the change: %v", names(unready), time.Since(changed).Round(time.Second), last)
+	}
+	moved := ""
+	for start := time.Now(); time.Since(start) < staleBound && (moved == "" || moved == flow); {
+		var err error
+		if moved, err = ask(); err != nil {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if moved == "" || moved == flow {
+		t.Errorf("the UDP flow still reaches %q %s after every node had the change, want another pod than its not-ready %s", moved, staleBound, flow)
+	}
+	for i := range 5 {
+		if pod, err := get(); err != nil || pod != held {
+			t.Fatalf("exchange %d on the held TCP connection after its pod %s turned not ready: %q, %v; want it to go on", i, held, pod, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("pods %v not ready: new connections reach %v after %s, the UDP flow moved off %s, the held TCP connection to %s goes on",
+		names(unready), last, time.Since(changed).Round(100*time.Millisecond), flow, held)
 }
 
 func localRollout(t *testing.T, l *lab.Lab, vip netip.Addr, old, next lab.Pod) {

@@ -686,6 +686,13 @@ func (l *Lab) DeleteHeld(ctx context.Context) error {
 // controller would for a Deployment: ready pods, plus terminating ones
 // (serving: their pods live on).
 func (l *Lab) SetEndpoints(ctx context.Context, ready, terminating []Pod) error {
+	return l.SetEndpointsNotReady(ctx, ready, terminating, nil)
+}
+
+// SetEndpointsNotReady is SetEndpoints with notReady pods too: neither
+// ready nor serving nor terminating, as for a pod whose readiness probe
+// fails.
+func (l *Lab) SetEndpointsNotReady(ctx context.Context, ready, terminating, notReady []Pod) error {
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      HeldService + "-lab",
@@ -713,6 +720,14 @@ func (l *Lab) SetEndpoints(ctx context.Context, ready, terminating []Pod) error 
 	}
 	for _, p := range terminating {
 		add(p, false)
+	}
+	for _, p := range notReady {
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{p.Addr.String()},
+			NodeName:   ptr.To(p.Node),
+			TargetRef:  &v1.ObjectReference{Kind: "Pod", Namespace: DemoNamespace, Name: p.Name},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(false)},
+		})
 	}
 	c := l.CP.Client.DiscoveryV1().EndpointSlices(DemoNamespace)
 	old, err := c.Get(ctx, slice.Name, metav1.GetOptions{})
