@@ -140,6 +140,7 @@ type Status struct {
 type Manager struct {
 	log      klog.Logger
 	onChange func(Event)
+	discards *Discards
 
 	mu        sync.Mutex
 	sessions  map[string]*runner
@@ -154,11 +155,15 @@ func NewManager(log klog.Logger, onChange func(Event)) *Manager {
 	return &Manager{
 		log:       log,
 		onChange:  onChange,
+		discards:  newDiscards(),
 		sessions:  map[string]*runner{},
 		byDiscr:   map[uint32]*runner{},
 		listeners: map[netip.AddrPort]*listener{},
 	}
 }
+
+// Discards returns the Manager's counts of discarded packets.
+func (m *Manager) Discards() *Discards { return m.discards }
 
 // Set creates the session key with cfg, or changes its timers. A change of
 // the peer, the local address, multihop, the minimum TTL or the
@@ -252,7 +257,7 @@ func (m *Manager) add(key string, cfg SessionConfig) error {
 // newRunner returns the runner of a new session, not started.
 func (m *Manager) newRunner(key string, cfg SessionConfig, local netip.Addr, port uint16, tx *sender, lk netip.AddrPort, discr uint32, cancel context.CancelFunc) *runner {
 	r := &runner{
-		key: key, cfg: cfg, local: local, port: port, tx: tx, listener: lk, minTTL: int(cfg.minTTL()),
+		key: key, cfg: cfg, local: local, port: port, tx: tx, listener: lk, minTTL: int(cfg.minTTL()), discards: m.discards,
 		s:      NewSession(discr, cfg.Timers),
 		rx:     make(chan received, 16),
 		timers: make(chan Timers, 1),
@@ -585,7 +590,7 @@ func (m *Manager) readLoop(la netip.AddrPort, conn *net.UDPConn) {
 		src := from.Addr().Unmap()
 		meta := parseControl(oob[:oobn])
 		if meta.hasDrops && meta.drops != drops {
-			countDiscard(reasonKernel, uint64(meta.drops-drops))
+			m.discards.count(reasonKernel, uint64(meta.drops-drops))
 			drops = meta.drops
 		}
 		p, err := Unmarshal(buf[:n])
@@ -608,7 +613,7 @@ func (m *Manager) readLoop(la netip.AddrPort, conn *net.UDPConn) {
 
 // discard counts a discarded packet and logs it at level 4.
 func (m *Manager) discard(la netip.AddrPort, src netip.Addr, err error) {
-	countDiscard(Reason(err), 1)
+	m.discards.count(Reason(err), 1)
 	m.log.V(4).Info("Discarded a BFD packet", "local", la, "from", src, "reason", Reason(err), "err", err)
 }
 
@@ -645,6 +650,8 @@ type runner struct {
 	minTTL int
 	log    klog.Logger
 	notify func(Event)
+	// discards is the Manager's.
+	discards *Discards
 
 	// s and lastRx (when the last accepted packet came) are owned by the
 	// run goroutine.
@@ -752,7 +759,7 @@ func (r *runner) receive(p received) (ch Change, ok bool) {
 		err = r.s.Accept(p.p, p.raw, p.at)
 	}
 	if err != nil {
-		countDiscard(Reason(err), 1)
+		r.discards.count(Reason(err), 1)
 		r.count(func(s *Status) { s.Discarded++ })
 		r.log.V(4).Info("Discarded a BFD packet", "reason", Reason(err), "err", err, "ttl", p.ttl, "state", p.p.State,
 			"myDiscriminator", p.p.MyDiscriminator, "yourDiscriminator", p.p.YourDiscriminator)

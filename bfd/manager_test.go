@@ -231,7 +231,7 @@ func TestMultihopMinTTL(t *testing.T) {
 		ttl    int
 		reason string
 	}{{1, reasonKernel}, {63, reasonKernel}, {64, "ttl"}, {253, "ttl"}} {
-		kernel, ttl := Discarded(reasonKernel), Discarded("ttl")
+		kernel, ttl := ma.Discards().Discarded(reasonKernel), ma.Discards().Discarded("ttl")
 		before, _ := ma.Status("b")
 		sendWithTTL(t, a2, dst, tc.ttl, forged)
 		// The kernel's count arrives with the next packet the socket
@@ -241,17 +241,17 @@ func TestMultihopMinTTL(t *testing.T) {
 		if after.State != Up || after.Downs != before.Downs {
 			t.Fatalf("TTL %d: session %+v, want it Up", tc.ttl, after)
 		}
-		gotKernel, gotTTL := Discarded(reasonKernel)-kernel, Discarded("ttl")-ttl
+		gotKernel, gotTTL := ma.Discards().Discarded(reasonKernel)-kernel, ma.Discards().Discarded("ttl")-ttl
 		if tc.reason == reasonKernel && (gotKernel != 1 || gotTTL != 0) || tc.reason == "ttl" && (gotKernel != 0 || gotTTL != 1 || after.Discarded != before.Discarded+1) {
 			t.Fatalf("TTL %d: %d kernel and %d ttl discards (session's %d), want one, %s", tc.ttl, gotKernel, gotTTL, after.Discarded-before.Discarded, tc.reason)
 		}
 	}
 	// The silent peer's session goes: the filter is back at 254.
 	ma.Remove("bird")
-	kernel := Discarded(reasonKernel)
+	kernel := ma.Discards().Discarded(reasonKernel)
 	sendWithTTL(t, a2, dst, 64, forged)
 	time.Sleep(400 * time.Millisecond)
-	if got := Discarded(reasonKernel) - kernel; got != 1 {
+	if got := ma.Discards().Discarded(reasonKernel) - kernel; got != 1 {
 		t.Fatalf("TTL 64 after the TTL 64 session left: %d kernel discards, want 1", got)
 	}
 	sendWithTTL(t, a2, dst, 254, forged)
@@ -271,7 +271,7 @@ func TestAuthenticatedManagers(t *testing.T) {
 	dst := netip.AddrPortFrom(a1, SingleHopPort)
 	// The attacker does not know the sequence number: its packet fails the
 	// sequence window or the digest, whichever comes first.
-	missing, wrongKey := Discarded("auth_missing"), Discarded("auth_digest")+Discarded("auth_sequence")
+	missing, wrongKey := ma.Discards().Discarded("auth_missing"), ma.Discards().Discarded("auth_digest")+ma.Discards().Discarded("auth_sequence")
 	sendWithTTL(t, a2, dst, 255, p.Marshal(nil))
 	p.AuthPresent, p.AuthType, p.AuthKeyID, p.AuthSeq = true, auth.Type, auth.KeyID, 1<<31
 	wrong := p.Marshal(nil)
@@ -281,8 +281,8 @@ func TestAuthenticatedManagers(t *testing.T) {
 	if st, _ := ma.Status("b"); st.State != Up || st.Downs != 0 {
 		t.Fatalf("session %+v after forged packets, want Up", st)
 	}
-	if got := Discarded("auth_digest") + Discarded("auth_sequence") - wrongKey; Discarded("auth_missing") != missing+1 || got != 1 {
-		t.Fatalf("auth_missing +%d, auth_digest and auth_sequence +%d; want one each", Discarded("auth_missing")-missing, got)
+	if got := ma.Discards().Discarded("auth_digest") + ma.Discards().Discarded("auth_sequence") - wrongKey; ma.Discards().Discarded("auth_missing") != missing+1 || got != 1 {
+		t.Fatalf("auth_missing +%d, auth_digest and auth_sequence +%d; want one each", ma.Discards().Discarded("auth_missing")-missing, got)
 	}
 	if err := ma.Set("c", SessionConfig{Peer: a2, Local: a1, Timers: fast, Auth: &Auth{Type: AuthKeyedMD5, Key: []byte("k")}}); err == nil {
 		t.Fatal("keyed MD5 accepted")

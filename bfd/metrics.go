@@ -12,31 +12,33 @@ import (
 // the kernel's drop count, read with each received packet.
 const reasonKernel = "kernel"
 
-// discards counts discarded packets by reason, for every Manager of the
-// process; the set of reasons is fixed at start so that each is exported
-// from zero.
-var discards = func() map[string]*atomic.Uint64 {
+// Discards counts a Manager's discarded packets by reason; the set of
+// reasons is fixed when it is made, so that each is exported from zero.
+type Discards struct {
+	by map[string]*atomic.Uint64
+}
+
+func newDiscards() *Discards {
 	m := map[string]*atomic.Uint64{reasonKernel: {}, "other": {}}
 	for _, r := range reasons {
 		m[r] = &atomic.Uint64{}
 	}
-	return m
-}()
+	return &Discards{by: m}
+}
 
-// countDiscard adds n packets discarded for reason.
-func countDiscard(reason string, n uint64) {
-	c := discards[reason]
+// count adds n packets discarded for reason.
+func (d *Discards) count(reason string, n uint64) {
+	c := d.by[reason]
 	if c == nil {
-		c = discards["other"]
+		c = d.by["other"]
 	}
 	c.Add(n)
 }
 
 // Discarded returns how many received packets were discarded for reason
-// (a label of vipcast_bfd_discarded_packets_total) since the process
-// started.
-func Discarded(reason string) uint64 {
-	if c := discards[reason]; c != nil {
+// (a label of vipcast_bfd_discarded_packets_total).
+func (d *Discards) Discarded(reason string) uint64 {
+	if c := d.by[reason]; c != nil {
 		return c.Load()
 	}
 	return 0
@@ -51,26 +53,24 @@ var discardedDesc = prometheus.NewDesc("vipcast_bfd_discarded_packets_total",
 		"(auth_missing, auth_unexpected, auth_key, auth_digest, auth_sequence).",
 	[]string{"reason"}, nil)
 
-type collector struct{}
-
-// Collector returns the Prometheus collector of the BFD discard counters:
+// Collector returns the Prometheus collector of the discard counters:
 //
 //	vipcast_bfd_discarded_packets_total{reason}
-//
-// Register it once per process.
-func Collector() prometheus.Collector { return collector{} }
+func (d *Discards) Collector() prometheus.Collector { return collector{d} }
+
+type collector struct{ d *Discards }
 
 // Describe sends the descriptor.
 func (collector) Describe(ch chan<- *prometheus.Desc) { ch <- discardedDesc }
 
 // Collect sends one counter per reason.
-func (collector) Collect(ch chan<- prometheus.Metric) {
-	names := make([]string, 0, len(discards))
-	for r := range discards {
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	names := make([]string, 0, len(c.d.by))
+	for r := range c.d.by {
 		names = append(names, r)
 	}
 	sort.Strings(names)
 	for _, r := range names {
-		ch <- prometheus.MustNewConstMetric(discardedDesc, prometheus.CounterValue, float64(discards[r].Load()), r)
+		ch <- prometheus.MustNewConstMetric(discardedDesc, prometheus.CounterValue, float64(c.d.by[r].Load()), r)
 	}
 }

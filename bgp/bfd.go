@@ -221,6 +221,10 @@ func (g *GoBGP) sessionState(ctx context.Context, addr string) (api.PeerState_Se
 	return state, err
 }
 
+// BFDDiscards returns the counts of BFD packets the speaker's sessions
+// discarded, by reason (bfd.Discards.Collector exports them).
+func (g *GoBGP) BFDDiscards() *bfd.Discards { return g.bfd.Discards() }
+
 // fillBFD sets ss's BFD state from the session of peer name, if it has
 // one.
 func (g *GoBGP) fillBFD(ss *SessionState, name string) {

@@ -196,7 +196,7 @@ func (s *bfdSegment) runAttacks(t *testing.T, cases []attackCase) {
 			d, sniffed := s.sniffPacket(t)
 			before := s.session(t)
 			router := s.routerView(t)
-			discards := bfd.Discarded(c.reason)
+			discards := s.speaker.BFDDiscards().Discarded(c.reason)
 			if c.raw != nil {
 				s.forgeRaw(t, c.raw(d, sniffed), c.ttl)
 			} else {
@@ -211,7 +211,7 @@ func (s *bfdSegment) runAttacks(t *testing.T, cases []attackCase) {
 			if r := s.routerView(t); !r.same(router) {
 				t.Errorf("forged packet reached the router's sessions: %s, before %s", r, router)
 			}
-			got := bfd.Discarded(c.reason) - discards
+			got := s.speaker.BFDDiscards().Discarded(c.reason) - discards
 			t.Logf("vipcast_bfd_discarded_packets_total{reason=%q} +%d", c.reason, got)
 			if got < 3 {
 				t.Errorf("vipcast_bfd_discarded_packets_total{reason=%q} grew by %d, want the 3 forged copies", c.reason, got)
@@ -386,7 +386,7 @@ func TestBFDSpoofedBIRDAuth(t *testing.T) {
 	wb := *peer.BFD
 	wb.Auth = &bfd.Auth{Type: bfd.AuthMeticulousKeyedSHA1, KeyID: 7, Key: bfd.Key("not-the-key")}
 	wrong.BFD = &wb
-	digest := bfd.Discarded("auth_digest")
+	digest := seg.speaker.BFDDiscards().Discarded("auth_digest")
 	if err := seg.speaker.SetPeers(ctxT(), []bgp.Peer{wrong}); err != nil {
 		t.Fatal(err)
 	}
@@ -394,10 +394,10 @@ func TestBFDSpoofedBIRDAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(3 * time.Second)
-	if ss := seg.session(t); ss.BFD == "Up" || bfd.Discarded("auth_digest") == digest {
-		t.Fatalf("with the wrong key: session %+v, %d digest discards; want BFD not Up and BIRD's packets discarded", ss, bfd.Discarded("auth_digest")-digest)
+	if ss := seg.session(t); ss.BFD == "Up" || seg.speaker.BFDDiscards().Discarded("auth_digest") == digest {
+		t.Fatalf("with the wrong key: session %+v, %d digest discards; want BFD not Up and BIRD's packets discarded", ss, seg.speaker.BFDDiscards().Discarded("auth_digest")-digest)
 	}
-	t.Logf("wrong key: BFD %s, %d of BIRD's packets discarded (auth_digest)", seg.session(t).BFD, bfd.Discarded("auth_digest")-digest)
+	t.Logf("wrong key: BFD %s, %d of BIRD's packets discarded (auth_digest)", seg.session(t).BFD, seg.speaker.BFDDiscards().Discarded("auth_digest")-digest)
 
 	if err := seg.speaker.SetPeers(ctxT(), []bgp.Peer{peer}); err != nil {
 		t.Fatal(err)

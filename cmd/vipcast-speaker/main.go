@@ -46,7 +46,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
-	"github.com/vipcast/vipcast/bfd"
 	"github.com/vipcast/vipcast/bgp"
 	"github.com/vipcast/vipcast/ipvs"
 	"github.com/vipcast/vipcast/lbclass"
@@ -701,7 +700,7 @@ func startBGP(ctx context.Context, routerID netip.Addr, prefixRestart time.Durat
 	if err := reg.Register(bgp.NewCollector(engine)); err != nil {
 		return nil, fmt.Errorf("bgp metrics: %w", err)
 	}
-	if err := reg.Register(bfd.Collector()); err != nil {
+	if err := reg.Register(engine.BFDDiscards().Collector()); err != nil {
 		return nil, fmt.Errorf("bfd metrics: %w", err)
 	}
 	return engine, nil
