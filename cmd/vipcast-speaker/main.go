@@ -46,6 +46,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/vipcast/vipcast/apirequests"
 	"github.com/vipcast/vipcast/bgp"
 	"github.com/vipcast/vipcast/ipvs"
 	"github.com/vipcast/vipcast/lbclass"
@@ -377,7 +378,15 @@ func run(f *flags) error {
 	logger := klog.Background().WithValues("node", f.nodeName)
 	ctx = klog.NewContext(ctx, logger)
 
-	client, calls, dyn, err := clients(f)
+	reg, metrics, err := newRegistry()
+	if err != nil {
+		return err
+	}
+	requests, err := apirequests.NewCounter(reg, "speaker")
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	client, calls, dyn, err := clients(f, requests)
 	if err != nil {
 		return err
 	}
@@ -386,10 +395,6 @@ func run(f *flags) error {
 		return err
 	}
 	routerID := pickRouterID(f, nodeIP)
-	reg, metrics, err := newRegistry()
-	if err != nil {
-		return err
-	}
 	// The controller is built after BGP, but the session callback needs
 	// it: it is reached through ctrlRef once it exists.
 	var ctrlRef atomic.Pointer[speaker.Controller]
@@ -653,13 +658,15 @@ const callTimeout = 10 * time.Second
 // clients returns the API clients the flags configure: client and dyn for
 // the informers (whose watches are long requests, bounded by the server's
 // watch timeout), calls for single requests, each bounded by callTimeout.
-func clients(f *flags) (client, calls kubernetes.Interface, dyn dynamic.Interface, err error) {
+// Every request they send is counted in requests.
+func clients(f *flags, requests *apirequests.Counter) (client, calls kubernetes.Interface, dyn dynamic.Interface, err error) {
 	cfg, err := restConfig(f.kubeconfig)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
 	cfg.UserAgent = speaker.Component
+	cfg.Wrap(requests.Wrap)
 	// vipcast's own resources are JSON (custom resources have no
 	// protobuf); the core types come in protobuf, as kube-proxy reads
 	// them: fewer bytes and less CPU per event on both sides.

@@ -90,7 +90,23 @@ func outage(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		}, l.CP.RestartAPIServer, outage, false},
 	}
 	for _, run := range runs {
+		lists := readLists(t, l)
 		outageRun(t, l, vip, held, run.outage, resync, run.name, run.stop, run.start, run.late)
+		relists := readLists(t, l)
+		for node, n := range relists {
+			relists[node] = n - lists[node]
+		}
+		t.Logf("%s: the API server answered the speakers' lists of Services and EndpointSlices %v times (vipcast_speaker_api_requests_total)", run.name, relists)
+		if run.late {
+			continue
+		}
+		// etcd compacted past every watch's revision: each informer must
+		// list again, and the counter must see it.
+		for node, n := range relists {
+			if n < 2 {
+				t.Errorf("%s: %s's speaker listed Services and EndpointSlices %v times after its watches expired, want each again", run.name, node, n)
+			}
+		}
 	}
 	held.Stop()
 	startDuringOutage(t, l, vip, resync)
@@ -380,6 +396,32 @@ func readMetric(t *testing.T, l *lab.Lab, series string) map[string]float64 {
 			t.Fatalf("%s: %v; the ToR's session: %+v (err %v); %s", n.Name, err, st, nerr, speakerTail(t, l, n.Name))
 		}
 		out[n.Name] = v
+	}
+	return out
+}
+
+// readLists returns, per node, how many times the API server answered its
+// speaker's lists of Services and EndpointSlices
+// (vipcast_speaker_api_requests_total, code 200), by LIST or by a watch
+// that starts with every object.
+func readLists(t *testing.T, l *lab.Lab) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, n := range l.Nodes {
+		for _, resource := range []string{"services", "endpointslices"} {
+			for _, verb := range []string{"list", "watchlist"} {
+				v, err := n.Metric(t.Context(), `vipcast_speaker_api_requests_total{code="200",resource="`+resource+`",verb="`+verb+`"}`)
+				if err != nil && !strings.Contains(err.Error(), "no sample") { // no sample: never so
+					t.Fatalf("%s: %v", n.Name, err)
+				}
+				out[n.Name] += v
+			}
+		}
+	}
+	for node, v := range out {
+		if v == 0 {
+			t.Fatalf("%s's speaker never listed Services or EndpointSlices, by its metrics: is vipcast_speaker_api_requests_total counting?", node)
+		}
 	}
 	return out
 }
