@@ -19,6 +19,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
@@ -706,8 +707,8 @@ func TestControllerTwoTier(t *testing.T) {
 // TestControllerRelayFollowsAnnouncers: with two tiers, the relay's peers
 // are the other nodes a BGPPeer selects, and they follow the labels of
 // other nodes (a node labelled in, one excluded from external load
-// balancers) and of this node (unlabelled, it announces nothing and
-// exchanges nothing).
+// balancers, which syncs no Service), of this node (unlabelled, it
+// announces nothing and exchanges nothing) and the BGPPeers.
 func TestControllerRelayFollowsAnnouncers(t *testing.T) {
 	client := fakeServices(1)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -732,13 +733,19 @@ func TestControllerRelayFollowsAnnouncers(t *testing.T) {
 	peer := mkPeer("tor", "10.0.0.254", nil)
 	peer.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: edge}
 	dp := &tunnelDataplane{}
-	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{peer}, "10.100.0.0/24"),
+	dyn := fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{peer}, "10.100.0.0/24")
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn,
 		BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}, Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour,
 		TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = c.Run(ctx) }()
+	serviceSyncs := func() int {
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		return len(dp.service)
+	}
 	for _, step := range []struct {
 		name   string
 		change func()
@@ -751,10 +758,34 @@ func TestControllerRelayFollowsAnnouncers(t *testing.T) {
 		}, "[10.0.0.4]"},
 		{"this node unlabelled", func() { setLabels(n1, nil) }, "[]"},
 		{"this node labelled again", func() { setLabels(n1, edge) }, "[10.0.0.4]"},
+		{"the BGPPeer selects no node", func() {
+			res := dyn.Resource(vipcastv1alpha1.BGPPeersResource)
+			u, err := res.Get(ctx, "tor", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := unstructured.SetNestedStringMap(u.Object, map[string]string{"role": "none"}, "spec", "nodeSelector", "matchLabels"); err != nil {
+				t.Fatal(err)
+			}
+			u.SetGeneration(u.GetGeneration() + 1) // as the API server does on a spec change
+
+			if _, err := res.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}, "[]"},
 	} {
+		before := serviceSyncs()
 		step.change()
 		eventually(t, step.name, func() bool { return dp.syncPeers() == step.want },
 			func() string { return "sync peers " + dp.syncPeers() + ", want " + step.want })
+		if step.name == "n2 excluded from external load balancers" {
+			// n2 hosts Service a's endpoint: its labels change no
+			// Service's virtual servers, so none is synced for it.
+			time.Sleep(200 * time.Millisecond)
+			if got := serviceSyncs() - before; got != 0 {
+				t.Errorf("%s: %d SyncService calls, want none (labels alone)", step.name, got)
+			}
+		}
 	}
 }
 

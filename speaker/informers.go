@@ -456,12 +456,9 @@ func (w *watched) heldSlicesOf(svc *v1.Service) ([]*discoveryv1.EndpointSlice, i
 	return w.heldCount(slices)
 }
 
-// sameOtherNode reports whether an update of another node's Node leaves
-// what this node reads of it as it was: its IPv4 and IPv6 addresses,
-// which its tunnel addresses derive from, and its labels, by which
-// BGPPeer nodeSelectors and LabelExcludeFromExternalLB decide whether it
-// announces (the relay's peers, relayPeers).
-func sameOtherNode(old, cur any) bool {
+// sameNodeAddress reports whether a Node update leaves its IPv4 and IPv6
+// addresses, those its tunnel addresses derive from, as they were.
+func sameNodeAddress(old, cur any) bool {
 	o, ok1 := old.(*v1.Node)
 	n, ok2 := cur.(*v1.Node)
 	if !ok1 || !ok2 {
@@ -469,7 +466,16 @@ func sameOtherNode(old, cur any) bool {
 	}
 	a, _ := NodeFrom(o)
 	b, _ := NodeFrom(n)
-	return a.IPv4 == b.IPv4 && a.IPv6 == b.IPv6 && maps.Equal(o.Labels, n.Labels)
+	return a.IPv4 == b.IPv4 && a.IPv6 == b.IPv6
+}
+
+// sameNodeLabels reports whether a Node update leaves its labels, by
+// which BGPPeer nodeSelectors and LabelExcludeFromExternalLB decide
+// whether it announces (the relay's peers, relayPeers), as they were.
+func sameNodeLabels(old, cur any) bool {
+	o, ok1 := old.(*v1.Node)
+	n, ok2 := cur.(*v1.Node)
+	return ok1 && ok2 && maps.Equal(o.Labels, n.Labels)
 }
 
 // sliceIndexers are the EndpointSlice indexes: by Service, and with two
@@ -482,11 +488,13 @@ func (w *watched) sliceIndexers() cache.Indexers {
 	return out
 }
 
-// nodesHandler notes which nodes come, go or change their addresses or labels and
+// nodesHandler notes which nodes come, go or change their addresses and
 // queues keyNodes for them (once for many): the worker updates the tunnel
-// addresses and recomputes only the Services with endpoints on those
-// nodes (syncNodes), not every Service. The Nodes of the first list are
-// the first full sync's.
+// addresses and the relay's peers, and recomputes only the Services with
+// endpoints on those nodes (syncNodes), not every Service. A change of
+// labels alone queues keyNodes noting no node: the relay's peers follow,
+// no Service is recomputed. The Nodes of the first list are the first
+// full sync's.
 func (w *watched) nodesHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
 	changed := func(obj any) {
 		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -505,6 +513,10 @@ func (w *watched) nodesHandler(q workqueue.TypedRateLimitingInterface[string]) c
 		w.nodesMu.Unlock()
 		q.Add(keyNodes)
 	}
+	// relabelled: only which nodes announce may have changed, which no
+	// Service's virtual servers read: the relay's peers are updated, and
+	// no Service is synced.
+	relabelled := func() { q.Add(keyNodes) }
 	return cache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, initial bool) {
 			if !initial {
@@ -512,8 +524,11 @@ func (w *watched) nodesHandler(q workqueue.TypedRateLimitingInterface[string]) c
 			}
 		},
 		UpdateFunc: func(old, cur any) {
-			if !sameOtherNode(old, cur) {
+			switch {
+			case !sameNodeAddress(old, cur):
 				changed(cur)
+			case !sameNodeLabels(old, cur):
+				relabelled()
 			}
 		},
 		DeleteFunc: changed,

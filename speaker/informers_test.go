@@ -155,10 +155,11 @@ func TestPasswordNotInList(t *testing.T) {
 	}
 }
 
-// TestSameOtherNode: another node's Node update wakes the speaker when the
-// address of either family its tunnel addresses derive from changes, or
-// its labels (which decide whether it announces), and only then.
-func TestSameOtherNode(t *testing.T) {
+// TestSameNodeAddressAndLabels: another node's Node update wakes the
+// speaker when the address of either family its tunnel addresses derive
+// from changes (sameNodeAddress), or its labels, which decide whether it
+// announces (sameNodeLabels), and only then.
+func TestSameNodeAddressAndLabels(t *testing.T) {
 	node := func(labels map[string]string, addrs ...string) *v1.Node {
 		n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: labels}}
 		for _, a := range addrs {
@@ -170,20 +171,23 @@ func TestSameOtherNode(t *testing.T) {
 	heartbeat.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
 	edge := map[string]string{"edge": "true"}
 	for _, tc := range []struct {
-		name     string
-		old, cur *v1.Node
-		same     bool
+		name                string
+		old, cur            *v1.Node
+		sameAddr, sameLabel bool
 	}{
-		{"unchanged", node(edge, "10.0.0.1", "fd00::1"), node(edge, "10.0.0.1", "fd00::1"), true},
-		{"status only", node(nil, "10.0.0.1"), heartbeat, true},
-		{"IPv4 changed", node(nil, "10.0.0.1", "fd00::1"), node(nil, "10.0.0.2", "fd00::1"), false},
-		{"IPv6 changed", node(nil, "10.0.0.1", "fd00::1"), node(nil, "10.0.0.1", "fd00::2"), false},
-		{"IPv6 added", node(nil, "10.0.0.1"), node(nil, "10.0.0.1", "fd00::1"), false},
-		{"label added", node(nil, "10.0.0.1"), node(edge, "10.0.0.1"), false},
-		{"label changed", node(edge, "10.0.0.1"), node(map[string]string{"edge": "false"}, "10.0.0.1"), false},
+		{"unchanged", node(edge, "10.0.0.1", "fd00::1"), node(edge, "10.0.0.1", "fd00::1"), true, true},
+		{"status only", node(nil, "10.0.0.1"), heartbeat, true, true},
+		{"IPv4 changed", node(nil, "10.0.0.1", "fd00::1"), node(nil, "10.0.0.2", "fd00::1"), false, true},
+		{"IPv6 changed", node(nil, "10.0.0.1", "fd00::1"), node(nil, "10.0.0.1", "fd00::2"), false, true},
+		{"IPv6 added", node(nil, "10.0.0.1"), node(nil, "10.0.0.1", "fd00::1"), false, true},
+		{"label added", node(nil, "10.0.0.1"), node(edge, "10.0.0.1"), true, false},
+		{"label changed", node(edge, "10.0.0.1"), node(map[string]string{"edge": "false"}, "10.0.0.1"), true, false},
 	} {
-		if got := sameOtherNode(tc.old, tc.cur); got != tc.same {
-			t.Errorf("%s: sameOtherNode = %v, want %v", tc.name, got, tc.same)
+		if got := sameNodeAddress(tc.old, tc.cur); got != tc.sameAddr {
+			t.Errorf("%s: sameNodeAddress = %v, want %v", tc.name, got, tc.sameAddr)
+		}
+		if got := sameNodeLabels(tc.old, tc.cur); got != tc.sameLabel {
+			t.Errorf("%s: sameNodeLabels = %v, want %v", tc.name, got, tc.sameLabel)
 		}
 	}
 }

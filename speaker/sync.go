@@ -75,7 +75,7 @@ func (c *Controller) syncNodes(ctx context.Context) error {
 		return c.syncConfig(ctx, false)
 	}
 	defer c.opts.Metrics.observeSync("nodes", time.Now())
-	tunnels, tunnels6, problems := c.syncTunnels(ctx, c.opts.NodeName)
+	tunnels, tunnels6, problems := c.syncTunnels(ctx, c.opts.NodeName, c.watch.listPeers(ctx))
 	if len(problems) > 0 {
 		klog.FromContext(ctx).V(2).Info("Tunnel problems after a change of nodes", "nodes", nodes, "problems", problems)
 	}
@@ -102,10 +102,11 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 		return Node{}, nil, err
 	}
 	n, nodeErrs := NodeFrom(node)
+	peers := c.watch.listPeers(ctx)
 	var tunnels, tunnels6 map[string]netip.Addr
 	if c.opts.TunnelPrefix.IsValid() {
 		var problems []string
-		tunnels, tunnels6, problems = c.syncTunnels(ctx, n.Name)
+		tunnels, tunnels6, problems = c.syncTunnels(ctx, n.Name, peers)
 		for _, p := range problems {
 			nodeErrs = append(nodeErrs, errors.New(p))
 		}
@@ -120,7 +121,6 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 		nodeErrs = append(nodeErrs, fmt.Errorf("--tunnel-prefix has an IPv6 prefix, but IPv6 VIPs keep one tier on this node, and flows the other nodes send to its IPv6 endpoints are lost: %w", why6))
 	}
 	c.report.nodeProblems(ctx, node, nodeErrs)
-	peers := c.watch.listPeers(ctx)
 	view, poolErrs := Compile(c.watch.listPools(ctx), peers, n)
 	view.Classes = c.opts.Classes
 	view.Tunnels = tunnels
@@ -256,8 +256,9 @@ type syncPeerSetter interface {
 // TunnelPrefix6 its IPv6 one) and routes this node's kernel to the
 // others' through their node addresses of the family; it returns the
 // tunnel addresses by node name and the problems to report (nodes without
-// one, routes the kernel refused). It also gives the relay its peers.
-func (c *Controller) syncTunnels(ctx context.Context, self string) (tunnels, tunnels6 map[string]netip.Addr, problems []string) {
+// one, routes the kernel refused). It also gives the relay its peers, the
+// other nodes that peers (the BGPPeers) make announce.
+func (c *Controller) syncTunnels(ctx context.Context, self string, peers []*vipcastv1alpha1.BGPPeer) (tunnels, tunnels6 map[string]netip.Addr, problems []string) {
 	nodes := c.watch.allNodesList()
 	var addrs, addrs6 map[string]netip.Addr
 	if nodes != nil {
@@ -297,7 +298,7 @@ func (c *Controller) syncTunnels(ctx context.Context, self string) (tunnels, tun
 	}
 	if sp, ok := c.opts.Dataplane.(syncPeerSetter); ok {
 		// The relay listens on this node's IPv4 InternalIP.
-		sp.SetSyncPeers(relayPeers(self, nodes, c.watch.listPeers(ctx)))
+		sp.SetSyncPeers(relayPeers(self, nodes, peers))
 	}
 	klog.FromContext(ctx).V(4).Info("Tunnel addresses", "nodes", len(tunnels), "ipv6", len(tunnels6), "routes", len(routes))
 	return tunnels, tunnels6, problems
