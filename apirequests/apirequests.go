@@ -41,9 +41,10 @@ func Classify(r *http.Request) (verb, resource string) {
 	}
 	switch r.Method {
 	case http.MethodGet:
+		q := r.URL.Query()
 		switch {
-		case r.URL.Query().Get("watch") == "true" || r.URL.Query().Get("watch") == "1":
-			if r.URL.Query().Get("sendInitialEvents") == "true" {
+		case q.Get("watch") == "true" || q.Get("watch") == "1":
+			if q.Get("sendInitialEvents") == "true" {
 				return VerbWatchList, resource
 			}
 			return VerbWatch, resource

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -210,21 +211,17 @@ func clientIPAffinity(t *testing.T, l *lab.Lab, addr netip.AddrPort) {
 // figure is logged.
 const staleBound = 10 * time.Second
 
-func staleUDP(t *testing.T, l *lab.Lab, addr netip.AddrPort, pods []lab.Pod) {
-	ctx := t.Context()
-	c, err := l.ClientNS.DialContext(ctx, "udp", addr.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
-	ask := func(wait time.Duration) (string, error) {
+// udpAsker returns a function that sends one datagram on the flow c and
+// returns the pod that answers within wait.
+func udpAsker(c net.Conn) func(wait time.Duration) (string, error) {
+	buf := make([]byte, 1500)
+	return func(wait time.Duration) (string, error) {
 		if err := c.SetDeadline(time.Now().Add(wait)); err != nil {
 			return "", err
 		}
 		if _, err := c.Write([]byte("ping\n")); err != nil {
 			return "", err
 		}
-		buf := make([]byte, 1500)
 		k, err := c.Read(buf)
 		if err != nil {
 			return "", err
@@ -232,6 +229,16 @@ func staleUDP(t *testing.T, l *lab.Lab, addr netip.AddrPort, pods []lab.Pod) {
 		pod, _, _ := strings.Cut(strings.TrimSpace(string(buf[:k])), " ")
 		return pod, nil
 	}
+}
+
+func staleUDP(t *testing.T, l *lab.Lab, addr netip.AddrPort, pods []lab.Pod) {
+	ctx := t.Context()
+	c, err := l.ClientNS.DialContext(ctx, "udp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	ask := udpAsker(c)
 	var first string
 	for try := 0; try < 5 && first == ""; try++ {
 		first, _ = ask(time.Second)
@@ -301,21 +308,8 @@ func notReady(t *testing.T, l *lab.Lab, vip netip.Addr, pods []lab.Pod) {
 		t.Fatal(err)
 	}
 	defer func() { _ = udp.Close() }()
-	ask := func() (string, error) {
-		if err := udp.SetDeadline(time.Now().Add(500 * time.Millisecond)); err != nil {
-			return "", err
-		}
-		if _, err := udp.Write([]byte("ping\n")); err != nil {
-			return "", err
-		}
-		buf := make([]byte, 1500)
-		k, err := udp.Read(buf)
-		if err != nil {
-			return "", err
-		}
-		pod, _, _ := strings.Cut(strings.TrimSpace(string(buf[:k])), " ")
-		return pod, nil
-	}
+	askUDP := udpAsker(udp)
+	ask := func() (string, error) { return askUDP(500 * time.Millisecond) }
 	held, err := get()
 	if err != nil {
 		t.Fatal(err)

@@ -337,6 +337,10 @@ func (h *Held) Stop() {
 	h.wg.Wait()
 }
 
+// ErrNoSample is Node.Metric's error when the speaker exports no sample
+// of the series (a counter never incremented).
+var ErrNoSample = errors.New("no sample")
+
 // Metric reads one sample of the node speaker's /metrics: the value of
 // the line that starts with series (a metric name, with its labels if it
 // has any).
@@ -366,7 +370,7 @@ func (n *Node) Metric(ctx context.Context, series string) (float64, error) {
 	if err := sc.Err(); err != nil {
 		return 0, err
 	}
-	return 0, fmt.Errorf("%s: no sample %s", url, series)
+	return 0, fmt.Errorf("%s: %w %s", url, ErrNoSample, series)
 }
 
 // ConsoleLines returns the lines of the node's console (where its

@@ -4,6 +4,7 @@ package lab_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -411,7 +412,7 @@ func readLists(t *testing.T, l *lab.Lab) map[string]float64 {
 		for _, resource := range []string{"services", "endpointslices"} {
 			for _, verb := range []string{"list", "watchlist"} {
 				v, err := n.Metric(t.Context(), `vipcast_speaker_api_requests_total{code="200",resource="`+resource+`",verb="`+verb+`"}`)
-				if err != nil && !strings.Contains(err.Error(), "no sample") { // no sample: never so
+				if err != nil && !errors.Is(err, lab.ErrNoSample) { // no sample: never so
 					t.Fatalf("%s: %v", n.Name, err)
 				}
 				out[n.Name] += v
