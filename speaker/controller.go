@@ -102,9 +102,9 @@ type Options struct {
 	DataplaneProbe time.Duration
 	// TunnelPrefix turns on the two-tier dataplane for IPv4 VIPs: every
 	// node's tunnel address is derived from it (TunnelAddress), the
-	// speaker watches every Node for their addresses, and Dataplane must
-	// be an *ipvs.Dataplane opened with the matching ipvs.Tunnel. The zero
-	// prefix keeps one tier.
+	// speaker publishes its node's NodeTunnel and watches every node's for
+	// their addresses, and Dataplane must be an *ipvs.Dataplane opened
+	// with the matching ipvs.Tunnel. The zero prefix keeps one tier.
 	TunnelPrefix netip.Prefix
 	// TunnelPrefix6, with TunnelPrefix, sends IPv6 VIPs to the nodes' IPv6
 	// tunnel addresses, derived from it and their IPv6 addresses (ip6ip6;
@@ -151,6 +151,8 @@ type Controller struct {
 	ann    *announcer
 	prog   *programmer // nil without a dataplane
 	status *statusWriter
+	// tunnelPub publishes this node's NodeTunnel; nil with one tier.
+	tunnelPub *tunnelPublisher
 
 	view *View // owned by the worker goroutine
 	// bfdGuarded are the BFD peers the host guard lets in, as last set
@@ -216,6 +218,10 @@ func NewController(opts Options) (*Controller, error) {
 	if c.watch, err = newWatched(opts, c.queue); err != nil {
 		return nil, err
 	}
+	if c.watch.tunnels != nil {
+		c.tunnelPub = newTunnelPublisher(opts.Dynamic, opts.NodeName, c.watch.ownTunnelCached)
+		c.watch.ownTunnel = c.tunnelPub.poke
+	}
 	return c, nil
 }
 
@@ -235,6 +241,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		lost: c.watch.outageBegins, back: func() { c.outageEnds(ctx) }}
 	go probe.run(ctx)
 	go c.status.run(ctx)
+	if c.tunnelPub != nil {
+		go c.tunnelPub.run(ctx)
+	}
 
 	if err := c.watch.start(ctx); err != nil {
 		return err

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
@@ -77,7 +78,7 @@ func (f *flakyBGP) prefixes() map[netip.Prefix]bool {
 
 // testNodeObject is Node n1 with InternalIP 10.0.0.2.
 func testNodeObject() *v1.Node {
-	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "uid-n1"},
 		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
 }
 
@@ -110,14 +111,68 @@ func fakePoolPeers(t *testing.T, peers []*vipcastv1alpha1.BGPPeer, addresses ...
 		p.TypeMeta = metav1.TypeMeta{APIVersion: "vipcast.io/v1alpha1", Kind: "BGPPeer"}
 		objs = append(objs, p)
 	}
+	// NodeTunnels stay unstructured (putTunnel), as the speaker writes
+	// them: the scheme knows only the kinds given typed.
 	scheme := runtime.NewScheme()
-	if err := vipcastv1alpha1.AddToScheme(scheme); err != nil {
+	scheme.AddKnownTypes(vipcastv1alpha1.SchemeGroupVersion, &vipcastv1alpha1.IPPool{}, &vipcastv1alpha1.IPPoolList{},
+		&vipcastv1alpha1.BGPPeer{}, &vipcastv1alpha1.BGPPeerList{})
+	metav1.AddToGroupVersion(scheme, vipcastv1alpha1.SchemeGroupVersion)
+	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		vipcastv1alpha1.IPPoolsResource:     "IPPoolList",
+		vipcastv1alpha1.BGPPeersResource:    "BGPPeerList",
+		vipcastv1alpha1.NodeTunnelsResource: "NodeTunnelList",
+	}, objs...)
+}
+
+// putTunnel creates or replaces node name's NodeTunnel in the fake
+// dynamic API, as that node's speaker publishes it, with its addresses
+// (IPv4, IPv6 or both).
+func putTunnel(t *testing.T, dyn dynamic.Interface, name string, announces bool, addrs ...string) {
+	t.Helper()
+	u := tunnelObject(name, announces, addrs...)
+	res := dyn.Resource(vipcastv1alpha1.NodeTunnelsResource)
+	ctx := context.Background()
+	if _, err := res.Get(ctx, name, metav1.GetOptions{}); err == nil {
+		_, err = res.Update(ctx, u, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	} else if _, err := res.Create(ctx, u, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
-		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
-		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
-	}, objs...)
+}
+
+// tunnelObject is node name's NodeTunnel, unstructured, with its
+// addresses (IPv4, IPv6 or both).
+func tunnelObject(name string, announces bool, addrs ...string) *unstructured.Unstructured {
+	spec := map[string]any{"announces": announces}
+	for _, a := range addrs {
+		if netip.MustParseAddr(a).Is4() {
+			spec["ipv4"] = a
+		} else {
+			spec["ipv6"] = a
+		}
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "vipcast.io/v1alpha1", "kind": "NodeTunnel", "metadata": map[string]any{"name": name}, "spec": spec}}
+}
+
+// publishedTunnel returns what node name's NodeTunnel says in the fake
+// dynamic API, its owner's UID, and whether it exists.
+func publishedTunnel(ctx context.Context, dyn dynamic.Interface, name string) (vipcastv1alpha1.NodeTunnelSpec, string, bool) {
+	u, err := dyn.Resource(vipcastv1alpha1.NodeTunnelsResource).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return vipcastv1alpha1.NodeTunnelSpec{}, "", false
+	}
+	nt := &vipcastv1alpha1.NodeTunnel{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, nt); err != nil {
+		return vipcastv1alpha1.NodeTunnelSpec{}, "", false
+	}
+	var owner string
+	for _, o := range nt.OwnerReferences {
+		owner += fmt.Sprintf("%s/%s/%s", o.Kind, o.Name, o.UID)
+	}
+	return nt.Spec, owner, true
 }
 
 // TestControllerRecoversFromFailedApply checks that when the BGP engine
@@ -600,17 +655,6 @@ func TestControllerRetriesRefusedService(t *testing.T) {
 	})
 }
 
-// createNode creates Node name with InternalIP addr in client.
-func createNode(ctx context.Context, t *testing.T, client *fake.Clientset, name, addr string) *v1.Node {
-	t.Helper()
-	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
-		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: addr}}}}
-	if _, err := client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // tunnelDataplane is a recordingDataplane that also records the tunnel
 // routes it is given.
 type tunnelDataplane struct {
@@ -653,18 +697,21 @@ func (d *tunnelDataplane) last() (ipvs.State, map[netip.Addr]netip.Addr) {
 }
 
 // TestControllerTwoTier checks the two-tier wiring with TunnelPrefix: the
-// speaker watches every Node, routes the other nodes' tunnel addresses
-// through their InternalIPs, and programs tier 1 over the nodes hosting
-// endpoints (tier 2: this node's); a node joining adds its route, and a
-// Service's endpoint there adds it to tier 1. The connection sync relay's
-// peers follow the other nodes' InternalIPs.
+// speaker publishes its node's NodeTunnel (its address, that it announces,
+// owned by its Node), reads the other nodes' NodeTunnels, routes their
+// tunnel addresses through their addresses, and programs tier 1 over the
+// nodes hosting endpoints (tier 2: this node's); a node joining adds its
+// route, and a Service's endpoint there adds it to tier 1. The connection
+// sync relay's peers follow the other nodes' addresses. Its NodeTunnel,
+// deleted or changed by someone else, is put back.
 func TestControllerTwoTier(t *testing.T) {
 	client := fakeServices(1) // Service a, VIP 10.100.0.1, one endpoint on n2
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	createNode(ctx, t, client, "n2", "10.0.0.3")
+	dyn := fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{mkPeer("tor", "10.0.0.254", nil)}, "10.100.0.0/24")
+	putTunnel(t, dyn, "n2", true, "10.0.0.3")
 	dp := &tunnelDataplane{}
-	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{mkPeer("tor", "10.0.0.254", nil)}, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: 300 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")})
 	if err != nil {
 		t.Fatal(err)
@@ -683,8 +730,16 @@ func TestControllerTwoTier(t *testing.T) {
 		return fmt.Sprintf("routes %v, virtual server %+v, sync peers %s", r, st.Services[key], dp.syncPeers())
 	})
 
+	published := func() string {
+		spec, owner, ok := publishedTunnel(ctx, dyn, "n1")
+		return fmt.Sprintf("%+v owner %s exists %v", spec, owner, ok)
+	}
+	const want = "{IPv4:10.0.0.2 IPv6: Announces:true} owner Node/n1/uid-n1 exists true"
+	eventually(t, "n1's NodeTunnel", func() bool { return published() == want },
+		func() string { return published() + ", want " + want })
+
 	// Node n3 joins, and Service a gets an endpoint there and one here.
-	createNode(ctx, t, client, "n3", "10.0.0.4")
+	putTunnel(t, dyn, "n3", true, "10.0.0.4")
 	slice := testSlice("a")
 	for _, ep := range []struct{ addr, node string }{{"10.244.1.1", "n3"}, {"10.244.2.1", "n1"}} {
 		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{ep.addr}, NodeName: ptr.To(ep.node),
@@ -702,13 +757,23 @@ func TestControllerTwoTier(t *testing.T) {
 		st, r := dp.last()
 		return fmt.Sprintf("routes %v, virtual server %+v, sync peers %s", r, st.Services[key], dp.syncPeers())
 	})
+
+	// Someone changes n1's NodeTunnel, then deletes it: it is put back.
+	putTunnel(t, dyn, "n1", false, "10.9.9.9")
+	eventually(t, "n1's NodeTunnel put back after a change", func() bool { return published() == want },
+		func() string { return published() + ", want " + want })
+	if err := dyn.Resource(vipcastv1alpha1.NodeTunnelsResource).Delete(ctx, "n1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n1's NodeTunnel put back after a delete", func() bool { return published() == want },
+		func() string { return published() + ", want " + want })
 }
 
 // TestControllerRelayFollowsAnnouncers: with two tiers, the relay's peers
-// are the other nodes a BGPPeer selects, and they follow the labels of
-// other nodes (a node labelled in, one excluded from external load
-// balancers, which syncs no Service), of this node (unlabelled, it
-// announces nothing and exchanges nothing) and the BGPPeers.
+// are the other nodes whose NodeTunnel says they announce, and they
+// follow those (a node starting to announce, one stopping, which syncs no
+// Service), this node's labels (unlabelled, it announces nothing,
+// exchanges nothing and publishes so) and the BGPPeers.
 func TestControllerRelayFollowsAnnouncers(t *testing.T) {
 	client := fakeServices(1)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -727,13 +792,12 @@ func TestControllerRelayFollowsAnnouncers(t *testing.T) {
 	}
 	edge := map[string]string{"role": "edge"}
 	setLabels(n1, edge)
-	n2 := createNode(ctx, t, client, "n2", "10.0.0.3")
-	setLabels(n2, edge)
-	n3 := createNode(ctx, t, client, "n3", "10.0.0.4")
 	peer := mkPeer("tor", "10.0.0.254", nil)
 	peer.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: edge}
 	dp := &tunnelDataplane{}
 	dyn := fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{peer}, "10.100.0.0/24")
+	putTunnel(t, dyn, "n2", true, "10.0.0.3")
+	putTunnel(t, dyn, "n3", false, "10.0.0.4")
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn,
 		BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}, Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour,
 		TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")})
@@ -747,17 +811,16 @@ func TestControllerRelayFollowsAnnouncers(t *testing.T) {
 		return len(dp.service)
 	}
 	for _, step := range []struct {
-		name   string
-		change func()
-		want   string
+		name      string
+		change    func()
+		want      string
+		announces bool // what n1 publishes
 	}{
-		{"the edge nodes", func() {}, "[10.0.0.3]"},
-		{"n3 labelled edge", func() { setLabels(n3, edge) }, "[10.0.0.3 10.0.0.4]"},
-		{"n2 excluded from external load balancers", func() {
-			setLabels(n2, map[string]string{"role": "edge", LabelExcludeFromExternalLB: ""})
-		}, "[10.0.0.4]"},
-		{"this node unlabelled", func() { setLabels(n1, nil) }, "[]"},
-		{"this node labelled again", func() { setLabels(n1, edge) }, "[10.0.0.4]"},
+		{"the announcing nodes", func() {}, "[10.0.0.3]", true},
+		{"n3 announces", func() { putTunnel(t, dyn, "n3", true, "10.0.0.4") }, "[10.0.0.3 10.0.0.4]", true},
+		{"n2 stops announcing", func() { putTunnel(t, dyn, "n2", false, "10.0.0.3") }, "[10.0.0.4]", true},
+		{"this node unlabelled", func() { setLabels(n1, nil) }, "[]", false},
+		{"this node labelled again", func() { setLabels(n1, edge) }, "[10.0.0.4]", true},
 		{"the BGPPeer selects no node", func() {
 			res := dyn.Resource(vipcastv1alpha1.BGPPeersResource)
 			u, err := res.Get(ctx, "tor", metav1.GetOptions{})
@@ -772,32 +835,38 @@ func TestControllerRelayFollowsAnnouncers(t *testing.T) {
 			if _, err := res.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-		}, "[]"},
+		}, "[]", false},
 	} {
 		before := serviceSyncs()
 		step.change()
-		eventually(t, step.name, func() bool { return dp.syncPeers() == step.want },
-			func() string { return "sync peers " + dp.syncPeers() + ", want " + step.want })
-		if step.name == "n2 excluded from external load balancers" {
-			// n2 hosts Service a's endpoint: its labels change no
-			// Service's virtual servers, so none is synced for it.
+		eventually(t, step.name, func() bool {
+			spec, _, _ := publishedTunnel(ctx, dyn, "n1")
+			return dp.syncPeers() == step.want && spec.Announces == step.announces
+		}, func() string {
+			spec, _, _ := publishedTunnel(ctx, dyn, "n1")
+			return fmt.Sprintf("sync peers %s, want %s; n1 publishes %+v, want announces %v", dp.syncPeers(), step.want, spec, step.announces)
+		})
+		if step.name == "n2 stops announcing" {
+			// n2 hosts Service a's endpoint: whether it announces changes
+			// no Service's virtual servers, so none is synced for it.
 			time.Sleep(200 * time.Millisecond)
 			if got := serviceSyncs() - before; got != 0 {
-				t.Errorf("%s: %d SyncService calls, want none (labels alone)", step.name, got)
+				t.Errorf("%s: %d SyncService calls, want none (Announces alone)", step.name, got)
 			}
 		}
 	}
 }
 
 // TestControllerNodeChangeScoped: with two tiers, a node that joins or
-// leaves changes the tunnel routes, the relay's peers and the tier 1 of
+// leaves (its NodeTunnel comes or goes) changes the tunnel routes, the relay's peers and the tier 1 of
 // the Services with endpoints on it, one SyncService each, and nothing
 // else: no full sync of every Service (the periodic ones an hour away).
 func TestControllerNodeChangeScoped(t *testing.T) {
 	client := fakeServices(3) // Services a, b, c; VIPs 10.100.0.1-3; one endpoint each on n2
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	createNode(ctx, t, client, "n2", "10.0.0.3")
+	dyn := fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{mkPeer("tor", "10.0.0.254", nil)}, "10.100.0.0/24")
+	putTunnel(t, dyn, "n2", true, "10.0.0.3")
 	sb := testSlice("b") // b's endpoint on n4, a node not there yet
 	sb.Endpoints[0].NodeName = ptr.To("n4")
 	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, sb, metav1.UpdateOptions{}); err != nil {
@@ -808,7 +877,7 @@ func TestControllerNodeChangeScoped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{mkPeer("tor", "10.0.0.254", nil)}, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16"), Metrics: m})
 	if err != nil {
 		t.Fatal(err)
@@ -844,7 +913,7 @@ func TestControllerNodeChangeScoped(t *testing.T) {
 	syncs0, before := calls()
 	configs := recomputes("config")
 
-	createNode(ctx, t, client, "n4", "10.0.0.5")
+	putTunnel(t, dyn, "n4", true, "10.0.0.5")
 	eventually(t, "n4's route and b's tier 1 through n4", func() bool {
 		_, r := dp.last()
 		dp.mu.Lock()
@@ -861,7 +930,8 @@ func TestControllerNodeChangeScoped(t *testing.T) {
 		t.Errorf("n4 joined: %d recomputes of every Service and %d node-scoped ones, want 0 and 1", n, scoped)
 	}
 
-	if err := client.CoreV1().Nodes().Delete(ctx, "n2", metav1.DeleteOptions{}); err != nil {
+	// n2's Node deleted: the garbage collector deletes its NodeTunnel.
+	if err := dyn.Resource(vipcastv1alpha1.NodeTunnelsResource).Delete(ctx, "n2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "n2's route gone, a's and c's tier 1 without it", func() bool {
@@ -892,13 +962,9 @@ func TestControllerTier1Readiness(t *testing.T) {
 	client := fakeServices(1) // Service a, VIP 10.100.0.1, one endpoint on n2
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	for _, n := range []struct{ name, addr string }{{"n2", "10.0.0.3"}, {"n3", "10.0.0.4"}} {
-		node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name},
-			Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.addr}}}}
-		if _, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dyn := fakePool(t, "10.100.0.0/24")
+	putTunnel(t, dyn, "n2", true, "10.0.0.3")
+	putTunnel(t, dyn, "n3", true, "10.0.0.4")
 	slice := testSlice("a") // endpoints on n2 and n3
 	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.244.1.1"}, NodeName: ptr.To("n3"),
 		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
@@ -931,7 +997,7 @@ func TestControllerTier1Readiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	dp := &tunnelDataplane{}
-	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: 100 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16"),
 		SpeakerService: "vipcast/speakers"}) // dp.last is the last resync's state
 	if err != nil {
@@ -1041,14 +1107,14 @@ func TestControllerTwoTierIPv6(t *testing.T) {
 			slice6 := testSlice("v")
 			slice6.AddressType = discoveryv1.AddressTypeIPv6
 			slice6.Endpoints[0].Addresses = []string{"fd00:244::1"}
-			n2 := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"},
-				Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.3"}, {Type: v1.NodeInternalIP, Address: "fd00:10::3"}}}}
-			client := fake.NewClientset(testNodeObject(), n2, testLBService("a", "10.100.0.1"), testSlice("a"),
+			client := fake.NewClientset(testNodeObject(), testLBService("a", "10.100.0.1"), testSlice("a"),
 				testLBService("v", "2001:db8:100::1"), slice6)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			dp := &twoTier6Dataplane{on: tc.on}
-			opts := Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24", "2001:db8:100::/64"),
+			dyn := fakePool(t, "10.100.0.0/24", "2001:db8:100::/64")
+			putTunnel(t, dyn, "n2", true, "10.0.0.3", "fd00:10::3")
+			opts := Options{NodeName: "n1", Client: client, Dynamic: dyn,
 				BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}, Resync: time.Hour, Dataplane: dp,
 				DataplaneResync: 300 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")}
 			if tc.prefix6 != "" {

@@ -56,12 +56,13 @@ type watched struct {
 	services cache.SharedIndexInformer
 	slices   cache.SharedIndexInformer
 	node     cache.SharedIndexInformer
-	// allNodes watches every Node for its address (the two-tier
-	// dataplane's tunnel addresses); nil with one tier. changedNodes are
-	// the nodes whose address came, went or changed since the worker last
-	// took them (takeChangedNodes).
-	allNodes     cache.SharedIndexInformer
-	allNodesFrom informers.SharedInformerFactory
+	// tunnels watches the NodeTunnels the nodes' speakers publish (the
+	// two-tier dataplane's other nodes); nil with one tier. changedNodes
+	// are the nodes whose address came, went or changed since the worker
+	// last took them (takeChangedNodes). ownTunnel is called when this
+	// node's own NodeTunnel changes or goes.
+	tunnels      cache.SharedIndexInformer
+	ownTunnel    func()
 	nodesMu      sync.Mutex
 	changedNodes map[string]bool
 	pools        cache.SharedIndexInformer
@@ -101,16 +102,17 @@ func newWatched(opts Options, q workqueue.TypedRateLimitingInterface[string]) (*
 	}
 	w.services, w.slices = selectedInformers(w.factory)
 	w.node = w.nodes.Core().V1().Nodes().Informer()
-	if opts.TunnelPrefix.IsValid() {
-		w.allNodesFrom = informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTransform(slimObject))
-		w.allNodes = w.allNodesFrom.Core().V1().Nodes().Informer()
-		if _, err := w.allNodes.AddEventHandler(w.nodesHandler(q)); err != nil {
-			return nil, fmt.Errorf("event handler: %w", err)
-		}
-	}
 	w.pools = w.dynamic.ForResource(vipcastv1alpha1.IPPoolsResource).Informer()
 	w.peers = w.dynamic.ForResource(vipcastv1alpha1.BGPPeersResource).Informer()
-	for _, inf := range []cache.SharedIndexInformer{w.pools, w.peers} {
+	slim := []cache.SharedIndexInformer{w.pools, w.peers}
+	if opts.TunnelPrefix.IsValid() {
+		w.tunnels = w.dynamic.ForResource(vipcastv1alpha1.NodeTunnelsResource).Informer()
+		if _, err := w.tunnels.AddEventHandler(w.tunnelsHandler(q)); err != nil {
+			return nil, fmt.Errorf("event handler: %w", err)
+		}
+		slim = append(slim, w.tunnels)
+	}
+	for _, inf := range slim {
 		if err := inf.SetTransform(slimObject); err != nil {
 			return nil, fmt.Errorf("informer transform: %w", err)
 		}
@@ -188,9 +190,8 @@ func (w *watched) start(ctx context.Context) error {
 	w.nodes.Start(ctx.Done())
 	w.dynamic.Start(ctx.Done())
 	synced := []cache.InformerSynced{w.services.HasSynced, w.slices.HasSynced, w.node.HasSynced, w.pools.HasSynced, w.peers.HasSynced}
-	if w.allNodes != nil {
-		w.allNodesFrom.Start(ctx.Done())
-		synced = append(synced, w.allNodes.HasSynced)
+	if w.tunnels != nil {
+		synced = append(synced, w.tunnels.HasSynced)
 	}
 	if w.speakers != nil {
 		w.speakersFrom.Start(ctx.Done())
@@ -456,52 +457,78 @@ func (w *watched) heldSlicesOf(svc *v1.Service) ([]*discoveryv1.EndpointSlice, i
 	return w.heldCount(slices)
 }
 
-// sameNodeAddress reports whether a Node update leaves its IPv4 and IPv6
-// addresses, those its tunnel addresses derive from, as they were.
-func sameNodeAddress(old, cur any) bool {
-	o, ok1 := old.(*v1.Node)
-	n, ok2 := cur.(*v1.Node)
-	if !ok1 || !ok2 {
-		return false
-	}
-	a, _ := NodeFrom(o)
-	b, _ := NodeFrom(n)
-	return a.IPv4 == b.IPv4 && a.IPv6 == b.IPv6
+// sameTunnelAddress reports whether a NodeTunnel update leaves the
+// node's addresses, those its tunnel addresses derive from, as they were
+// (an object that does not decode counts as changed).
+func sameTunnelAddress(old, cur any) bool {
+	a, ok1 := tunnelNodeOf(old)
+	b, ok2 := tunnelNodeOf(cur)
+	return ok1 && ok2 && a.IPv4 == b.IPv4 && a.IPv6 == b.IPv6
 }
 
-// sameNodeLabels reports whether a Node update leaves its labels, by
-// which BGPPeer nodeSelectors and LabelExcludeFromExternalLB decide
-// whether it announces (the relay's peers, relayPeers), as they were.
-func sameNodeLabels(old, cur any) bool {
-	o, ok1 := old.(*v1.Node)
-	n, ok2 := cur.(*v1.Node)
-	return ok1 && ok2 && maps.Equal(o.Labels, n.Labels)
+// sameAnnounces reports whether a NodeTunnel update leaves whether the
+// node announces (the relay's peers, relayPeers) as it was.
+func sameAnnounces(old, cur any) bool {
+	a, ok1 := tunnelNodeOf(old)
+	b, ok2 := tunnelNodeOf(cur)
+	return ok1 && ok2 && a.Announces == b.Announces
+}
+
+// tunnelNodeOf decodes an informer's NodeTunnel (or its tombstone).
+func tunnelNodeOf(obj any) (tunnelNode, bool) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	t := &vipcastv1alpha1.NodeTunnel{}
+	if !decode(context.Background(), obj, t) {
+		return tunnelNode{}, false
+	}
+	n, _ := tunnelNodeFrom(t)
+	return n, true
 }
 
 // sliceIndexers are the EndpointSlice indexes: by Service, and with two
 // tiers by node (servicesOnNodes).
 func (w *watched) sliceIndexers() cache.Indexers {
 	out := cache.Indexers{sliceIndex: sliceServiceKey}
-	if w.allNodes != nil {
+	if w.tunnels != nil {
 		out[sliceNodeIndex] = sliceNodes
 	}
 	return out
 }
 
-// nodesHandler notes which nodes come, go or change their addresses and
-// queues keyNodes for them (once for many): the worker updates the tunnel
-// addresses and the relay's peers, and recomputes only the Services with
-// endpoints on those nodes (syncNodes), not every Service. A change of
-// labels alone queues keyNodes noting no node: the relay's peers follow,
-// no Service is recomputed. The Nodes of the first list are the first
-// full sync's.
-func (w *watched) nodesHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
-	changed := func(obj any) {
+// tunnelsHandler notes which nodes' NodeTunnels come, go or change their
+// addresses and queues keyNodes for them (once for many): the worker
+// updates the tunnel addresses and the relay's peers, and recomputes only
+// the Services with endpoints on those nodes (syncNodes), not every
+// Service. A change of Announces alone queues keyNodes noting no node:
+// the relay's peers follow, no Service is recomputed. This node's own
+// NodeTunnel, which its speaker writes from its Node, only wakes the
+// writer (ownTunnel): it is put back if someone else changed or deleted
+// it. The NodeTunnels of the first list are the first full sync's.
+func (w *watched) tunnelsHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
+	own := func(obj any) bool {
 		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = t.Obj
 		}
-		n, ok := obj.(*v1.Node)
-		if !ok {
+		m, err := meta.Accessor(obj)
+		if err != nil || m.GetName() != w.nodeName {
+			return false
+		}
+		if w.ownTunnel != nil {
+			w.ownTunnel()
+		}
+		return true
+	}
+	changed := func(obj any) {
+		if own(obj) {
+			return
+		}
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		m, err := meta.Accessor(obj)
+		if err != nil {
 			q.Add(keyConfig)
 			return
 		}
@@ -509,14 +536,10 @@ func (w *watched) nodesHandler(q workqueue.TypedRateLimitingInterface[string]) c
 		if w.changedNodes == nil {
 			w.changedNodes = map[string]bool{}
 		}
-		w.changedNodes[n.Name] = true
+		w.changedNodes[m.GetName()] = true
 		w.nodesMu.Unlock()
 		q.Add(keyNodes)
 	}
-	// relabelled: only which nodes announce may have changed, which no
-	// Service's virtual servers read: the relay's peers are updated, and
-	// no Service is synced.
-	relabelled := func() { q.Add(keyNodes) }
 	return cache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, initial bool) {
 			if !initial {
@@ -525,10 +548,13 @@ func (w *watched) nodesHandler(q workqueue.TypedRateLimitingInterface[string]) c
 		},
 		UpdateFunc: func(old, cur any) {
 			switch {
-			case !sameNodeAddress(old, cur):
+			case own(cur):
+			case !sameTunnelAddress(old, cur):
 				changed(cur)
-			case !sameNodeLabels(old, cur):
-				relabelled()
+			case !sameAnnounces(old, cur):
+				// Only which nodes announce changed, which no Service's
+				// virtual servers read: the relay's peers follow.
+				q.Add(keyNodes)
 			}
 		},
 		DeleteFunc: changed,
@@ -585,21 +611,37 @@ func (w *watched) servicesOnNodes(nodes []string) []string {
 	return slices.Sorted(maps.Keys(keys))
 }
 
-// allNodesList returns every Node of the cache (the two-tier Node
-// watch) as a Node; nil without that watch.
-func (w *watched) allNodesList() []Node {
-	if w.allNodes == nil {
-		return nil
+// tunnelNodes returns every node's NodeTunnel from the cache, decoded,
+// and the problems with those that hold a malformed address; nil without
+// that watch (one tier).
+func (w *watched) tunnelNodes(ctx context.Context) ([]tunnelNode, []string) {
+	if w.tunnels == nil {
+		return nil, nil
 	}
-	objs := w.allNodes.GetStore().List()
-	out := make([]Node, 0, len(objs))
-	for _, obj := range objs {
-		if node, ok := obj.(*v1.Node); ok {
-			n, _ := NodeFrom(node)
-			out = append(out, n)
+	ts := decodeAll[vipcastv1alpha1.NodeTunnel](ctx, w.tunnels)
+	out := make([]tunnelNode, 0, len(ts))
+	var problems []string
+	for _, t := range ts {
+		n, errs := tunnelNodeFrom(t)
+		for _, err := range errs {
+			problems = append(problems, err.Error())
 		}
+		out = append(out, n)
 	}
-	return out
+	return out, problems
+}
+
+// ownTunnelCached returns this node's NodeTunnel from the cache, if any.
+func (w *watched) ownTunnelCached() (*vipcastv1alpha1.NodeTunnel, bool) {
+	if w.tunnels == nil {
+		return nil, false
+	}
+	obj, exists, err := w.tunnels.GetStore().GetByKey(w.nodeName)
+	if err != nil || !exists {
+		return nil, false
+	}
+	t := &vipcastv1alpha1.NodeTunnel{}
+	return t, decode(context.Background(), obj, t)
 }
 
 // currentNode returns this node from the cache; a Node with only its name

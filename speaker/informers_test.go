@@ -155,39 +155,41 @@ func TestPasswordNotInList(t *testing.T) {
 	}
 }
 
-// TestSameNodeAddressAndLabels: another node's Node update wakes the
-// speaker when the address of either family its tunnel addresses derive
-// from changes (sameNodeAddress), or its labels, which decide whether it
-// announces (sameNodeLabels), and only then.
-func TestSameNodeAddressAndLabels(t *testing.T) {
-	node := func(labels map[string]string, addrs ...string) *v1.Node {
-		n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: labels}}
-		for _, a := range addrs {
-			n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: a})
-		}
-		return n
+// TestSameTunnelAddressAndAnnounces: another node's NodeTunnel update
+// wakes the speaker when the address of either family its tunnel
+// addresses derive from changes (sameTunnelAddress), or whether it
+// announces (sameAnnounces), and only then; an object that does not decode
+// counts as changed.
+func TestSameTunnelAddressAndAnnounces(t *testing.T) {
+	tunnel := func(announces bool, addrs ...string) any {
+		u := tunnelObject("n2", announces, addrs...)
+		u.SetResourceVersion(fmt.Sprint(len(addrs)))
+		return u
 	}
-	heartbeat := node(nil, "10.0.0.1")
-	heartbeat.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
-	edge := map[string]string{"edge": "true"}
+	labelled := tunnel(true, "10.0.0.1").(*unstructured.Unstructured).DeepCopy()
+	labelled.SetLabels(map[string]string{"team": "net"})
+	malformed := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "vipcast.io/v1alpha1", "kind": "NodeTunnel",
+		"metadata": map[string]any{"name": "n2"}, "spec": map[string]any{"announces": "yes"},
+	}}
 	for _, tc := range []struct {
-		name                string
-		old, cur            *v1.Node
-		sameAddr, sameLabel bool
+		name              string
+		old, cur          any
+		sameAddr, sameAnn bool
 	}{
-		{"unchanged", node(edge, "10.0.0.1", "fd00::1"), node(edge, "10.0.0.1", "fd00::1"), true, true},
-		{"status only", node(nil, "10.0.0.1"), heartbeat, true, true},
-		{"IPv4 changed", node(nil, "10.0.0.1", "fd00::1"), node(nil, "10.0.0.2", "fd00::1"), false, true},
-		{"IPv6 changed", node(nil, "10.0.0.1", "fd00::1"), node(nil, "10.0.0.1", "fd00::2"), false, true},
-		{"IPv6 added", node(nil, "10.0.0.1"), node(nil, "10.0.0.1", "fd00::1"), false, true},
-		{"label added", node(nil, "10.0.0.1"), node(edge, "10.0.0.1"), true, false},
-		{"label changed", node(edge, "10.0.0.1"), node(map[string]string{"edge": "false"}, "10.0.0.1"), true, false},
+		{"unchanged", tunnel(true, "10.0.0.1", "fd00::1"), tunnel(true, "10.0.0.1", "fd00::1"), true, true},
+		{"metadata only", tunnel(true, "10.0.0.1"), labelled, true, true},
+		{"IPv4 changed", tunnel(true, "10.0.0.1", "fd00::1"), tunnel(true, "10.0.0.2", "fd00::1"), false, true},
+		{"IPv6 changed", tunnel(true, "10.0.0.1", "fd00::1"), tunnel(true, "10.0.0.1", "fd00::2"), false, true},
+		{"IPv6 added", tunnel(true, "10.0.0.1"), tunnel(true, "10.0.0.1", "fd00::1"), false, true},
+		{"stops announcing", tunnel(true, "10.0.0.1"), tunnel(false, "10.0.0.1"), true, false},
+		{"does not decode", tunnel(true, "10.0.0.1"), malformed, false, false},
 	} {
-		if got := sameNodeAddress(tc.old, tc.cur); got != tc.sameAddr {
-			t.Errorf("%s: sameNodeAddress = %v, want %v", tc.name, got, tc.sameAddr)
+		if got := sameTunnelAddress(tc.old, tc.cur); got != tc.sameAddr {
+			t.Errorf("%s: sameTunnelAddress = %v, want %v", tc.name, got, tc.sameAddr)
 		}
-		if got := sameNodeLabels(tc.old, tc.cur); got != tc.sameLabel {
-			t.Errorf("%s: sameNodeLabels = %v, want %v", tc.name, got, tc.sameLabel)
+		if got := sameAnnounces(tc.old, tc.cur); got != tc.sameAnn {
+			t.Errorf("%s: sameAnnounces = %v, want %v", tc.name, got, tc.sameAnn)
 		}
 	}
 }

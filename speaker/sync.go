@@ -12,6 +12,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
@@ -61,8 +62,8 @@ func (c *Controller) syncConfig(ctx context.Context, full bool) error {
 	return dpErr
 }
 
-// syncNodes follows a change of other nodes (with two tiers: a node
-// added, deleted, given another address or other labels): the tunnel addresses, the
+// syncNodes follows a change of other nodes (with two tiers: a node's
+// NodeTunnel added, deleted, given another address or Announces): the tunnel addresses, the
 // routes to them, the tunnel guard and the relay's peers, then the
 // Services with endpoints on those nodes, whose tier 1 names their tunnel
 // addresses — not every Service, as a full sync would at every node's
@@ -75,7 +76,12 @@ func (c *Controller) syncNodes(ctx context.Context) error {
 		return c.syncConfig(ctx, false)
 	}
 	defer c.opts.Metrics.observeSync("nodes", time.Now())
-	tunnels, tunnels6, problems := c.syncTunnels(ctx, c.opts.NodeName, c.watch.listPeers(ctx))
+	node, err := c.watch.currentNode()
+	if err != nil {
+		return err
+	}
+	self, _ := NodeFrom(node)
+	tunnels, tunnels6, problems := c.syncTunnels(ctx, self, node.UID, c.watch.listPeers(ctx))
 	if len(problems) > 0 {
 		klog.FromContext(ctx).V(2).Info("Tunnel problems after a change of nodes", "nodes", nodes, "problems", problems)
 	}
@@ -106,7 +112,7 @@ func (c *Controller) syncView(ctx context.Context) (Node, []*vipcastv1alpha1.BGP
 	var tunnels, tunnels6 map[string]netip.Addr
 	if c.opts.TunnelPrefix.IsValid() {
 		var problems []string
-		tunnels, tunnels6, problems = c.syncTunnels(ctx, n.Name, peers)
+		tunnels, tunnels6, problems = c.syncTunnels(ctx, n, node.UID, peers)
 		for _, p := range problems {
 			nodeErrs = append(nodeErrs, errors.New(p))
 		}
@@ -256,20 +262,26 @@ type syncPeerSetter interface {
 // TunnelPrefix6 its IPv6 one) and routes this node's kernel to the
 // others' through their node addresses of the family; it returns the
 // tunnel addresses by node name and the problems to report (nodes without
-// one, routes the kernel refused). It also gives the relay its peers, the
-// other nodes that peers (the BGPPeers) make announce.
-func (c *Controller) syncTunnels(ctx context.Context, self string, peers []*vipcastv1alpha1.BGPPeer) (tunnels, tunnels6 map[string]netip.Addr, problems []string) {
-	nodes := c.watch.allNodesList()
-	var addrs, addrs6 map[string]netip.Addr
-	if nodes != nil {
-		addrs, addrs6 = make(map[string]netip.Addr, len(nodes)), make(map[string]netip.Addr, len(nodes))
-		for _, n := range nodes {
-			addrs[n.Name], addrs6[n.Name] = n.IPv4, n.IPv6
-		}
+// one, malformed NodeTunnels, routes the kernel refused). The other nodes
+// come from their NodeTunnels, this node (self, its Node's uid) from its
+// Node, and its own NodeTunnel is published to say so. It also gives the
+// relay its peers, the other nodes that announce.
+func (c *Controller) syncTunnels(ctx context.Context, self Node, uid types.UID, peers []*vipcastv1alpha1.BGPPeer) (tunnels, tunnels6 map[string]netip.Addr, problems []string) {
+	nodes, problems := c.watch.tunnelNodes(ctx)
+	spec := nodeTunnelSpec(self, peers)
+	nodes = slices.DeleteFunc(nodes, func(n tunnelNode) bool { return n.Name == self.Name })
+	nodes = append(nodes, tunnelNode{Name: self.Name, IPv4: self.IPv4, IPv6: self.IPv6, Announces: spec.Announces})
+	if c.tunnelPub != nil {
+		c.tunnelPub.set(uid, spec)
 	}
-	tunnels, problems = Tunnels(c.opts.TunnelPrefix, addrs)
+	addrs, addrs6 := make(map[string]netip.Addr, len(nodes)), make(map[string]netip.Addr, len(nodes))
+	for _, n := range nodes {
+		addrs[n.Name], addrs6[n.Name] = n.IPv4, n.IPv6
+	}
+	var p []string
+	tunnels, p = Tunnels(c.opts.TunnelPrefix, addrs)
+	problems = append(problems, p...)
 	if c.opts.TunnelPrefix6.IsValid() {
-		var p []string
 		tunnels6, p = Tunnels(c.opts.TunnelPrefix6, addrs6)
 		problems = append(problems, p...)
 	}
@@ -279,12 +291,12 @@ func (c *Controller) syncTunnels(ctx context.Context, self string, peers []*vipc
 	}
 	routes := make(map[netip.Addr]netip.Addr, len(tunnels)+len(tunnels6))
 	for name, t := range tunnels {
-		if name != self {
+		if name != self.Name {
 			routes[t] = addrs[name]
 		}
 	}
 	for name, t := range tunnels6 {
-		if name != self {
+		if name != self.Name {
 			routes[t] = addrs6[name]
 		}
 	}
@@ -298,7 +310,7 @@ func (c *Controller) syncTunnels(ctx context.Context, self string, peers []*vipc
 	}
 	if sp, ok := c.opts.Dataplane.(syncPeerSetter); ok {
 		// The relay listens on this node's IPv4 InternalIP.
-		sp.SetSyncPeers(relayPeers(self, nodes, peers))
+		sp.SetSyncPeers(relayPeers(self.Name, nodes))
 	}
 	klog.FromContext(ctx).V(4).Info("Tunnel addresses", "nodes", len(tunnels), "ipv6", len(tunnels6), "routes", len(routes))
 	return tunnels, tunnels6, problems

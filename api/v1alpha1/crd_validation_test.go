@@ -237,13 +237,16 @@ func TestCRDs(t *testing.T) {
 	schemas := loadSchemas(t)
 	// Short names are vipcast's own: "ippool(s)" and "bgppeer(s)" are
 	// other products' too (Cilium, Calico, MetalLB).
+	// A NodeTunnel is all spec, written by its node's speaker: no status.
 	want := map[string]struct {
 		plural string
 		short  []string
+		status bool
 	}{
-		"IPPool":        {"ippools", []string{"vippool", "vippools"}},
-		"BGPPeer":       {"bgppeers", []string{"vippeer", "vippeers"}},
-		"SpeakerStatus": {"speakerstatuses", []string{"vipspeaker", "vipspeakers"}},
+		"IPPool":        {"ippools", []string{"vippool", "vippools"}, true},
+		"BGPPeer":       {"bgppeers", []string{"vippeer", "vippeers"}, true},
+		"SpeakerStatus": {"speakerstatuses", []string{"vipspeaker", "vipspeakers"}, true},
+		"NodeTunnel":    {"nodetunnels", []string{"viptunnel", "viptunnels"}, false},
 	}
 	if len(schemas) != len(want) {
 		t.Errorf("found CRDs for %d kinds, want %d", len(schemas), len(want))
@@ -265,8 +268,8 @@ func TestCRDs(t *testing.T) {
 			t.Errorf("%s: version %q served=%v storage=%v", kind, v.Name, v.Served, v.Storage)
 		}
 		// Shared by all versions, so hoisted to spec in the internal type.
-		if crd.Spec.Subresources == nil || crd.Spec.Subresources.Status == nil {
-			t.Errorf("%s: no status subresource", kind)
+		if hasStatus := crd.Spec.Subresources != nil && crd.Spec.Subresources.Status != nil; hasStatus != w.status {
+			t.Errorf("%s: status subresource %v, want %v", kind, hasStatus, w.status)
 		}
 		if len(crd.Spec.AdditionalPrinterColumns) < 4 {
 			t.Errorf("%s: only %d printer columns", kind, len(crd.Spec.AdditionalPrinterColumns))
@@ -280,7 +283,7 @@ func TestSchemeRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, obj := range []runtime.Object{&v1alpha1.IPPool{}, &v1alpha1.IPPoolList{}, &v1alpha1.BGPPeer{}, &v1alpha1.BGPPeerList{},
-		&v1alpha1.SpeakerStatus{}, &v1alpha1.SpeakerStatusList{}} {
+		&v1alpha1.SpeakerStatus{}, &v1alpha1.SpeakerStatusList{}, &v1alpha1.NodeTunnel{}, &v1alpha1.NodeTunnelList{}} {
 		gvks, _, err := scheme.ObjectKinds(obj)
 		if err != nil || len(gvks) != 1 || gvks[0].GroupVersion() != v1alpha1.SchemeGroupVersion {
 			t.Errorf("%T: kinds %v, err %v", obj, gvks, err)
@@ -310,6 +313,10 @@ func TestValidSamples(t *testing.T) {
 				typed = &v1alpha1.IPPool{}
 			case "BGPPeer":
 				typed = &v1alpha1.BGPPeer{}
+			case "NodeTunnel":
+				typed = &v1alpha1.NodeTunnel{}
+			default:
+				t.Fatalf("no Go type for kind %q: add it here", kindOf(s.obj))
 			}
 			if err := yaml.UnmarshalStrict(s.raw, typed); err != nil {
 				t.Errorf("strict decoding into %T: %v", typed, err)

@@ -16,17 +16,19 @@ var (
 	// SchemeBuilder collects the functions that register this package's
 	// types into a runtime.Scheme.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme registers IPPool, BGPPeer, SpeakerStatus and their list
-	// types with a runtime.Scheme.
+	// AddToScheme registers IPPool, BGPPeer, SpeakerStatus, NodeTunnel
+	// and their list types with a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
-// IPPoolsResource, BGPPeersResource and SpeakerStatusesResource are the
-// resources served for the CRDs, for dynamic clients and informers.
+// IPPoolsResource, BGPPeersResource, SpeakerStatusesResource and
+// NodeTunnelsResource are the resources served for the CRDs, for dynamic
+// clients and informers.
 var (
 	IPPoolsResource         = SchemeGroupVersion.WithResource("ippools")
 	BGPPeersResource        = SchemeGroupVersion.WithResource("bgppeers")
 	SpeakerStatusesResource = SchemeGroupVersion.WithResource("speakerstatuses")
+	NodeTunnelsResource     = SchemeGroupVersion.WithResource("nodetunnels")
 )
 
 // Kind returns the group-qualified kind for an unqualified kind name.
@@ -48,6 +50,8 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&BGPPeerList{},
 		&SpeakerStatus{},
 		&SpeakerStatusList{},
+		&NodeTunnel{},
+		&NodeTunnelList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

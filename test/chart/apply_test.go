@@ -212,7 +212,7 @@ func TestApplyToAPIServer(t *testing.T) {
 	t.Run("upgrade refused while a BGPPeer names a Secret not listed", func(t *testing.T) { unlistedSecretUpgrade(ctx, t, cp, full) })
 	t.Run("speaker reads Secrets as itself", func(t *testing.T) { speakerSecretAccess(ctx, t, cp) })
 	t.Run("only vipcast-ccm writes the pool record", func(t *testing.T) { poolRecordPolicy(ctx, t, cp) })
-	t.Run("a speaker writes its own node's SpeakerStatus only", func(t *testing.T) { speakerStatusPolicy(ctx, t, cp) })
+	t.Run("a speaker writes its own node's SpeakerStatus and NodeTunnel only", func(t *testing.T) { speakerStatusPolicy(ctx, t, cp) })
 }
 
 // poolRecordPolicy makes real requests as a tenant with the edit role in
@@ -517,9 +517,10 @@ func unlistedSecretUpgrade(ctx context.Context, t *testing.T, cp *controlplane.C
 // speakerStatusPolicy makes real requests with the defaults' speaker
 // ServiceAccount token as the kubelet projects it: bound to a pod on node
 // n1, so that it carries the node's name. With it the speaker creates and
-// updates n1's SpeakerStatus, and is refused n2's, naming its own node; a
-// token of the same ServiceAccount not bound to a pod writes none. (The
-// policy is the chart's speaker-status ValidatingAdmissionPolicy.)
+// updates n1's SpeakerStatus and NodeTunnel, and is refused n2's, naming
+// its own node; a token of the same ServiceAccount not bound to a pod
+// writes none. (The policy is the chart's speaker-status
+// ValidatingAdmissionPolicy.)
 func speakerStatusPolicy(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) {
 	const sa = "vipcast-speaker"
 	for _, n := range []string{"n1", "n2"} {
@@ -535,7 +536,7 @@ func speakerStatusPolicy(ctx context.Context, t *testing.T, cp *controlplane.Con
 	if err != nil {
 		t.Fatalf("speaker pod on n1: %v", err)
 	}
-	token := func(bound *authenticationv1.BoundObjectReference) dynamic.NamespaceableResourceInterface {
+	token := func(bound *authenticationv1.BoundObjectReference) dynamic.Interface {
 		t.Helper()
 		tr, err := cp.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
 			Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: bound}}, metav1.CreateOptions{})
@@ -548,10 +549,11 @@ func speakerStatusPolicy(ctx context.Context, t *testing.T, cp *controlplane.Con
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c.Resource(vipcastv1alpha1.SpeakerStatusesResource)
+		return c
 	}
-	onN1 := token(&authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
-	unbound := token(nil)
+	onN1Client := token(&authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
+	unboundClient := token(nil)
+	onN1, unbound := onN1Client.Resource(vipcastv1alpha1.SpeakerStatusesResource), unboundClient.Resource(vipcastv1alpha1.SpeakerStatusesResource)
 	status := func(name string) *unstructured.Unstructured {
 		return &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": vipcastv1alpha1.SchemeGroupVersion.String(), "kind": "SpeakerStatus",
@@ -594,4 +596,42 @@ func speakerStatusPolicy(ctx context.Context, t *testing.T, cp *controlplane.Con
 	}
 	denied("the speaker on n1 patches n2's SpeakerStatus", patchStatus(onN1, "n2"), "the speaker on node n1 writes its own node's SpeakerStatus only")
 	denied("a token of the speaker's ServiceAccount not bound to a pod patches n1's SpeakerStatus", patchStatus(unbound, "n1"), "not bound to a pod on a node")
+
+	// NodeTunnels, as the speaker writes them: create, then update.
+	tunnel := func(name, ipv4 string) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": vipcastv1alpha1.SchemeGroupVersion.String(), "kind": "NodeTunnel",
+			"metadata": map[string]any{"name": name}, "spec": map[string]any{"ipv4": ipv4, "announces": true},
+		}}
+	}
+	tunnels := onN1Client.Resource(vipcastv1alpha1.NodeTunnelsResource)
+	_, err = tunnels.Create(ctx, tunnel("n2", "10.0.0.1"), metav1.CreateOptions{})
+	denied("the speaker on n1 creates n2's NodeTunnel (claiming n1's address)", err, "the speaker on node n1 writes its own node's NodeTunnel only")
+	ownTunnel, err := tunnels.Create(ctx, tunnel("n1", "10.0.0.1"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the speaker on n1 creates its own NodeTunnel: %v", err)
+	}
+	if err := unstructured.SetNestedField(ownTunnel.Object, "10.0.0.11", "spec", "ipv4"); err != nil {
+		t.Fatal(err)
+	}
+	if ownTunnel, err = tunnels.Update(ctx, ownTunnel, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("the speaker on n1 updates its own NodeTunnel: %v", err)
+	}
+	admin := cp.Dynamic.Resource(vipcastv1alpha1.NodeTunnelsResource)
+	n2Tunnel, err := admin.Create(ctx, tunnel("n2", "10.0.0.2"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the admin creates n2's NodeTunnel: %v", err)
+	}
+	if err := unstructured.SetNestedField(n2Tunnel.Object, "10.0.0.1", "spec", "ipv4"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tunnels.Update(ctx, n2Tunnel, metav1.UpdateOptions{})
+	denied("the speaker on n1 updates n2's NodeTunnel", err, "the speaker on node n1 writes its own node's NodeTunnel only")
+	_, err = unboundClient.Resource(vipcastv1alpha1.NodeTunnelsResource).Update(ctx, ownTunnel, metav1.UpdateOptions{})
+	denied("a token of the speaker's ServiceAccount not bound to a pod updates n1's NodeTunnel", err, "not bound to a pod on a node")
+	// The CRD's schema refuses an address of the wrong family.
+	_, err = admin.Create(ctx, tunnel("n3", "fd00::3"), metav1.CreateOptions{})
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.ipv4") {
+		t.Errorf("a NodeTunnel with an IPv6 spec.ipv4: err = %v, want Invalid naming spec.ipv4", err)
+	}
 }

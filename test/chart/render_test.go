@@ -62,6 +62,7 @@ var (
 		"/events":                           {"create", "patch"},
 		"vipcast.io/speakerstatuses":        {"create"},
 		"vipcast.io/speakerstatuses/status": {"patch"},
+		"vipcast.io/nodetunnels":            {"create", "get", "list", "update", "watch"},
 	}
 )
 
@@ -220,8 +221,8 @@ func checkCommon(t *testing.T, r *Rendered) {
 	checkRules(t, "speaker ClusterRole", spk.Rules, wantSpeakerClusterRole)
 	for k, verbs := range ruleTable(t, spk.Rules) {
 		for _, v := range verbs {
-			if !strings.HasPrefix(k, "vipcast.io/speakerstatuses") && k != "/events" && !slices.Contains([]string{"get", "list", "watch"}, v) {
-				t.Errorf("speaker may %s %s: it only reads (and records Events and its SpeakerStatus)", v, k)
+			if !strings.HasPrefix(k, "vipcast.io/speakerstatuses") && k != "vipcast.io/nodetunnels" && k != "/events" && !slices.Contains([]string{"get", "list", "watch"}, v) {
+				t.Errorf("speaker may %s %s: it only reads (and records Events, its SpeakerStatus and its NodeTunnel)", v, k)
 			}
 		}
 	}
@@ -463,8 +464,8 @@ func TestRenderDefaults(t *testing.T) {
 	if got := r.Kinds(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("kinds %v, want %v", got, want)
 	}
-	if len(r.CRDs) != 3 {
-		t.Errorf("%d CRDs, want 3 (IPPool, BGPPeer, SpeakerStatus)", len(r.CRDs))
+	if len(r.CRDs) != 4 {
+		t.Errorf("%d CRDs, want 4 (IPPool, BGPPeer, SpeakerStatus, NodeTunnel)", len(r.CRDs))
 	}
 
 	d := checkCCM(t, r, 2)

@@ -187,8 +187,8 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// TestPoolValidation: the API server rejects malformed IPPools and BGPPeers
-// with a message naming the field; an overlapping pool (which only the CCM
+// TestPoolValidation: the API server rejects malformed IPPools, BGPPeers
+// and NodeTunnels with a message naming the field; an overlapping pool (which only the CCM
 // can see) is reported Ready=False and takes nothing from the older pool.
 func TestPoolValidation(t *testing.T) {
 	t.Parallel() // control plane and vipcast-ccm only (see TestMain)
@@ -212,9 +212,12 @@ func TestPoolValidation(t *testing.T) {
 			if obj.Object == nil {
 				continue
 			}
-			res := vipcastv1alpha1.IPPoolsResource
-			if obj.GetKind() == "BGPPeer" {
-				res = vipcastv1alpha1.BGPPeersResource
+			res, ok := map[string]schema.GroupVersionResource{
+				"IPPool": vipcastv1alpha1.IPPoolsResource, "BGPPeer": vipcastv1alpha1.BGPPeersResource,
+				"NodeTunnel": vipcastv1alpha1.NodeTunnelsResource,
+			}[obj.GetKind()]
+			if !ok {
+				t.Fatalf("%s: a sample of kind %q: add its resource here", f, obj.GetKind())
 			}
 			_, err := e.CP.Dynamic.Resource(res).Create(context.Background(), obj, metav1.CreateOptions{})
 			ann := obj.GetAnnotations()
@@ -237,7 +240,7 @@ func TestPoolValidation(t *testing.T) {
 	}
 	t.Logf("API server rejected %d malformed samples and accepted %d valid ones", rejected, accepted)
 	// Clear the valid samples so they cannot overlap the pools below.
-	for _, res := range []schema.GroupVersionResource{vipcastv1alpha1.IPPoolsResource, vipcastv1alpha1.BGPPeersResource} {
+	for _, res := range []schema.GroupVersionResource{vipcastv1alpha1.IPPoolsResource, vipcastv1alpha1.BGPPeersResource, vipcastv1alpha1.NodeTunnelsResource} {
 		if err := e.CP.Dynamic.Resource(res).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 			t.Fatal(err)
 		}

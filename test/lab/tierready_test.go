@@ -4,10 +4,14 @@ package lab_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/netip"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/test/lab"
 )
 
@@ -31,6 +35,7 @@ func tier1Ready(t *testing.T, l *lab.Lab, vip netip.Addr) {
 		t.Fatalf("the demo's pods per node: %v and %v, want some on each", names(node1.Pods), names(node2.Pods))
 	}
 	addr := netip.AddrPortFrom(vip, 80)
+	nodeTunnels(t, l)
 	waitNotReady(t, node1, 0, 30*time.Second)
 
 	restore := func() {
@@ -108,4 +113,41 @@ func waitNotReady(t *testing.T, node *lab.Node, want float64, timeout time.Durat
 	}
 	t.Fatalf("%s on %s: %v (%v) after %s, want %v", notReadySeries, node.Name, v, err, timeout, want)
 	return 0
+}
+
+// nodeTunnels: with two tiers, each node's speaker has published its
+// node's NodeTunnel through the chart's RBAC and admission policy: its
+// address, that it announces, owned by its Node. It logs the size of a
+// NodeTunnel and of a Node as the API server sends them (JSON), what a
+// write of each costs every speaker watching them.
+func nodeTunnels(t *testing.T, l *lab.Lab) {
+	ctx := t.Context()
+	for _, n := range l.Nodes {
+		var u *vipcastv1alpha1.NodeTunnel
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			obj, err := l.CP.Dynamic.Resource(vipcastv1alpha1.NodeTunnelsResource).Get(ctx, n.Name, metav1.GetOptions{})
+			if err == nil {
+				u = &vipcastv1alpha1.NodeTunnel{}
+				b, _ := json.Marshal(obj.Object)
+				if err := json.Unmarshal(b, u); err != nil {
+					t.Fatal(err)
+				}
+				node, err := l.CP.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				nb, _ := json.Marshal(node)
+				owned := len(u.OwnerReferences) == 1 && u.OwnerReferences[0].Kind == "Node" && u.OwnerReferences[0].UID == node.UID
+				if u.Spec.IPv4 == n.Addr.String() && u.Spec.Announces && owned {
+					t.Logf("%s: NodeTunnel %+v, %d bytes as served; its Node %d bytes", n.Name, u.Spec, len(b), len(nb))
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: NodeTunnel %+v (err %v), want ipv4 %s, announces, owned by its Node", n.Name, u, err, n.Addr)
+			}
+			time.Sleep(time.Second)
+		}
+	}
 }
