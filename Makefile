@@ -137,14 +137,14 @@ $(HELM_BIN)/helm:
 	@echo ">> building helm $(HELM_VERSION) into $(HELM_BIN) (first time only, ~2 min)"
 	cd test/tools/helm && CGO_ENABLED=0 ../../../hack/progress.sh "building helm" $(GO) build -trimpath -ldflags '$(HELM_LDFLAGS)' -o $@.tmp helm.sh/helm/v3/cmd/helm && mv $@.tmp $@
 
-generate: ## regenerate deepcopy code and CRD manifests
+generate: ## regenerate deepcopy code, CRD manifests and the reference pages of docs/reference
 	hack/generate.sh
 
 # Every module of the repository; make verify fails when go mod tidy would
 # change the go.mod or go.sum of any of them.
 GO_MODULES := . hack/image test/tools test/tools/e2e test/tools/coredns test/tools/containerd test/tools/helm
 
-verify: $(GOLANGCI_LINT) ## gofmt, go vet, go mod tidy, golangci-lint, generated files up to date
+verify: $(GOLANGCI_LINT) ## gofmt, go vet, go mod tidy, golangci-lint, generated files (code, CRDs, reference pages) up to date
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags $(TEST_TAGS) ./...

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fails when the checked-in generated files (deepcopy code, CRD manifests)
-# differ from what hack/generate.sh produces from the current API types.
+# Fails when the checked-in generated files (deepcopy code, CRD manifests,
+# the reference pages of docs/reference) differ from what hack/generate.sh
+# produces from the current API types and flag definitions.
 # It regenerates into a temporary copy, so the work tree is left untouched.
 set -euo pipefail
 
@@ -24,6 +25,11 @@ for path in api charts/vipcast/crds; do
 		stale=1
 	fi
 done
+# The reference pages: their tests compare them with the code.
+if ! (cd "${ROOT}" && go test ./cmd/vipcast-speaker -run '^TestFlagsReference$' -count=1 >/dev/null); then
+	echo >&2 "docs/reference/speaker-flags.md differs from vipcast-speaker's flags (go test ./cmd/vipcast-speaker -run TestFlagsReference shows how)"
+	stale=1
+fi
 if [[ "${stale}" -ne 0 ]]; then
 	echo >&2 "generated files are stale: run make generate"
 	exit 1

@@ -60,47 +60,7 @@ type flags struct {
 
 func parseFlags(args []string) (*flags, error) {
 	f := &flags{}
-	fs := flag.NewFlagSet("vipcast-speaker", flag.ContinueOnError)
-	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty uses the in-cluster configuration.")
-	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the Node this speaker runs on (default $NODE_NAME).")
-	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID (an IPv4 address); default: the Node's first IPv4 InternalIP, else derived from the node name.")
-	fs.StringVar(&f.metricsAddr, "metrics-bind-address", defaultMetricsAddr, "host:port serving /metrics, /healthz and /readyz (plain HTTP); \"0\" turns it off. The host must be a specific address, such as the node's ($(NODE_IP) from status.hostIP): every address (\":7473\", \"0.0.0.0\", \"[::]\") would include the VIPs.")
-	fs.Func("cluster-cidr", "Comma-separated prefixes of the pods' addresses, both families (kube-proxy's --cluster-cidr, such as 10.244.0.0/16,fd00:10:244::/56): a pod's connection to a one-tier VIP under externalTrafficPolicy Local goes to any of the Service's endpoints, as kube-proxy sends in-cluster clients, even from a node without one. Empty: the pods' connections go through IPVS like the fabric's, and on a node without a local endpoint they are refused. The node's own connections go to any endpoint either way.", func(v string) (err error) {
-		f.clusterCIDRs, err = parseSources(v)
-		return err
-	})
-	fs.Func("metrics-allowed-sources", "Comma-separated prefixes (such as the pod CIDR Prometheus scrapes from) that may reach --metrics-bind-address besides the node's own addresses; with IPVS, the host guard drops (and counts) the rest. 0.0.0.0/0 (::/0) lets every source of the family in. Empty: the node itself only (the kubelet's probes).", func(v string) (err error) {
-		f.metricsSources, err = parseSources(v)
-		return err
-	})
-	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "How long routers take to converge: on SIGTERM, how long to keep serving after withdrawing the routes, before the sessions close; under externalTrafficPolicy Local, how long a node whose endpoints all terminate keeps announcing after another node has ready ones.")
-	fs.Func("bgp-password-secrets", "Comma-separated namespace/name of the Secrets BGPPeers may name for TCP MD5 passwords (spec.passwordSecretRef) and BFD keys (spec.bfd.authentication.secretRef), such as vipcast-bgp-passwords/tor-a-md5; the speaker watches each of them by name and reads no other Secret. Empty: none (a BGPPeer naming a Secret is refused).", func(v string) (err error) {
-		f.passwordSecrets, err = parseSecretNames(v)
-		return err
-	})
-	fs.Func("bgp-password-namespaces", "Removed: use --bgp-password-secrets, which names each Secret.", func(string) error {
-		return errors.New("this flag was removed: name each Secret instead with --bgp-password-secrets=<namespace>/<name>,..., such as --bgp-password-secrets=vipcast-bgp-passwords/tor-a-md5 (chart value speaker.bgpPasswordSecrets.secrets); the speaker no longer reads every Secret of a namespace")
-	})
-	fs.BoolVar(&f.ipvs, "ipvs", true, "Program IPVS virtual servers for the VIPs (needs NET_ADMIN and the ip_vs modules); false only announces routes.")
-	fs.StringVar(&f.ipvsLink, "ipvs-link", ipvs.DefaultLinkName, "Dummy link that carries the VIPs (created if missing).")
-	fs.DurationVar(&f.prefixRestart, "bgp-prefix-limit-restart", bgp.DefaultPrefixLimitRestart, "How long a BGP session stays down after the router sent more prefixes than its limit; doubled for each consecutive time, up to 30m.")
-	fs.DurationVar(&f.dataplaneResync, "dataplane-resync-period", time.Minute, "How often the whole IPVS table is compared with the desired state, repairing drift.")
-	fs.DurationVar(&f.dataplaneProbe, "dataplane-probe-period", 2*time.Second, "How often the speaker asks the kernel for one of its virtual servers (one request): when it is gone, another program flushed IPVS (kube-proxy does when it starts in nftables mode) and the whole table is restored at once.")
-	fs.StringVar(&f.tunnelPrefixFlag, "tunnel-prefix", "", "Turns on the two-tier dataplane (established flows survive ECMP changes, the pods see the client): an IPv4 prefix, optionally followed by a comma and an IPv6 prefix, such as 100.127.0.0/16,fd00:7f::/64. Each node's tunnel address is the IPv4 prefix with the host bits of the node's IPv4 InternalIP, and its IPv6 tunnel address the IPv6 prefix with those of its IPv6 InternalIP. IPv6 VIPs go through the two tiers to the IPv6 tunnel addresses; without an IPv6 prefix, only when --conn-sync-interface is none (6in4 to the IPv4 ones). Every speaker of the cluster must have the same value. Empty keeps one tier.")
-	fs.StringVar(&f.connSyncLink, "conn-sync-interface", connSyncAuto, "With --tunnel-prefix: the link on which the kernel's IPVS sync daemons share each node's tier-1 connections with the other nodes (multicast 224.0.0.81, UDP 8848, not routed), so that a flow ECMP moves after the nodes' endpoints changed still reaches its pod. \""+connSyncAuto+"\" is the link holding the node's InternalIP; \""+connSyncOff+"\" turns it off. Without an IPv6 tunnel prefix, sync keeps IPv6 VIPs on one tier (the kernel does not sync their 6in4 connections).")
-	fs.StringVar(&f.connSyncVia, "conn-sync-transport", connSyncMulticast, "How the IPVS sync daemons' messages reach the other nodes: \""+connSyncMulticast+"\" on the link --conn-sync-interface names (the nodes of one L2 segment), or \""+connSyncRelay+"\": the daemons run on a veth pair of the node's own (vcsync0/vcsync1) and the speaker passes their messages by unicast UDP (--conn-sync-relay-port) to every other node's InternalIP, for nodes on different subnets (a rack each, a /31 to the ToR each). With the relay, --conn-sync-interface is auto or none.")
-	fs.StringVar(&f.connSyncKeyDir, "conn-sync-key-dir", "", "With --conn-sync-transport=relay: a directory of keys, one file per key named by its ID (1 to 255, at least 32 bytes each; a mounted Secret), that the relays sign their datagrams with (the highest ID) and check the other nodes' with (any of them). Read again every 10 s: add a key of a higher ID to rotate, remove the old one once every node has the new. Empty: datagrams go unsigned and the relay trusts the source address alone.")
-	fs.IntVar(&f.connSyncPort, "conn-sync-relay-port", ipvs.DefaultSyncRelayPort, "With --conn-sync-transport=relay: the UDP port the relays use on every node's InternalIP. Every speaker of the cluster must have the same value.")
-	fs.IntVar(&f.connSyncID, "conn-sync-id", defaultConnSyncID, "The IPVS sync ID (0 to 255) of --conn-sync-interface: a node takes only messages with its own ID. Every speaker of the cluster must have the same value; another cluster (or keepalived pair) on the same link needs another one.")
-	fs.IntVar(&f.tunnelMTU, "tunnel-mtu", 0, "The fabric's MTU, for the two-tier dataplane's MSS clamp (MTU less 60; for IPv6 VIPs less 100, or 80 through 6in4); 0 uses the MTU of the link of the node's default route.")
-	fs.Func("owner-daemonset", "namespace/name of the DaemonSet running this speaker (the chart sets it). At shutdown the speaker reads it: when it is gone or being deleted, or the API server refuses the speaker's credentials (helm uninstall), the speaker removes its virtual servers, VIPs, link and nftables tables from the node; otherwise (an upgrade, a restart, an API server outage) it leaves them for the next speaker. Empty: always leave them.", func(v string) (err error) {
-		f.owner, err = parseOwnerDaemonSet(v)
-		return err
-	})
-	fs.StringVar(&f.speakerService, "speaker-service", "", "With --tunnel-prefix: namespace/name of a headless Service that selects the speakers' pods (the chart makes one). Tier 1 sends new flows only to nodes whose speaker is a ready endpoint of it, so a node without a working speaker (excluded by the DaemonSet's nodeSelector, crash-looping, lacking the tunnel modules) gets none; when no such node hosts an endpoint, to the others rather than none. Empty: to every node with a tunnel address.")
-	fs.StringVar(&f.class, lbclass.FlagClass, "", "The spec.loadBalancerClass of the Services vipcast serves, such as vipcast.io/bgp; empty serves no class. Must be the CCM's value.")
-	fs.BoolVar(&f.classless, lbclass.FlagClassless, true, "Also serve Services without a spec.loadBalancerClass. Default: true without --"+lbclass.FlagClass+", false with it. Must be the CCM's value.")
-	apiFlags(fs, f)
+	fs := newFlagSet(f)
 	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -118,11 +78,59 @@ func parseFlags(args []string) (*flags, error) {
 	return f, nil
 }
 
+// newFlagSet defines vipcast-speaker's own flags (klog's are added by
+// parseFlags) on a new FlagSet that parses into f. Their usage texts are
+// the reference page docs/reference/speaker-flags.md (make generate).
+func newFlagSet(f *flags) *flag.FlagSet {
+	fs := flag.NewFlagSet("vipcast-speaker", flag.ContinueOnError)
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty uses the in-cluster configuration.")
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the Node this speaker runs on (default $NODE_NAME).")
+	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID (an IPv4 address), read once at start; default: the Node's first IPv4 InternalIP (else ExternalIP), else derived from the node name.")
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", defaultMetricsAddr, "host:port serving /metrics, /healthz and /readyz (plain HTTP, no authentication); \"0\" turns it off. /readyz answers ready once the first routing table is in BGP and every session this node should have has been Established once, or a minute after the first table when a router never answers, so that a DaemonSet rollout moves to the next node only when this one announces again. The host must be a specific address, such as the node's ($(NODE_IP) from status.hostIP): every address (\":7473\", \"0.0.0.0\", \"[::]\") would include the VIPs.")
+	fs.Func("cluster-cidr", "Comma-separated prefixes of the pods' addresses, both families (kube-proxy's --cluster-cidr, such as 10.244.0.0/16,fd00:10:244::/56): a pod's connection to a one-tier VIP under externalTrafficPolicy Local goes to any of the Service's endpoints, as kube-proxy sends in-cluster clients, even from a node without one. Empty: the pods' connections go through IPVS like the fabric's, and on a node without a local endpoint they are refused. The node's own connections go to any endpoint either way.", func(v string) (err error) {
+		f.clusterCIDRs, err = parseSources(v)
+		return err
+	})
+	fs.Func("metrics-allowed-sources", "Comma-separated prefixes (such as the pod CIDR Prometheus scrapes from) that may reach --metrics-bind-address besides the node's own addresses; with IPVS, the host guard drops the rest in the kernel and counts them in vipcast_ipvs_guard_dropped_packets_total{reason=\"metrics\"}. 0.0.0.0/0 (::/0) lets every source of the family in. Empty: the node itself only (the kubelet's probes).", func(v string) (err error) {
+		f.metricsSources, err = parseSources(v)
+		return err
+	})
+	fs.DurationVar(&f.convergenceDelay, "convergence-delay", 3*time.Second, "How long routers take to converge: on SIGTERM, how long to keep serving after withdrawing the routes, before the sessions close; under externalTrafficPolicy Local, how long a node whose endpoints all terminate keeps announcing after another node has ready ones.")
+	fs.Func("bgp-password-secrets", "Comma-separated namespace/name of the Secrets BGPPeers may name for TCP MD5 passwords (spec.passwordSecretRef) and BFD keys (spec.bfd.authentication.secretRef), such as vipcast-bgp-passwords/tor-a-md5; the speaker watches each of them by name and reads no other Secret. Empty: none (a BGPPeer naming a Secret is refused).", func(v string) (err error) {
+		f.passwordSecrets, err = parseSecretNames(v)
+		return err
+	})
+	fs.Func("bgp-password-namespaces", "Removed: use --bgp-password-secrets, which names each Secret.", func(string) error {
+		return errors.New("this flag was removed: name each Secret instead with --bgp-password-secrets=<namespace>/<name>,..., such as --bgp-password-secrets=vipcast-bgp-passwords/tor-a-md5 (chart value speaker.bgpPasswordSecrets.secrets); the speaker no longer reads every Secret of a namespace")
+	})
+	fs.BoolVar(&f.ipvs, "ipvs", true, "Program IPVS virtual servers for the VIPs (needs NET_ADMIN and the ip_vs modules); false only announces routes.")
+	fs.StringVar(&f.ipvsLink, "ipvs-link", ipvs.DefaultLinkName, "Dummy link that carries the VIPs (created if missing).")
+	fs.DurationVar(&f.prefixRestart, "bgp-prefix-limit-restart", bgp.DefaultPrefixLimitRestart, "How long a BGP session stays down after the router sent more prefixes than its limit (10,000 in one family); doubled for each consecutive time, up to 30m.")
+	fs.DurationVar(&f.dataplaneResync, "dataplane-resync-period", time.Minute, "How often the whole IPVS table is compared with the desired state, repairing drift.")
+	fs.DurationVar(&f.dataplaneProbe, "dataplane-probe-period", 2*time.Second, "How often the speaker asks the kernel for one of its virtual servers (one request): when it is gone, another program flushed IPVS (kube-proxy does when it starts in nftables mode) and the whole table is restored at once. At least 100ms.")
+	fs.StringVar(&f.tunnelPrefixFlag, "tunnel-prefix", "", "Turns on the two-tier dataplane (established flows survive ECMP changes, the pods see the client): an IPv4 prefix, optionally followed by a comma and an IPv6 prefix, such as 100.127.0.0/16,fd00:7f::/64. Each node's tunnel address is the IPv4 prefix with the host bits of the node's IPv4 InternalIP, and its IPv6 tunnel address the IPv6 prefix with those of its IPv6 InternalIP. IPv6 VIPs go through the two tiers to the IPv6 tunnel addresses; without an IPv6 prefix, only when --conn-sync-interface is none (6in4 to the IPv4 ones). Every speaker of the cluster must have the same value. Each speaker publishes its node's addresses in the node's NodeTunnel and reads the other nodes'. Empty keeps one tier.")
+	fs.StringVar(&f.connSyncLink, "conn-sync-interface", connSyncAuto, "With --tunnel-prefix: the link on which the kernel's IPVS sync daemons share each node's tier-1 connections with the other nodes (multicast 224.0.0.81, UDP 8848, not routed), so that a flow ECMP moves after the nodes' endpoints changed still reaches its pod. \""+connSyncAuto+"\" is the link holding the node's InternalIP (a node without that link serves without sync, with a Warning Event on its Node); \""+connSyncOff+"\" turns it off and stops the sync daemons of --conn-sync-id an earlier run started. Without an IPv6 tunnel prefix, sync keeps IPv6 VIPs on one tier (the kernel does not sync their 6in4 connections).")
+	fs.StringVar(&f.connSyncVia, "conn-sync-transport", connSyncMulticast, "How the IPVS sync daemons' messages reach the other nodes: \""+connSyncMulticast+"\" on the link --conn-sync-interface names (the nodes of one L2 segment), or \""+connSyncRelay+"\": the daemons run on a veth pair of the node's own (vcsync0/vcsync1) and the speaker passes their messages by unicast UDP (--conn-sync-relay-port) to the InternalIP of every other node that announces VIPs (a node that announces none exchanges nothing), accepting only sync messages of its sync ID from those addresses, for nodes on different subnets (a rack each, a /31 to the ToR each). With the relay, --conn-sync-interface is auto or none.")
+	fs.StringVar(&f.connSyncKeyDir, "conn-sync-key-dir", "", "With --conn-sync-transport=relay: a directory of keys, one file per key named by its ID (1 to 255, at least 32 bytes each; a mounted Secret), that the relays sign their datagrams with (the highest ID) and check the other nodes' with (any of them). Read again every 10 s: add a key of a higher ID to rotate, remove the old one once every node has the new. Empty: datagrams go unsigned and the relay trusts the source address alone.")
+	fs.IntVar(&f.connSyncPort, "conn-sync-relay-port", ipvs.DefaultSyncRelayPort, "With --conn-sync-transport=relay: the UDP port the relays use on every node's InternalIP. Every speaker of the cluster must have the same value, and the nodes' firewalls must let it through.")
+	fs.IntVar(&f.connSyncID, "conn-sync-id", defaultConnSyncID, "The IPVS sync ID (0 to 255) of --conn-sync-interface: a node takes only messages with its own ID. Every speaker of the cluster must have the same value; another cluster (or keepalived pair) on the same link needs another one.")
+	fs.IntVar(&f.tunnelMTU, "tunnel-mtu", 0, "The fabric's MTU, for the two-tier dataplane's MSS clamp (MTU less 60; for IPv6 VIPs less 100, or 80 through 6in4); 0 uses the MTU of the link of the node's default route.")
+	fs.Func("owner-daemonset", "namespace/name of the DaemonSet running this speaker (the chart sets it). At shutdown the speaker reads it: when it is gone or being deleted, or the API server refuses the speaker's credentials (helm uninstall), the speaker removes its virtual servers, VIPs, link and nftables tables from the node; otherwise (an upgrade, a restart, an API server outage) it leaves them for the next speaker. Empty: always leave them.", func(v string) (err error) {
+		f.owner, err = parseOwnerDaemonSet(v)
+		return err
+	})
+	fs.StringVar(&f.speakerService, "speaker-service", "", "With --tunnel-prefix: namespace/name of a headless Service that selects the speakers' pods (the chart makes one). Tier 1 sends new flows only to nodes whose speaker is a ready endpoint of it, so a node without a working speaker (excluded by the DaemonSet's nodeSelector, crash-looping, lacking the tunnel modules) gets none; when no such node hosts an endpoint, to the others rather than none. Empty: to every node with a tunnel address.")
+	fs.StringVar(&f.class, lbclass.FlagClass, "", "The spec.loadBalancerClass of the Services vipcast serves, such as vipcast.io/bgp; empty serves no class. Must be the CCM's value.")
+	fs.BoolVar(&f.classless, lbclass.FlagClassless, true, "Also serve Services without a spec.loadBalancerClass. Default: true without --"+lbclass.FlagClass+", false with it. Must be the CCM's value.")
+	apiFlags(fs, f)
+	return fs
+}
+
 // apiFlags registers the flags of what the speaker asks of the API server
 // and writes to it.
 func apiFlags(fs *flag.FlagSet, f *flags) {
 	fs.DurationVar(&f.resync, "resync-period", 5*time.Minute, "How often the whole configuration is recomputed from the informers' caches.")
-	fs.IntVar(&f.prefixWarning, "announced-prefixes-warning", 5000, "Warn (a PrefixCountHigh Warning Event on the Node) when the node announces more prefixes than this: routers hold a bounded number of routes and ECMP groups. 0 never warns.")
+	fs.IntVar(&f.prefixWarning, "announced-prefixes-warning", 5000, "Warn (a PrefixCountHigh Warning Event on the Node, once per crossing) when the node announces more prefixes than this: routers hold a bounded number of routes and ECMP groups. 0 never warns.")
 	fs.DurationVar(&f.statusInterval, "status-interval", speaker.DefaultStatusInterval, "How often, at most, the node's SpeakerStatus is written for a change of its counts (with up to 20% jitter); a change of a BGP session or a kernel refusal is written at once. Each write is one small patch: 5,000 nodes at 30s write about 170 a second.")
 	fs.DurationVar(&f.outageSettle, "outage-settle", speaker.DefaultOutageSettle, "After an API-server outage, how long endpoints that were ready when it began stay ready for the speaker, short of terminating or going away, while kube-controller-manager, which found every node's lease stale, marks their pods not ready until the kubelets report again. 0 reads the EndpointSlices as they come.")
 	fs.Float64Var(&f.qps, "kube-api-qps", 50, "Queries per second to the API server.")
