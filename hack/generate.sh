@@ -29,4 +29,5 @@ go run "sigs.k8s.io/controller-tools/cmd/controller-gen@${CONTROLLER_GEN_VERSION
 # tree without the commands (hack/verify-generate.sh's) has none to write.
 if [[ -d cmd/vipcast-speaker ]]; then
 	go test ./cmd/vipcast-speaker -run '^TestFlagsReference$' -count=1 -args -update-reference >/dev/null
+	go test ./test/chart -run '^TestMetricsReference$' -count=1 -args -update-reference >/dev/null
 fi

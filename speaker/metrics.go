@@ -49,7 +49,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		syncSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vipcast_speaker_sync_duration_seconds",
-			Help:    "Time to recompute and apply routes and virtual servers, by kind of sync: service (one Service), config (node, pools or peers changed: every Service) or dataplane-resync (the whole kernel table compared).",
+			Help:    "Time to recompute and apply routes and virtual servers, by kind of sync: service (one Service), config (node, pools or peers changed: every Service), nodes (with two tiers, other nodes' NodeTunnels came, went or changed their addresses: the tunnel routes and the Services with endpoints on those nodes) or dataplane-resync (the whole kernel table compared).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}, []string{"kind"}),
 		virtualServers: prometheus.NewGauge(prometheus.GaugeOpts{
