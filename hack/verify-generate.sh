@@ -30,6 +30,10 @@ if ! (cd "${ROOT}" && go test ./cmd/vipcast-speaker -run '^TestFlagsReference$' 
 	echo >&2 "docs/reference/speaker-flags.md differs from vipcast-speaker's flags (go test ./cmd/vipcast-speaker -run TestFlagsReference shows how)"
 	stale=1
 fi
+if ! (cd "${ROOT}" && go test ./api/v1alpha1 -run '^TestCRDReference$' -count=1 >/dev/null); then
+	echo >&2 "docs/reference/crds.md differs from the CRDs (go test ./api/v1alpha1 -run TestCRDReference shows how)"
+	stale=1
+fi
 if ! (cd "${ROOT}" && go test ./test/chart -run '^TestMetricsReference$' -count=1 >/dev/null); then
 	echo >&2 "docs/reference/metrics.md differs from the metrics' definitions (go test ./test/chart -run TestMetricsReference shows how)"
 	stale=1
