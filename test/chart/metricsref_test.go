@@ -21,9 +21,9 @@ import (
 	"github.com/vipcast/vipcast/speaker"
 )
 
-// updateMetricsReference rewrites docs/reference/metrics.md (make
-// generate) instead of comparing it.
-var updateMetricsReference = flag.Bool("update-reference", false, "rewrite docs/reference/metrics.md from the metrics' definitions")
+// updateReference rewrites the reference pages this package checks
+// (metrics.md, helm-values.md; make generate) instead of comparing them.
+var updateReference = flag.Bool("update-reference", false, "rewrite docs/reference/metrics.md and helm-values.md from the code and values.yaml")
 
 const metricsPage = "../../docs/reference/metrics.md"
 
@@ -113,7 +113,7 @@ func TestMetricsReference(t *testing.T) {
 		}
 	}
 	got := b.String()
-	if *updateMetricsReference {
+	if *updateReference {
 		if err := os.WriteFile(metricsPage, []byte(got), 0o644); err != nil { //nolint:gosec // a docs page
 			t.Fatal(err)
 		}
