@@ -11,6 +11,8 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/vipcast/vipcast/test/golden"
 )
 
 // updateReference rewrites docs/reference/crds.md (make generate) instead
@@ -69,19 +71,7 @@ func TestCRDReference(t *testing.T) {
 		}
 	}
 	got := b.String()
-	if *updateReference {
-		if err := os.WriteFile(crdsPage, []byte(got), 0o644); err != nil { //nolint:gosec // a docs page
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(crdsPage)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(want) != got {
-		t.Errorf("docs/reference/crds.md differs from the CRDs: run make generate\n--- they say:\n%s", got)
-	}
+	golden.Check(t, crdsPage, got, *updateReference)
 }
 
 // fields writes the row of the field at path and of every field under it.

@@ -3,9 +3,10 @@ package main
 import (
 	"flag"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/vipcast/vipcast/test/golden"
 )
 
 // updateReference rewrites the generated reference pages (make generate)
@@ -21,19 +22,7 @@ const speakerFlagsPage = "../../docs/reference/speaker-flags.md"
 func TestFlagsReference(t *testing.T) {
 	t.Setenv("NODE_NAME", "") // the default of --node-name, not this machine's
 	got := flagsMarkdown(newFlagSet(&flags{}))
-	if *updateReference {
-		if err := os.WriteFile(speakerFlagsPage, []byte(got), 0o644); err != nil { //nolint:gosec // a docs page
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(speakerFlagsPage)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(want) != got {
-		t.Errorf("docs/reference/speaker-flags.md differs from vipcast-speaker's flags: run make generate\n--- the flags say:\n%s", got)
-	}
+	golden.Check(t, speakerFlagsPage, got, *updateReference)
 }
 
 // flagsMarkdown renders a FlagSet as the reference page: one row per

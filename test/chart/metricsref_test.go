@@ -3,7 +3,6 @@ package chart
 import (
 	"flag"
 	"fmt"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/vipcast/vipcast/ipvs"
 	"github.com/vipcast/vipcast/lbclass"
 	"github.com/vipcast/vipcast/speaker"
+	"github.com/vipcast/vipcast/test/golden"
 )
 
 // updateReference rewrites the reference pages this package checks
@@ -113,17 +113,5 @@ func TestMetricsReference(t *testing.T) {
 		}
 	}
 	got := b.String()
-	if *updateReference {
-		if err := os.WriteFile(metricsPage, []byte(got), 0o644); err != nil { //nolint:gosec // a docs page
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(metricsPage)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(want) != got {
-		t.Errorf("docs/reference/metrics.md differs from the metrics' definitions: run make generate\n--- they say:\n%s", got)
-	}
+	golden.Check(t, metricsPage, got, *updateReference)
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/vipcast/vipcast/test/golden"
 )
 
 const valuesPage = "../../docs/reference/helm-values.md"
@@ -67,19 +69,7 @@ func TestValuesReference(t *testing.T) {
 		t.Fatalf("only %d values found", rows)
 	}
 	got := b.String()
-	if *updateReference {
-		if err := os.WriteFile(valuesPage, []byte(got), 0o644); err != nil { //nolint:gosec // a docs page
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(valuesPage)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(want) != got {
-		t.Errorf("docs/reference/helm-values.md differs from values.yaml: run make generate\n--- it says:\n%s", got)
-	}
+	golden.Check(t, valuesPage, got, *updateReference)
 }
 
 // helmDocsComment returns the "# -- " description of a key's comment (the
