@@ -207,33 +207,31 @@ func (p *tunnelPublisher) write(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, statusCallTimeout)
 	defer cancel()
 	u, err := p.client.Get(ctx, p.name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(want)
-		if err != nil {
-			return fmt.Errorf("NodeTunnel %s: %w", p.name, err)
+	found := err == nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("reading NodeTunnel %s: %w", p.name, err)
+	}
+	next := want.DeepCopy()
+	if found {
+		cur := &vipcastv1alpha1.NodeTunnel{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, cur); err == nil && says(cur, want) {
+			return nil
 		}
+		next.ResourceVersion = u.GetResourceVersion()
+		next.Labels, next.Annotations = u.GetLabels(), u.GetAnnotations()
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(next)
+	if err != nil {
+		return fmt.Errorf("NodeTunnel %s: %w", p.name, err)
+	}
+	if !found {
 		if _, err := p.client.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("creating NodeTunnel %s: %w", p.name, err)
 		}
 		klog.FromContext(ctx).V(2).Info("Created this node's NodeTunnel", "spec", want.Spec)
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("reading NodeTunnel %s: %w", p.name, err)
-	}
-	cur := &vipcastv1alpha1.NodeTunnel{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, cur); err == nil && says(cur, want) {
-		return nil
-	}
-	next := want.DeepCopy()
-	next.ResourceVersion = u.GetResourceVersion()
-	next.Labels, next.Annotations = u.GetLabels(), u.GetAnnotations()
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(next)
-	if err != nil {
-		return fmt.Errorf("NodeTunnel %s: %w", p.name, err)
-	}
-	u.Object = obj
-	if _, err := p.client.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+	if _, err := p.client.Update(ctx, &unstructured.Unstructured{Object: obj}, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("updating NodeTunnel %s: %w", p.name, err)
 	}
 	klog.FromContext(ctx).V(2).Info("Updated this node's NodeTunnel", "spec", want.Spec)
