@@ -341,6 +341,15 @@ func checkELF(b []byte, arch string) error {
 	return nil
 }
 
+// elfMachine is b's ELF machine, as debug/elf names it (EM_AARCH64).
+func elfMachine(b []byte) (string, error) {
+	f, err := elf.NewFile(bytes.NewReader(b))
+	if err != nil {
+		return "", fmt.Errorf("not an ELF binary: %w", err)
+	}
+	return f.Machine.String(), nil
+}
+
 // Write stores img at out in the spec's format and returns its manifest
 // digest.
 func Write(s Spec, img v1.Image, out string) (v1.Hash, error) {

@@ -23,8 +23,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// hello is a tiny static linux/amd64 binary built once for all tests.
-var hello string
+// hello and helloARM64 are a tiny static binary for linux/amd64 and
+// linux/arm64, built once for all tests.
+var hello, helloARM64 string
 
 func TestMain(m *testing.M) {
 	os.Exit(func() int {
@@ -44,13 +45,15 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "go toolchain not found:", err)
 			return 1
 		}
-		hello = filepath.Join(dir, "hello")
-		cmd := exec.Command(gobin, "build", "-trimpath", "-ldflags=-s -w", "-o", hello, "hello.go")
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GO111MODULE=on", "GOWORK=off", "GOFLAGS=")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "building the test binary: %v\n%s", err, out)
-			return 1
+		hello, helloARM64 = filepath.Join(dir, "hello"), filepath.Join(dir, "hello-arm64")
+		for arch, out := range map[string]string{"amd64": hello, "arm64": helloARM64} {
+			cmd := exec.Command(gobin, "build", "-trimpath", "-ldflags=-s -w", "-o", out, "hello.go")
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch, "GO111MODULE=on", "GOWORK=off", "GOFLAGS=")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "building the test binary for %s: %v\n%s", arch, err, out)
+				return 1
+			}
 		}
 		return m.Run()
 	}())

@@ -12,6 +12,18 @@
 // Several images (name = <repo>/<binary base name>, file = <outdir>/<base>.tar):
 //
 //	go run . -tag v0.1.0 -outdir ../../_output/images ../../bin/vipcast-ccm ../../bin/vipcast-speaker
+//
+// One image for several platforms, as one OCI index, pushed to a registry
+// (and checked there) or written as an OCI layout:
+//
+//	go run . index -repository registry.example:5000/vipcast/vipcast-speaker -tag v0.1.0 \
+//	    linux/amd64=../../_output/release/linux_amd64/vipcast-speaker \
+//	    linux/arm64=../../_output/release/linux_arm64/vipcast-speaker
+//
+// Check that every platform of a pushed index runs a static binary of its
+// own architecture:
+//
+//	go run . check registry.example:5000/vipcast/vipcast-speaker:v0.1.0
 package main
 
 import (
@@ -34,6 +46,14 @@ func main() {
 }
 
 func run(args []string, stdout io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "index":
+			return runIndex(args[1:], stdout)
+		case "check":
+			return runCheck(args[1:], stdout)
+		}
+	}
 	fl, o := newFlags()
 	if err := fl.Parse(args); err != nil {
 		return err
