@@ -12,6 +12,10 @@ export VIPCAST_CACHE
 K8S_BIN := $(VIPCAST_CACHE)/k8s-$(K8S_VERSION)
 CONTAINERD_BIN := $(VIPCAST_CACHE)/containerd-$(CONTAINERD_VERSION)
 HELM_BIN := $(VIPCAST_CACHE)/helm-$(HELM_VERSION)
+# The OCI registry the lab pushes its release to (distribution's reference
+# registry); keep equal to the requirement in test/tools/registry/go.mod.
+REGISTRY_VERSION := v3.1.2
+REGISTRY_BIN := $(VIPCAST_CACHE)/registry-$(REGISTRY_VERSION)
 # CoreDNS: keep equal to the requirement in test/tools/coredns/go.mod.
 COREDNS_VERSION := v1.15.0
 COREDNS_BIN := $(VIPCAST_CACHE)/coredns-$(COREDNS_VERSION)
@@ -48,7 +52,7 @@ GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT_DIR := $(abspath $(VIPCAST_CACHE))/golangci-lint-$(GOLANGCI_LINT_VERSION)
 GOLANGCI_LINT := $(GOLANGCI_LINT_DIR)/golangci-lint
 
-.PHONY: all build images e2e-tools test-upstream test test-unit test-controlplane test-routing test-kernel test-lab bench generate verify tools cluster-tools routers lab lab-root lab-down lint fuzz model clean help
+.PHONY: all build images release e2e-tools test-upstream test test-unit test-controlplane test-routing test-kernel test-lab bench generate verify tools cluster-tools routers lab lab-root lab-down lint fuzz model clean help
 
 all: build
 
@@ -98,7 +102,7 @@ $(K8S_BIN)/etcd:
 # The times are first builds on 2 cores, in this order, after `make tools`
 # (kube-proxy and kube-scheduler reuse what kubelet and kube-controller-manager
 # compiled).
-cluster-tools: $(addprefix $(K8S_BIN)/,kubelet kube-controller-manager kube-proxy kube-scheduler) $(addprefix $(CONTAINERD_BIN)/,containerd ctr containerd-shim-runc-v2) $(HELM_BIN)/helm ## build kubelet, kube-proxy, kube-controller-manager, kube-scheduler, containerd and helm into the cache
+cluster-tools: $(addprefix $(K8S_BIN)/,kubelet kube-controller-manager kube-proxy kube-scheduler) $(addprefix $(CONTAINERD_BIN)/,containerd ctr containerd-shim-runc-v2) $(HELM_BIN)/helm $(REGISTRY_BIN)/registry ## build kubelet, kube-proxy, kube-controller-manager, kube-scheduler, containerd, helm and the OCI registry into the cache
 
 $(K8S_BIN)/kubelet: BUILD_TIME := ~4 min
 $(K8S_BIN)/kube-controller-manager: BUILD_TIME := ~2.5 min
@@ -137,12 +141,22 @@ $(HELM_BIN)/helm:
 	@echo ">> building helm $(HELM_VERSION) into $(HELM_BIN) (first time only, ~2 min)"
 	cd test/tools/helm && CGO_ENABLED=0 ../../../hack/progress.sh "building helm" $(GO) build -trimpath -ldflags '$(HELM_LDFLAGS)' -o $@.tmp helm.sh/helm/v3/cmd/helm && mv $@.tmp $@
 
+$(REGISTRY_BIN)/registry:
+	@mkdir -p $(REGISTRY_BIN)
+	@echo ">> building the OCI registry (distribution $(REGISTRY_VERSION)) into $(REGISTRY_BIN) (first time only, ~2 min)"
+	cd test/tools/registry && CGO_ENABLED=0 ../../../hack/progress.sh "building registry" $(GO) build -trimpath -ldflags '-s -w -X github.com/distribution/distribution/v3/version.version=$(REGISTRY_VERSION)' -o $@.tmp github.com/distribution/distribution/v3/cmd/registry && mv $@.tmp $@
+
+# REGISTRY=HOST[:PORT]/PATH and VERSION=MAJOR.MINOR.PATCH are required;
+# IMAGE_REGISTRY, PLAIN_HTTP and RELEASE_DIR: see hack/release.sh.
+release: $(HELM_BIN)/helm ## build and push a release to REGISTRY: both images for linux/amd64 and linux/arm64 (one OCI index each), the chart as an OCI artifact, SHA256SUMS (make release REGISTRY=host[:port]/path VERSION=x.y.z)
+	VERSION=$(VERSION) HELM=$(HELM_BIN)/helm hack/release.sh
+
 generate: ## regenerate deepcopy code, CRD manifests and the reference pages of docs/reference
 	hack/generate.sh
 
 # Every module of the repository; make verify fails when go mod tidy would
 # change the go.mod or go.sum of any of them.
-GO_MODULES := . hack/image test/tools test/tools/e2e test/tools/coredns test/tools/containerd test/tools/helm
+GO_MODULES := . hack/image test/tools test/tools/e2e test/tools/coredns test/tools/containerd test/tools/helm test/tools/registry
 
 verify: $(GOLANGCI_LINT) ## gofmt, go vet, go mod tidy, golangci-lint, generated files (code, CRDs, reference pages) up to date
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
