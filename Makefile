@@ -301,7 +301,7 @@ lab-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make lab needs root: it creates network namespaces, tap devices and VMs. Run it as root."; exit 1; }
 
 # LAB_FLAGS: -proxy-mode nftables|ipvs; -upstream for Kubernetes' e2e suite
-# (docs/testing.md).
+# (docs/dev/testing.md).
 LAB_FLAGS ?=
 lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl $(if $(findstring -upstream,$(LAB_FLAGS)),e2e-tools) ## as root: a real cluster (control plane, 2 node VMs with kubelet, containerd, kube-proxy), vipcast by helm install, an FRR ToR and a client; Ctrl-C tears down
 	@mkdir -p _output

@@ -16,7 +16,7 @@ import (
 
 // The two-tier dataplane (Options.Tunnel): established flows survive a
 // change of the node the fabric's ECMP sends them to, and the endpoint
-// sees the client's own address. docs/architecture.md ("ECMP-proof
+// sees the client's own address. docs/dev/architecture.md ("ECMP-proof
 // dataplane") gives the design and its measurements; in short:
 //
 //   - Tier 1, on every node, for packets from the fabric: each virtual
