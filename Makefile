@@ -38,7 +38,7 @@ export CGO_ENABLED := 0
 TEST_TIMEOUT ?= 60m
 # The test tiers beyond the unit tier, as build tags: a _test.go file with no
 # tag needs nothing but Go (make test-unit); the others carry exactly one of
-# these (README's Tests section), and make test runs them all.
+# these (docs/dev/development.md, Test tiers), and make test runs them all.
 TEST_TAGS := controlplane,routing,kernel,lab
 # The packages with test files of a tier (its build tag), for make test-TIER.
 tier_pkgs = $(sort $(dir $(shell grep -rlE --include='*_test.go' --exclude-dir=hack --exclude-dir=_output '^//go:build .*\<$(1)\>' .)))
