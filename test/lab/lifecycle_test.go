@@ -213,7 +213,7 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	}
 	svc := getService(t, l)
 	if !reflect.DeepEqual(svc.Status.LoadBalancer.Ingress, svcBefore.Status.LoadBalancer.Ingress) || !slices.Contains(svc.Finalizers, "service.kubernetes.io/load-balancer-cleanup") {
-		t.Errorf("after helm uninstall the Service has status %v and finalizers %v, want its status %v and the load-balancer-cleanup finalizer kept (as docs/install.md says)",
+		t.Errorf("after helm uninstall the Service has status %v and finalizers %v, want its status %v and the load-balancer-cleanup finalizer kept (as docs/operations.md says)",
 			svc.Status.LoadBalancer.Ingress, svc.Finalizers, svcBefore.Status.LoadBalancer.Ingress)
 	}
 	t.Logf("helm uninstall: nothing of vipcast left on %d nodes or at the ToR; the Service keeps %v and its finalizer", len(l.Nodes), svc.Status.LoadBalancer.Ingress)
