@@ -42,7 +42,7 @@ export CGO_ENABLED := 0
 TEST_TIMEOUT ?= 60m
 # The test tiers beyond the unit tier, as build tags: a _test.go file with no
 # tag needs nothing but Go (make test-unit); the others carry exactly one of
-# these (README's Tests section), and make test runs them all.
+# these (docs/dev/development.md, Test tiers), and make test runs them all.
 TEST_TAGS := controlplane,routing,kernel,lab
 # The packages with test files of a tier (its build tag), for make test-TIER.
 tier_pkgs = $(sort $(dir $(shell grep -rlE --include='*_test.go' --exclude-dir=hack --exclude-dir=_output '^//go:build .*\<$(1)\>' .)))
@@ -315,7 +315,7 @@ lab-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make lab needs root: it creates network namespaces, tap devices and VMs. Run it as root."; exit 1; }
 
 # LAB_FLAGS: -proxy-mode nftables|ipvs; -upstream for Kubernetes' e2e suite
-# (docs/testing.md).
+# (docs/dev/testing.md).
 LAB_FLAGS ?=
 lab: lab-root tools cluster-tools routers $(K8S_BIN)/kubectl $(if $(findstring -upstream,$(LAB_FLAGS)),e2e-tools) ## as root: a real cluster (control plane, 2 node VMs with kubelet, containerd, kube-proxy), vipcast by helm install, an FRR ToR and a client; Ctrl-C tears down
 	@mkdir -p _output

@@ -138,7 +138,7 @@ func TestBFDWithBIRD(t *testing.T) {
 	s, _ := newSpeaker(t, host.Addr().String())
 	peer := bgp.Peer{Name: "bird", Address: tor.Addr(), Port: uint16(b.Port), ASN: routerASN, LocalASN: localASN, SourceAddress: host.Addr(),
 		HoldTime: 9 * time.Second, KeepaliveTime: 3 * time.Second, EBGPMultiHop: 2,
-		// BIRD sends multihop BFD with TTL 64 (docs/tor.md).
+		// BIRD sends multihop BFD with TTL 64 (docs/routers.md).
 		BFD: &bgp.BFD{MinTx: 100 * time.Millisecond, MinRx: 100 * time.Millisecond, Multiplier: 3, Multihop: true, MinTTL: 64}}
 	if err := s.SetPeers(ctxT(), []bgp.Peer{peer}); err != nil {
 		t.Fatal(err)
@@ -178,7 +178,7 @@ func TestBFDWithBIRD(t *testing.T) {
 }
 
 // TestBFDRouterRemovesBFD: the router removes BFD for the neighbor first,
-// as docs/tor.md says to: FRR's bfdd deletes its session, and the
+// as docs/routers.md says to: FRR's bfdd deletes its session, and the
 // speaker's BFD session goes Down without counting as a failure, so the
 // speaker does not reset the BGP session for it.
 func TestBFDRouterRemovesBFD(t *testing.T) {

@@ -124,7 +124,7 @@ vipcast_bgp_prefix_limit_shutdowns_total{peer="frr"} 0
 	// of the unlimited cost is a generous margin over the ~0 expected
 	// (GC timing, gobgp's per-session buffers) that holding the paths
 	// cannot meet. The peak before gobgp acts is not bounded: see
-	// docs/tor.md.
+	// docs/routers.md.
 	if held > unlimited/4 {
 		t.Errorf("with the limit the live heap stays %s above its base, want at most a quarter of the %s held without", mib(held), mib(unlimited))
 	}

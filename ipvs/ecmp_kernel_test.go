@@ -37,7 +37,7 @@ import (
 // fails when that stops being true.
 //
 // TwoTier is the two-tier dataplane (Dataplane with Options.Tunnel; see
-// tunnel.go and docs/architecture.md, "ECMP-proof dataplane"), on nodes
+// tunnel.go and docs/dev/design/two-tier.md), on nodes
 // whose net.ipv4.conf.all.rp_filter is strict:
 //   - tier 1, on every node, for packets from the fabric: an IPVS virtual
 //     server with mh over the nodes that host endpoints (weighted by their

@@ -16,8 +16,9 @@ import (
 
 // The two-tier dataplane (Options.Tunnel): established flows survive a
 // change of the node the fabric's ECMP sends them to, and the endpoint
-// sees the client's own address. docs/architecture.md ("ECMP-proof
-// dataplane") gives the design and its measurements; in short:
+// sees the client's own address. The design record
+// docs/dev/design/two-tier.md gives the design and its measurements; in
+// short:
 //
 //   - Tier 1, on every node, for packets from the fabric: each virtual
 //     server's real servers are the tunnel addresses of the nodes that

@@ -142,7 +142,7 @@ func (r *reporter) prefixCount(ctx context.Context, node *v1.Node, n, limit int)
 		return
 	}
 	r.manyPrefixes = true
-	msg := fmt.Sprintf("node %s announces %d prefixes, more than --announced-prefixes-warning=%d: routers hold a bounded number of routes and ECMP groups (see docs/tor.md, Fabric limits); aggregate with the pools' spec.bgp.aggregationLength under externalTrafficPolicy Cluster, or raise the warning if the routers hold more",
+	msg := fmt.Sprintf("node %s announces %d prefixes, more than --announced-prefixes-warning=%d: routers hold a bounded number of routes and ECMP groups (see docs/routers.md, Fabric limits); aggregate with the pools' spec.bgp.aggregationLength under externalTrafficPolicy Cluster, or raise the warning if the routers hold more",
 		r.nodeName, n, limit)
 	klog.FromContext(ctx).Info("Many prefixes announced", "node", r.nodeName, "prefixes", n, "warning", limit)
 	r.recorder.Event(node, v1.EventTypeWarning, "PrefixCountHigh", msg)

@@ -204,7 +204,7 @@ type BGPPeerSpec struct {
 	// BGP session, so that a dead node or path is detected in
 	// multiplier x interval instead of the hold time. A BFD session that
 	// goes from Up to Down resets the BGP session at once; the router must
-	// run BFD for the session too (see docs/tor.md). Until the BFD session
+	// run BFD for the session too (see docs/routers.md). Until the BFD session
 	// has come Up, the BGP session does not wait for it. When unset, no
 	// BFD.
 	// +optional

@@ -10,18 +10,22 @@ import (
 	"testing"
 )
 
-// TestLayoutTableCoversEveryPackage checks that the README's layout table,
-// the one map of the repository, names every directory that holds Go code:
-// by its own row, or by a row for a directory above it.
+// layoutPage holds the layout table, the one map of the repository.
+const layoutPage = "docs/dev/development.md"
+
+// TestLayoutTableCoversEveryPackage checks that the layout table of
+// docs/dev/development.md, the one map of the repository, names every
+// directory that holds Go code: by its own row, or by a row for a directory
+// above it.
 func TestLayoutTableCoversEveryPackage(t *testing.T) {
 	root := filepath.Join(Dir(), "..", "..")
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	page, err := os.ReadFile(filepath.Join(root, layoutPage))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, table, ok := strings.Cut(string(readme), "\n## Layout\n")
+	_, table, ok := strings.Cut(string(page), "\n## Layout\n")
 	if !ok {
-		t.Fatal("README.md has no \"## Layout\" section")
+		t.Fatalf("%s has no \"## Layout\" section", layoutPage)
 	}
 	if end := strings.Index(table, "\n## "); end >= 0 {
 		table = table[:end]
@@ -62,7 +66,7 @@ func TestLayoutTableCoversEveryPackage(t *testing.T) {
 	}
 	for _, d := range dirs {
 		if !slices.ContainsFunc(rows, func(r string) bool { return d == r || strings.HasPrefix(d, r+"/") }) {
-			t.Errorf("%s holds Go code but no row of the README's layout table names it or a directory above it", d)
+			t.Errorf("%s holds Go code but no row of the layout table in %s names it or a directory above it", d, layoutPage)
 		}
 	}
 	for _, r := range rows {

@@ -21,7 +21,7 @@ var unqualified = regexp.MustCompile(`\b(ippools?|bgppeers?)\b(\.vipcast\.io)?`)
 func TestDocsQualifyNames(t *testing.T) {
 	root := filepath.Join(Dir(), "..", "..")
 	var files []string
-	for _, pattern := range []string{"README.md", "docs/*.md", "charts/vipcast/values.yaml", "charts/vipcast/templates/*", "test/lab/*.go", "test/lab/cmd/lab/*.go", "Makefile", "hack/*.sh"} {
+	for _, pattern := range []string{"README.md", "docs/*.md", "docs/dev/*.md", "docs/dev/design/*.md", "CHANGELOG.md", "charts/vipcast/values.yaml", "charts/vipcast/templates/*", "test/lab/*.go", "test/lab/cmd/lab/*.go", "Makefile", "hack/*.sh"} {
 		m, err := filepath.Glob(filepath.Join(root, pattern))
 		if err != nil || len(m) == 0 {
 			t.Fatalf("%s: no files (err %v)", pattern, err)

@@ -185,7 +185,7 @@ func fabric(t *testing.T, l *lab.Lab) {
 	}
 	// BFD off again: the speakers take the sessions AdminDown, which FRR
 	// 8.4's bgpd counts as a failure all the same (test/e2e
-	// TestSpeakerFabricBFD; docs/tor.md: remove BFD on the router first),
+	// TestSpeakerFabricBFD; docs/routers.md: remove BFD on the router first),
 	// so the BGP sessions start again without BFD.
 	if err := l.SetPeerBFD(ctx, false); err != nil {
 		t.Fatal(err)

@@ -518,7 +518,7 @@ func (l *Lab) Routes(prefix netip.Prefix) ([]netip.Addr, error) {
 }
 
 // ApplyDemo creates the demo IPPool and BGPPeer (`kubectl apply -f`, as
-// docs/install.md says), the demo namespace, and the Deployment of
+// docs/getting-started.md says), the demo namespace, and the Deployment of
 // backends behind the LoadBalancer Service demo/web; it returns once the
 // backends are ready.
 func (l *Lab) ApplyDemo(ctx context.Context) error {

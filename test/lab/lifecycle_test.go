@@ -142,7 +142,7 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	// node's tier 1 shows the Deployment spread again: a flow scheduled
 	// by a table that has changed since (node2's pods coming back, each
 	// speaker in its own time) goes elsewhere when ECMP moves it, which
-	// is the limit docs/architecture.md gives, not this event's doing.
+	// is the limit docs/dev/design/two-tier.md gives, not this event's doing.
 	waitTier1(t, l, vip)
 	held2, err := l.Hold(ctx, addr, lifeFlows, lifeInterval)
 	if err != nil {
@@ -183,7 +183,7 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	// Every held connection survives the join (issue 14's target): the
 	// two tiers send a flow ECMP moves to node3 where it went before.
 	// Before connection sync existed, 1 of 40 was reset in 3 of 5 runs
-	// under load; the test then allowed 2 (docs/architecture.md).
+	// under load; the test then allowed 2 (docs/dev/design/two-tier.md).
 	if alive2 != before2 {
 		t.Errorf("%d of %d held connections survived node3 joining, want all; first failures: %v", alive2, before2, broken2[:min(3, len(broken2))])
 	}
@@ -213,7 +213,7 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	}
 	svc := getService(t, l)
 	if !reflect.DeepEqual(svc.Status.LoadBalancer.Ingress, svcBefore.Status.LoadBalancer.Ingress) || !slices.Contains(svc.Finalizers, "service.kubernetes.io/load-balancer-cleanup") {
-		t.Errorf("after helm uninstall the Service has status %v and finalizers %v, want its status %v and the load-balancer-cleanup finalizer kept (as docs/install.md says)",
+		t.Errorf("after helm uninstall the Service has status %v and finalizers %v, want its status %v and the load-balancer-cleanup finalizer kept (as docs/operations.md says)",
 			svc.Status.LoadBalancer.Ingress, svc.Finalizers, svcBefore.Status.LoadBalancer.Ingress)
 	}
 	t.Logf("helm uninstall: nothing of vipcast left on %d nodes or at the ToR; the Service keeps %v and its finalizer", len(l.Nodes), svc.Status.LoadBalancer.Ingress)
