@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -35,5 +36,25 @@ func TestReleaseRefusesBadInput(t *testing.T) {
 				t.Errorf("release.sh with %v started building before refusing: %s", tc.env, out)
 			}
 		})
+	}
+}
+
+// TestChangelogHasTheChartVersion checks that CHANGELOG.md has an entry
+// for the chart's version, which make release requires of a release.
+func TestChangelogHasTheChartVersion(t *testing.T) {
+	chart, err := os.ReadFile(filepath.Join(Dir(), "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^version: *"?([^"\s]+)`).FindSubmatch(chart)
+	if m == nil {
+		t.Fatal("Chart.yaml has no version")
+	}
+	log, err := os.ReadFile(filepath.Join(Dir(), "..", "..", "CHANGELOG.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "\n## ["+string(m[1])+"]") {
+		t.Errorf("CHANGELOG.md has no entry \"## [%s]\", the chart's version", m[1])
 	}
 }
