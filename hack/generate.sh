@@ -31,5 +31,6 @@ go run "sigs.k8s.io/controller-tools/cmd/controller-gen@${CONTROLLER_GEN_VERSION
 if [[ -d docs/reference ]]; then
 	go test ./api/v1alpha1 -run '^TestCRDReference$' -count=1 -args -update-reference >/dev/null
 	go test ./cmd/vipcast-speaker -run '^TestFlagsReference$' -count=1 -args -update-reference >/dev/null
+	go test ./cmd/vipcast-ccm -run '^TestFlagsReference$' -count=1 -args -update-reference >/dev/null
 	go test ./test/chart -run '^(TestMetricsReference|TestValuesReference)$' -count=1 -args -update-reference >/dev/null
 fi

@@ -34,6 +34,10 @@ if ! (cd "${ROOT}" && go test ./api/v1alpha1 -run '^TestCRDReference$' -count=1 
 	echo >&2 "docs/reference/crds.md differs from the CRDs (go test ./api/v1alpha1 -run TestCRDReference shows how)"
 	stale=1
 fi
+if ! (cd "${ROOT}" && go test ./cmd/vipcast-ccm -run '^TestFlagsReference$' -count=1 >/dev/null); then
+	echo >&2 "docs/reference/ccm-flags.md differs from vipcast-ccm's flags (go test ./cmd/vipcast-ccm -run TestFlagsReference shows how)"
+	stale=1
+fi
 if ! (cd "${ROOT}" && go test ./test/chart -run '^(TestMetricsReference|TestValuesReference)$' -count=1 >/dev/null); then
 	echo >&2 "docs/reference/metrics.md or helm-values.md differs from the metrics' definitions or values.yaml (go test ./test/chart -run 'TestMetricsReference|TestValuesReference' shows how)"
 	stale=1

@@ -57,18 +57,27 @@ type classFlags struct {
 }
 
 func main() {
-	opts, err := newOptions()
+	cmd, cf, err := newCommand()
 	if err != nil {
 		klog.Fatalf("Unable to initialize command options: %v", err)
 	}
+	ccm.Register(legacyregistry.Register, &cf.selector)
+	os.Exit(cli.Run(cmd))
+}
 
+// newCommand returns vipcast-ccm's command: the cloud-provider app's, with
+// vipcast's defaults (newOptions), its controllers and its own flags, whose
+// values it returns.
+func newCommand() (*cobra.Command, *classFlags, error) {
+	opts, err := newOptions()
+	if err != nil {
+		return nil, nil, err
+	}
 	cf := &classFlags{}
 	var extra cliflag.NamedFlagSets
 	fs := extra.FlagSet("vipcast")
 	fs.StringVar(&cf.class, lbclass.FlagClass, "", "The spec.loadBalancerClass of the Services vipcast serves, a domain-prefixed name such as vipcast.io/bgp; empty serves no class. Give the speakers the same value.")
 	fs.BoolVar(&cf.classless, lbclass.FlagClassless, true, "Also serve Services without a spec.loadBalancerClass. Default: true without --"+lbclass.FlagClass+", false with it. Give the speakers the same value.")
-
-	ccm.Register(legacyregistry.Register, &cf.selector)
 
 	cmd := app.NewCloudControllerManagerCommand(opts, initCloud, controllers(), names.CCMControllerAliases(), extra, wait.NeverStop)
 	cmd.Use = "vipcast-ccm"
@@ -82,7 +91,7 @@ func main() {
 		}
 		return useOwnServingCert(opts, dir, time.Now())
 	}
-	os.Exit(cli.Run(cmd))
+	return cmd, cf, nil
 }
 
 // newOptions returns the cloud-provider app's options with vipcast's
