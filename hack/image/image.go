@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -184,9 +185,13 @@ func withLayers(s Spec, layers []layerSpec) (v1.Image, error) {
 	}
 	var adds []mutate.Addendum
 	for _, l := range layers {
+		// gzip's fastest level: a release compresses four binaries of
+		// 65-70 MB, and the lab releases twice per run. For the speaker's
+		// layer it takes 0.6 s for 22.8 MB, the default level 3.2 s for
+		// 19.8 MB.
 		layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 			return io.NopCloser(bytes.NewReader(l.tar)), nil
-		}, tarball.WithMediaType(layerType))
+		}, tarball.WithMediaType(layerType), tarball.WithCompressionLevel(gzip.BestSpeed))
 		if err != nil {
 			return nil, err
 		}
