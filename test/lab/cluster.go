@@ -35,17 +35,19 @@ import (
 // VM boots a Debian userland (vm.Rootfs) with containerd, runc, the bridge
 // CNI plugin, a kubelet started with --cloud-provider=external and
 // kube-proxy; kube-controller-manager and kube-scheduler run beside the API
-// server; vipcast arrives by `helm install` of charts/vipcast with the
-// images the lab builds (no registry: they are imported into each node's
-// containerd at boot).
+// server; vipcast arrives as a user installs a release: `make release`
+// pushes both images and the chart to an OCI registry beside the control
+// plane, `helm install` takes the chart from there and the nodes'
+// containerd pulls the images through the ToR.
 type ClusterOptions struct {
 	// ProxyMode is kube-proxy's mode on every node: iptables (default),
 	// nftables, ipvs, or none.
 	ProxyMode string
-	// ImageTag is the tag of vipcast's images (default "lab").
+	// ImageTag names the release the lab installs (default "lab"): chart
+	// and images ChartVersion(ImageTag).
 	ImageTag string
-	// ExtraTags are more tags of vipcast's images, imported on every node
-	// beside ImageTag: a `helm upgrade` to a new tag needs no registry.
+	// ExtraTags name more releases the lab pushes to its registry beside
+	// ImageTag's, for a `helm upgrade` to move to.
 	ExtraTags []string
 	// Boot is how many of the Options.Nodes nodes boot with the cluster
 	// (default all); the others boot with them but start their kubelet
@@ -102,8 +104,8 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	co.withDefaults()
 	bins, venv := l.prepare(ctx)
 	l.binDir = filepath.Dir(bins["kubectl-vipcast"])
-	logf("==> building the images (vipcast-ccm and vipcast-speaker %s, the backend, pause) without a daemon", co.ImageTag)
-	images, err := l.buildImages(ctx, bins, append([]string{co.ImageTag}, co.ExtraTags...))
+	logf("==> building the lab's images (the backend, pause) without a daemon")
+	images, err := l.buildImages(ctx, bins)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +124,23 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 		t.Fatalf("node root filesystem: %v", err)
 	}
 	l.startControlPlane()
+	l.registry = l.startRegistry(ctx)
+	for _, tag := range append([]string{co.ImageTag}, co.ExtraTags...) {
+		version, err := ChartVersion(tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		logf("==> make release VERSION=%s: vipcast's images (linux/amd64, linux/arm64) and chart, pushed to the lab's registry (%s at the ToR)", version, NodeRegistry())
+		start := time.Now()
+		images, err := l.release(ctx, tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := checkArm64(images); err != nil {
+			t.Fatal(err)
+		}
+		logf("    released in %s; each image's platforms as the registry serves them:\n%s", time.Since(start).Round(time.Second), indent(images))
+	}
 	all := l.planNodes()
 	for _, n := range all {
 		n.Pods = nil // the Deployment's pods, wherever the scheduler puts them
@@ -160,18 +179,12 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	l.helmInstall(ctx, co)
 }
 
-// buildImages builds the images as docker-save tarballs in Dir/images:
-// vipcast's two with each of tags, the backend and pause.
-func (l *Lab) buildImages(ctx context.Context, bins map[string]string, tags []string) ([]string, error) {
+// buildImages builds the lab's own images as docker-save tarballs in
+// Dir/images: the backend and pause. vipcast's come from the lab's
+// registry (release).
+func (l *Lab) buildImages(ctx context.Context, bins map[string]string) ([]string, error) {
 	dir := filepath.Join(l.Opts.Dir, "images")
 	var out []string
-	for _, tag := range tags {
-		tagDir := filepath.Join(dir, tag)
-		if err := hackImage(ctx, "-tag", tag, "-outdir", tagDir, bins["vipcast-ccm"], bins["vipcast-speaker"]); err != nil {
-			return nil, err
-		}
-		out = append(out, filepath.Join(tagDir, "vipcast-ccm.tar"), filepath.Join(tagDir, "vipcast-speaker.tar"))
-	}
 	for _, img := range []struct{ bin, ref string }{{"lab-backend", BackendImage}, {"pause", PauseImage}} {
 		name, itag, _ := strings.Cut(img.ref, ":")
 		file := filepath.Join(dir, img.bin+".tar")
@@ -487,6 +500,7 @@ func (l *Lab) bootKubeNode(n *Node, spare bool) {
 		"-cluster-cidr", clusterCIDR,
 		"-node-port-addresses", netip.PrefixFrom(n.Addr, rackBits).Masked().String(),
 		"-ipvs-exclude-cidrs", PoolPrefix.String(),
+		"-registry", NodeRegistry(),
 	}
 	if b.co.Upstream {
 		opts.Args = append(opts.Args, "-cluster-dns", ClusterDNS)
@@ -579,7 +593,8 @@ func (l *Lab) Helm(ctx context.Context, args ...string) (string, error) {
 // SpeakerValues are the chart values the lab sets for a helm install or
 // upgrade: the tag of both images and the speakers' dataplane.
 type SpeakerValues struct {
-	// Tag of vipcast's images (ClusterOptions.ImageTag or ExtraTags).
+	// Tag names the release to install or upgrade to (ClusterOptions.ImageTag
+	// or ExtraTags): chart and images ChartVersion(Tag).
 	Tag string
 	// TunnelPrefix, when set, is speaker.ipvs.tunnelPrefix: two tiers.
 	TunnelPrefix string
@@ -600,7 +615,7 @@ type SpeakerValues struct {
 // period later when a kubelet's last Lease renewal landed as the API
 // server resumed) and for the kubelets the test stops past the return to
 // mark their pods ready again (about 25 s after they continue).
-const OutageSettle = 90 * time.Second
+const OutageSettle = 70 * time.Second
 
 // HelmValuesFile writes the lab's values for charts/vipcast: v, the lab's
 // convergence delay and outage settle time (OutageSettle), with Options.Resync the speakers' resync periods and,
@@ -638,16 +653,14 @@ func (l *Lab) HelmValuesFile(v SpeakerValues) (string, error) {
 		speaker += fmt.Sprintf("  bgpPasswordSecrets: {secrets: [%s/%s]}\n", PasswordNamespace, PasswordSecret)
 	}
 	values := fmt.Sprintf(`ccm:
-  image: {repository: vipcast/vipcast-ccm, tag: %q}
   replicas: 1
   podDisruptionBudget: {enabled: false}
 speaker:
-  image: {repository: vipcast/vipcast-speaker, tag: %q}
   convergenceDelay: 2s
   outageSettle: %s
   metrics: {allowedSources: [%s/32]}
 %s  ipvs: %s}
-`, v.Tag, v.Tag, fmt.Sprintf("%ds", int(OutageSettle.Seconds())), torAddr, speaker, ipvs)
+`, fmt.Sprintf("%ds", int(OutageSettle.Seconds())), torAddr, speaker, ipvs)
 	l.values++
 	path := filepath.Join(l.Opts.Dir, fmt.Sprintf("values-%d-%s.yaml", l.values, v.Tag))
 	return path, os.WriteFile(path, []byte(values), 0o600)
@@ -658,7 +671,7 @@ speaker:
 // (each within bound, a guard against a rollout that hangs); it returns
 // how long the speakers took, and the CCM after them.
 func (l *Lab) UpgradeSpeakers(ctx context.Context, v SpeakerValues, bound time.Duration) (speakers, ccm time.Duration, err error) {
-	chart, err := ChartDir()
+	version, err := ChartVersion(v.Tag)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -667,7 +680,7 @@ func (l *Lab) UpgradeSpeakers(ctx context.Context, v SpeakerValues, bound time.D
 		return 0, 0, err
 	}
 	start := time.Now()
-	if _, err := l.Helm(ctx, "upgrade", Release, chart, "-n", VipcastNamespace, "-f", values); err != nil {
+	if _, err := l.Helm(ctx, "upgrade", Release, l.chartRef(), "--version", version, "--plain-http", "-n", VipcastNamespace, "-f", values); err != nil {
 		return 0, 0, err
 	}
 	if err := l.WaitRollout(ctx, bound, "daemonset/"+Release+"-speaker"); err != nil {
@@ -680,19 +693,13 @@ func (l *Lab) UpgradeSpeakers(ctx context.Context, v SpeakerValues, bound time.D
 	return speakers, time.Since(start) - speakers, nil
 }
 
-// ChartDir is charts/vipcast.
-func ChartDir() (string, error) {
-	root, err := repoRoot()
-	return filepath.Join(root, "charts/vipcast"), err
-}
-
 // helmInstall installs charts/vipcast with the command docs/install.md
 // gives, then waits until vipcast-ccm has initialized every node and the
 // speakers run.
 func (l *Lab) helmInstall(ctx context.Context, co *ClusterOptions) {
 	t := l.t
 	t.Helper()
-	chart, err := ChartDir()
+	version, err := ChartVersion(co.ImageTag)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -700,8 +707,8 @@ func (l *Lab) helmInstall(ctx context.Context, co *ClusterOptions) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.Opts.Logf("==> helm install %s charts/vipcast -n %s --create-namespace -f %s", Release, VipcastNamespace, filepath.Base(values))
-	if _, err := l.Helm(ctx, "install", Release, chart, "-n", VipcastNamespace, "--create-namespace", "-f", values); err != nil {
+	l.Opts.Logf("==> helm install %s %s --version %s --plain-http -n %s --create-namespace -f %s", Release, l.chartRef(), version, VipcastNamespace, filepath.Base(values))
+	if _, err := l.Helm(ctx, "install", Release, l.chartRef(), "--version", version, "--plain-http", "-n", VipcastNamespace, "--create-namespace", "-f", values); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()

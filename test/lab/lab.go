@@ -133,6 +133,9 @@ type Lab struct {
 	binDir string
 	// values counts the chart values files HelmValuesFile wrote.
 	values int
+	// registry is the lab's OCI registry on the host's loopback, which
+	// the lab's releases are pushed to (startRegistry).
+	registry string
 	// spare are the real cluster's nodes booted but not joined yet
 	// (ClusterOptions.Boot); JoinSpare has them join.
 	spare []*Node

@@ -23,7 +23,8 @@ import (
 	"github.com/vipcast/vipcast/test/lab"
 )
 
-// upgradeTag is the tag of the rebuilt images `helm upgrade` moves to.
+// upgradeTag names the second release the lab pushes (chart and images
+// 0.1.0-lab-upgrade), which `helm upgrade` moves to.
 const upgradeTag = "lab-upgrade"
 
 // tunnelPrefix turns the speakers' two-tier dataplane on.
@@ -86,11 +87,17 @@ func clusterLifecycle(t *testing.T, l *lab.Lab, vip netip.Addr) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("helm upgrade to %s rolled out: the speakers in %s, the CCM %s later", upgradeTag, speakers.Round(time.Second), ccmTook.Round(time.Second))
+	version, err := lab.ChartVersion(upgradeTag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("helm upgrade to chart %s rolled out: the speakers in %s, the CCM %s later", version, speakers.Round(time.Second), ccmTook.Round(time.Second))
+	// The released chart names its images in the lab's registry, tagged
+	// with its version: the nodes pulled them from there.
 	for _, p := range podsOf(t, l, lab.VipcastNamespace, "", "") {
 		for _, c := range p.Spec.Containers {
-			if !strings.HasSuffix(c.Image, ":"+upgradeTag) {
-				t.Fatalf("after helm upgrade, pod %s runs %s, want tag %s", p.Name, c.Image, upgradeTag)
+			if !strings.HasPrefix(c.Image, lab.NodeRegistry()+"/vipcast/vipcast-") || !strings.HasSuffix(c.Image, ":"+version) {
+				t.Fatalf("after helm upgrade, pod %s runs %s, want vipcast's image from the lab's registry %s, tagged %s", p.Name, c.Image, lab.NodeRegistry(), version)
 			}
 		}
 	}

@@ -89,6 +89,9 @@ type config struct {
 	// clusterDNS is the cluster DNS Service's address the kubelet gives
 	// pods (with cluster.local as their domain); empty: none.
 	clusterDNS string
+	// registry is HOST:PORT of a registry containerd pulls from over plain
+	// HTTP (the lab's, at the ToR); empty: none.
+	registry string
 }
 
 func main() {
@@ -116,12 +119,18 @@ func parse(args []string) (*config, error) {
 	fs.StringVar(&exclude, "ipvs-exclude-cidrs", "", "kube-proxy's ipvs.excludeCIDRs, comma-separated")
 	fs.StringVar(&nodePorts, "node-port-addresses", "", "kube-proxy's nodePortAddresses, comma-separated")
 	fs.StringVar(&cfg.clusterDNS, "cluster-dns", "", "the kubelet's clusterDNS (the cluster DNS Service's address, domain cluster.local); empty: none")
+	fs.StringVar(&cfg.registry, "registry", "", "HOST:PORT of an OCI registry containerd pulls from over plain HTTP; empty: none")
 	fs.BoolVar(&cfg.hold, "hold", false, "wait for POST /join before starting containerd, the kubelet and kube-proxy")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if cfg.name == "" {
 		return nil, errors.New("-name is required")
+	}
+	if cfg.registry != "" {
+		if _, err := netip.ParseAddrPort(cfg.registry); err != nil {
+			return nil, fmt.Errorf("-registry %q: want the registry's IP:PORT: %w", cfg.registry, err)
+		}
 	}
 	if cfg.clusterDNS != "" {
 		if _, err := netip.ParseAddr(cfg.clusterDNS); err != nil {
@@ -354,6 +363,11 @@ func prepareNode(cfg *config) error {
 		"/etc/kubernetes/kubelet.yaml":    kubeletConfig(cfg),
 		"/etc/kubernetes/kube-proxy.yaml": kubeProxyConfig(cfg),
 	}
+	if cfg.registry != "" {
+		// containerd's per-registry hosts (config_path): the lab's
+		// registry answers plain HTTP.
+		files["/etc/containerd/certs.d/"+cfg.registry+"/hosts.toml"] = fmt.Sprintf("server = \"http://%s\"\n\n[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", cfg.registry, cfg.registry)
+	}
 	for path, content := range files {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return err
@@ -384,6 +398,8 @@ state = "/run/containerd"
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   stats_collect_period = 600
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "/etc/containerd/certs.d"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "` + PauseImage + `"
 
