@@ -298,7 +298,11 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 			t.Fatalf("%s: %v", ev.name, err)
 		}
 		took := waitRoute(t, l, vip, 30*time.Second, ev.changed...)
-		time.Sleep(3 * time.Second) // the flows run through the changed group
+		// Every flow has an exchange through the changed group (or has
+		// failed): a fixed wait either wastes time or, on a starved node,
+		// ends before the slowest flow has crossed.
+		held.Settle(ctx)
+		heldU.Settle(ctx)
 		if err := ev.back(); err != nil {
 			t.Fatalf("%s: %v", ev.name, err)
 		}
@@ -307,7 +311,6 @@ func heldAcrossECMP(t *testing.T, l *lab.Lab, values lab.SpeakerValues) {
 		// took 30 s and more (the dataplane's set-up 10 s, the informers'
 		// first lists 12 s): a bound on liveness, not on speed.
 		back := waitRoute(t, l, vip, 2*time.Minute, ev.backTo...)
-		time.Sleep(3 * time.Second)
 		held.Settle(ctx)
 		heldU.Settle(ctx)
 		alive, exchanges, broken := held.Status()
