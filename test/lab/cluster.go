@@ -125,22 +125,7 @@ func (l *Lab) upCluster(ctx context.Context, cancel context.CancelFunc) {
 	}
 	l.startControlPlane()
 	l.registry = l.startRegistry(ctx)
-	for _, tag := range append([]string{co.ImageTag}, co.ExtraTags...) {
-		version, err := ChartVersion(tag)
-		if err != nil {
-			t.Fatal(err)
-		}
-		logf("==> make release VERSION=%s: vipcast's images (linux/amd64, linux/arm64) and chart, pushed to the lab's registry (%s at the ToR)", version, NodeRegistry())
-		start := time.Now()
-		images, err := l.release(ctx, tag)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := checkArm64(images); err != nil {
-			t.Fatal(err)
-		}
-		logf("    released in %s; each image's platforms as the registry serves them:\n%s", time.Since(start).Round(time.Second), indent(images))
-	}
+	l.releaseAll(ctx, append([]string{co.ImageTag}, co.ExtraTags...))
 	all := l.planNodes()
 	for _, n := range all {
 		n.Pods = nil // the Deployment's pods, wherever the scheduler puts them

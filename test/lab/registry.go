@@ -158,6 +158,29 @@ func (l *Lab) release(ctx context.Context, tag string) (string, error) {
 	return string(images), err
 }
 
+// releaseAll releases each of tags (release) and checks that the
+// registry serves arm64 binaries for both images (checkArm64).
+func (l *Lab) releaseAll(ctx context.Context, tags []string) {
+	t := l.t
+	t.Helper()
+	for _, tag := range tags {
+		version, err := ChartVersion(tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Opts.Logf("==> make release VERSION=%s: vipcast's images (linux/amd64, linux/arm64) and chart, pushed to the lab's registry (%s at the ToR)", version, NodeRegistry())
+		start := time.Now()
+		images, err := l.release(ctx, tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := checkArm64(images); err != nil {
+			t.Fatal(err)
+		}
+		l.Opts.Logf("    released in %s; each image's platforms as the registry serves them:\n%s", time.Since(start).Round(time.Second), indent(images))
+	}
+}
+
 // checkArm64 fails unless what release printed shows, for both images,
 // a linux/arm64 entry whose binary is an arm64 ELF: nothing here runs
 // arm64, so the ELF header is what says an arm64 node would run it.
