@@ -17,51 +17,73 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// runIndex is the index subcommand: one image per OS/ARCH=BINARY argument,
-// as one OCI index, pushed to -repository:-tag and checked as the registry
-// serves it, and/or written as an OCI layout directory (-out).
-func runIndex(args []string, stdout io.Writer) error {
+// indexOptions are the index subcommand's flags.
+type indexOptions struct {
+	repository, tag, out, user, created string
+	push, plainHTTP                     bool
+}
+
+func newIndexFlags() (*flag.FlagSet, *indexOptions) {
 	fl := flag.NewFlagSet("image index", flag.ContinueOnError)
-	repository := fl.String("repository", "", "HOST[:PORT]/PATH of the image in a registry, e.g. registry.example:5000/vipcast/vipcast-speaker (required)")
-	tag := fl.String("tag", "", "image tag (required), e.g. the release's version")
-	out := fl.String("out", "", "also write the index as an OCI image layout in this directory")
-	push := fl.Bool("push", true, "push the index to the registry and check what it serves")
-	plainHTTP := fl.Bool("plain-http", false, "talk to the registry over HTTP instead of HTTPS (a registry on a lab network)")
-	user := fl.String("user", "", `numeric uid:gid; empty = default for the binary; "none" leaves it unset`)
-	created := fl.String("created", "", "creation time: RFC 3339 or Unix seconds (default $SOURCE_DATE_EPOCH, else 1970-01-01T00:00:00Z)")
+	o := &indexOptions{}
+	fl.StringVar(&o.repository, "repository", "", "HOST[:PORT]/PATH of the image in a registry, e.g. registry.example:5000/vipcast/vipcast-speaker (required)")
+	fl.StringVar(&o.tag, "tag", "", "image tag (required), e.g. the release's version")
+	fl.StringVar(&o.out, "out", "", "also write the index as an OCI image layout in this directory")
+	fl.BoolVar(&o.push, "push", true, "push the index to the registry and check what it serves")
+	fl.BoolVar(&o.plainHTTP, "plain-http", false, "talk to the registry over HTTP instead of HTTPS (a registry on a lab network)")
+	fl.StringVar(&o.user, "user", "", `numeric uid:gid; empty = default for the binary; "none" leaves it unset`)
+	fl.StringVar(&o.created, "created", "", "creation time: RFC 3339 or Unix seconds (default $SOURCE_DATE_EPOCH, else 1970-01-01T00:00:00Z)")
 	fl.Usage = func() {
 		_, _ = fmt.Fprintln(fl.Output(), "usage: image index -repository HOST[:PORT]/PATH -tag TAG [flags] OS/ARCH=BINARY...")
 		fl.PrintDefaults()
 	}
-	if err := fl.Parse(args); err != nil {
-		return err
+	return fl, o
+}
+
+// inputs checks the flags and the OS/ARCH=BINARY arguments and returns
+// the reference to push to, the images' shared spec and the binaries.
+func (o *indexOptions) inputs(args []string) (name.Tag, Spec, []PlatformBinary, error) {
+	if o.repository == "" || o.tag == "" || len(args) == 0 {
+		return name.Tag{}, Spec{}, nil, errors.New("index needs -repository, -tag and at least one OS/ARCH=BINARY")
 	}
-	if *repository == "" || *tag == "" || fl.NArg() == 0 {
-		fl.Usage()
-		return errors.New("index needs -repository, -tag and at least one OS/ARCH=BINARY")
-	}
-	ref, err := name.NewTag(*repository+":"+*tag, nameOptions(*plainHTTP)...)
+	ref, err := name.NewTag(o.repository+":"+o.tag, nameOptions(o.plainHTTP)...)
 	if err != nil {
-		return fmt.Errorf("-repository %q -tag %q: %w", *repository, *tag, err)
+		return name.Tag{}, Spec{}, nil, fmt.Errorf("-repository %q -tag %q: %w", o.repository, o.tag, err)
 	}
 	var bins []PlatformBinary
-	for _, a := range fl.Args() {
+	for _, a := range args {
 		b, err := ParsePlatformBinary(a)
 		if err != nil {
-			return err
+			return name.Tag{}, Spec{}, nil, err
 		}
 		bins = append(bins, b)
 	}
-	t, err := createdTime(*created)
+	t, err := createdTime(o.created)
 	if err != nil {
-		return err
+		return name.Tag{}, Spec{}, nil, err
 	}
 	// The image's name without the registry: the title label and the
 	// defaults for known binaries.
-	s := Spec{Name: ref.RepositoryStr(), Tag: *tag, User: *user, Created: t}
+	s := Spec{Name: ref.RepositoryStr(), Tag: o.tag, User: o.user, Created: t}
 	DefaultsFor(&s)
 	if s.User == "none" {
 		s.User = ""
+	}
+	return ref, s, bins, nil
+}
+
+// runIndex is the index subcommand: one image per OS/ARCH=BINARY argument,
+// as one OCI index, pushed to -repository:-tag and checked as the registry
+// serves it, and/or written as an OCI layout directory (-out).
+func runIndex(args []string, stdout io.Writer) error {
+	fl, o := newIndexFlags()
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	ref, s, bins, err := o.inputs(fl.Args())
+	if err != nil {
+		fl.Usage()
+		return err
 	}
 	idx, err := BuildIndex(s, bins)
 	if err != nil {
@@ -71,12 +93,12 @@ func runIndex(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *out != "" {
-		if err := writeIndexLayout(idx, ref, *out); err != nil {
-			return fmt.Errorf("OCI layout %s: %w", *out, err)
+	if o.out != "" {
+		if err := writeIndexLayout(idx, ref, o.out); err != nil {
+			return fmt.Errorf("OCI layout %s: %w", o.out, err)
 		}
 	}
-	if *push {
+	if o.push {
 		if err := remote.WriteIndex(ref, idx, remoteOptions()...); err != nil {
 			return fmt.Errorf("pushing %s: %w", ref, err)
 		}
