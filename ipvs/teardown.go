@@ -6,8 +6,6 @@ import (
 	"net/netip"
 
 	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Teardown removes everything this Dataplane owns from the kernel, for a
@@ -97,20 +95,6 @@ func (d *Dataplane) teardownServices() error {
 	}
 	if err != nil {
 		return fmt.Errorf("virtual servers and VIPs: %w", err)
-	}
-	return nil
-}
-
-// deleteLink deletes the link name, of type typ, when there is one.
-func deleteLink(nh *netlink.Handle, name, typ string) error {
-	link, err := linkOfType(nh, name, typ)
-	if err == nil && link != nil {
-		if err = nh.LinkDel(link); errors.Is(err, unix.ENODEV) {
-			err = nil
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("delete %s link %s: %w", typ, name, err)
 	}
 	return nil
 }

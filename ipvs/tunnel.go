@@ -3,7 +3,6 @@ package ipvs
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -403,21 +402,6 @@ func ensureLoop(nh *netlink.Handle) (out, in netlink.Link, err error) {
 	return out, in, nil
 }
 
-// ensureVethPair creates the veth pair name/peer when missing and sets the
-// peer end up; it returns both ends.
-func ensureVethPair(nh *netlink.Handle, name, peer string) (out, in netlink.Link, err error) {
-	if out, err = ensureLink(nh, &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
-		return nil, nil, err
-	}
-	if in, err = nh.LinkByName(peer); err != nil {
-		return nil, nil, fmt.Errorf("link %s: %w", peer, err)
-	}
-	if err := setUp(nh, in); err != nil {
-		return nil, nil, err
-	}
-	return out, in, nil
-}
-
 // dropStaleTunnelRoutes deletes the routes of family fam to another
 // tunnel address than self (invalid: every one) out of the loop and in
 // TunnelTable: those of an earlier run with another address. out nil: the
@@ -521,86 +505,4 @@ func (d *Dataplane) removeTunnelNode() error {
 // prefixNet converts p for netlink.
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-// TunnelRouteProtocol marks the routes SetTunnelRoutes programs (the
-// rtnetlink protocol field, "proto 96" in ip route), so that it finds and
-// removes its own and no other.
-const TunnelRouteProtocol = 96
-
-// SetTunnelRoutes makes the main table's routes to the other nodes'
-// tunnel addresses (IPv4, and IPv6 ones: Tunnel.Self6) exactly routes:
-// tunnel address to the node address of its family it is reached through (an on-link gateway, such as the node's InternalIP on
-// a shared subnet). Routes it programmed before to addresses no longer in
-// routes are deleted; any other route is left alone. One route the kernel
-// refuses (a gateway not on a connected subnet) does not stop the others:
-// the errors name each.
-func (d *Dataplane) SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.tunnel {
-		if len(routes) == 0 {
-			return nil
-		}
-		return errors.New("tunnel routes: the two-tier dataplane is off (Options.Tunnel)")
-	}
-	return d.setTunnelRoutes(routes)
-}
-
-// SetTunnelSources makes the addresses the node takes tunnelled packets
-// from (IPIP, 6in4, IPv6 tunnels; tunnelguard.go) exactly addrs: every
-// node's addresses and tunnel addresses. Until the first call, and while
-// addrs is empty, the guard lets every source in.
-func (d *Dataplane) SetTunnelSources(addrs []netip.Addr) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.tunnel {
-		if len(addrs) == 0 {
-			return nil
-		}
-		return errors.New("tunnel sources: the two-tier dataplane is off (Options.Tunnel)")
-	}
-	return d.nft.setTunnelSources(addrs)
-}
-
-// setTunnelRoutes is SetTunnelRoutes, also with the two-tier dataplane off
-// (Teardown: routes nil deletes every route it programmed).
-func (d *Dataplane) setTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
-	var errs []error
-	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		have, err := dump("tunnel routes", func() ([]netlink.Route, error) {
-			return d.nl.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: TunnelRouteProtocol},
-				netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
-		})
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, r := range have {
-			if r.Dst == nil {
-				continue
-			}
-			dst, ok := netip.AddrFromSlice(r.Dst.IP)
-			gw, gwOK := netip.AddrFromSlice(r.Gw)
-			if want, keep := routes[dst.Unmap()]; ok && keep && gwOK && gw.Unmap() == want.Unmap() {
-				continue
-			}
-			if err := d.nl.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("delete tunnel route %s: %w", r.Dst, err))
-			}
-		}
-	}
-	for _, dst := range slices.SortedFunc(maps.Keys(routes), netip.Addr.Compare) {
-		gw := routes[dst]
-		dst, gw = dst.Unmap(), gw.Unmap()
-		if !dst.IsValid() || !gw.IsValid() || dst.Is4() != gw.Is4() {
-			errs = append(errs, fmt.Errorf("tunnel route %s via %s: want both of one family", dst, gw))
-			continue
-		}
-		r := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(dst, dst.BitLen())), Gw: gw.AsSlice(), Protocol: TunnelRouteProtocol}
-		if err := d.nl.RouteReplace(r); err != nil {
-			errs = append(errs, fmt.Errorf("tunnel route %s via %s: %w", dst, gw, err))
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -82,13 +82,6 @@ func ensureIP6Tunnel(nh *netlink.Handle, self netip.Addr) (netlink.Link, error) 
 	return l, setUp(nh, l)
 }
 
-func setUp(nh *netlink.Handle, l netlink.Link) error {
-	if err := nh.LinkSetUp(l); err != nil {
-		return fmt.Errorf("set %s up: %w", l.Attrs().Name, err)
-	}
-	return nil
-}
-
 // ensureTunnel6Address makes self the only global address of tun, and
 // takes the kernel's local route for it away.
 func ensureTunnel6Address(nh *netlink.Handle, tun netlink.Link, self netip.Addr) error {
