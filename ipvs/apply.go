@@ -24,8 +24,8 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	d.applyServices(p, f)
 	d.restrict(p.Filter, f)
 	d.allow(p.Filter.AddAllow, f)
-	d.applyTier2(p.Tier2, f)
-	d.applyInCluster(p.InCluster, f)
+	d.tier2.apply(d.nft, p.Tier2, f)
+	d.cluster.apply(d.nft, p.InCluster, f)
 	d.clearStaleFlows(p.StaleFlows, f)
 	d.applyBackends(p, f)
 	d.disallow(p.Filter.DelAllow, f)
@@ -40,8 +40,8 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	}
 	p.ApplyTo(&d.cache)
 	p.Filter.ApplyTo(&d.filter)
-	p.Tier2.ApplyTo(d.tier2)
-	p.InCluster.ApplyTo(d.cluster)
+	p.Tier2.ApplyTo(d.tier2.have)
+	p.InCluster.ApplyTo(d.cluster.have)
 	d.targets.update(d.cache, p.serviceKeys())
 	changed := false
 	for k, addrs := range next {

@@ -68,8 +68,7 @@ type Dataplane struct {
 	nft   *nftTables // nil with Options.NoSNAT and NoFilter
 	snat  bool       // source NAT is on
 	guard bool       // the VIP filter is on
-	// tunnel is on with Options.Tunnel; tier2 is the tier-2 map as last
-	// read, plus what was applied since (valid with cache).
+	// tunnel is on with Options.Tunnel.
 	tunnel bool
 	// tunnel6 is on when the two tiers also serve IPv6 VIPs: ip6ip6 to
 	// IPv6 tunnel addresses (Tunnel.Self6, tunnel6.go), or 6in4 to the IPv4
@@ -83,13 +82,12 @@ type Dataplane struct {
 	// family than their virtual server (mixeddest.go), with tunnel.
 	genl *genlConn
 	// no6 says why IPv6 VIPs keep one tier with Options.Tunnel.
-	no6   error
-	tier2 Tier2
-	// inCluster is on with source NAT: the in-cluster map (incluster.go),
-	// as last read plus what was applied since, is cluster.
-	inCluster    bool
-	cluster      Tier2
-	inClusterErr error // why the map is off with source NAT on
+	no6 error
+	// tier2 and cluster are the slot maps (slotmap.go), each as last read
+	// plus what was applied since (valid with cache): tier 2, on with
+	// Options.Tunnel, and the in-cluster map, on with source NAT unless
+	// its chains could not be made.
+	tier2, cluster *slotMap
 	// serving are the UDP and SCTP virtual servers' Local endpoints as
 	// last planned, for their stale flows (staleflows.go).
 	serving servingSets
@@ -151,8 +149,8 @@ func New(opts Options) (*Dataplane, error) {
 		return nil, fmt.Errorf("ipvs netlink: %w (is the ip_vs module loaded?)", err)
 	}
 	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true,
-		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, tier2: Tier2{}, serving: servingSets{},
-		inCluster: !opts.NoSNAT, cluster: Tier2{}}
+		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, serving: servingSets{},
+		tier2: newTier2Map(opts.Tunnel != nil), cluster: newInClusterMap(!opts.NoSNAT)}
 	d.chooseIPv6(opts)
 	if err := enableExpireNodest(); err != nil {
 		d.staleErr = fmt.Errorf("%w: the flows of a deleted real server are dropped until their entries time out (UDP: 300 s) instead of going to another one; prepare the node (`vipcast-speaker %s` in a privileged init container, speaker.ipvs.prepareNode: true) or set net.ipv4.vs.expire_nodest_conn=1 on it", err, PrepareNodeCommand)
@@ -165,7 +163,7 @@ func New(opts Options) (*Dataplane, error) {
 			return nil, fmt.Errorf("two-tier dataplane: %w", err)
 		}
 	}
-	if d.tunnel || d.inCluster {
+	if d.tunnel || d.cluster.on() {
 		if d.ct, err = netlink.NewHandle(unix.NETLINK_NETFILTER); err != nil {
 			_ = d.Close()
 			return nil, fmt.Errorf("conntrack netlink: %w", err)
@@ -226,7 +224,7 @@ func (d *Dataplane) setupNFT(opts Options) error {
 	if err := d.setupTunnel(opts.Tunnel); err != nil {
 		return err
 	}
-	if !d.inCluster {
+	if !d.cluster.on() {
 		return nil
 	}
 	// The pods' connections take the map where their family has one tier
@@ -241,7 +239,7 @@ func (d *Dataplane) setupNFT(opts Options) error {
 	if err := d.nft.setupInCluster(pods); err != nil {
 		// Serving without the map beats not serving: the in-cluster
 		// clients then go through IPVS, as they did before it.
-		d.inCluster, d.inClusterErr = false, fmt.Errorf("in-cluster clients (the nodes' own connections, and the pods' under Local with one tier) go through IPVS and may be refused: %w", err)
+		d.cluster.off = fmt.Errorf("in-cluster clients (the nodes' own connections, and the pods' under Local with one tier) go through IPVS and may be refused: %w", err)
 	}
 	return nil
 }
@@ -253,7 +251,10 @@ func (d *Dataplane) setupNFT(opts Options) error {
 func (d *Dataplane) InClusterProblem() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.inClusterErr
+	if !d.snat {
+		return nil
+	}
+	return d.cluster.off
 }
 
 // StaleFlowsProblem is why IPVS keeps the flows of a deleted real server

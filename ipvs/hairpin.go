@@ -137,7 +137,7 @@ func (d *Dataplane) hairpinNext(p Plan) map[Key][]netip.Addr {
 		if s, ok := d.cache.Services[k]; ok {
 			after.Services[k] = s
 		}
-		if s, ok := d.tier2[k]; ok {
+		if s, ok := d.tier2.have[k]; ok {
 			slots[k] = slices.Clone(s)
 		}
 	}

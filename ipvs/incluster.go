@@ -210,25 +210,3 @@ func slotDNATRules(fam tier2Family, m *nftables.Set, match []expr.Any) [][]expr.
 		dnat(&expr.Numgen{Register: after + 2, Modulus: Tier2Slots, Type: unix.NFT_NG_RANDOM}),
 	}
 }
-
-// readInCluster reads the in-cluster maps of both families.
-func (n *nftTables) readInCluster() (Tier2, error) { return n.readSlots(n.incluster, inClusterMap) }
-
-// applyInCluster performs the in-cluster map's changes (planned only
-// while the map is on).
-func (d *Dataplane) applyInCluster(p Tier2Plan, f *failures) {
-	if p.Len() == 0 {
-		return
-	}
-	err := d.nft.updateSlots(d.nft.incluster, inClusterMap, "the in-cluster map is off", p)
-	if err == nil {
-		return
-	}
-	keys := map[Key]bool{}
-	for _, s := range append(slices.Clone(p.Del), p.Add...) {
-		if !keys[s.Key] {
-			keys[s.Key] = true
-			f.addKey(s.Key, "in-cluster map of "+s.Key.String(), err)
-		}
-	}
-}

@@ -76,15 +76,11 @@ func (d *Dataplane) read(withBackends func(Key, map[netip.Addr]struct{}) bool) (
 			return k, fmt.Errorf("VIP filter: %w", err)
 		}
 	}
-	if d.tunnel {
-		if k.tier2, err = d.nft.readTier2(); err != nil {
-			return k, fmt.Errorf("tier 2: %w", err)
-		}
+	if k.tier2, err = d.tier2.read(d.nft); err != nil {
+		return k, err
 	}
-	if d.inCluster {
-		if k.cluster, err = d.nft.readInCluster(); err != nil {
-			return k, fmt.Errorf("in-cluster map: %w", err)
-		}
+	if k.cluster, err = d.cluster.read(d.nft); err != nil {
+		return k, err
 	}
 	return k, nil
 }

@@ -62,18 +62,14 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 		// source NAT set.
 		p.Filter = DiffFilter(FilterOf(desired), kern.filter)
 	}
-	if d.tunnel {
-		p.Tier2 = DiffTier2(Tier2Of(desired), kern.tier2)
-	}
-	if d.inCluster {
-		p.InCluster = DiffTier2(InClusterOf(desired), kern.cluster)
-	}
+	p.Tier2 = d.tier2.diff(desired, kern.tier2)
+	p.InCluster = d.cluster.diff(desired, kern.cluster)
 	if d.ct != nil {
 		in := desiredIn(desired)
 		p.StaleFlows = mergeStale(staleFlows(p.Tier2, in), staleFlows(p.InCluster, in), d.serving.updateAll(desired))
 	}
 	wasStale := d.stale
-	d.cache, d.filter, d.tier2, d.cluster, d.stale = actual, kern.filter, kern.tier2, kern.cluster, false
+	d.cache, d.filter, d.tier2.have, d.cluster.have, d.stale = actual, kern.filter, kern.tier2, kern.cluster, false
 	d.targets.reset(d.cache)
 	// The hairpin sets are vipcast's alone: read and repaired whole, before
 	// the plan gives any endpoint its first flow.
@@ -211,12 +207,8 @@ func (d *Dataplane) diffService(key Key, desired *Service) Plan {
 	if d.guard {
 		p.Filter = filterStep(key, desired, p, d.filter)
 	}
-	if d.tunnel {
-		p.Tier2 = tier2Step(key, desired, d.tier2)
-	}
-	if d.inCluster {
-		p.InCluster = slotStep(key, desired, d.cluster, inClusterWant)
-	}
+	p.Tier2 = d.tier2.step(key, desired)
+	p.InCluster = d.cluster.step(key, desired)
 	if d.ct != nil {
 		one := desiredOne(key, desired)
 		p.StaleFlows = mergeStale(staleFlows(p.Tier2, one), staleFlows(p.InCluster, one), d.serving.update(key, desired))
@@ -276,7 +268,7 @@ func (d *Dataplane) refresh() error {
 	if err != nil {
 		return err
 	}
-	d.cache, d.filter, d.tier2, d.cluster, d.stale = k.st, k.filter, k.tier2, k.cluster, false
+	d.cache, d.filter, d.tier2.have, d.cluster.have, d.stale = k.st, k.filter, k.tier2, k.cluster, false
 	d.targets.reset(d.cache)
 	return nil
 }

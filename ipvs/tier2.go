@@ -171,7 +171,7 @@ func (p *Tier2Plan) sort() {
 // ApplyTo performs p on t in memory. A virtual server's slots are copied
 // once, on its first change (t may share them with another Tier2), and a
 // virtual server left with no endpoint is removed: the cost is one copy per
-// virtual server changed, not per element (readTier2 builds the whole map
+// virtual server changed, not per element (readSlots builds the whole map
 // this way).
 func (p Tier2Plan) ApplyTo(t Tier2) {
 	touched := map[Key]bool{}

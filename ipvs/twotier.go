@@ -100,28 +100,6 @@ func (d *Dataplane) repairTunnelNode() error {
 	return nil
 }
 
-// applyTier2 performs the tier-2 map's changes, before tier 1 gets its
-// real servers: a node's endpoints are in its tier 2 before its own tier 1
-// sends to it.
-func (d *Dataplane) applyTier2(p Tier2Plan, f *failures) {
-	if p.Len() == 0 {
-		return
-	}
-	if !d.tunnel {
-		f.add("tier 2", errors.New("the two-tier dataplane is off (Options.Tunnel)"))
-		return
-	}
-	if err := d.nft.updateTier2(p); err != nil {
-		keys := map[Key]bool{}
-		for _, s := range append(slices.Clone(p.Del), p.Add...) {
-			if !keys[s.Key] {
-				keys[s.Key] = true
-				f.addKey(s.Key, "tier 2 of "+s.Key.String(), err)
-			}
-		}
-	}
-}
-
 // TunnelRouteProtocol marks the routes SetTunnelRoutes programs (the
 // rtnetlink protocol field, "proto 96" in ip route), so that it finds and
 // removes its own and no other.
