@@ -27,13 +27,14 @@ import (
 // back, in one netlink message (see above). An absent b is just added; a
 // b the deletion left (it failed) is updated.
 func (d *Dataplane) againDest(k Key, b Backend) error {
-	if d.genl == nil {
+	g := d.tiers.genl()
+	if g == nil {
 		return errNoGenl
 	}
 	var msg []byte
 	var seqs [2]uint32
 	for i, cmd := range [2]uint8{ipvsCmdDelDest, ipvsCmdNewDest} {
-		req := nl.NewNetlinkRequest(d.genl.id, unix.NLM_F_ACK)
+		req := nl.NewNetlinkRequest(g.id, unix.NLM_F_ACK)
 		req.AddData(&nl.Genlmsg{Command: cmd, Version: ipvsGenlVersion})
 		svc, dest := destAttrs(cmd, k, b)
 		req.AddData(svc)
@@ -44,7 +45,7 @@ func (d *Dataplane) againDest(k Key, b Backend) error {
 			msg = append(msg, 0)
 		}
 	}
-	sock := d.genl.sock.Socket
+	sock := g.sock.Socket
 	if err := unix.Sendto(sock.GetFd(), msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("send: %w", err)
 	}

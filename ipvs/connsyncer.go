@@ -35,10 +35,7 @@ func (d *Dataplane) setupConnSync(c *ConnSync) error {
 	}
 	if err := d.runConnSync(*c); err != nil {
 		d.connSyncErr = errors.Join(err, stopConnSyncID(c.ID))
-		if d.tunnel && !d.ip6ip6 {
-			// IPv6 VIPs stay on one tier: the chains were set up so.
-			d.no6 = errors.New("connection sync was asked for (its daemons did not start: see the sync problem), and the kernel does not sync the connections of an IPv6 VIP tunnelled to IPv4 tunnel addresses")
-		}
+		d.tiers.connSyncFailed()
 	}
 	return nil
 }

@@ -68,21 +68,9 @@ type Dataplane struct {
 	nft   *nftTables // nil with Options.NoSNAT and NoFilter
 	snat  bool       // source NAT is on
 	guard bool       // the VIP filter is on
-	// tunnel is on with Options.Tunnel.
-	tunnel bool
-	// tunnel6 is on when the two tiers also serve IPv6 VIPs: ip6ip6 to
-	// IPv6 tunnel addresses (Tunnel.Self6, tunnel6.go), or 6in4 to the IPv4
-	// ones without connection sync (on a node with IPv6 and sit0).
-	tunnel6 bool
-	// ip6ip6 is on when IPv6 VIPs go to IPv6 tunnel addresses.
-	ip6ip6 bool
-	// tunnelCfg is Options.Tunnel, for the node's side of a full Sync.
-	tunnelCfg *Tunnel
-	// genl is the generic netlink socket for real servers of another
-	// family than their virtual server (mixeddest.go), with tunnel.
-	genl *genlConn
-	// no6 says why IPv6 VIPs keep one tier with Options.Tunnel.
-	no6 error
+	// tiers forwards with one tier, or with two with Options.Tunnel
+	// (twotier.go).
+	tiers tiers
 	// tier2 and cluster are the slot maps (slotmap.go), each as last read
 	// plus what was applied since (valid with cache): tier 2, on with
 	// Options.Tunnel, and the in-cluster map, on with source NAT unless
@@ -149,21 +137,18 @@ func New(opts Options) (*Dataplane, error) {
 		return nil, fmt.Errorf("ipvs netlink: %w (is the ip_vs module loaded?)", err)
 	}
 	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true,
-		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tunnel: opts.Tunnel != nil, serving: servingSets{},
+		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tiers: oneTier{}, serving: servingSets{},
 		tier2: newTier2Map(opts.Tunnel != nil), cluster: newInClusterMap(!opts.NoSNAT)}
-	d.chooseIPv6(opts)
 	if err := enableExpireNodest(); err != nil {
 		d.staleErr = fmt.Errorf("%w: the flows of a deleted real server are dropped until their entries time out (UDP: 300 s) instead of going to another one; prepare the node (`vipcast-speaker %s` in a privileged init container, speaker.ipvs.prepareNode: true) or set net.ipv4.vs.expire_nodest_conn=1 on it", err, PrepareNodeCommand)
 	}
-	if d.tunnel {
-		t := *opts.Tunnel
-		d.tunnelCfg = &t
-		if d.genl, err = openGenl(); err != nil {
-			_ = d.Close()
-			return nil, fmt.Errorf("two-tier dataplane: %w", err)
-		}
+	tiers, err := newTiers(opts)
+	if err != nil {
+		_ = d.Close()
+		return nil, err
 	}
-	if d.tunnel || d.cluster.on() {
+	d.tiers = tiers
+	if d.tier2.on() || d.cluster.on() {
 		if d.ct, err = netlink.NewHandle(unix.NETLINK_NETFILTER); err != nil {
 			_ = d.Close()
 			return nil, fmt.Errorf("conntrack netlink: %w", err)
@@ -221,20 +206,19 @@ func (d *Dataplane) setupNFT(opts Options) error {
 			return err
 		}
 	}
-	if err := d.setupTunnel(opts.Tunnel); err != nil {
+	if err := d.tiers.setup(d.nl, d.nft); err != nil {
 		return err
 	}
 	if !d.cluster.on() {
 		return nil
 	}
 	// The pods' connections take the map where their family has one tier
-	// (decided by setupTunnel); with two, tier 1.
+	// (decided by the tiers' setup); with two, tier 1.
 	pods := podCIDRsByFamily(opts.PodCIDRs)
-	if d.tunnel {
-		pods[0] = nil
-	}
-	if d.tunnel6 {
-		pods[1] = nil
+	for i, two := range d.tiers.families() {
+		if two {
+			pods[i] = nil
+		}
 	}
 	if err := d.nft.setupInCluster(pods); err != nil {
 		// Serving without the map beats not serving: the in-cluster
@@ -287,9 +271,7 @@ func (d *Dataplane) close() {
 	}
 	d.ipvs.Close()
 	d.nl.Close()
-	if d.genl != nil {
-		d.genl.close()
-	}
+	d.tiers.close()
 	if d.ct != nil {
 		d.ct.Close()
 	}

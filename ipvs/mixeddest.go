@@ -70,11 +70,12 @@ func (g *genlConn) close() { g.sock.Socket.Close() }
 // server b of another family than its virtual server k, with the
 // attributes kernelDest gives moby/ipvs and the family it leaves out.
 func (d *Dataplane) mixedDest(cmd uint8, k Key, b Backend) error {
-	if d.genl == nil {
+	g := d.tiers.genl()
+	if g == nil {
 		return errNoGenl
 	}
 	svc, dest := destAttrs(cmd, k, b)
-	_, err := ipvsGenlExec(d.genl.id, d.genl.sock, cmd, unix.NLM_F_ACK, svc, dest)
+	_, err := ipvsGenlExec(g.id, g.sock, cmd, unix.NLM_F_ACK, svc, dest)
 	return err
 }
 

@@ -84,8 +84,8 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	return p, f.syncErrors(desired)
 }
 
-// applySynced applies p, the plan of a Sync to desired, and with two
-// tiers repairs the node's side of them. After a stale Sync (wasStale),
+// applySynced applies p, the plan of a Sync to desired, and has the tiers
+// repair the node's side of them (two tiers: the tunnels). After a stale Sync (wasStale),
 // one walk of the conntrack table clears the flows p names and those no
 // plan named (clearUnserved), in place of clearStaleFlows' own walk.
 func (d *Dataplane) applySynced(p Plan, desired State, wasStale bool) *failures {
@@ -97,10 +97,7 @@ func (d *Dataplane) applySynced(p Plan, desired State, wasStale bool) *failures 
 	if wasStale {
 		d.clearUnserved(desired, stale, f)
 	}
-	if !d.tunnel {
-		return f
-	}
-	if err := d.repairTunnelNode(); err != nil {
+	if err := d.tiers.repair(d.nl); err != nil {
 		f.add("the two-tier dataplane's setup on the node", err)
 	}
 	return f
@@ -125,24 +122,8 @@ func (d *Dataplane) check(svc Service) error {
 		return fmt.Errorf("virtual server %s: source NAT wanted, but the dataplane runs with NoSNAT", svc.Key())
 	case svc.Restricted && !d.guard:
 		return fmt.Errorf("virtual server %s: source ranges wanted, but the dataplane runs with NoFilter, which enforces them", svc.Key())
-	case svc.SNAT && d.tunnel && (svc.VIP.Unmap().Is4() || d.tunnel6):
-		return fmt.Errorf("virtual server %s: source NAT wanted, but the two-tier dataplane keeps the client's address and does not use it", svc.Key())
-	case d.tunnel && !svc.VIP.Unmap().Is4() && !d.tunnel6 && (len(svc.Local) > 0 || slices.ContainsFunc(svc.Backends, func(b Backend) bool { return b.Tunnel })):
-		return fmt.Errorf("virtual server %s: IPv6 VIPs keep one tier on this node: %w", svc.Key(), d.no6)
-	case d.tunnel6 && !svc.VIP.Unmap().Is4() && slices.ContainsFunc(svc.Backends, func(b Backend) bool { return b.Tunnel && b.Addr.Unmap().Is4() == d.ip6ip6 }):
-		want := "IPv4 tunnel addresses (6in4): this node has no IPv6 tunnel address"
-		if d.ip6ip6 {
-			want = "IPv6 tunnel addresses (ip6ip6), as this node's is"
-		}
-		return fmt.Errorf("virtual server %s: an IPv6 VIP's tunnel real servers must be %s", svc.Key(), want)
-	case d.tunnel:
-		return nil
-	case len(svc.Local) > 0:
-		return fmt.Errorf("virtual server %s: local endpoints are for the two-tier dataplane, which is off (Options.Tunnel)", svc.Key())
-	case slices.ContainsFunc(svc.Backends, func(b Backend) bool { return b.Tunnel }):
-		return fmt.Errorf("virtual server %s: tunnel real servers are for the two-tier dataplane, which is off (Options.Tunnel)", svc.Key())
 	}
-	return nil
+	return d.tiers.check(svc)
 }
 
 // SyncService makes one virtual server match desired (nil: delete it) using

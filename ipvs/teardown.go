@@ -56,7 +56,7 @@ func (d *Dataplane) Teardown() error {
 	// answer on every port of the node.
 	errs := []error{d.teardownServices(), deleteLink(d.nl, d.name, "dummy")}
 	if d.nft != nil {
-		errs = append(errs, d.nft.removeTables(), d.removeTunnelNode())
+		errs = append(errs, d.nft.removeTables(), removeTunnelNode(d.nl))
 	}
 	if d.connSync != nil {
 		errs = append(errs, stopConnSyncID(d.connSync.ID))

@@ -3,6 +3,7 @@ package ipvs
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -492,17 +493,64 @@ func dropTunnelRule(nh *netlink.Handle, fam int) error {
 // go with it), for both families, and IP6TunnelLink. It goes on past a
 // failure and returns them all; what is already gone is fine. tunl0, sit0
 // and the sysctls stay.
-func (d *Dataplane) removeTunnelNode() error {
+func removeTunnelNode(nh *netlink.Handle) error {
 	return errors.Join(
-		dropTunnelRule(d.nl, unix.AF_INET),
-		dropStaleTunnelRoutes(d.nl, nil, unix.AF_INET, netip.Addr{}),
-		dropTunnel6(d.nl),
-		d.setTunnelRoutes(nil),
-		deleteLink(d.nl, LoopLink, "veth"), // LoopPeer goes with it
+		dropTunnelRule(nh, unix.AF_INET),
+		dropStaleTunnelRoutes(nh, nil, unix.AF_INET, netip.Addr{}),
+		dropTunnel6(nh),
+		setTunnelRoutes(nh, nil),
+		deleteLink(nh, LoopLink, "veth"), // LoopPeer goes with it
 	)
 }
 
 // prefixNet converts p for netlink.
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// TunnelRouteProtocol marks the routes SetTunnelRoutes programs (the
+// rtnetlink protocol field, "proto 96" in ip route), so that it finds and
+// removes its own and no other.
+const TunnelRouteProtocol = 96
+
+// setTunnelRoutes is SetTunnelRoutes through nh, also with the two-tier
+// dataplane off (Teardown: routes nil deletes every route it programmed).
+func setTunnelRoutes(nh *netlink.Handle, routes map[netip.Addr]netip.Addr) error {
+	var errs []error
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		have, err := dump("tunnel routes", func() ([]netlink.Route, error) {
+			return nh.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: TunnelRouteProtocol},
+				netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+		})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, r := range have {
+			if r.Dst == nil {
+				continue
+			}
+			dst, ok := netip.AddrFromSlice(r.Dst.IP)
+			gw, gwOK := netip.AddrFromSlice(r.Gw)
+			if want, keep := routes[dst.Unmap()]; ok && keep && gwOK && gw.Unmap() == want.Unmap() {
+				continue
+			}
+			if err := nh.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("delete tunnel route %s: %w", r.Dst, err))
+			}
+		}
+	}
+	for _, dst := range slices.SortedFunc(maps.Keys(routes), netip.Addr.Compare) {
+		gw := routes[dst]
+		dst, gw = dst.Unmap(), gw.Unmap()
+		if !dst.IsValid() || !gw.IsValid() || dst.Is4() != gw.Is4() {
+			errs = append(errs, fmt.Errorf("tunnel route %s via %s: want both of one family", dst, gw))
+			continue
+		}
+		r := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(dst, dst.BitLen())), Gw: gw.AsSlice(), Protocol: TunnelRouteProtocol}
+		if err := nh.RouteReplace(r); err != nil {
+			errs = append(errs, fmt.Errorf("tunnel route %s via %s: %w", dst, gw, err))
+		}
+	}
+	return errors.Join(errs...)
 }
