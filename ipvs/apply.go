@@ -26,7 +26,7 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	d.allow(p.Filter.AddAllow, f)
 	d.tier2.apply(d.nft, p.Tier2, f)
 	d.cluster.apply(d.nft, p.InCluster, f)
-	d.clearStaleFlows(p.StaleFlows, f)
+	d.ct.clear(p.StaleFlows, f)
 	d.applyBackends(p, f)
 	d.disallow(p.Filter.DelAllow, f)
 	d.unrestrict(p.Filter, f)

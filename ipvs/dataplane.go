@@ -76,9 +76,6 @@ type Dataplane struct {
 	// Options.Tunnel, and the in-cluster map, on with source NAT unless
 	// its chains could not be made.
 	tier2, cluster *slotMap
-	// serving are the UDP and SCTP virtual servers' Local endpoints as
-	// last planned, for their stale flows (staleflows.go).
-	serving servingSets
 	// connSync is Options.ConnSync when on, with its link resolved, for
 	// Teardown and ConnSync.
 	connSync *ConnSync
@@ -91,10 +88,9 @@ type Dataplane struct {
 	// hairpin are the endpoints the hairpin sets hold, by virtual server
 	// (hairpin.go).
 	hairpin hairpins
-	// ct is a netfilter netlink handle in New's namespace, for the
-	// conntrack entries of stale flows (with two tiers or the in-cluster
-	// map; nil otherwise).
-	ct *netlink.Handle
+	// ct finds the stale flows of the plans and clears their conntrack
+	// entries (staleflows.go): with a slot map on; nil otherwise.
+	ct *conntrack
 	// relay carries the daemons' messages with ConnSync.Relay; targets
 	// are the tier-1 virtual servers it lets connections name, kept with
 	// cache.
@@ -137,7 +133,7 @@ func New(opts Options) (*Dataplane, error) {
 		return nil, fmt.Errorf("ipvs netlink: %w (is the ip_vs module loaded?)", err)
 	}
 	d := &Dataplane{ipvs: ih, nl: nh, link: link, name: opts.LinkName, stale: true,
-		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tiers: oneTier{}, serving: servingSets{},
+		snat: !opts.NoSNAT, guard: !opts.NoFilter, filter: NewFilter(), tiers: oneTier{},
 		tier2: newTier2Map(opts.Tunnel != nil), cluster: newInClusterMap(!opts.NoSNAT)}
 	if err := enableExpireNodest(); err != nil {
 		d.staleErr = fmt.Errorf("%w: the flows of a deleted real server are dropped until their entries time out (UDP: 300 s) instead of going to another one; prepare the node (`vipcast-speaker %s` in a privileged init container, speaker.ipvs.prepareNode: true) or set net.ipv4.vs.expire_nodest_conn=1 on it", err, PrepareNodeCommand)
@@ -149,9 +145,9 @@ func New(opts Options) (*Dataplane, error) {
 	}
 	d.tiers = tiers
 	if d.tier2.on() || d.cluster.on() {
-		if d.ct, err = netlink.NewHandle(unix.NETLINK_NETFILTER); err != nil {
+		if d.ct, err = newConntrack(); err != nil {
 			_ = d.Close()
-			return nil, fmt.Errorf("conntrack netlink: %w", err)
+			return nil, err
 		}
 	}
 	err = d.setupNFT(opts)
@@ -272,9 +268,7 @@ func (d *Dataplane) close() {
 	d.ipvs.Close()
 	d.nl.Close()
 	d.tiers.close()
-	if d.ct != nil {
-		d.ct.Close()
-	}
+	d.ct.close()
 	if d.nft != nil {
 		d.nft.close()
 	}

@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -162,30 +163,78 @@ func desiredOne(key Key, desired *Service) func(Key) *Service {
 // New opens with the two tiers or the in-cluster map only.
 var errNoConntrackHandle = errors.New("no conntrack netlink socket (neither the two-tier dataplane nor the in-cluster map is on)")
 
-// clearStaleFlows deletes the conntrack entries of the flows in stale:
+// conntrack finds the stale flows of the plans and deletes their
+// conntrack entries, through a netfilter netlink handle in New's network
+// namespace. A Dataplane has one while a slot map is on (the two tiers,
+// the in-cluster map); without, its conntrack is nil, which finds no stale
+// flow.
+type conntrack struct {
+	h *netlink.Handle
+	// serving are the UDP and SCTP virtual servers' Local and Cluster
+	// endpoints as last planned.
+	serving servingSets
+}
+
+// newConntrack opens the handle.
+func newConntrack() (*conntrack, error) {
+	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
+	if err != nil {
+		return nil, fmt.Errorf("conntrack netlink: %w", err)
+	}
+	return &conntrack{h: h, serving: servingSets{}}, nil
+}
+
+// close releases the handle.
+func (c *conntrack) close() {
+	if c != nil {
+		c.h.Close()
+	}
+}
+
+// staleOfSync returns the stale flows of p, a full Sync's plan to
+// desired.
+func (c *conntrack) staleOfSync(p Plan, desired State) []StaleFlow {
+	if c == nil {
+		return nil
+	}
+	in := desiredIn(desired)
+	return mergeStale(staleFlows(p.Tier2, in), staleFlows(p.InCluster, in), c.serving.updateAll(desired))
+}
+
+// staleOfService returns the stale flows of p, the plan of the one
+// virtual server key to desired (nil: it goes).
+func (c *conntrack) staleOfService(p Plan, key Key, desired *Service) []StaleFlow {
+	if c == nil {
+		return nil
+	}
+	one := desiredOne(key, desired)
+	return mergeStale(staleFlows(p.Tier2, one), staleFlows(p.InCluster, one), c.serving.update(key, desired))
+}
+
+// clear deletes the conntrack entries of the flows in stale:
 // the protocol, original destination the VIP and port, reply source the
 // endpoint's address (a virtual server sends to one port of it). One walk
 // of the conntrack table per family.
-func (d *Dataplane) clearStaleFlows(stale []StaleFlow, f *failures) {
+func (c *conntrack) clear(stale []StaleFlow, f *failures) {
 	if len(stale) == 0 {
 		return
 	}
-	if d.ct == nil {
+	if c == nil {
 		f.add("stale flows", errNoConntrackHandle)
 		return
 	}
 	var filters [2][]netlink.CustomConntrackFilter
 	for _, s := range stale {
-		var c netlink.ConntrackFilter
-		err := c.AddProtocol(uint8(s.Key.Protocol)) //nolint:gosec // G115: staleFlows keeps UDP (17) and SCTP (132)
+		var cf netlink.ConntrackFilter
+		err := cf.AddProtocol(uint8(s.Key.Protocol)) //nolint:gosec // G115: staleFlows keeps UDP (17) and SCTP (132)
 		if err == nil {
-			err = c.AddIP(netlink.ConntrackOrigDstIP, net.IP(s.Key.VIP.AsSlice()))
+			err = cf.AddIP(netlink.ConntrackOrigDstIP, net.IP(s.Key.VIP.AsSlice()))
 		}
 		if err == nil {
-			err = c.AddPort(netlink.ConntrackOrigDstPort, s.Key.Port)
+			err = cf.AddPort(netlink.ConntrackOrigDstPort, s.Key.Port)
 		}
 		if err == nil {
-			err = c.AddIP(netlink.ConntrackReplySrcIP, net.IP(s.To.Addr().AsSlice()))
+			err = cf.AddIP(netlink.ConntrackReplySrcIP, net.IP(s.To.Addr().AsSlice()))
 		}
 		if err != nil {
 			f.addKey(s.Key, "stale flows of "+s.Key.String()+" to "+s.To.String(), err)
@@ -195,7 +244,7 @@ func (d *Dataplane) clearStaleFlows(stale []StaleFlow, f *failures) {
 		if s.Key.VIP.Is6() {
 			fam = 1
 		}
-		filters[fam] = append(filters[fam], &c)
+		filters[fam] = append(filters[fam], &cf)
 	}
 	for fam, fs := range filters {
 		if len(fs) == 0 {
@@ -205,7 +254,7 @@ func (d *Dataplane) clearStaleFlows(stale []StaleFlow, f *failures) {
 		if fam == 1 {
 			family = unix.AF_INET6
 		}
-		if err := d.deleteFlows(family, fs...); err != nil {
+		if err := c.deleteFlows(family, fs...); err != nil {
 			f.add("delete the conntrack entries of stale UDP and SCTP flows", err)
 		}
 	}
@@ -259,33 +308,36 @@ func (s servedBy) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 // desired's virtual servers that went to an endpoint desired does not
 // list, and those of the flows in stale, in one walk of the table per
 // family. A full Sync after New (or after a failure) does it, in place of
-// clearStaleFlows: what servingSets knew of the endpoints that drained
+// clear: what servingSets knew of the endpoints that drained
 // before they left is gone with the process that knew it, and the
 // endpoints that left while no speaker ran left no plan behind; as
 // kube-proxy reconciles the whole conntrack table against its endpoints.
-func (d *Dataplane) clearUnserved(desired State, stale []StaleFlow, f *failures) {
-	if d.ct == nil {
-		return
+// It reports whether it cleared them all.
+func (c *conntrack) clearUnserved(desired State, stale []StaleFlow, f *failures) (ok bool) {
+	if c == nil {
+		return true
 	}
 	served := servedByOf(desired, stale)
 	if len(served) == 0 {
-		return
+		return true
 	}
+	ok = true
 	for _, family := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
-		if err := d.deleteFlows(family, served); err != nil {
+		if err := c.deleteFlows(family, served); err != nil {
 			f.add("delete the conntrack entries of UDP and SCTP flows to endpoints that left", err)
-			d.stale = true // the next Sync walks the table again
+			ok = false
 		}
 	}
+	return ok
 }
 
 // deleteFlows walks the conntrack table of family once and deletes the
 // flows filters match. A walk the kernel marks interrupted (the table
 // changed under it) has deleted what it read and may have missed some: it
 // is made again, through dump.
-func (d *Dataplane) deleteFlows(family netlink.InetFamily, filters ...netlink.CustomConntrackFilter) error {
+func (c *conntrack) deleteFlows(family netlink.InetFamily, filters ...netlink.CustomConntrackFilter) error {
 	_, err := dump("the conntrack table", func() ([]uint, error) {
-		n, err := d.ct.ConntrackDeleteFilters(netlink.ConntrackTable, family, filters...)
+		n, err := c.h.ConntrackDeleteFilters(netlink.ConntrackTable, family, filters...)
 		return []uint{n}, err
 	})
 	return err

@@ -64,10 +64,7 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	}
 	p.Tier2 = d.tier2.diff(desired, kern.tier2)
 	p.InCluster = d.cluster.diff(desired, kern.cluster)
-	if d.ct != nil {
-		in := desiredIn(desired)
-		p.StaleFlows = mergeStale(staleFlows(p.Tier2, in), staleFlows(p.InCluster, in), d.serving.updateAll(desired))
-	}
+	p.StaleFlows = d.ct.staleOfSync(p, desired)
 	wasStale := d.stale
 	d.cache, d.filter, d.tier2.have, d.cluster.have, d.stale = actual, kern.filter, kern.tier2, kern.cluster, false
 	d.targets.reset(d.cache)
@@ -87,15 +84,15 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 // applySynced applies p, the plan of a Sync to desired, and has the tiers
 // repair the node's side of them (two tiers: the tunnels). After a stale Sync (wasStale),
 // one walk of the conntrack table clears the flows p names and those no
-// plan named (clearUnserved), in place of clearStaleFlows' own walk.
+// plan named (clearUnserved), in place of clear's own walk.
 func (d *Dataplane) applySynced(p Plan, desired State, wasStale bool) *failures {
 	stale := p.StaleFlows
 	if wasStale {
 		p.StaleFlows = nil // a copy: the Sync's plan keeps them
 	}
 	f := d.applyPlan(p)
-	if wasStale {
-		d.clearUnserved(desired, stale, f)
+	if wasStale && !d.ct.clearUnserved(desired, stale, f) {
+		d.stale = true // the next Sync walks the table again
 	}
 	if err := d.tiers.repair(d.nl); err != nil {
 		f.add("the two-tier dataplane's setup on the node", err)
@@ -190,10 +187,7 @@ func (d *Dataplane) diffService(key Key, desired *Service) Plan {
 	}
 	p.Tier2 = d.tier2.step(key, desired)
 	p.InCluster = d.cluster.step(key, desired)
-	if d.ct != nil {
-		one := desiredOne(key, desired)
-		p.StaleFlows = mergeStale(staleFlows(p.Tier2, one), staleFlows(p.InCluster, one), d.serving.update(key, desired))
-	}
+	p.StaleFlows = d.ct.staleOfService(p, key, desired)
 	return p
 }
 
