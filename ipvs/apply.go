@@ -42,7 +42,7 @@ func (d *Dataplane) applyPlan(p Plan) *failures {
 	p.Filter.ApplyTo(&d.filter)
 	p.Tier2.ApplyTo(d.tier2.have)
 	p.InCluster.ApplyTo(d.cluster.have)
-	d.targets.update(d.cache, p.serviceKeys())
+	d.connSync.updateTargets(d.cache, p.serviceKeys())
 	changed := false
 	for k, addrs := range next {
 		if d.hairpin.set(k, addrs) {

@@ -4,14 +4,36 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+
+	"github.com/vishvananda/netlink"
 )
+
+// connSyncer is the connection sync a Dataplane runs (Options.ConnSync,
+// connsync.go): its daemons and, with ConnSync.Relay, the relay
+// (syncrelay.go) and the tier-1 virtual servers it lets connections name.
+// A Dataplane that was asked for none (nil, or ConnSync.Off) has a nil
+// connSyncer, which has no problem, peers, keys or statistics.
+type connSyncer struct {
+	// on is Options.ConnSync with its link resolved while the daemons
+	// run; nil when they did not start, and err says why.
+	on  *ConnSync
+	err error
+	// relay carries the daemons' messages with ConnSync.Relay (nil
+	// without); targets are what it lets connections name, kept with the
+	// Dataplane's in-memory state.
+	relay   *relay
+	targets syncTargets
+}
 
 // ConnSyncProblem is why the sync daemons Options.ConnSync asked for are
 // not running (nil: they run, or none were asked for).
 func (d *Dataplane) ConnSyncProblem() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.connSyncErr
+	if d.connSync == nil {
+		return nil
+	}
+	return d.connSync.err
 }
 
 // setupConnSync starts or stops the IPVS sync daemons as c asks (nil:
@@ -33,15 +55,16 @@ func (d *Dataplane) setupConnSync(c *ConnSync) error {
 			return fmt.Errorf("two-tier dataplane: %w", err)
 		}
 	}
-	if err := d.runConnSync(*c); err != nil {
-		d.connSyncErr = errors.Join(err, stopConnSyncID(c.ID))
+	d.connSync = &connSyncer{}
+	if err := d.runConnSync(d.connSync, *c); err != nil {
+		d.connSync.err = errors.Join(err, stopConnSyncID(c.ID))
 		d.tiers.connSyncFailed()
 	}
 	return nil
 }
 
-// runConnSync starts c's daemons.
-func (d *Dataplane) runConnSync(c ConnSync) error {
+// runConnSync starts c's daemons, and its relay, as s.
+func (d *Dataplane) runConnSync(s *connSyncer, c ConnSync) error {
 	// The kernel starts no sync daemon while a real server of another
 	// family than its virtual server exists: those of a run with
 	// connection sync off go first (this run keeps IPv6 VIPs on one tier).
@@ -53,7 +76,7 @@ func (d *Dataplane) runConnSync(c ConnSync) error {
 		if err != nil {
 			return fmt.Errorf("two-tier dataplane: %w", err)
 		}
-		d.connSync = &on
+		s.on = &on
 		return nil
 	}
 	peer, err := prepareSyncRelay(d.nl)
@@ -64,11 +87,45 @@ func (d *Dataplane) runConnSync(c ConnSync) error {
 	if err := startConnSync(c); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
-	if d.relay, err = startRelay(peer, c.ID, *c.Relay, &d.targets); err != nil {
+	if s.relay, err = startRelay(peer, c.ID, *c.Relay, &s.targets); err != nil {
 		return fmt.Errorf("two-tier dataplane: %w", err)
 	}
-	d.connSync = &c
+	s.on = &c
 	return nil
+}
+
+// setTargets makes the relay's targets the tier-1 virtual servers of st.
+func (s *connSyncer) setTargets(st State) {
+	if s != nil && s.relay != nil {
+		s.targets.reset(st)
+	}
+}
+
+// updateTargets sets the relay's targets of keys from st.
+func (s *connSyncer) updateTargets(st State, keys []Key) {
+	if s != nil && s.relay != nil {
+		s.targets.update(st, keys)
+	}
+}
+
+// stop stops the relay.
+func (s *connSyncer) stop() {
+	if s != nil && s.relay != nil {
+		s.relay.stop()
+	}
+}
+
+// teardown stops the daemons that run with the sync ID and deletes the
+// relay's veth pair (SyncPeer goes with SyncLink), for Teardown.
+func (s *connSyncer) teardown(nh *netlink.Handle) error {
+	if s == nil || s.on == nil {
+		return nil
+	}
+	errs := []error{stopConnSyncID(s.on.ID)}
+	if s.on.Relay != nil {
+		errs = append(errs, deleteLink(nh, SyncLink, "veth"))
+	}
+	return errors.Join(errs...)
 }
 
 // SetSyncPeers replaces the other nodes' addresses the connection sync
@@ -77,8 +134,8 @@ func (d *Dataplane) runConnSync(c ConnSync) error {
 func (d *Dataplane) SetSyncPeers(peers []netip.Addr) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.relay != nil {
-		d.relay.setPeers(peers)
+	if d.connSync != nil && d.connSync.relay != nil {
+		d.connSync.relay.setPeers(peers)
 	}
 }
 
@@ -89,8 +146,8 @@ func (d *Dataplane) SetSyncPeers(peers []netip.Addr) {
 func (d *Dataplane) SetSyncKeys(k SyncKeys) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.relay != nil {
-		d.relay.keys.Store(&k)
+	if d.connSync != nil && d.connSync.relay != nil {
+		d.connSync.relay.keys.Store(&k)
 	}
 }
 
@@ -99,10 +156,10 @@ func (d *Dataplane) SetSyncKeys(k SyncKeys) {
 func (d *Dataplane) RelayStats() (s RelayStats, ok bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.relay == nil {
+	if d.connSync == nil || d.connSync.relay == nil {
 		return RelayStats{}, false
 	}
-	return d.relay.stats(), true
+	return d.connSync.relay.stats(), true
 }
 
 // ConnSync returns the connection synchronisation this Dataplane started
@@ -110,9 +167,9 @@ func (d *Dataplane) RelayStats() (s RelayStats, ok bool) {
 func (d *Dataplane) ConnSync() *ConnSync {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.connSync == nil {
+	if d.connSync == nil || d.connSync.on == nil {
 		return nil
 	}
-	c := *d.connSync
+	c := *d.connSync.on
 	return &c
 }

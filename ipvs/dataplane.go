@@ -76,26 +76,18 @@ type Dataplane struct {
 	// Options.Tunnel, and the in-cluster map, on with source NAT unless
 	// its chains could not be made.
 	tier2, cluster *slotMap
-	// connSync is Options.ConnSync when on, with its link resolved, for
-	// Teardown and ConnSync.
-	connSync *ConnSync
-	// connSyncErr is why the daemons Options.ConnSync asked for are not
-	// running.
-	connSyncErr error
+	// ct finds the stale flows of the plans and clears their conntrack
+	// entries (staleflows.go): with a slot map on; nil otherwise.
+	ct *conntrack
+	// connSync runs the connection sync of Options.ConnSync
+	// (connsyncer.go); nil when none was asked for.
+	connSync *connSyncer
 	// staleErr is why net.ipv4.vs.expire_nodest_conn is not 1 (nil: it
 	// is): see StaleFlowsProblem.
 	staleErr error
 	// hairpin are the endpoints the hairpin sets hold, by virtual server
 	// (hairpin.go).
 	hairpin hairpins
-	// ct finds the stale flows of the plans and clears their conntrack
-	// entries (staleflows.go): with a slot map on; nil otherwise.
-	ct *conntrack
-	// relay carries the daemons' messages with ConnSync.Relay; targets
-	// are the tier-1 virtual servers it lets connections name, kept with
-	// cache.
-	relay   *relay
-	targets syncTargets
 	cache   State // the kernel as last read, plus what was applied since
 	// filter is the VIP filter as last read, plus what was applied since
 	// (valid with cache).
@@ -262,9 +254,7 @@ func (d *Dataplane) close() {
 		return
 	}
 	d.closed = true
-	if d.relay != nil {
-		d.relay.stop()
-	}
+	d.connSync.stop()
 	d.ipvs.Close()
 	d.nl.Close()
 	d.tiers.close()

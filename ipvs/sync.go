@@ -67,7 +67,7 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 	p.StaleFlows = d.ct.staleOfSync(p, desired)
 	wasStale := d.stale
 	d.cache, d.filter, d.tier2.have, d.cluster.have, d.stale = actual, kern.filter, kern.tier2, kern.cluster, false
-	d.targets.reset(d.cache)
+	d.connSync.setTargets(d.cache)
 	// The hairpin sets are vipcast's alone: read and repaired whole, before
 	// the plan gives any endpoint its first flow.
 	d.hairpin = hairpinsOf(desired)
@@ -244,7 +244,7 @@ func (d *Dataplane) refresh() error {
 		return err
 	}
 	d.cache, d.filter, d.tier2.have, d.cluster.have, d.stale = k.st, k.filter, k.tier2, k.cluster, false
-	d.targets.reset(d.cache)
+	d.connSync.setTargets(d.cache)
 	return nil
 }
 

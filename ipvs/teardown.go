@@ -58,12 +58,7 @@ func (d *Dataplane) Teardown() error {
 	if d.nft != nil {
 		errs = append(errs, d.nft.removeTables(), removeTunnelNode(d.nl))
 	}
-	if d.connSync != nil {
-		errs = append(errs, stopConnSyncID(d.connSync.ID))
-		if d.connSync.Relay != nil {
-			errs = append(errs, deleteLink(d.nl, SyncLink, "veth")) // SyncPeer goes with it
-		}
-	}
+	errs = append(errs, d.connSync.teardown(d.nl))
 	if err := errors.Join(errs...); err != nil {
 		d.stale = true
 		return fmt.Errorf("teardown: %w", err)
