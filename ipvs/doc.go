@@ -18,12 +18,25 @@
 //     memory;
 //   - Tier2Of(desired) and DiffTier2(want, have): the two-tier dataplane's
 //     tier-2 map and its element changes (tier2.go; the node side is
-//     tunnel.go, on with Options.Tunnel);
+//     tunnel.go and tunnelnode.go, on with Options.Tunnel);
 //   - Dataplane: New (dummy link, IPVS and nftables handles), Read, Apply,
 //     Sync (full read + diff + apply: start-up and periodic drift repair)
 //     and SyncService (one Service, from the in-memory state: the
 //     per-EndpointSlice path, no kernel read); Teardown takes everything
 //     it owns out of the kernel, for a node vipcast leaves (uninstalled).
+//
+// The Dataplane's optional parts are components New chooses once, so that
+// Sync, SyncService and Apply take one path whatever the options:
+//
+//   - tiers (twotier.go): oneTier, or twoTiers with Options.Tunnel: the
+//     node's side of the tunnels, what a virtual server may ask for, and
+//     the socket for the real servers moby/ipvs cannot program;
+//   - slotMap (slotmap.go): tier 2's map and the in-cluster map
+//     (incluster.go), each on or off; an off map reads and plans nothing;
+//   - conntrack (staleflows.go): the stale UDP and SCTP flows of the
+//     plans, while a slot map is on;
+//   - connSyncer (connsyncer.go): the IPVS sync daemons of
+//     Options.ConnSync (connsync.go) and their relay (syncrelay.go).
 //
 // Short of Teardown, nothing is ever flushed: a restarted speaker reads
 // the kernel, finds what it wants already there and changes nothing, so

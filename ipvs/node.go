@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -104,4 +105,54 @@ func readSysctlInt(name string) (int, error) {
 		return 0, fmt.Errorf("sysctl %s: %w", strings.ReplaceAll(name, "/", "."), err)
 	}
 	return n, nil
+}
+
+// exemptFromRPFilter turns reverse-path filtering off on links and leaves
+// every other interface's effective setting as it was.
+//
+// The loop's packets come from a local address and tunl0's from clients
+// the node reaches through the fabric, and neither link has an address:
+// the kernel's reverse-path check rejects them in strict mode and, on a
+// link without address, in loose mode too. A link's effective setting is
+// the larger of its own and net.ipv4.conf.all's, so links can only be
+// exempt with "all" at 0 (Cilium sets it to 0 as well). When "all" is
+// not 0, every interface (and "default", for those to come) whose own
+// setting is lower is first raised to it, so that none is filtered less
+// than before.
+func exemptFromRPFilter(links ...string) error {
+	const conf = "net/ipv4/conf/"
+	all, err := readSysctlInt(conf + "all/rp_filter")
+	if err != nil {
+		return err
+	}
+	if all != 0 {
+		dirs, err := os.ReadDir("/proc/sys/" + conf)
+		if err != nil {
+			return fmt.Errorf("list %s: %w", conf, err)
+		}
+		for _, d := range dirs {
+			name := d.Name()
+			if name == "all" || slices.Contains(links, name) {
+				continue
+			}
+			v, err := readSysctlInt(conf + name + "/rp_filter")
+			if err != nil {
+				continue // an interface gone meanwhile
+			}
+			if v < all {
+				if err := setSysctl(conf+name+"/rp_filter", strconv.Itoa(all)); err != nil {
+					return err
+				}
+			}
+		}
+		if err := setSysctl(conf+"all/rp_filter", "0"); err != nil {
+			return err
+		}
+	}
+	for _, l := range links {
+		if err := setSysctl(conf+l+"/rp_filter", "0"); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -22,7 +22,7 @@ import (
 //     are per network namespace, shared by every Dataplane in it (one per
 //     node in practice). A Dataplane with Options.NoSNAT and NoFilter never
 //     touches nftables, and its Teardown does not either;
-//   - the node side of the two-tier dataplane (tunnel.go): the rule and
+//   - the node side of the two-tier dataplane (tunnelnode.go): the rule and
 //     the routes of TunnelTable, the routes SetTunnelRoutes programmed
 //     (TunnelRouteProtocol) and the loop LoopLink/LoopPeer. Also without
 //     Options.Tunnel (as New without it takes the two-tier chains away):
