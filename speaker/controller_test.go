@@ -236,72 +236,6 @@ func testSlice(svc string) *discoveryv1.EndpointSlice {
 	}
 }
 
-// recordingDataplane records what the controller asks of the dataplane.
-type recordingDataplane struct {
-	mu        sync.Mutex
-	failSyncs int // Sync fails this many times first
-	syncs     []ipvs.State
-	service   []ipvs.Key // SyncService calls, in order
-	deletes   []ipvs.Key // SyncService calls with nil
-	// drifted is what Probe reports until the next Sync (a kernel read
-	// that repairs the drift) clears it; that Sync's plan has every
-	// desired virtual server Lost, as after a flush. probes counts Probe
-	// calls.
-	drifted bool
-	probes  int
-	// lostOnService is the Lost of the next SyncService's plan, as when
-	// that call's second kernel read found these gone.
-	lostOnService []ipvs.Key
-	// desired is the last SyncService's desired virtual server by key.
-	desired map[ipvs.Key]ipvs.Service
-}
-
-func (d *recordingDataplane) Probe() (bool, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.probes++
-	return d.drifted, nil
-}
-
-func (d *recordingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.failSyncs > 0 {
-		d.failSyncs--
-		return ipvs.Plan{}, errors.New("injected dataplane failure")
-	}
-	d.syncs = append(d.syncs, desired.Clone())
-	var p ipvs.Plan
-	if d.drifted {
-		p.Lost = slices.SortedFunc(maps.Keys(desired.Services), func(a, b ipvs.Key) int { return strings.Compare(a.String(), b.String()) })
-	}
-	d.drifted = false
-	return p, nil
-}
-
-func (d *recordingDataplane) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if desired == nil {
-		d.deletes = append(d.deletes, key)
-	} else {
-		d.service = append(d.service, key)
-		if d.desired == nil {
-			d.desired = map[ipvs.Key]ipvs.Service{}
-		}
-		d.desired[key] = *desired
-	}
-	p := ipvs.Plan{Lost: d.lostOnService}
-	d.lostOnService = nil
-	return p, nil
-}
-
-func (d *recordingDataplane) counts() (syncs, services, deletes int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.syncs), len(d.service), len(d.deletes)
-}
-
 // TestControllerProgramsDataplane checks the dataplane wiring: one full
 // Sync with every Service's virtual servers at start-up; an EndpointSlice
 // change costs one SyncService for that Service only; a deleted Service
@@ -310,7 +244,7 @@ func (d *recordingDataplane) counts() (syncs, services, deletes int) {
 func TestControllerProgramsDataplane(t *testing.T) {
 	client := fakeServices(4)
 	dyn := fakePool(t, "10.100.0.0/24")
-	dp := &recordingDataplane{}
+	dp := &fakeDataplane{}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: 500 * time.Millisecond})
 	if err != nil {
@@ -378,7 +312,7 @@ func TestControllerProgramsDataplane(t *testing.T) {
 // Services with dp as its dataplane, its periodic syncs an hour away and
 // its probe every probe, until the test ends; it returns the fake API
 // and the Controller's metrics.
-func startDataplaneController(t *testing.T, dp *recordingDataplane, probe time.Duration) (*fake.Clientset, *Metrics) {
+func startDataplaneController(t *testing.T, dp *fakeDataplane, probe time.Duration) (*fake.Clientset, *Metrics) {
 	t.Helper()
 	client := fakeServices(2)
 	m, err := NewMetrics(prometheus.NewRegistry())
@@ -402,7 +336,7 @@ func startDataplaneController(t *testing.T, dp *recordingDataplane, probe time.D
 // hour here), counts it and puts a Warning Event on its Node; a probe
 // that finds nothing changes nothing.
 func TestControllerProbesDataplane(t *testing.T) {
-	dp := &recordingDataplane{}
+	dp := &fakeDataplane{}
 	client, m := startDataplaneController(t, dp, 20*time.Millisecond)
 	ctx := t.Context()
 	state := func() string {
@@ -454,7 +388,7 @@ func TestControllerProbesDataplane(t *testing.T) {
 // in-memory state: with the periodic resync and the probe an hour away,
 // nothing else would put them back.
 func TestControllerReportsLostFromServiceSync(t *testing.T) {
-	dp := &recordingDataplane{}
+	dp := &fakeDataplane{}
 	client, m := startDataplaneController(t, dp, time.Hour)
 	ctx := t.Context()
 	state := func() string {
@@ -497,7 +431,7 @@ func TestControllerReportsLostFromServiceSync(t *testing.T) {
 func TestControllerAnnouncesOnlyOnceTheDataplaneWorks(t *testing.T) {
 	client := fakeServices(1)
 	dyn := fakePool(t, "10.100.0.0/24")
-	dp := &recordingDataplane{failSyncs: 2}
+	dp := &fakeDataplane{failSyncs: 2}
 	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: engine,
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour})
@@ -525,63 +459,6 @@ func TestControllerAnnouncesOnlyOnceTheDataplaneWorks(t *testing.T) {
 	}
 }
 
-// refusingDataplane is an in-memory kernel that refuses every virtual
-// server with scheduler refuse, the way a kernel without that scheduler's
-// module does.
-type refusingDataplane struct {
-	mu     sync.Mutex
-	refuse string
-	kernel map[ipvs.Key]ipvs.Service
-}
-
-func (d *refusingDataplane) refusal(s ipvs.Service) error {
-	if s.Scheduler == d.refuse {
-		return fmt.Errorf("add virtual server %s: %w: %q", s.Key(), ipvs.ErrSchedulerUnavailable, s.Scheduler)
-	}
-	return nil
-}
-
-func (d *refusingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	refused := map[ipvs.Key]error{}
-	clear(d.kernel)
-	for k, s := range desired.Services {
-		if err := d.refusal(s); err != nil {
-			refused[k] = err
-			continue
-		}
-		d.kernel[k] = s
-	}
-	if len(refused) > 0 {
-		return ipvs.Plan{}, &ipvs.SyncErrors{Services: refused}
-	}
-	return ipvs.Plan{}, nil
-}
-
-func (d *refusingDataplane) Probe() (bool, error) { return false, nil }
-
-func (d *refusingDataplane) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if desired == nil {
-		delete(d.kernel, key)
-		return ipvs.Plan{}, nil
-	}
-	if err := d.refusal(*desired); err != nil {
-		return ipvs.Plan{}, err
-	}
-	d.kernel[key] = *desired
-	return ipvs.Plan{}, nil
-}
-
-func (d *refusingDataplane) has(vip string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_, ok := d.kernel[ipvs.Key{VIP: netip.MustParseAddr(vip), Port: 80, Protocol: ipvs.TCP}]
-	return ok
-}
-
 // TestControllerServiceRefusedByDataplane checks that a Service whose
 // virtual server the kernel refuses fails alone: on a fresh start the
 // other Services are programmed and announced and the speaker is ready;
@@ -593,7 +470,7 @@ func TestControllerServiceRefusedByDataplane(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	setScheduler(ctx, t, client, "d", "sed")
-	dp := &refusingDataplane{refuse: "sed", kernel: map[ipvs.Key]ipvs.Service{}}
+	dp := &fakeDataplane{refuse: "sed"}
 	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
@@ -655,47 +532,6 @@ func TestControllerRetriesRefusedService(t *testing.T) {
 	})
 }
 
-// tunnelDataplane is a recordingDataplane that also records the tunnel
-// routes it is given.
-type tunnelDataplane struct {
-	recordingDataplane
-	routes []map[netip.Addr]netip.Addr
-	peers  []netip.Addr // the last SetSyncPeers
-}
-
-func (d *tunnelDataplane) SetSyncPeers(peers []netip.Addr) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.peers = slices.Clone(peers)
-}
-
-func (d *tunnelDataplane) syncPeers() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return fmt.Sprint(d.peers)
-}
-
-func (d *tunnelDataplane) SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.routes = append(d.routes, maps.Clone(routes))
-	return nil
-}
-
-func (d *tunnelDataplane) last() (ipvs.State, map[netip.Addr]netip.Addr) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var st ipvs.State
-	if len(d.syncs) > 0 {
-		st = d.syncs[len(d.syncs)-1]
-	}
-	var r map[netip.Addr]netip.Addr
-	if len(d.routes) > 0 {
-		r = d.routes[len(d.routes)-1]
-	}
-	return st, r
-}
-
 // TestControllerTwoTier checks the two-tier wiring with TunnelPrefix: the
 // speaker publishes its node's NodeTunnel (its address, that it announces,
 // owned by its Node), reads the other nodes' NodeTunnels, routes their
@@ -710,7 +546,7 @@ func TestControllerTwoTier(t *testing.T) {
 	defer cancel()
 	dyn := fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{mkPeer("tor", "10.0.0.254", nil)}, "10.100.0.0/24")
 	putTunnel(t, dyn, "n2", true, "10.0.0.3")
-	dp := &tunnelDataplane{}
+	dp := &fakeDataplane{}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: 300 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16")})
 	if err != nil {
@@ -794,7 +630,7 @@ func TestControllerRelayFollowsAnnouncers(t *testing.T) {
 	setLabels(n1, edge)
 	peer := mkPeer("tor", "10.0.0.254", nil)
 	peer.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: edge}
-	dp := &tunnelDataplane{}
+	dp := &fakeDataplane{}
 	dyn := fakePoolPeers(t, []*vipcastv1alpha1.BGPPeer{peer}, "10.100.0.0/24")
 	putTunnel(t, dyn, "n2", true, "10.0.0.3")
 	putTunnel(t, dyn, "n3", false, "10.0.0.4")
@@ -872,7 +708,7 @@ func TestControllerNodeChangeScoped(t *testing.T) {
 	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, sb, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	dp := &tunnelDataplane{}
+	dp := &fakeDataplane{}
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -996,7 +832,7 @@ func TestControllerTier1Readiness(t *testing.T) {
 	if _, err := sl.Create(ctx, speakers("speakers-1", true, map[string]string{"n2": "ready"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	dp := &tunnelDataplane{}
+	dp := &fakeDataplane{}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: 100 * time.Millisecond, TunnelPrefix: netip.MustParsePrefix("100.127.0.0/16"),
 		SpeakerService: "vipcast/speakers"}) // dp.last is the last resync's state
@@ -1063,20 +899,6 @@ func TestControllerTier1Readiness(t *testing.T) {
 	waitTier1("fallback to the unready nodes", "[100.127.0.3:80 w1 ipip 100.127.0.4:80 w1 ipip]")
 }
 
-// twoTier6Dataplane is a tunnelDataplane that answers TwoTierIPv6 as
-// *ipvs.Dataplane does.
-type twoTier6Dataplane struct {
-	tunnelDataplane
-	on bool
-}
-
-func (d *twoTier6Dataplane) TwoTierIPv6() (bool, error) {
-	if d.on {
-		return true, nil
-	}
-	return false, errors.New("connection sync is on")
-}
-
 // TestControllerTwoTierIPv6: with TunnelPrefix, an IPv6 VIP goes through
 // the two tiers (tier 1 over the nodes' IPv4 tunnel addresses, no SNAT)
 // when the Dataplane's TwoTierIPv6 says so, and keeps one tier with SNAT
@@ -1111,7 +933,10 @@ func TestControllerTwoTierIPv6(t *testing.T) {
 				testLBService("v", "2001:db8:100::1"), slice6)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			dp := &twoTier6Dataplane{on: tc.on}
+			dp := &fakeDataplane{twoTierIPv6: tc.on}
+			if !tc.on {
+				dp.no6 = errors.New("connection sync is on")
+			}
 			dyn := fakePool(t, "10.100.0.0/24", "2001:db8:100::/64")
 			putTunnel(t, dyn, "n2", true, "10.0.0.3", "fd00:10::3")
 			opts := Options{NodeName: "n1", Client: client, Dynamic: dyn,
@@ -1147,16 +972,6 @@ func TestControllerTwoTierIPv6(t *testing.T) {
 	}
 }
 
-// syncProblemDataplane is a recordingDataplane whose sync daemons did not
-// start, as *ipvs.Dataplane reports it.
-type syncProblemDataplane struct {
-	recordingDataplane
-}
-
-func (d *syncProblemDataplane) ConnSyncProblem() error {
-	return errors.New("connection sync: link nosuch0: Link not found (name the link to the other nodes, or turn connection sync off)")
-}
-
 // TestControllerConnSyncProblem: a Dataplane running without the sync
 // daemons it was asked for still gets its virtual servers, and the speaker
 // puts a Warning Event on its Node that names the flag, the consequence
@@ -1165,7 +980,7 @@ func TestControllerConnSyncProblem(t *testing.T) {
 	client := fakeServices(1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	dp := &syncProblemDataplane{}
+	dp := &fakeDataplane{connSyncProblem: errors.New("connection sync: link nosuch0: Link not found (name the link to the other nodes, or turn connection sync off)")}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: 300 * time.Millisecond})
 	if err != nil {
@@ -1315,45 +1130,21 @@ func (b *orderedBGP) Apply(ctx context.Context, announce []bgp.Route, withdraw [
 	return b.flakyBGP.Apply(ctx, announce, withdraw)
 }
 
-// racingDataplane is recordingDataplane that logs each VIP it is asked to
-// program in an orderLog and, during its first Sync, has Service z (VIP
-// 10.100.0.9, one ready endpoint) created and waits until the
-// controller's caches hold it: a Service that arrives while a full sync
-// programs the others.
-type racingDataplane struct {
-	recordingDataplane
-	log    *orderLog
-	client *fake.Clientset
-	c      *Controller
-	once   sync.Once
-}
-
-func (d *racingDataplane) Sync(desired ipvs.State) (ipvs.Plan, error) {
-	for k := range desired.Services {
-		d.log.add("dp " + k.VIP.String())
-	}
-	d.once.Do(func() {
-		ctx := context.Background()
-		_, _ = d.client.CoreV1().Services("ns").Create(ctx, testLBService("z", "10.100.0.9"), metav1.CreateOptions{})
-		_, _ = d.client.DiscoveryV1().EndpointSlices("ns").Create(ctx, testSlice("z"), metav1.CreateOptions{})
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			for _, svc := range d.c.watch.listServices() {
-				if svc.Name == "z" && len(d.c.watch.slicesOf(svc)) > 0 {
-					return
-				}
+// createServiceZ creates Service z (VIP 10.100.0.9, one ready endpoint)
+// and waits until the caches of c hold it.
+func createServiceZ(client *fake.Clientset, c *Controller) {
+	ctx := context.Background()
+	_, _ = client.CoreV1().Services("ns").Create(ctx, testLBService("z", "10.100.0.9"), metav1.CreateOptions{})
+	_, _ = client.DiscoveryV1().EndpointSlices("ns").Create(ctx, testSlice("z"), metav1.CreateOptions{})
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, svc := range c.watch.listServices() {
+			if svc.Name == "z" && len(c.watch.slicesOf(svc)) > 0 {
+				return
 			}
-			time.Sleep(5 * time.Millisecond)
 		}
-	})
-	return d.recordingDataplane.Sync(desired)
-}
-
-func (d *racingDataplane) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error) {
-	if desired != nil {
-		d.log.add("dp " + key.VIP.String())
+		time.Sleep(5 * time.Millisecond)
 	}
-	return d.recordingDataplane.SyncService(key, desired)
 }
 
 // TestControllerAnnouncesOnlyWhatItProgrammed: a full sync announces the
@@ -1368,13 +1159,29 @@ func TestControllerAnnouncesOnlyWhatItProgrammed(t *testing.T) {
 	client := fakeServices(2)
 	log := &orderLog{}
 	engine := &orderedBGP{flakyBGP: flakyBGP{routes: map[netip.Prefix]bgp.Route{}}, log: log}
-	dp := &racingDataplane{log: log, client: client}
+	// The dataplane logs each VIP it is asked to program and, during its
+	// first Sync, has Service z created: a Service that arrives while a
+	// full sync programs the others.
+	var c *Controller
+	var once sync.Once
+	dp := &fakeDataplane{
+		beforeSync: func(desired ipvs.State) {
+			for k := range desired.Services {
+				log.add("dp " + k.VIP.String())
+			}
+			once.Do(func() { createServiceZ(client, c) })
+		},
+		beforeService: func(key ipvs.Key, desired *ipvs.Service) {
+			if desired != nil {
+				log.add("dp " + key.VIP.String())
+			}
+		},
+	}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dp.c = c
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = c.Run(ctx) }()
@@ -1429,31 +1236,11 @@ func TestGuardMetrics(t *testing.T) {
 	}
 }
 
-// guardDataplane is a recordingDataplane with the host guard's BFD peers.
-type guardDataplane struct {
-	*recordingDataplane
-	mu    sync.Mutex
-	peers []netip.Addr
-}
-
-func (d *guardDataplane) SetBFDPeers(peers []netip.Addr) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.peers = slices.Clone(peers)
-	return nil
-}
-
-func (d *guardDataplane) guarded() []netip.Addr {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return slices.Clone(d.peers)
-}
-
 // guardBGP records, at each SetPeers, the peers with BFD it configures and
 // what the host guard lets in at that moment.
 type guardBGP struct {
 	flakyBGP
-	guard *guardDataplane
+	guard *fakeDataplane
 	mu    sync.Mutex
 	calls []guardCall
 }
@@ -1498,7 +1285,7 @@ func TestControllerBFDGuardOrder(t *testing.T) {
 		vipcastv1alpha1.IPPoolsResource:  "IPPoolList",
 		vipcastv1alpha1.BGPPeersResource: "BGPPeerList",
 	}, pool, peer)
-	dp := &guardDataplane{recordingDataplane: &recordingDataplane{}}
+	dp := &fakeDataplane{}
 	engine := &guardBGP{flakyBGP: flakyBGP{routes: map[netip.Prefix]bgp.Route{}}, guard: dp}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: engine, Dataplane: dp, Resync: time.Hour})
 	if err != nil {
@@ -1611,11 +1398,11 @@ func hasWarning(ctx context.Context, t *testing.T, client *fake.Clientset, name,
 // startRefusing runs, until the test ends, a controller for node n1 over n
 // fake Services (fakeServices), Service name's scheduler annotation set to
 // sched, on a dataplane that refuses the scheduler refuse.
-func startRefusing(t *testing.T, n int, name, sched, refuse string) (*fake.Clientset, *Controller, *refusingDataplane, *flakyBGP) {
+func startRefusing(t *testing.T, n int, name, sched, refuse string) (*fake.Clientset, *Controller, *fakeDataplane, *flakyBGP) {
 	t.Helper()
 	client := fakeServices(n)
 	setScheduler(t.Context(), t, client, name, sched)
-	dp := &refusingDataplane{refuse: refuse, kernel: map[ipvs.Key]ipvs.Service{}}
+	dp := &fakeDataplane{refuse: refuse}
 	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
 		Resync: time.Hour, Dataplane: dp, DataplaneResync: time.Hour})

@@ -31,76 +31,6 @@ import (
 	"github.com/vipcast/vipcast/test/vm"
 )
 
-// recordingKernel is the real dataplane with a record of the plans the
-// controller had it apply.
-type recordingKernel struct {
-	dp *ipvs.Dataplane
-	mu sync.Mutex
-	// calls are Sync (full) and SyncService calls, in order.
-	calls []kernelCall
-}
-
-type kernelCall struct {
-	full bool
-	key  ipvs.Key // SyncService
-	del  bool     // SyncService(key, nil)
-	plan ipvs.Plan
-	err  error
-}
-
-func (c kernelCall) String() string {
-	switch {
-	case c.full:
-		return fmt.Sprintf("Sync: %v (err %v)", c.plan, c.err)
-	case c.del:
-		return fmt.Sprintf("SyncService(%s, nil): %v (err %v)", c.key, c.plan, c.err)
-	}
-	return fmt.Sprintf("SyncService(%s): %v (err %v)", c.key, c.plan, c.err)
-}
-
-func (r *recordingKernel) Sync(desired ipvs.State) (ipvs.Plan, error) {
-	p, err := r.dp.Sync(desired)
-	r.mu.Lock()
-	r.calls = append(r.calls, kernelCall{full: true, plan: p, err: err})
-	r.mu.Unlock()
-	return p, err
-}
-
-func (r *recordingKernel) SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error) {
-	p, err := r.dp.SyncService(key, desired)
-	r.mu.Lock()
-	r.calls = append(r.calls, kernelCall{key: key, del: desired == nil, plan: p, err: err})
-	r.mu.Unlock()
-	return p, err
-}
-
-func (r *recordingKernel) Probe() (bool, error) { return r.dp.Probe() }
-
-// since returns the calls from index i on, and the current count.
-func (r *recordingKernel) since(i int) ([]kernelCall, int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.calls[i:]), len(r.calls)
-}
-
-func (r *recordingKernel) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.calls)
-}
-
-func (r *recordingKernel) fullSyncs() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, c := range r.calls {
-		if c.full {
-			n++
-		}
-	}
-	return n
-}
-
 // planKeys returns the virtual servers a plan touches and the VIPs it binds
 // or unbinds.
 func planKeys(p ipvs.Plan) (keys map[ipvs.Key]bool, vips []netip.Addr) {
@@ -203,7 +133,7 @@ func TestControllerKernel(t *testing.T) {
 	// have been reused by then.
 	closeDP := sync.OnceValue(dp.Close)
 	defer func() { _ = closeDP() }()
-	rec := &recordingKernel{dp: dp}
+	rec := &fakeDataplane{wrapped: dp}
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -613,7 +543,7 @@ func TestControllerKernel(t *testing.T) {
 	}
 	defer dp2.Close()
 	dp = dp2 // read() reads through it from now on
-	rec2 := &recordingKernel{dp: dp2}
+	rec2 := &fakeDataplane{wrapped: dp2}
 	c2, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
 		Resync: time.Hour, Dataplane: rec2, DataplaneResync: resync})
 	if err != nil {
@@ -675,7 +605,7 @@ func TestControllerKernelBadService(t *testing.T) {
 		t.Fatalf("ipvs.New: %v", err)
 	}
 	defer dp.Close()
-	rec := &recordingKernel{dp: dp}
+	rec := &fakeDataplane{wrapped: dp}
 	engine := &flakyBGP{routes: map[netip.Prefix]bgp.Route{}}
 	c, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: fakePool(t, "10.100.0.0/24"), BGP: engine,
 		Resync: time.Hour, Dataplane: rec, DataplaneResync: time.Hour})

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,27 +12,6 @@ import (
 
 	"github.com/vipcast/vipcast/ipvs"
 )
-
-// keyRecorder records the keys WatchSyncKeys gives it.
-type keyRecorder struct {
-	mu   sync.Mutex
-	sets []ipvs.SyncKeys
-}
-
-func (r *keyRecorder) SetSyncKeys(k ipvs.SyncKeys) {
-	r.mu.Lock()
-	r.sets = append(r.sets, k)
-	r.mu.Unlock()
-}
-
-func (r *keyRecorder) last() (ipvs.SyncKeys, int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.sets) == 0 {
-		return ipvs.SyncKeys{}, 0
-	}
-	return r.sets[len(r.sets)-1], len(r.sets)
-}
 
 // TestWatchSyncKeys: a key added to the mounted Secret is taken without a
 // restart, and signs from then on; a key file made invalid leaves the keys
@@ -54,14 +32,14 @@ func TestWatchSyncKeys(t *testing.T) {
 	}
 	_, tctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(tctx)
-	rec := &keyRecorder{}
+	rec := &fakeDataplane{}
 	done := make(chan struct{})
 	go func() { WatchSyncKeys(ctx, dir, keys, rec, 10*time.Millisecond); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	wait := func(what string, cond func(ipvs.SyncKeys, int) bool) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
-		for k, n := rec.last(); !cond(k, n); k, n = rec.last() {
+		for k, n := rec.lastKeys(); !cond(k, n); k, n = rec.lastKeys() {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: last keys %d, send ID %d, after %d changes", what, k.Len(), k.SendID(), n)
 			}
@@ -73,7 +51,7 @@ func TestWatchSyncKeys(t *testing.T) {
 	wait("a second key added", func(k ipvs.SyncKeys, n int) bool { return n == 1 && k.Len() == 2 && k.SendID() == 2 })
 	write("3", "short") // not a valid key: the two stay
 	time.Sleep(100 * time.Millisecond)
-	if k, n := rec.last(); n != 1 || k.SendID() != 2 {
+	if k, n := rec.lastKeys(); n != 1 || k.SendID() != 2 {
 		t.Errorf("after an invalid key file: %d changes, send ID %d; want the keys in force kept", n, k.SendID())
 	}
 	if err := os.Remove(filepath.Join(dir, "3")); err != nil {
