@@ -103,8 +103,9 @@ type Options struct {
 	// TunnelPrefix turns on the two-tier dataplane for IPv4 VIPs: every
 	// node's tunnel address is derived from it (TunnelAddress), the
 	// speaker publishes its node's NodeTunnel and watches every node's for
-	// their addresses, and Dataplane must be an *ipvs.Dataplane opened
-	// with the matching ipvs.Tunnel. The zero prefix keeps one tier.
+	// their addresses, and Dataplane must run the two tiers (an
+	// *ipvs.Dataplane opened with the matching ipvs.Tunnel). The zero
+	// prefix keeps one tier.
 	TunnelPrefix netip.Prefix
 	// TunnelPrefix6, with TunnelPrefix, sends IPv6 VIPs to the nodes' IPv6
 	// tunnel addresses, derived from it and their IPv6 addresses (ip6ip6;

@@ -26,5 +26,7 @@
 // (what BGP has been told, repaired after a failed Apply), program.go (what
 // the dataplane has been told), report.go (Events and problem logs, once
 // per change) and service.go (the reading of a Service and its
-// EndpointSlices that the routes and the dataplane share).
+// EndpointSlices that the routes and the dataplane share). dataplaneapi.go
+// declares all the speaker asks of the dataplane, the two-tier and
+// connection-sync queries included.
 package speaker

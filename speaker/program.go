@@ -16,22 +16,6 @@ import (
 	"github.com/vipcast/vipcast/ipvs"
 )
 
-// Dataplane is what the speaker needs from the kernel dataplane;
-// *ipvs.Dataplane implements it.
-type Dataplane interface {
-	// Sync makes the kernel match desired with a full read (start-up and
-	// drift repair), leaving foreign virtual servers alone.
-	Sync(desired ipvs.State) (ipvs.Plan, error)
-	// SyncService makes one virtual server match desired (nil: delete it)
-	// without reading the kernel.
-	SyncService(key ipvs.Key, desired *ipvs.Service) (ipvs.Plan, error)
-	// Probe reports, at the cost of one kernel request, whether a virtual
-	// server the dataplane programmed is gone (flushed by another
-	// program), so the controller resyncs at once instead of at the next
-	// DataplaneResync.
-	Probe() (drifted bool, err error)
-}
-
 // programmer keeps what the speaker asked the dataplane for, per Service,
 // so that a change of one Service costs kernel work for that Service only.
 // It is used by the controller's single worker goroutine.

@@ -169,60 +169,36 @@ func (c *Controller) reportTier1(ctx context.Context, tunnels map[string]netip.A
 }
 
 // connSyncProblem is why the Dataplane runs without the connection sync
-// it was asked for (*ipvs.Dataplane's ConnSyncProblem), as a problem of
-// this node's configuration.
+// it was asked for (its ConnSyncProblem), as a problem of this node's
+// configuration.
 func (c *Controller) connSyncProblem() error {
-	d, ok := c.opts.Dataplane.(interface{ ConnSyncProblem() error })
-	if !ok {
+	if c.opts.Dataplane == nil {
 		return nil
 	}
-	if err := d.ConnSyncProblem(); err != nil {
+	if err := c.opts.Dataplane.ConnSyncProblem(); err != nil {
 		return fmt.Errorf("--conn-sync-interface, --conn-sync-transport: the IPVS sync daemons (or their relay) did not start, and this node serves without them (a flow that ECMP moves here after the nodes' endpoints changed is reset): %w", err)
 	}
 	return nil
 }
 
 // twoTierIPv6 reports whether the Dataplane gives IPv6 VIPs the two tiers
-// too (*ipvs.Dataplane's TwoTierIPv6); otherwise they keep one, and why
-// says why (nil: a Dataplane that does not say).
+// too (its TwoTierIPv6); otherwise they keep one, and why says why (nil
+// without a Dataplane).
 func (c *Controller) twoTierIPv6() (on bool, why error) {
-	d, ok := c.opts.Dataplane.(interface{ TwoTierIPv6() (bool, error) })
-	if !ok {
+	if c.opts.Dataplane == nil {
 		return false, nil
 	}
-	return d.TwoTierIPv6()
+	return c.opts.Dataplane.TwoTierIPv6()
 }
 
-// tunnelRouter is what the two-tier dataplane needs of the kernel beyond
-// Dataplane; *ipvs.Dataplane implements it.
-type tunnelRouter interface {
-	// SetTunnelRoutes makes the routes to the other nodes' tunnel
-	// addresses exactly routes (tunnel address to node address).
-	SetTunnelRoutes(routes map[netip.Addr]netip.Addr) error
-}
-
-// tunnelGuard is what the two-tier dataplane's tunnel guard needs: the
-// addresses tunnelled packets may come from; *ipvs.Dataplane implements
-// it.
-type tunnelGuard interface {
-	SetTunnelSources(addrs []netip.Addr) error
-}
-
-// bfdGuard is what the host guard needs: the routers this node runs BFD
-// sessions with; *ipvs.Dataplane implements it.
-type bfdGuard interface {
-	SetBFDPeers(peers []netip.Addr) error
-}
-
-// setBFDGuard sets the host guard's BFD peers (when the dataplane has a
-// guard) and records them; on failure it keeps the record, so that the
-// next call still lets them in, and retries the configuration.
+// setBFDGuard sets the host guard's BFD peers (when there is a dataplane)
+// and records them; on failure it keeps the record, so that the next call
+// still lets them in, and retries the configuration.
 func (c *Controller) setBFDGuard(ctx context.Context, peers []netip.Addr) {
-	g, ok := c.opts.Dataplane.(bfdGuard)
-	if !ok {
+	if c.opts.Dataplane == nil {
 		return
 	}
-	if err := g.SetBFDPeers(peers); err != nil {
+	if err := c.opts.Dataplane.SetBFDPeers(peers); err != nil {
 		klog.FromContext(ctx).Error(err, "The host guard's BFD peers are not set: a new peer's BFD packets may be dropped until they are")
 		c.queue.AddRateLimited(keyConfig)
 		return
@@ -248,14 +224,6 @@ func bfdPeers(peers []bgp.Peer) []netip.Addr {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
-}
-
-// syncPeerSetter is what the connection sync relay needs: the addresses
-// of the other nodes it exchanges connections with (relayPeers);
-// *ipvs.Dataplane implements it (without a relay its
-// SetSyncPeers does nothing).
-type syncPeerSetter interface {
-	SetSyncPeers(peers []netip.Addr)
 }
 
 // syncTunnels derives every node's tunnel address (and with
@@ -285,8 +253,8 @@ func (c *Controller) syncTunnels(ctx context.Context, self Node, uid types.UID, 
 		tunnels6, p = Tunnels(c.opts.TunnelPrefix6, addrs6)
 		problems = append(problems, p...)
 	}
-	tr, ok := c.opts.Dataplane.(tunnelRouter)
-	if !ok {
+	dp := c.opts.Dataplane
+	if dp == nil {
 		return tunnels, tunnels6, problems
 	}
 	routes := make(map[netip.Addr]netip.Addr, len(tunnels)+len(tunnels6))
@@ -300,18 +268,14 @@ func (c *Controller) syncTunnels(ctx context.Context, self Node, uid types.UID, 
 			routes[t] = addrs6[name]
 		}
 	}
-	if err := tr.SetTunnelRoutes(routes); err != nil {
+	if err := dp.SetTunnelRoutes(routes); err != nil {
 		problems = append(problems, fmt.Sprintf("routes to the other nodes' tunnel addresses: %v", err))
 	}
-	if g, ok := c.opts.Dataplane.(tunnelGuard); ok {
-		if err := g.SetTunnelSources(tunnelSources(addrs, addrs6, tunnels, tunnels6)); err != nil {
-			problems = append(problems, fmt.Sprintf("sources of tunnelled packets: %v", err))
-		}
+	if err := dp.SetTunnelSources(tunnelSources(addrs, addrs6, tunnels, tunnels6)); err != nil {
+		problems = append(problems, fmt.Sprintf("sources of tunnelled packets: %v", err))
 	}
-	if sp, ok := c.opts.Dataplane.(syncPeerSetter); ok {
-		// The relay listens on this node's IPv4 InternalIP.
-		sp.SetSyncPeers(relayPeers(self.Name, nodes))
-	}
+	// The relay listens on this node's IPv4 InternalIP.
+	dp.SetSyncPeers(relayPeers(self.Name, nodes))
 	klog.FromContext(ctx).V(4).Info("Tunnel addresses", "nodes", len(tunnels), "ipv6", len(tunnels6), "routes", len(routes))
 	return tunnels, tunnels6, problems
 }
