@@ -36,19 +36,22 @@ type slotMap struct {
 // newTier2Map returns the tier-2 map, on with the two tiers.
 func newTier2Map(on bool) *slotMap {
 	m := &slotMap{what: "tier 2", name: tier2Map, familyOff: "the two tiers are off for that family", want: tier2Want,
-		sets: func(n *nftTables) [2]*nftables.Set { return n.tier2 }, have: Tier2{}}
-	if !on {
-		m.off = errors.New("the two-tier dataplane is off (Options.Tunnel)")
-	}
-	return m
+		sets: func(n *nftTables) [2]*nftables.Set { return n.tier2 }}
+	return m.init(on, "the two-tier dataplane is off (Options.Tunnel)")
 }
 
 // newInClusterMap returns the in-cluster map, on with source NAT.
 func newInClusterMap(on bool) *slotMap {
 	m := &slotMap{what: "in-cluster map", name: inClusterMap, familyOff: "the in-cluster map is off", want: inClusterWant,
-		sets: func(n *nftTables) [2]*nftables.Set { return n.incluster }, have: Tier2{}}
+		sets: func(n *nftTables) [2]*nftables.Set { return n.incluster }}
+	return m.init(on, "source NAT is off (Options.NoSNAT)")
+}
+
+// init empties m and turns it on, or off for the reason off.
+func (m *slotMap) init(on bool, off string) *slotMap {
+	m.have = Tier2{}
 	if !on {
-		m.off = errors.New("source NAT is off (Options.NoSNAT)")
+		m.off = errors.New(off)
 	}
 	return m
 }
