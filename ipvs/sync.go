@@ -82,9 +82,10 @@ func (d *Dataplane) Sync(desired State) (Plan, error) {
 }
 
 // applySynced applies p, the plan of a Sync to desired, and has the tiers
-// repair the node's side of them (two tiers: the tunnels). After a stale Sync (wasStale),
-// one walk of the conntrack table clears the flows p names and those no
-// plan named (clearUnserved), in place of clear's own walk.
+// repair the node's side of them (two tiers: the tunnels). After a stale
+// Sync (wasStale), one walk of the conntrack table clears the flows p
+// names and those no plan named (clearUnserved), in place of clear's own
+// walk.
 func (d *Dataplane) applySynced(p Plan, desired State, wasStale bool) *failures {
 	stale := p.StaleFlows
 	if wasStale {
