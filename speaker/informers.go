@@ -1,14 +1,11 @@
 package speaker
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"maps"
 	"reflect"
-	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -457,36 +454,6 @@ func (w *watched) heldSlicesOf(svc *v1.Service) ([]*discoveryv1.EndpointSlice, i
 	return w.heldCount(slices)
 }
 
-// sameTunnelAddress reports whether a NodeTunnel update leaves the
-// node's addresses, those its tunnel addresses derive from, as they were
-// (an object that does not decode counts as changed).
-func sameTunnelAddress(old, cur any) bool {
-	a, ok1 := tunnelNodeOf(old)
-	b, ok2 := tunnelNodeOf(cur)
-	return ok1 && ok2 && a.IPv4 == b.IPv4 && a.IPv6 == b.IPv6
-}
-
-// sameAnnounces reports whether a NodeTunnel update leaves whether the
-// node announces (the relay's peers, relayPeers) as it was.
-func sameAnnounces(old, cur any) bool {
-	a, ok1 := tunnelNodeOf(old)
-	b, ok2 := tunnelNodeOf(cur)
-	return ok1 && ok2 && a.Announces == b.Announces
-}
-
-// tunnelNodeOf decodes an informer's NodeTunnel (or its tombstone).
-func tunnelNodeOf(obj any) (tunnelNode, bool) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	t := &vipcastv1alpha1.NodeTunnel{}
-	if !decode(context.Background(), obj, t) {
-		return tunnelNode{}, false
-	}
-	n, _ := tunnelNodeFrom(t)
-	return n, true
-}
-
 // sliceIndexers are the EndpointSlice indexes: by Service, and with two
 // tiers by node (servicesOnNodes).
 func (w *watched) sliceIndexers() cache.Indexers {
@@ -497,70 +464,6 @@ func (w *watched) sliceIndexers() cache.Indexers {
 	return out
 }
 
-// tunnelsHandler notes which nodes' NodeTunnels come, go or change their
-// addresses and queues keyNodes for them (once for many): the worker
-// updates the tunnel addresses and the relay's peers, and recomputes only
-// the Services with endpoints on those nodes (syncNodes), not every
-// Service. A change of Announces alone queues keyNodes noting no node:
-// the relay's peers follow, no Service is recomputed. This node's own
-// NodeTunnel, which its speaker writes from its Node, only wakes the
-// writer (ownTunnel): it is put back if someone else changed or deleted
-// it. The NodeTunnels of the first list are the first full sync's.
-func (w *watched) tunnelsHandler(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandler {
-	own := func(obj any) bool {
-		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = t.Obj
-		}
-		m, err := meta.Accessor(obj)
-		if err != nil || m.GetName() != w.nodeName {
-			return false
-		}
-		if w.ownTunnel != nil {
-			w.ownTunnel()
-		}
-		return true
-	}
-	changed := func(obj any) {
-		if own(obj) {
-			return
-		}
-		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = t.Obj
-		}
-		m, err := meta.Accessor(obj)
-		if err != nil {
-			q.Add(keyConfig)
-			return
-		}
-		w.nodesMu.Lock()
-		if w.changedNodes == nil {
-			w.changedNodes = map[string]bool{}
-		}
-		w.changedNodes[m.GetName()] = true
-		w.nodesMu.Unlock()
-		q.Add(keyNodes)
-	}
-	return cache.ResourceEventHandlerDetailedFuncs{
-		AddFunc: func(obj any, initial bool) {
-			if !initial {
-				changed(obj)
-			}
-		},
-		UpdateFunc: func(old, cur any) {
-			switch {
-			case own(cur):
-			case !sameTunnelAddress(old, cur):
-				changed(cur)
-			case !sameAnnounces(old, cur):
-				// Only which nodes announce changed, which no Service's
-				// virtual servers read: the relay's peers follow.
-				q.Add(keyNodes)
-			}
-		},
-		DeleteFunc: changed,
-	}
-}
-
 // isThisNode reports whether obj is this node's Node.
 func (w *watched) isThisNode(obj any) bool {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -568,80 +471,6 @@ func (w *watched) isThisNode(obj any) bool {
 	}
 	n, ok := obj.(*v1.Node)
 	return ok && n.Name == w.nodeName
-}
-
-// takeChangedNodes returns the nodes nodesHandler noted, and forgets them.
-func (w *watched) takeChangedNodes() []string {
-	w.nodesMu.Lock()
-	defer w.nodesMu.Unlock()
-	out := slices.Sorted(maps.Keys(w.changedNodes))
-	w.changedNodes = nil
-	return out
-}
-
-// sliceNodes is the sliceNodeIndex function: the nodes of a slice's
-// endpoints.
-func sliceNodes(obj any) ([]string, error) {
-	s, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
-		return nil, nil
-	}
-	var out []string
-	for _, e := range s.Endpoints {
-		if e.NodeName != nil && *e.NodeName != "" && !slices.Contains(out, *e.NodeName) {
-			out = append(out, *e.NodeName)
-		}
-	}
-	return out, nil
-}
-
-// servicesOnNodes returns the keys of the Services with an endpoint on
-// one of nodes, sorted.
-func (w *watched) servicesOnNodes(nodes []string) []string {
-	keys := map[string]bool{}
-	for _, n := range nodes {
-		objs, _ := w.slices.GetIndexer().ByIndex(sliceNodeIndex, n)
-		for _, o := range objs {
-			ks, _ := sliceServiceKey(o)
-			for _, k := range ks {
-				keys[k] = true
-			}
-		}
-	}
-	return slices.Sorted(maps.Keys(keys))
-}
-
-// tunnelNodes returns every node's NodeTunnel from the cache, decoded,
-// and the problems with those that hold a malformed address; nil without
-// that watch (one tier).
-func (w *watched) tunnelNodes(ctx context.Context) ([]tunnelNode, []string) {
-	if w.tunnels == nil {
-		return nil, nil
-	}
-	ts := decodeAll[vipcastv1alpha1.NodeTunnel](ctx, w.tunnels)
-	out := make([]tunnelNode, 0, len(ts))
-	var problems []string
-	for _, t := range ts {
-		n, errs := tunnelNodeFrom(t)
-		for _, err := range errs {
-			problems = append(problems, err.Error())
-		}
-		out = append(out, n)
-	}
-	return out, problems
-}
-
-// ownTunnelCached returns this node's NodeTunnel from the cache, if any.
-func (w *watched) ownTunnelCached() (*vipcastv1alpha1.NodeTunnel, bool) {
-	if w.tunnels == nil {
-		return nil, false
-	}
-	obj, exists, err := w.tunnels.GetStore().GetByKey(w.nodeName)
-	if err != nil || !exists {
-		return nil, false
-	}
-	t := &vipcastv1alpha1.NodeTunnel{}
-	return t, decode(context.Background(), obj, t)
 }
 
 // currentNode returns this node from the cache; a Node with only its name
@@ -714,104 +543,6 @@ func decode(ctx context.Context, obj any, into runtime.Object) bool {
 		return false
 	}
 	return true
-}
-
-// watchSecrets creates a Secret informer for each Secret BGP passwords
-// and BFD keys may come from (Options.PasswordSecrets): namespaced, with
-// the field selector metadata.name=<name>, the only list and watch the
-// API server authorizes with RBAC resourceNames, so the speaker needs no
-// access to the other Secrets of the namespace. A change of a Secret's
-// data recomputes the sessions; the cached Secrets keep only their name,
-// namespace and data.
-func (w *watched) watchSecrets(opts Options, q workqueue.TypedRateLimitingInterface[string]) error {
-	w.secrets = map[types.NamespacedName]cache.SharedIndexInformer{}
-	for _, k := range opts.PasswordSecrets {
-		if _, dup := w.secrets[k]; dup {
-			continue
-		}
-		f := informers.NewSharedInformerFactoryWithOptions(opts.Client, 0,
-			informers.WithNamespace(k.Namespace), informers.WithTransform(secretData),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", k.Name).String()
-			}))
-		inf := f.Core().V1().Secrets().Informer()
-		if _, err := inf.AddEventHandler(configHandler(q, sameSecret)); err != nil {
-			return fmt.Errorf("secret event handler for %s: %w", k, err)
-		}
-		w.secrets[k] = inf
-		w.secretFactories = append(w.secretFactories, f)
-	}
-	return nil
-}
-
-// secretData is the Secret informers' transform: it keeps a Secret's name,
-// namespace and data, dropping what could hold another copy of the data
-// (the last-applied annotation, managed fields).
-func secretData(obj any) (any, error) {
-	s, ok := obj.(*v1.Secret)
-	if !ok {
-		return obj, nil
-	}
-	return &v1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion},
-		Data:       s.Data,
-	}, nil
-}
-
-// sameSecret reports whether a Secret update leaves its data unchanged.
-func sameSecret(old, cur any) bool {
-	o, ok1 := old.(*v1.Secret)
-	n, ok2 := cur.(*v1.Secret)
-	return ok1 && ok2 && maps.EqualFunc(o.Data, n.Data, bytes.Equal)
-}
-
-// passwords returns the lookup PeersForNode uses for TCP MD5 passwords
-// and BFD keys, read from the Secret informers' caches: only a confirmed
-// deletion or change of a Secret changes a session, never an unreachable
-// API server. A Secret the speaker does not watch is refused with the fix.
-func (w *watched) passwords() func(*vipcastv1alpha1.SecretKeyReference) (string, error) {
-	return func(ref *vipcastv1alpha1.SecretKeyReference) (string, error) {
-		k := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
-		inf, ok := w.secrets[k]
-		if !ok {
-			return "", fmt.Errorf("secret %s is not one the speaker may read (%s): add %s to the speaker's --bgp-password-secrets (chart value speaker.bgpPasswordSecrets.secrets)",
-				k, w.passwordSecrets(), k)
-		}
-		obj, exists, err := inf.GetStore().GetByKey(k.String())
-		if err != nil {
-			return "", fmt.Errorf("secret %s from cache: %w", k, err)
-		}
-		s, isSecret := obj.(*v1.Secret)
-		if !exists || !isSecret {
-			return "", fmt.Errorf("secret %s not found: create it with the key %q", k, ref.KeyOrDefault())
-		}
-		v, ok := s.Data[ref.KeyOrDefault()]
-		if !ok {
-			return "", fmt.Errorf("secret %s has no key %q: add it, or set passwordSecretRef.key to the key that holds the password", k, ref.KeyOrDefault())
-		}
-		return string(v), nil
-	}
-}
-
-// maxNamedSecrets is how many of the Secrets it reads passwordSecrets
-// names before it counts the rest: a message goes into an Event.
-const maxNamedSecrets = 5
-
-// passwordSecrets names the Secrets passwords are read from, for
-// messages.
-func (w *watched) passwordSecrets() string {
-	if len(w.secrets) == 0 {
-		return "it reads none: --bgp-password-secrets is empty"
-	}
-	names := make([]string, 0, len(w.secrets))
-	for k := range w.secrets {
-		names = append(names, k.String())
-	}
-	slices.Sort(names)
-	if n := len(names); n > maxNamedSecrets {
-		names = append(names[:maxNamedSecrets], fmt.Sprintf("and %d more", n-maxNamedSecrets))
-	}
-	return "it reads " + strings.Join(names, ", ")
 }
 
 // ServiceFieldSelector and SliceLabelSelector narrow the speaker's
