@@ -52,9 +52,12 @@ func planKeys(p ipvs.Plan) (keys map[ipvs.Key]bool, vips []netip.Addr) {
 
 // TestControllerKernel runs a real Controller (fake API server, fake BGP)
 // with the real ipvs.Dataplane in the VM's kernel and checks the kernel
-// table it produces: the start-up state, an EndpointSlice update of one
-// Service, drift repair by the periodic resync next to a foreign virtual
-// server, and Service deletion. One VM boot.
+// table it produces, in steps that each build on the one before:
+// start-up (the start-up Sync), endpoints (an EndpointSlice update of one
+// Service), drift (repair by the periodic resync next to foreign virtual
+// servers), delete (Services deleted), ports (a port added and removed)
+// and restart (a new Controller and Dataplane take the table over without
+// a change). One VM boot.
 func TestControllerKernel(t *testing.T) {
 	if !vm.InVM() {
 		vm.RunTest(t, vm.Options{Timeout: 4 * time.Minute})
@@ -196,7 +199,7 @@ func TestControllerKernel(t *testing.T) {
 	// foreign are virtual servers vipcast does not own (created by hand
 	// below); the kernel holds them next to want.
 	foreign := map[ipvs.Key]ipvs.Service{}
-	read := func() ipvs.State {
+	read := func(t *testing.T) ipvs.State {
 		t.Helper()
 		st, err := dp.Read()
 		if err != nil {
@@ -215,7 +218,7 @@ func TestControllerKernel(t *testing.T) {
 		}
 		return f
 	}
-	readFilter := func() ipvs.Filter {
+	readFilter := func(t *testing.T) ipvs.Filter {
 		t.Helper()
 		f, err := dp.ReadFilter()
 		if err != nil {
@@ -223,12 +226,12 @@ func TestControllerKernel(t *testing.T) {
 		}
 		return f
 	}
-	matches := func(st ipvs.State) bool {
+	matches := func(t *testing.T, st ipvs.State) bool {
 		all := maps.Clone(want)
 		maps.Copy(all, foreign)
-		return reflect.DeepEqual(st.Services, all) && reflect.DeepEqual(st.VIPs, wantVIPs) && reflect.DeepEqual(readFilter(), wantFilter())
+		return reflect.DeepEqual(st.Services, all) && reflect.DeepEqual(st.VIPs, wantVIPs) && reflect.DeepEqual(readFilter(t), wantFilter())
 	}
-	describe := func(st ipvs.State) string {
+	describe := func(t *testing.T, st ipvs.State) string {
 		var b strings.Builder
 		all := maps.Clone(want)
 		maps.Copy(all, foreign)
@@ -252,27 +255,27 @@ func TestControllerKernel(t *testing.T) {
 			}
 		}
 		fmt.Fprintf(&b, "\n  VIPs on %s: %v, want %v", link, sortedAddrs(st.VIPs), sortedAddrs(wantVIPs))
-		fmt.Fprintf(&b, "\n  VIP filter: %+v, want %+v", readFilter(), wantFilter())
+		fmt.Fprintf(&b, "\n  VIP filter: %+v, want %+v", readFilter(t), wantFilter())
 		return b.String()
 	}
-	waitKernel := func(what string, within time.Duration) time.Duration {
+	waitKernel := func(t *testing.T, what string, within time.Duration) time.Duration {
 		t.Helper()
 		start := time.Now()
 		for {
-			st := read()
-			if matches(st) {
+			st := read(t)
+			if matches(t, st) {
 				return time.Since(start)
 			}
 			if time.Since(start) > within {
 				calls, _ := rec.since(0)
-				t.Fatalf("%s: the kernel does not match after %s:%s\ncontroller's dataplane calls: %v", what, within, describe(st), calls)
+				t.Fatalf("%s: the kernel does not match after %s:%s\ncontroller's dataplane calls: %v", what, within, describe(t, st), calls)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	// quiet checks that every call from index i on changed nothing or
 	// only the virtual servers in keys, and no VIP.
-	quiet := func(what string, i int, vipsOK bool, keys ...ipvs.Key) int {
+	quiet := func(t *testing.T, what string, i int, vipsOK bool, keys ...ipvs.Key) int {
 		t.Helper()
 		calls, n := rec.since(i)
 		for _, call := range calls {
@@ -292,284 +295,313 @@ func TestControllerKernel(t *testing.T) {
 		return n
 	}
 
-	// a) Start-up: exactly the Services' virtual servers and real servers,
-	// programmed by the start-up Sync.
-	start := time.Now()
-	for !c.HasSynced() {
-		if time.Since(start) > 30*time.Second {
-			t.Fatal("the controller did not sync")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Logf("controller synced after %s", time.Since(start).Round(time.Millisecond))
-	st := read()
-	if !matches(st) {
-		t.Fatalf("a) kernel after start-up:%s", describe(st))
-	}
-	nSNAT, nRS, nSlots := 0, 0, 0
-	for _, s := range want {
-		if s.SNAT {
-			nSNAT++
-		}
-		nRS += len(s.Backends)
-		if !s.SNAT {
-			// Local with one tier: in-cluster slots over the endpoints
-			// everywhere (each such Service here has a ready one).
-			nSlots += ipvs.Tier2Slots
-		}
-	}
-	calls, n := rec.since(0)
-	// Each VIP is bound and filtered; each virtual server is added and let
-	// through the filter; each with in-cluster endpoints fills its slots.
-	if len(calls) == 0 || !calls[0].full || calls[0].plan.Len() != 2*len(wantVIPs)+nSNAT+2*len(want)+nRS+nSlots {
-		t.Fatalf("a) the first dataplane call is %v, want the start-up Sync: %d VIPs, %d SNAT, %d virtual servers, %d real servers, their filter elements and %d in-cluster slots",
-			calls, len(wantVIPs), nSNAT, len(want), nRS, nSlots)
-	}
-	t.Logf("a) start-up: %v", calls[0])
-	for _, call := range calls[1:] {
-		if !call.plan.Empty() || call.err != nil {
-			t.Errorf("a) after the start-up Sync: %v", call)
-		}
-	}
-	for _, k := range []ipvs.Key{aTCP, aUDP, c4, c6, dKey, eKey} {
-		if s := st.Services[k]; s.Scheduler != "mh" || !s.SNAT {
-			t.Errorf("a) %s: scheduler %q, SNAT %v; want mh with SNAT (Cluster)", k, s.Scheduler, s.SNAT)
-		}
-	}
-	if s := st.Services[bKey]; s.Scheduler != "rr" || s.SNAT {
-		t.Errorf("a) %s: scheduler %q, SNAT %v; want rr without SNAT (Local)", bKey, s.Scheduler, s.SNAT)
-	}
-
-	// b) An EndpointSlice update of Service a: only a's real servers
-	// change; 10.244.1.1 terminates (weight 0), 10.244.1.3 arrives, and
-	// 10.244.1.4 arrives not ready: weight 0 under TCP (the connections it
-	// has go on), none under UDP (its flows are balanced afresh).
-	others := func(st ipvs.State) map[ipvs.Key]ipvs.Service {
-		m := maps.Clone(st.Services)
-		delete(m, aTCP)
-		delete(m, aUDP)
-		return m
-	}
-	before := others(st)
-	sliceA = slice("a", "a-1", discoveryv1.AddressTypeIPv4, aPorts,
-		kep{"10.244.1.1", "n1", false, true}, kep{"10.244.1.2", "n2", true, false}, kep{"10.244.1.3", "n2", true, false},
-		kep{"10.244.1.4", "n2", false, false})
-	if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, sliceA, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	put(mh(ipvs.Service{VIP: aTCP.VIP, Port: 80, Protocol: ipvs.TCP, SNAT: true,
-		Backends: []ipvs.Backend{rs("10.244.1.1", 8080, 0), rs("10.244.1.2", 8080, 1), rs("10.244.1.3", 8080, 1), rs("10.244.1.4", 8080, 0)}}))
-	put(mh(ipvs.Service{VIP: aUDP.VIP, Port: 53, Protocol: ipvs.UDP, SNAT: true,
-		Backends: []ipvs.Backend{rs("10.244.1.1", 5353, 0), rs("10.244.1.2", 5353, 1), rs("10.244.1.3", 5353, 1)}}))
-	took := waitKernel("b) EndpointSlice update of a", 10*time.Second)
-	t.Logf("b) a's real servers updated in the kernel after %s", took.Round(time.Millisecond))
-	if after := others(read()); !reflect.DeepEqual(after, before) {
-		t.Errorf("b) the other Services' virtual servers changed:\nbefore %+v\nafter  %+v", before, after)
-	}
-	time.Sleep(resync + resync/2) // and a periodic resync finds nothing to do
-	calls, _ = rec.since(n)
-	t.Logf("b) dataplane calls: %v", calls)
-	// c) starts counting from its own mark, after the drift it makes.
-	quiet("b) EndpointSlice update of a", n, false, aTCP, aUDP)
-
-	// c) Drift: a virtual server of b (Local) and one of a (Cluster, with
-	// source NAT) deleted by hand come back within the resync period; a
-	// foreign virtual server (a VIP not on the link, one outside the pools
-	// and one inside) is left alone.
-	h, err := libipvs.New("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	for _, f := range []struct {
-		vip  string
-		port uint16
-	}{{"198.51.100.7", 80}, {"10.100.0.99", 80}} {
-		ks := &libipvs.Service{Address: net.ParseIP(f.vip), Protocol: unix.IPPROTO_TCP, Port: f.port,
-			AddressFamily: unix.AF_INET, SchedName: "rr", Netmask: 0xffffffff}
-		if err := h.NewService(ks); err != nil {
-			t.Fatal(err)
-		}
-		if err := h.NewDestination(ks, &libipvs.Destination{Address: net.ParseIP("10.244.9.9"), Port: 80, Weight: 5,
-			ConnectionFlags: libipvs.ConnectionFlagMasq, AddressFamily: unix.AF_INET}); err != nil {
-			t.Fatal(err)
-		}
-		s := ipvs.Service{VIP: addr(f.vip), Port: f.port, Protocol: ipvs.TCP, Scheduler: "rr", Backends: []ipvs.Backend{rs("10.244.9.9", 80, 5)}}
-		foreign[s.Key()] = s.Normalize()
-	}
-	if st := read(); !matches(st) {
-		t.Fatalf("c) with the foreign virtual servers:%s", describe(st))
-	}
-	if got := testutil.ToFloat64(m.drift); got != 0 {
-		t.Errorf("c) vipcast_ipvs_drift_detected_total = %v before any drift (start-up and quiet resyncs), want 0", got)
-	}
-	n = rec.count()
-	for _, k := range []ipvs.Key{bKey, aTCP} {
-		ks := &libipvs.Service{Address: k.VIP.AsSlice(), Protocol: uint16(k.Protocol), Port: k.Port, AddressFamily: unix.AF_INET, Netmask: 0xffffffff}
-		if err := h.DelService(ks); err != nil {
-			t.Fatalf("delete %s by hand: %v", k, err)
-		}
-	}
-	deleted := time.Now()
-	for {
-		st := read()
-		_, okB := st.Services[bKey]
-		_, okA := st.Services[aTCP]
-		if okA && okB {
-			t.Logf("c) the virtual servers deleted by hand are back after %s: %v, %v", time.Since(deleted).Round(time.Millisecond),
-				st.Services[bKey], st.Services[aTCP])
-			if !st.Services[aTCP].SNAT {
-				t.Errorf("c) %s is back without its source NAT element (a Sync dropped the element that outlived it)", aTCP)
+	// n counts the controller's dataplane calls up to the end of the
+	// step before: each step checks the calls it caused.
+	var (
+		n     int
+		calls []dataplaneCall
+		took  time.Duration
+	)
+	if !t.Run("start-up", func(t *testing.T) {
+		// a) Start-up: exactly the Services' virtual servers and real servers,
+		// programmed by the start-up Sync.
+		start := time.Now()
+		for !c.HasSynced() {
+			if time.Since(start) > 30*time.Second {
+				t.Fatal("the controller did not sync")
 			}
-			break
+			time.Sleep(10 * time.Millisecond)
 		}
-		if time.Since(deleted) > 3*resync {
-			t.Fatalf("c) the virtual servers deleted by hand are not back within %s:%s", 3*resync, describe(st))
+		t.Logf("controller synced after %s", time.Since(start).Round(time.Millisecond))
+		st := read(t)
+		if !matches(t, st) {
+			t.Fatalf("a) kernel after start-up:%s", describe(t, st))
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	took = waitKernel("c) drift repaired", 5*resync)
-	t.Logf("c) kernel table complete again %s later", took.Round(time.Millisecond))
-	// The resyncs that put them back said what they found gone: the two
-	// deletions are two requests, so one resync or two.
-	calls, _ = rec.since(n)
-	lostSeen := map[ipvs.Key]int{}
-	for _, cl := range calls {
-		for _, k := range cl.plan.Lost {
-			lostSeen[k]++
-		}
-	}
-	if len(lostSeen) != 2 || lostSeen[bKey] != 1 || lostSeen[aTCP] != 1 {
-		t.Errorf("c) the repairing resyncs' Lost: %v, want %s and %s once each", lostSeen, bKey, aTCP)
-	}
-	if got := testutil.ToFloat64(m.drift); got < 1 || got > 2 {
-		t.Errorf("c) vipcast_ipvs_drift_detected_total = %v after the resync repaired the drift, want 1 or 2", got)
-	}
-	eventually(t, "c) a DataplaneDrift Warning Event on the Node after the resync repaired the drift", func() bool {
-		return nodeWarning(ctx, t, client, "n1", func(e v1.Event) bool { return e.Reason == "DataplaneDrift" })
-	}, func() string { return fmt.Sprintf("drift counter %v", testutil.ToFloat64(m.drift)) })
-	// Two more resyncs with the foreign virtual servers around.
-	for full := rec.fullSyncs(); rec.fullSyncs() < full+2; {
-		if time.Since(deleted) > 10*resync {
-			t.Fatal("c) no periodic resync")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if st := read(); !matches(st) {
-		t.Errorf("c) kernel after two more resyncs:%s", describe(st))
-	}
-	calls, _ = rec.since(n)
-	t.Logf("c) dataplane calls: %v", calls)
-	n = quiet("c) drift", n, false, aTCP, bKey)
-	for _, k := range []ipvs.Key{aTCP, bKey} {
-		var repaired bool
-		for _, call := range calls {
-			if keys, _ := planKeys(call.plan); call.full && keys[k] {
-				repaired = true
+		nSNAT, nRS, nSlots := 0, 0, 0
+		for _, s := range want {
+			if s.SNAT {
+				nSNAT++
+			}
+			nRS += len(s.Backends)
+			if !s.SNAT {
+				// Local with one tier: in-cluster slots over the endpoints
+				// everywhere (each such Service here has a ready one).
+				nSlots += ipvs.Tier2Slots
 			}
 		}
-		if !repaired {
-			t.Errorf("c) no periodic Sync repaired %s", k)
+		calls, n = rec.since(0)
+		// Each VIP is bound and filtered; each virtual server is added and let
+		// through the filter; each with in-cluster endpoints fills its slots.
+		if len(calls) == 0 || !calls[0].full || calls[0].plan.Len() != 2*len(wantVIPs)+nSNAT+2*len(want)+nRS+nSlots {
+			t.Fatalf("a) the first dataplane call is %v, want the start-up Sync: %d VIPs, %d SNAT, %d virtual servers, %d real servers, their filter elements and %d in-cluster slots",
+				calls, len(wantVIPs), nSNAT, len(want), nRS, nSlots)
 		}
+		t.Logf("a) start-up: %v", calls[0])
+		for _, call := range calls[1:] {
+			if !call.plan.Empty() || call.err != nil {
+				t.Errorf("a) after the start-up Sync: %v", call)
+			}
+		}
+		for _, k := range []ipvs.Key{aTCP, aUDP, c4, c6, dKey, eKey} {
+			if s := st.Services[k]; s.Scheduler != "mh" || !s.SNAT {
+				t.Errorf("a) %s: scheduler %q, SNAT %v; want mh with SNAT (Cluster)", k, s.Scheduler, s.SNAT)
+			}
+		}
+		if s := st.Services[bKey]; s.Scheduler != "rr" || s.SNAT {
+			t.Errorf("a) %s: scheduler %q, SNAT %v; want rr without SNAT (Local)", bKey, s.Scheduler, s.SNAT)
+		}
+	}) {
+		return
 	}
 
-	// d) Deleting Services: c's two virtual servers go and both its VIPs
-	// are unbound; d's goes, but its VIP stays for e.
-	for _, name := range []string{"c", "d"} {
-		if err := client.CoreV1().Services("ns").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+	if !t.Run("endpoints", func(t *testing.T) {
+		// b) An EndpointSlice update of Service a: only a's real servers
+		// change; 10.244.1.1 terminates (weight 0), 10.244.1.3 arrives, and
+		// 10.244.1.4 arrives not ready: weight 0 under TCP (the connections it
+		// has go on), none under UDP (its flows are balanced afresh).
+		others := func(st ipvs.State) map[ipvs.Key]ipvs.Service {
+			m := maps.Clone(st.Services)
+			delete(m, aTCP)
+			delete(m, aUDP)
+			return m
+		}
+		before := others(read(t)) // the table start-up left
+		sliceA = slice("a", "a-1", discoveryv1.AddressTypeIPv4, aPorts,
+			kep{"10.244.1.1", "n1", false, true}, kep{"10.244.1.2", "n2", true, false}, kep{"10.244.1.3", "n2", true, false},
+			kep{"10.244.1.4", "n2", false, false})
+		if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, sliceA, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-	}
-	for _, k := range []ipvs.Key{c4, c6, dKey} {
-		delete(want, k)
-	}
-	delete(wantVIPs, c4.VIP)
-	delete(wantVIPs, c6.VIP)
-	took = waitKernel("d) Services c and d deleted", 10*time.Second)
-	t.Logf("d) Services c and d removed from the kernel after %s", took.Round(time.Millisecond))
-	time.Sleep(resync + resync/2)
-	if st := read(); !matches(st) {
-		t.Errorf("d) kernel after a resync:%s", describe(st))
-	}
-	calls, _ = rec.since(n)
-	t.Logf("d) dataplane calls: %v", calls)
-	quiet("d) Services deleted", n, true, c4, c6, dKey)
-	var unbound []netip.Addr
-	for _, call := range calls {
-		unbound = append(unbound, call.plan.DelVIPs...)
-	}
-	slices.SortFunc(unbound, netip.Addr.Compare)
-	if want := []netip.Addr{c4.VIP, c6.VIP}; !slices.Equal(unbound, want) {
-		t.Errorf("d) unbound VIPs %v, want %v", unbound, want)
+		put(mh(ipvs.Service{VIP: aTCP.VIP, Port: 80, Protocol: ipvs.TCP, SNAT: true,
+			Backends: []ipvs.Backend{rs("10.244.1.1", 8080, 0), rs("10.244.1.2", 8080, 1), rs("10.244.1.3", 8080, 1), rs("10.244.1.4", 8080, 0)}}))
+		put(mh(ipvs.Service{VIP: aUDP.VIP, Port: 53, Protocol: ipvs.UDP, SNAT: true,
+			Backends: []ipvs.Backend{rs("10.244.1.1", 5353, 0), rs("10.244.1.2", 5353, 1), rs("10.244.1.3", 5353, 1)}}))
+		took = waitKernel(t, "b) EndpointSlice update of a", 10*time.Second)
+		t.Logf("b) a's real servers updated in the kernel after %s", took.Round(time.Millisecond))
+		if after := others(read(t)); !reflect.DeepEqual(after, before) {
+			t.Errorf("b) the other Services' virtual servers changed:\nbefore %+v\nafter  %+v", before, after)
+		}
+		time.Sleep(resync + resync/2) // and a periodic resync finds nothing to do
+		calls, _ = rec.since(n)
+		t.Logf("b) dataplane calls: %v", calls)
+		// c) starts counting from its own mark, after the drift it makes.
+		quiet(t, "b) EndpointSlice update of a", n, false, aTCP, aUDP)
+	}) {
+		return
 	}
 
-	// d2) Service e gains port 82, then loses it: that port's virtual
-	// server and filter element come and go, the rest stays (matches
-	// checks the whole table and the whole filter).
-	setPorts := func(ports ...int32) {
-		t.Helper()
-		e, err := client.CoreV1().Services("ns").Get(ctx, "e", metav1.GetOptions{})
+	if !t.Run("drift", func(t *testing.T) {
+		// c) Drift: a virtual server of b (Local) and one of a (Cluster, with
+		// source NAT) deleted by hand come back within the resync period; a
+		// foreign virtual server (a VIP not on the link, one outside the pools
+		// and one inside) is left alone.
+		h, err := libipvs.New("")
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.Spec.Ports = nil
-		for _, port := range ports {
-			e.Spec.Ports = append(e.Spec.Ports, tcp(port)...)
+		defer h.Close()
+		for _, f := range []struct {
+			vip  string
+			port uint16
+		}{{"198.51.100.7", 80}, {"10.100.0.99", 80}} {
+			ks := &libipvs.Service{Address: net.ParseIP(f.vip), Protocol: unix.IPPROTO_TCP, Port: f.port,
+				AddressFamily: unix.AF_INET, SchedName: "rr", Netmask: 0xffffffff}
+			if err := h.NewService(ks); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.NewDestination(ks, &libipvs.Destination{Address: net.ParseIP("10.244.9.9"), Port: 80, Weight: 5,
+				ConnectionFlags: libipvs.ConnectionFlagMasq, AddressFamily: unix.AF_INET}); err != nil {
+				t.Fatal(err)
+			}
+			s := ipvs.Service{VIP: addr(f.vip), Port: f.port, Protocol: ipvs.TCP, Scheduler: "rr", Backends: []ipvs.Backend{rs("10.244.9.9", 80, 5)}}
+			foreign[s.Key()] = s.Normalize()
 		}
-		if _, err := client.CoreV1().Services("ns").Update(ctx, e, metav1.UpdateOptions{}); err != nil {
+		if st := read(t); !matches(t, st) {
+			t.Fatalf("c) with the foreign virtual servers:%s", describe(t, st))
+		}
+		if got := testutil.ToFloat64(m.drift); got != 0 {
+			t.Errorf("c) vipcast_ipvs_drift_detected_total = %v before any drift (start-up and quiet resyncs), want 0", got)
+		}
+		n = rec.count()
+		for _, k := range []ipvs.Key{bKey, aTCP} {
+			ks := &libipvs.Service{Address: k.VIP.AsSlice(), Protocol: uint16(k.Protocol), Port: k.Port, AddressFamily: unix.AF_INET, Netmask: 0xffffffff}
+			if err := h.DelService(ks); err != nil {
+				t.Fatalf("delete %s by hand: %v", k, err)
+			}
+		}
+		deleted := time.Now()
+		for {
+			st := read(t)
+			_, okB := st.Services[bKey]
+			_, okA := st.Services[aTCP]
+			if okA && okB {
+				t.Logf("c) the virtual servers deleted by hand are back after %s: %v, %v", time.Since(deleted).Round(time.Millisecond),
+					st.Services[bKey], st.Services[aTCP])
+				if !st.Services[aTCP].SNAT {
+					t.Errorf("c) %s is back without its source NAT element (a Sync dropped the element that outlived it)", aTCP)
+				}
+				break
+			}
+			if time.Since(deleted) > 3*resync {
+				t.Fatalf("c) the virtual servers deleted by hand are not back within %s:%s", 3*resync, describe(t, st))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		took = waitKernel(t, "c) drift repaired", 5*resync)
+		t.Logf("c) kernel table complete again %s later", took.Round(time.Millisecond))
+		// The resyncs that put them back said what they found gone: the two
+		// deletions are two requests, so one resync or two.
+		calls, _ = rec.since(n)
+		lostSeen := map[ipvs.Key]int{}
+		for _, cl := range calls {
+			for _, k := range cl.plan.Lost {
+				lostSeen[k]++
+			}
+		}
+		if len(lostSeen) != 2 || lostSeen[bKey] != 1 || lostSeen[aTCP] != 1 {
+			t.Errorf("c) the repairing resyncs' Lost: %v, want %s and %s once each", lostSeen, bKey, aTCP)
+		}
+		if got := testutil.ToFloat64(m.drift); got < 1 || got > 2 {
+			t.Errorf("c) vipcast_ipvs_drift_detected_total = %v after the resync repaired the drift, want 1 or 2", got)
+		}
+		eventually(t, "c) a DataplaneDrift Warning Event on the Node after the resync repaired the drift", func() bool {
+			return nodeWarning(ctx, t, client, "n1", func(e v1.Event) bool { return e.Reason == "DataplaneDrift" })
+		}, func() string { return fmt.Sprintf("drift counter %v", testutil.ToFloat64(m.drift)) })
+		// Two more resyncs with the foreign virtual servers around.
+		for full := rec.fullSyncs(); rec.fullSyncs() < full+2; {
+			if time.Since(deleted) > 10*resync {
+				t.Fatal("c) no periodic resync")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if st := read(t); !matches(t, st) {
+			t.Errorf("c) kernel after two more resyncs:%s", describe(t, st))
+		}
+		calls, _ = rec.since(n)
+		t.Logf("c) dataplane calls: %v", calls)
+		n = quiet(t, "c) drift", n, false, aTCP, bKey)
+		for _, k := range []ipvs.Key{aTCP, bKey} {
+			var repaired bool
+			for _, call := range calls {
+				if keys, _ := planKeys(call.plan); call.full && keys[k] {
+					repaired = true
+				}
+			}
+			if !repaired {
+				t.Errorf("c) no periodic Sync repaired %s", k)
+			}
+		}
+	}) {
+		return
+	}
+
+	if !t.Run("delete", func(t *testing.T) {
+		// d) Deleting Services: c's two virtual servers go and both its VIPs
+		// are unbound; d's goes, but its VIP stays for e.
+		for _, name := range []string{"c", "d"} {
+			if err := client.CoreV1().Services("ns").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, k := range []ipvs.Key{c4, c6, dKey} {
+			delete(want, k)
+		}
+		delete(wantVIPs, c4.VIP)
+		delete(wantVIPs, c6.VIP)
+		took = waitKernel(t, "d) Services c and d deleted", 10*time.Second)
+		t.Logf("d) Services c and d removed from the kernel after %s", took.Round(time.Millisecond))
+		time.Sleep(resync + resync/2)
+		if st := read(t); !matches(t, st) {
+			t.Errorf("d) kernel after a resync:%s", describe(t, st))
+		}
+		calls, _ = rec.since(n)
+		t.Logf("d) dataplane calls: %v", calls)
+		quiet(t, "d) Services deleted", n, true, c4, c6, dKey)
+		var unbound []netip.Addr
+		for _, call := range calls {
+			unbound = append(unbound, call.plan.DelVIPs...)
+		}
+		slices.SortFunc(unbound, netip.Addr.Compare)
+		if want := []netip.Addr{c4.VIP, c6.VIP}; !slices.Equal(unbound, want) {
+			t.Errorf("d) unbound VIPs %v, want %v", unbound, want)
+		}
+	}) {
+		return
+	}
+
+	if !t.Run("ports", func(t *testing.T) {
+		// d2) Service e gains port 82, then loses it: that port's virtual
+		// server and filter element come and go, the rest stays (matches
+		// checks the whole table and the whole filter).
+		setPorts := func(ports ...int32) {
+			t.Helper()
+			e, err := client.CoreV1().Services("ns").Get(ctx, "e", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Spec.Ports = nil
+			for _, port := range ports {
+				e.Spec.Ports = append(e.Spec.Ports, tcp(port)...)
+			}
+			if _, err := client.CoreV1().Services("ns").Update(ctx, e, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e82 := ipvs.Key{VIP: eKey.VIP, Port: 82, Protocol: ipvs.TCP}
+		setPorts(81, 82)
+		want[e82] = mh(ipvs.Service{VIP: eKey.VIP, Port: 82, Protocol: ipvs.TCP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.4.2", 8081, 1)}})
+		took = waitKernel(t, "d2) Service e gains port 82", 10*time.Second)
+		t.Logf("d2) port 82 programmed and let through after %s", took.Round(time.Millisecond))
+		setPorts(81)
+		delete(want, e82)
+		took = waitKernel(t, "d2) Service e loses port 82", 10*time.Second)
+		t.Logf("d2) port 82 removed and closed after %s", took.Round(time.Millisecond))
+	}) {
+		return
+	}
+
+	t.Run("restart", func(t *testing.T) {
+		// e) A restarted speaker (a new Controller and a new Dataplane on the
+		// same kernel) takes the table over without a single change: what
+		// ServiceDataplane computes is what the kernel reports.
+		stop()
+		if err := closeDP(); err != nil {
+			t.Fatalf("closing the first dataplane: %v", err)
+		}
+		dp2, err := ipvs.New(ipvs.Options{LinkName: link})
+		if err != nil {
+			t.Fatalf("ipvs.New after the restart: %v", err)
+		}
+		defer dp2.Close()
+		dp = dp2 // read(t) reads through it from now on
+		rec2 := &fakeDataplane{wrapped: dp2}
+		c2, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
+			Resync: time.Hour, Dataplane: rec2, DataplaneResync: resync})
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	e82 := ipvs.Key{VIP: eKey.VIP, Port: 82, Protocol: ipvs.TCP}
-	setPorts(81, 82)
-	want[e82] = mh(ipvs.Service{VIP: eKey.VIP, Port: 82, Protocol: ipvs.TCP, SNAT: true, Backends: []ipvs.Backend{rs("10.244.4.2", 8081, 1)}})
-	took = waitKernel("d2) Service e gains port 82", 10*time.Second)
-	t.Logf("d2) port 82 programmed and let through after %s", took.Round(time.Millisecond))
-	setPorts(81)
-	delete(want, e82)
-	took = waitKernel("d2) Service e loses port 82", 10*time.Second)
-	t.Logf("d2) port 82 removed and closed after %s", took.Round(time.Millisecond))
-
-	// e) A restarted speaker (a new Controller and a new Dataplane on the
-	// same kernel) takes the table over without a single change: what
-	// ServiceDataplane computes is what the kernel reports.
-	stop()
-	if err := closeDP(); err != nil {
-		t.Fatalf("closing the first dataplane: %v", err)
-	}
-	dp2, err := ipvs.New(ipvs.Options{LinkName: link})
-	if err != nil {
-		t.Fatalf("ipvs.New after the restart: %v", err)
-	}
-	defer dp2.Close()
-	dp = dp2 // read() reads through it from now on
-	rec2 := &fakeDataplane{wrapped: dp2}
-	c2, err := NewController(Options{NodeName: "n1", Client: client, Dynamic: dyn, BGP: &flakyBGP{routes: map[netip.Prefix]bgp.Route{}},
-		Resync: time.Hour, Dataplane: rec2, DataplaneResync: resync})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx2, cancel2 := context.WithCancel(context.Background())
-	done2 := make(chan struct{})
-	go func() { _ = c2.Run(ctx2); close(done2) }()
-	defer func() { cancel2(); <-done2 }()
-	start = time.Now()
-	for rec2.fullSyncs() < 2 {
-		if time.Since(start) > 10*time.Second {
-			t.Fatal("e) the restarted controller did not resync")
+		ctx2, cancel2 := context.WithCancel(context.Background())
+		done2 := make(chan struct{})
+		go func() { _ = c2.Run(ctx2); close(done2) }()
+		defer func() { cancel2(); <-done2 }()
+		start := time.Now()
+		for rec2.fullSyncs() < 2 {
+			if time.Since(start) > 10*time.Second {
+				t.Fatal("e) the restarted controller did not resync")
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	calls, _ = rec2.since(0)
-	t.Logf("e) restarted controller's dataplane calls: %v", calls)
-	for _, call := range calls {
-		if !call.plan.Empty() || call.err != nil {
-			t.Errorf("e) after the restart: %v, want no change", call)
+		calls, _ = rec2.since(0)
+		t.Logf("e) restarted controller's dataplane calls: %v", calls)
+		for _, call := range calls {
+			if !call.plan.Empty() || call.err != nil {
+				t.Errorf("e) after the restart: %v, want no change", call)
+			}
 		}
-	}
-	if st := read(); !matches(st) {
-		t.Errorf("e) kernel after the restart:%s", describe(st))
-	}
+		if st := read(t); !matches(t, st) {
+			t.Errorf("e) kernel after the restart:%s", describe(t, st))
+		}
+	})
 }
 
 func sortedAddrs(m map[netip.Addr]struct{}) []netip.Addr {
