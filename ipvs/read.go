@@ -12,37 +12,37 @@ import (
 // Read returns the kernel's whole IPVS table (foreign virtual servers too)
 // and the VIPs bound to the dummy link.
 func (d *Dataplane) Read() (State, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	k, err := d.read(nil)
+	k, err := d.readLocked()
 	return k.st, err
 }
 
 // ReadTier2 returns the tier-2 map as the kernel has it (empty without
 // Options.Tunnel).
 func (d *Dataplane) ReadTier2() (Tier2, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	k, err := d.read(nil)
+	k, err := d.readLocked()
 	return k.tier2, err
 }
 
 // ReadInCluster returns the in-cluster map as the kernel has it (empty
 // with Options.NoSNAT).
 func (d *Dataplane) ReadInCluster() (Tier2, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	k, err := d.read(nil)
+	k, err := d.readLocked()
 	return k.cluster, err
 }
 
 // ReadFilter returns the VIP filter's content as the kernel has it (empty
 // with Options.NoFilter).
 func (d *Dataplane) ReadFilter() (Filter, error) {
+	k, err := d.readLocked()
+	return k.filter, err
+}
+
+// readLocked is read of everything, under the Dataplane's lock: what the
+// Read methods each return a part of.
+func (d *Dataplane) readLocked() (kernel, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	k, err := d.read(nil)
-	return k.filter, err
+	return d.read(nil)
 }
 
 // kernel is what read finds.
