@@ -34,10 +34,8 @@ image_registry=${IMAGE_REGISTRY:-$REGISTRY}
 image_registry=${image_registry%/}
 helm=${HELM:-helm}
 out=${RELEASE_DIR:-_output/release/$version}
-http=()
-if [ "${PLAIN_HTTP:-false}" = true ]; then http=(-plain-http); fi
-helm_http=()
-if [ "${PLAIN_HTTP:-false}" = true ]; then helm_http=(--plain-http); fi
+http=() helm_http=()
+if [ "${PLAIN_HTTP:-false}" = true ]; then http=(-plain-http) helm_http=(--plain-http); fi
 
 if [[ $version != *-* ]] && ! grep -q "^## \[$version\]" CHANGELOG.md; then
 	fail "CHANGELOG.md has no entry \"## [$version]\": write what changed, and the upgrade notes, first"
