@@ -564,13 +564,36 @@ func (l *Lab) WaitKubelet(ctx context.Context, n *Node) {
 // it printed.
 func (l *Lab) Helm(ctx context.Context, args ...string) (string, error) {
 	c := exec.CommandContext(ctx, HelmBin(), args...)
-	c.Env = append(os.Environ(), "KUBECONFIG="+l.CP.Kubeconfig,
-		"HELM_CACHE_HOME="+filepath.Join(l.Opts.Dir, "helm/cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(l.Opts.Dir, "helm/config"),
-		"HELM_DATA_HOME="+filepath.Join(l.Opts.Dir, "helm/data"))
+	c.Env = l.toolEnv()
 	out, err := c.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// toolEnv is the environment of the lab's kubectl, helm and shell: the
+// lab's API server, helm's caches in the lab's directory, and kubectl,
+// helm and the lab's binaries (kubectl-vipcast) first on the PATH.
+func (l *Lab) toolEnv() []string {
+	return append(os.Environ(), "KUBECONFIG="+l.CP.Kubeconfig,
+		"HELM_CACHE_HOME="+filepath.Join(l.Opts.Dir, "helm/cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(l.Opts.Dir, "helm/config"),
+		"HELM_DATA_HOME="+filepath.Join(l.Opts.Dir, "helm/data"),
+		"PATH="+strings.Join([]string{controlplane.BinDir(), filepath.Dir(HelmBin()), l.binDir, os.Getenv("PATH")}, string(os.PathListSeparator)))
+}
+
+// Shell runs script with bash in dir, as a reader of the docs would in a
+// terminal: kubectl, helm and kubectl-vipcast on the PATH, KUBECONFIG the
+// lab's API server, helm's caches the lab's. It returns what the script
+// printed.
+func (l *Lab) Shell(ctx context.Context, dir, script string) (string, error) {
+	c := exec.CommandContext(ctx, "bash", "-c", script)
+	c.Dir = dir
+	c.Env = l.toolEnv()
+	out, err := c.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %w: %s", script, err, out)
 	}
 	return string(out), nil
 }

@@ -54,7 +54,10 @@ import (
 //     (upstreamLoadBalancer), with kube-proxy in iptables mode and the
 //     chart's default two tiers;
 //  10. lifecycle: an upgrade and a CCM restart under traffic, a drain, a
-//     node joining, helm uninstall (clusterLifecycle).
+//     node joining, helm uninstall (clusterLifecycle);
+//  11. getting-started: what vipcast left removed as docs/operations.md
+//     says, then docs/getting-started.md followed from the install to a
+//     VIP answering, and timed (gettingStarted).
 //
 // A scenario that fails stops the ones after it: each needs the cluster
 // the previous one left.
@@ -116,6 +119,7 @@ func TestCluster(t *testing.T) {
 		{"attacks", func(t *testing.T) { attacks(t, l) }},
 		{"upstream", func(t *testing.T) { upstreamLoadBalancer(t, l) }},
 		{"lifecycle", func(t *testing.T) { clusterLifecycle(t, l, vip) }},
+		{"getting-started", func(t *testing.T) { gettingStarted(t, l) }},
 	}
 	for _, sc := range scenarios {
 		ok := t.Run(sc.name, sc.run)

@@ -147,7 +147,7 @@ type Lab struct {
 // what it printed.
 func (l *Lab) Kubectl(ctx context.Context, args ...string) (string, error) {
 	c := exec.CommandContext(ctx, filepath.Join(controlplane.BinDir(), "kubectl"), args...)
-	c.Env = append(os.Environ(), "KUBECONFIG="+l.CP.Kubeconfig, "PATH="+l.binDir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	c.Env = l.toolEnv()
 	out, err := c.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)

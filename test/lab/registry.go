@@ -206,3 +206,10 @@ func indent(s string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// Registry is where the lab's releases are, as `make release`'s REGISTRY
+// and a reader's $REGISTRY: the registry on the host's loopback and the
+// path under it.
+func (l *Lab) Registry() string {
+	return l.registry + "/" + registryPath
+}

@@ -43,6 +43,11 @@ func run() error {
 		port = "8080"
 	}
 	pod, node := os.Getenv("POD_NAME"), os.Getenv("NODE_NAME")
+	if pod == "" {
+		// A pod's hostname is its name: a Deployment made by `kubectl
+		// create deployment` sets no POD_NAME.
+		pod, _ = os.Hostname()
+	}
 	line := func(client string) string {
 		host, _, err := net.SplitHostPort(client)
 		if err != nil {
