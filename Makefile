@@ -250,6 +250,7 @@ FUZZ_TARGETS := \
 	./ipvs/:FuzzDiff \
 	./ipvs/:FuzzCheckSyncMessage \
 	./ipvs/:FuzzFilterSyncMessage \
+	./metallbimport/:FuzzTranslate \
 	./speaker/:FuzzNodeFrom \
 	./speaker/:FuzzPeersForNode \
 	./speaker/:FuzzCompile \

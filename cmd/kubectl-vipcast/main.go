@@ -2,7 +2,8 @@
 // ...): for a Service, which node announces its VIPs and why the others
 // do not (why: each node's speaker's rules applied to the API objects,
 // with the sessions and refusals its SpeakerStatus reports), and for the
-// cluster, the state of every BGP session, nodes by peers (peers).
+// cluster, the state of every BGP session, nodes by peers (peers); and
+// MetalLB's configuration translated into vipcast's (import metallb).
 package main
 
 import (
@@ -78,7 +79,7 @@ func newCommand(out io.Writer) *cobra.Command {
 		return &clients{core: core, dyn: dyn, namespace: ns}, nil
 	}
 
-	root.AddCommand(whyCommand(connect, out), peersCommand(connect, out))
+	root.AddCommand(whyCommand(connect, out), peersCommand(connect, out), importCommand(connect, out))
 	return root
 }
 
