@@ -150,14 +150,14 @@ func (a *poolAnnotator) write(ctx context.Context, key string) error {
 // poolAnnotations returns the annotations to set on a Service with
 // annotations cur whose VIPs pool handed out: the record
 // vipcast.io/allocated-from-pool, and vipcast.io/pool when the Service has
-// none (a request its user wrote, even one naming another pool, is never
-// overwritten).
+// none in any spelling (a request its user wrote, even one naming another
+// pool, or MetalLB's spelling of it, is never overwritten nor doubled).
 func poolAnnotations(cur map[string]string, pool string) map[string]string {
 	out := map[string]string{}
 	if cur[poolspec.AnnotationAllocatedFrom] != pool {
 		out[poolspec.AnnotationAllocatedFrom] = pool
 	}
-	if _, ok := cur[AnnotationPool]; !ok {
+	if _, _, ok := requestAnnotation(cur, AnnotationPool); !ok {
 		out[AnnotationPool] = pool
 	}
 	return out

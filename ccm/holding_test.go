@@ -65,6 +65,8 @@ func TestPoolAnnotations(t *testing.T) {
 		{"moved from q to p", map[string]string{AnnotationPool: "p", rec: "q"}, map[string]string{rec: "p"}},
 		{"request edited meanwhile to another pool: kept", map[string]string{AnnotationPool: "other", rec: "q"}, map[string]string{rec: "p"}},
 		{"published by a release without the record", map[string]string{AnnotationPool: "p", "unrelated": "x"}, map[string]string{rec: "p"}},
+		{"asked for p in MetalLB's spelling: not doubled in vipcast's", map[string]string{"metallb.io/address-pool": "p"}, map[string]string{rec: "p"}},
+		{"asked in MetalLB's older spelling", map[string]string{"metallb.universe.tf/address-pool": "p"}, map[string]string{rec: "p"}},
 	} {
 		if got := poolAnnotations(tc.cur, "p"); !maps.Equal(got, tc.want) {
 			t.Errorf("%s: poolAnnotations(%v, p) = %v, want %v", tc.name, tc.cur, got, tc.want)

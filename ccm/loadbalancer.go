@@ -93,7 +93,7 @@ func (p *Provider) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Ser
 		logger.V(2).Info("Allocated VIPs", "pool", a.Pool, "ips", a.IPs, "previous", before.IPs)
 	}
 	p.accountChange(a.Pool, before.IPs, a.IPs)
-	if _, pinned := svc.Annotations[AnnotationPool]; a.Pool != "" && (svc.Annotations[poolspec.AnnotationAllocatedFrom] != a.Pool || !pinned) {
+	if _, _, pinned := requestAnnotation(svc.Annotations, AnnotationPool); a.Pool != "" && (svc.Annotations[poolspec.AnnotationAllocatedFrom] != a.Pool || !pinned) {
 		p.annotator.record(req.Owner, a.Pool)
 	}
 	return lbStatus(a.IPs), nil

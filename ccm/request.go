@@ -3,6 +3,7 @@ package ccm
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -36,6 +37,86 @@ const (
 	AnnotationAllowSharedIPAcrossNamespaces = "vipcast.io/allow-shared-ip-across-namespaces"
 )
 
+// requestAliases are MetalLB's spellings of the request annotation key of
+// vipcast's (AnnotationIPs, AnnotationPool, AnnotationSharingKey), which
+// vipcast honours as aliases so that Services keep asking for what they
+// asked MetalLB for: its current prefix, then the older one.
+func requestAliases(key string) []string {
+	var suffix string
+	switch key {
+	case AnnotationIPs:
+		suffix = "loadBalancerIPs"
+	case AnnotationPool:
+		suffix = "address-pool"
+	case AnnotationSharingKey:
+		suffix = "allow-shared-ip"
+	default:
+		return nil
+	}
+	return []string{"metallb.io/" + suffix, "metallb.universe.tf/" + suffix}
+}
+
+// requestAnnotation returns the first spelling of the request annotation
+// key that ann sets, vipcast's before MetalLB's (requestAliases), its value,
+// and whether any is set.
+func requestAnnotation(ann map[string]string, key string) (spelling, value string, set bool) {
+	for _, k := range append([]string{key}, requestAliases(key)...) {
+		if v, ok := ann[k]; ok {
+			return k, v, true
+		}
+	}
+	return key, "", false
+}
+
+// checkSpellings returns an error naming the first two spellings of one
+// request (vipcast's and MetalLB's, requestAliases) that ask for different
+// things: vipcast cannot tell which one is meant.
+func checkSpellings(ann map[string]string) error {
+	for _, key := range []string{AnnotationIPs, AnnotationPool, AnnotationSharingKey} {
+		first, firstVal := "", ""
+		for _, k := range append([]string{key}, requestAliases(key)...) {
+			v, ok := ann[k]
+			if !ok {
+				continue
+			}
+			if first == "" {
+				first, firstVal = k, v
+				continue
+			}
+			if spelledAlike(key, firstVal, v) {
+				continue
+			}
+			return invalid("annotations %s %q and %s %q ask for different things (MetalLB's spelling is an alias of vipcast's); keep one of them, or make them agree",
+				first, firstVal, k, v)
+		}
+	}
+	return nil
+}
+
+// spelledAlike reports whether two values of the request annotation key
+// ask for the same: the same trimmed text, or for AnnotationIPs the same
+// addresses in any order.
+func spelledAlike(key, a, b string) bool {
+	norm := func(v string) string {
+		if key != AnnotationIPs {
+			return strings.TrimSpace(v)
+		}
+		var ips []string
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(f)
+			if ip, err := netip.ParseAddr(f); err == nil {
+				f = ip.Unmap().String()
+			}
+			if f != "" {
+				ips = append(ips, f)
+			}
+		}
+		slices.Sort(ips)
+		return strings.Join(ips, ",")
+	}
+	return norm(a) == norm(b)
+}
+
 // maxSharingKeyLen bounds the sharing key; it is compared, never parsed.
 const maxSharingKeyLen = 253
 
@@ -50,19 +131,22 @@ func Owner(svc *v1.Service) string {
 func RequestFor(svc *v1.Service, nsLabels map[string]string) (ipam.Request, error) {
 	req := baseRequest(svc)
 	req.NamespaceLabels = nsLabels
+	if err := checkSpellings(svc.Annotations); err != nil {
+		return req, err
+	}
 
-	if pool, ok := svc.Annotations[AnnotationPool]; ok {
+	if spelling, pool, ok := requestAnnotation(svc.Annotations, AnnotationPool); ok {
 		pool = strings.TrimSpace(pool)
 		if errs := validation.IsDNS1123Subdomain(pool); len(errs) > 0 {
 			return req, invalid("annotation %s %q is not a valid IPPool name (%s); set it to the name of an existing IPPool or remove it",
-				AnnotationPool, pool, strings.Join(errs, "; "))
+				spelling, pool, strings.Join(errs, "; "))
 		}
 		req.Pool = pool
 	}
 
-	if _, ok := svc.Annotations[AnnotationSharingKey]; ok && (req.SharingKey == "" || len(req.SharingKey) > maxSharingKeyLen) {
+	if spelling, _, ok := requestAnnotation(svc.Annotations, AnnotationSharingKey); ok && (req.SharingKey == "" || len(req.SharingKey) > maxSharingKeyLen) {
 		return req, invalid("annotation %s must be a non-empty string of at most %d characters; set the same key on every Service that should share a VIP, or remove it",
-			AnnotationSharingKey, maxSharingKeyLen)
+			spelling, maxSharingKeyLen)
 	}
 
 	if err := checkCrossNamespace(svc); err != nil {
@@ -95,7 +179,7 @@ func baseRequest(svc *v1.Service) ipam.Request {
 		Namespace:           svc.Namespace,
 		ServiceLabels:       svc.Labels,
 		LocalTrafficPolicy:  svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
-		SharingKey:          strings.TrimSpace(svc.Annotations[AnnotationSharingKey]),
+		SharingKey:          strings.TrimSpace(sharingKey(svc.Annotations)),
 		ShareWithNamespaces: shareNamespaces(svc.Annotations[AnnotationAllowSharedIPAcrossNamespaces]),
 	}
 	if len(svc.Spec.Selector) > 0 {
@@ -130,11 +214,17 @@ func checkCrossNamespace(svc *v1.Service) error {
 				AnnotationAllowSharedIPAcrossNamespaces, ns, strings.Join(errs, "; "))
 		}
 	}
-	if len(names) > 0 && strings.TrimSpace(svc.Annotations[AnnotationSharingKey]) == "" {
+	if len(names) > 0 && strings.TrimSpace(sharingKey(svc.Annotations)) == "" {
 		return invalid("annotation %s names namespaces but the Service has no %s; set the same sharing key on every Service that should share a VIP, or remove %s",
 			AnnotationAllowSharedIPAcrossNamespaces, AnnotationSharingKey, AnnotationAllowSharedIPAcrossNamespaces)
 	}
 	return nil
+}
+
+// sharingKey is the Service's sharing key in any spelling.
+func sharingKey(ann map[string]string) string {
+	_, v, _ := requestAnnotation(ann, AnnotationSharingKey)
+	return v
 }
 
 // shareNamespaces returns the namespaces the annotation value raw names:
@@ -158,7 +248,8 @@ func shareNamespaces(raw string) []string {
 // spec.loadBalancerIP; asking both for different addresses is an error.
 func requestedIPs(svc *v1.Service) ([]netip.Addr, error) {
 	var fromAnn []netip.Addr
-	if raw, ok := svc.Annotations[AnnotationIPs]; ok {
+	spelling, raw, ok := requestAnnotation(svc.Annotations, AnnotationIPs)
+	if ok {
 		seen := map[ipam.Family]netip.Addr{}
 		for _, field := range strings.Split(raw, ",") {
 			field = strings.TrimSpace(field)
@@ -168,12 +259,12 @@ func requestedIPs(svc *v1.Service) ([]netip.Addr, error) {
 			ip, err := netip.ParseAddr(field)
 			if err != nil || ip.Zone() != "" {
 				return nil, invalid("annotation %s: %q is not an IP address; write a comma-separated list with at most one IPv4 and one IPv6 address, e.g. \"192.0.2.10,2001:db8::10\"",
-					AnnotationIPs, field)
+					spelling, field)
 			}
 			ip = ip.Unmap()
 			if prev, dup := seen[familyOf(ip)]; dup {
 				return nil, invalid("annotation %s asks for two %s addresses (%s and %s); a Service gets at most one VIP per family, keep one",
-					AnnotationIPs, familyOf(ip), prev, ip)
+					spelling, familyOf(ip), prev, ip)
 			}
 			seen[familyOf(ip)] = ip
 			fromAnn = append(fromAnn, ip)

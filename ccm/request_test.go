@@ -253,6 +253,21 @@ func requestForCases(t testing.TB) []requestForCase {
 			want: ipam.Request{Families: v4, Pool: "pools.example.com"},
 		},
 		{
+			name: "MetalLB's spellings are aliases: pool, addresses and sharing key",
+			opts: []svcOption{withAnnotation("metallb.io/address-pool", "gold"), withAnnotation("metallb.io/loadBalancerIPs", "192.0.2.7, 2001:db8::7"), withAnnotation("metallb.io/allow-shared-ip", "dns"), withFamilies(v1.IPFamilyPolicyPreferDualStack, v1.IPv4Protocol, v1.IPv6Protocol)},
+			want: ipam.Request{Families: []ipam.Family{ipam.IPv4, ipam.IPv6}, Pool: "gold", IPs: addrs(t, "192.0.2.7", "2001:db8::7"), SharingKey: "dns"},
+		},
+		{
+			name: "MetalLB's older spellings are aliases too",
+			opts: []svcOption{withAnnotation("metallb.universe.tf/address-pool", "gold"), withAnnotation("metallb.universe.tf/loadBalancerIPs", "192.0.2.7"), withAnnotation("metallb.universe.tf/allow-shared-ip", "dns")},
+			want: ipam.Request{Families: v4, Pool: "gold", IPs: addrs(t, "192.0.2.7"), SharingKey: "dns"},
+		},
+		{
+			name: "both spellings agreeing (the same addresses in another order)",
+			opts: []svcOption{withAnnotation(AnnotationIPs, "2001:db8::7,192.0.2.7"), withAnnotation("metallb.io/loadBalancerIPs", " 192.0.2.7 , 2001:db8::7"), withAnnotation(AnnotationPool, "gold"), withAnnotation("metallb.io/address-pool", " gold "), withFamilies(v1.IPFamilyPolicyPreferDualStack, v1.IPv4Protocol, v1.IPv6Protocol)},
+			want: ipam.Request{Families: []ipam.Family{ipam.IPv4, ipam.IPv6}, Pool: "gold", IPs: addrs(t, "2001:db8::7", "192.0.2.7")},
+		},
+		{
 			name: "sharing key is trimmed",
 			opts: []svcOption{withAnnotation(AnnotationSharingKey, "  team a  ")},
 			want: ipam.Request{Families: v4, SharingKey: "team a"},
@@ -387,6 +402,26 @@ func requestForErrorCases() []requestForErrorCase {
 			name:   "pool annotation too long",
 			opts:   []svcOption{withAnnotation(AnnotationPool, strings.Repeat("a", validation.DNS1123SubdomainMaxLength+1))},
 			wantIn: []string{AnnotationPool},
+		},
+		{
+			name:   "vipcast's and MetalLB's pool disagree",
+			opts:   []svcOption{withAnnotation(AnnotationPool, "gold"), withAnnotation("metallb.io/address-pool", "silver")},
+			wantIn: []string{`annotations vipcast.io/pool "gold" and metallb.io/address-pool "silver" ask for different things`, "keep one of them"},
+		},
+		{
+			name:   "MetalLB's two spellings of the addresses disagree",
+			opts:   []svcOption{withAnnotation("metallb.io/loadBalancerIPs", "192.0.2.7"), withAnnotation("metallb.universe.tf/loadBalancerIPs", "192.0.2.8")},
+			wantIn: []string{`metallb.io/loadBalancerIPs "192.0.2.7" and metallb.universe.tf/loadBalancerIPs "192.0.2.8"`},
+		},
+		{
+			name:   "vipcast's and MetalLB's sharing keys disagree",
+			opts:   []svcOption{withAnnotation(AnnotationSharingKey, "a"), withAnnotation("metallb.universe.tf/allow-shared-ip", "b")},
+			wantIn: []string{AnnotationSharingKey, "metallb.universe.tf/allow-shared-ip"},
+		},
+		{
+			name:   "a bad address in MetalLB's spelling",
+			opts:   []svcOption{withAnnotation("metallb.io/loadBalancerIPs", "192.0.2.300")},
+			wantIn: []string{`annotation metallb.io/loadBalancerIPs: "192.0.2.300" is not an IP address`},
 		},
 		{
 			name:   "sharing key empty",
