@@ -12,13 +12,13 @@ import (
 )
 
 // testdata/run holds one make bench's outputs. bench-ipam.txt, -ccm,
-// -bgp and -speaker are real (this machine, before BenchmarkScale
-// reported its two sides); the others are composed from the benchmarks'
-// Printf and ReportMetric formats and the real files' layout:
-// bench-scale.txt as BenchmarkScale prints with the default -scale-nodes,
-// bench-ipvs.txt, -twotier and -guest-copy with the guests' console
-// relayed as "vm| ..." lines, bench-bfd.txt from a go test -v log of the
-// two tests.
+// -bgp, -speaker and -ipvs-diff are real (this machine); bench-scale.txt
+// is real with the two metrics per N that BenchmarkScale reports since
+// (testdata/errors/bench-scale.txt is the real one, without them). The
+// others are composed from the benchmarks' Printf and ReportMetric
+// formats and the real files' layout: bench-ipvs.txt, -twotier and
+// -guest-copy with the guests' console relayed as "vm| ..." lines,
+// bench-bfd.txt from a go test -v log of the two tests.
 
 // parseRun parses the named files of testdata/run, and extra files of
 // other directories given by path.
