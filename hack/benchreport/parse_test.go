@@ -11,14 +11,10 @@ import (
 	"testing"
 )
 
-// testdata/run holds one make bench's outputs. bench-ipam.txt, -ccm,
-// -bgp, -speaker and -ipvs-diff are real (this machine); bench-scale.txt
-// is real with the two metrics per N that BenchmarkScale reports since
-// (testdata/errors/bench-scale.txt is the real one, without them). The
-// others are composed from the benchmarks' Printf and ReportMetric
-// formats and the real files' layout: bench-ipvs.txt, -twotier and
-// -guest-copy with the guests' console relayed as "vm| ..." lines,
-// bench-bfd.txt from a go test -v log of the two tests.
+// testdata/run holds one make bench's outputs, real (this machine), but
+// for bench-scale.txt: the real one with the two metrics per N that
+// BenchmarkScale reports since (testdata/errors/bench-scale.txt is the
+// real one, without them).
 
 // parseRun parses the named files of testdata/run, and extra files of
 // other directories given by path.

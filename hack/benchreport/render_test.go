@@ -71,7 +71,7 @@ func TestRenderLayout(t *testing.T) {
 		"| `BenchmarkScale` | watch bytes a second per node, N=50; floor: kube-proxy's | 21936 watch-B/s/node-N50 | 39443 kube-proxy-B/s/node-N50 | 0.56× |",
 		"| `BenchmarkAllocate` | ns/op | B/op | allocs/op |\n|---|---|---|---|\n| `v4-slash16-fill1pct` | 664.0 | 648 | 4 |",
 		"| `BenchmarkRelayCheck` | ns/op | MB/s | ns/conn | B/op | allocs/op |",
-		"| sync-s | 127.2 | 116.9 floor-s | 1.09× |",
+		"| sync-s | 187.3 | 177.5 floor-s | 1.06× |",
 		"| s-floor | 4.432 |  |  |",
 		"```text\nBENCH ccm-allocation: 1000 Services:",
 		"```text\nbfd_test.go:68: node2's speaker frozen (SIGSTOP)",
