@@ -75,7 +75,7 @@ func render(tmpl string, r *outputs, p page, pairs []floorPair) ([]byte, error) 
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	return out.Bytes(), nil
+	return append(bytes.TrimRight(out.Bytes(), "\n"), '\n'), nil
 }
 
 func (rd *renderer) funcs() template.FuncMap {
