@@ -270,7 +270,17 @@ fuzz: ## run every fuzz target for a while each (FUZZTIME=60s)
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $${FUZZTIME:-60s} $${t%%:*}; \
 	done
 
-bench: tools routers $(K8S_BIN)/kube-proxy ## print the ipam, CCM, speaker, scale (against kube-proxy), dataplane (one tier and two), BFD and test-VM benchmarks (figures and ratios)
+# make bench keeps each benchmark's output in _output/bench-*.txt and, once
+# all have passed, writes docs/dev/performance.md from them (hack/benchreport,
+# its prose in hack/benchreport/performance.md.tmpl): a benchmark that fails
+# stops make (pipefail: go test's status, not grep's), so no page is written
+# from a partial run. The commit and the day measured are taken when make
+# starts, the run taking an hour; -dirty marks a tree with changes besides
+# the page itself.
+bench: private .SHELLFLAGS := -o pipefail -c
+bench: private BENCH_COMMIT := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD -- . ':(exclude)docs/dev/performance.md' 2>/dev/null || echo -dirty)
+bench: private BENCH_DATE := $(shell date -u +%F)
+bench: tools routers $(K8S_BIN)/kube-proxy ## run the ipam, CCM, speaker, scale (against kube-proxy), dataplane (one tier and two), BFD and test-VM benchmarks, then write docs/dev/performance.md from their outputs
 	@mkdir -p _output
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./ipam/ ./poolspec/ ./speaker/ ./bfd/ | tee _output/bench-ipam.txt
 	$(GO) test -tags controlplane -count=1 -timeout 30m -run '^$$' -bench BenchmarkCCMAllocation -benchtime 1x ./test/e2e/ 2>&1 | tee _output/bench-ccm.txt | grep -E 'BENCH|^Benchmark|^ok|FAIL'
@@ -281,7 +291,8 @@ bench: tools routers $(K8S_BIN)/kube-proxy ## print the ipam, CCM, speaker, scal
 	$(GO) test -tags kernel -count=1 -timeout 30m -run '^$$' -bench BenchmarkKernelDataplane -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-ipvs.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -tags kernel -count=1 -timeout 10m -run '^$$' -bench BenchmarkTwoTier -benchtime 1x ./ipvs/ 2>&1 | tee _output/bench-twotier.txt | grep -E '^Benchmark|^ok|FAIL'
 	$(GO) test -tags kernel -count=1 -timeout 10m -run '^$$' -bench BenchmarkGuestCopy -benchtime 1x ./test/vm/ 2>&1 | tee _output/bench-guest-copy.txt | grep -E '^Benchmark|^ok|FAIL'
-	$(GO) test -tags routing -count=1 -timeout 30m -run '^TestSpeakerFabric(BFD)?$$' -v ./test/e2e/ -args -bfd-trials=50 2>&1 | tee _output/bench-bfd.txt | grep -E 'frozen|SIGSTOP|^--- |^ok|FAIL'
+	$(GO) test -tags routing -count=1 -timeout 30m -run '^TestSpeakerFabric(BFD)?$$' -v ./test/e2e/ -args -bfd-trials=50 2>&1 | tee _output/bench-bfd.txt | grep -E 'frozen|SIGSTOP|thawed|^--- |^ok|FAIL'
+	$(GO) run ./hack/benchreport -commit $(BENCH_COMMIT) -date $(BENCH_DATE) -o docs/dev/performance.md _output/bench-*.txt
 
 $(K8S_BIN)/kubectl:
 	@mkdir -p $(K8S_BIN)

@@ -53,7 +53,7 @@ func TestDocPages(t *testing.T) {
 					what string
 				}{
 					{testName, "a test name (the matrix in docs/dev/verified.md names the tests)"},
-					{date, "a date (figures go to docs/dev/performance.md)"},
+					{date, "a date (figures go to docs/dev/figures.md, or make bench's docs/dev/performance.md)"},
 					{issueTrail, "issue history"},
 				} {
 					for _, m := range c.re.FindAllString(line, -1) {
