@@ -508,6 +508,11 @@ func TestRenderDefaults(t *testing.T) {
 	if got := passwordSecrets(t, r); len(got) != 0 || len(r.Find("Namespace", "")) != 0 || len(r.Find("RoleBinding", "vipcast-speaker-bgp-passwords")) != 0 {
 		t.Errorf("speaker reads Secrets %v, %d Namespaces, %d password RoleBindings: want none by default", got, len(r.Find("Namespace", "")), len(r.Find("RoleBinding", "vipcast-speaker-bgp-passwords")))
 	}
+	// The Lease the CCM leads on, as the RBAC Role names it (the value
+	// "" derives it).
+	if !strings.Contains(r.Notes, "leader election on Lease kube-system/vipcast-ccm)") {
+		t.Errorf("NOTES.txt does not name the CCM's Lease kube-system/vipcast-ccm:\n%s", r.Notes)
+	}
 	if !strings.Contains(r.Notes, "vipcast-ccm") || !strings.Contains(r.Notes, "create an IPPool") ||
 		!strings.Contains(r.Notes, "until speaker.bgpPasswordSecrets.secrets names their Secrets") {
 		t.Errorf("NOTES.txt:\n%s", r.Notes)
