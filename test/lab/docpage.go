@@ -189,3 +189,50 @@ func GettingStartedEdits(registry, version string) []PageEdit {
 		{From: "--port=80", To: "--port=80 --target-port=8080", Why: "the lab's backend listens on 8080, not nginx's 80"},
 	}
 }
+
+// TableCell returns the cell of kubectl's table output in the column
+// headed col and the row whose first cell is row. kubectl aligns its
+// columns, and a cell may be empty, so cells are cut at the header's
+// column positions.
+func TableCell(out, row, col string) (string, bool) {
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) < 2 {
+		return "", false
+	}
+	header := lines[0]
+	starts := []int{0}
+	for i := 1; i < len(header); i++ {
+		// Columns are two or more spaces apart; a header may hold one
+		// ("IPV4 CAPACITY").
+		if header[i] != ' ' && header[i-1] == ' ' && i >= 2 && header[i-2] == ' ' {
+			starts = append(starts, i)
+		}
+	}
+	at := -1
+	for i, st := range starts {
+		end := len(header)
+		if i+1 < len(starts) {
+			end = starts[i+1]
+		}
+		if strings.TrimSpace(header[st:end]) == col {
+			at = i
+		}
+	}
+	if at < 0 {
+		return "", false
+	}
+	cut := func(l string, i int) string {
+		st := min(starts[i], len(l))
+		end := len(l)
+		if i+1 < len(starts) {
+			end = min(starts[i+1], len(l))
+		}
+		return strings.TrimSpace(l[st:end])
+	}
+	for _, l := range lines[1:] {
+		if cut(l, 0) == row {
+			return cut(l, at), true
+		}
+	}
+	return "", false
+}

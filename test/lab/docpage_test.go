@@ -117,3 +117,26 @@ func TestReadPageAndCommands(t *testing.T) {
 		t.Errorf("unclosed fence: %v", err)
 	}
 }
+
+// TestTableCell reads kubectl's aligned tables, with headers of two words
+// and empty cells.
+func TestTableCell(t *testing.T) {
+	out := `NAME     ADDRESSES          IPV4 CAPACITY   IPV4 IN USE   IPV6 CAPACITY   IPV6 IN USE   READY   AGE
+public   ["192.0.2.0/24"]   254             0                                           True    61s
+other    ["10.0.0.0/8"]     16777214        3             12              1             False   5s
+`
+	for _, c := range []struct{ row, col, want string }{
+		{"public", "READY", "True"}, {"public", "IPV6 CAPACITY", ""}, {"public", "IPV4 CAPACITY", "254"},
+		{"other", "IPV6 IN USE", "1"}, {"other", "AGE", "5s"}, {"other", "READY", "False"},
+	} {
+		if got, ok := TableCell(out, c.row, c.col); !ok || got != c.want {
+			t.Errorf("TableCell(%s, %s) = %q, %v; want %q", c.row, c.col, got, ok, c.want)
+		}
+	}
+	if _, ok := TableCell(out, "public", "NOPE"); ok {
+		t.Error("a column that is not there was found")
+	}
+	if _, ok := TableCell(out, "gone", "READY"); ok {
+		t.Error("a row that is not there was found")
+	}
+}

@@ -86,7 +86,7 @@ func gettingStarted(t *testing.T, l *lab.Lab) {
 		if linesWithAll(pods, "vipcast-ccm-", "Running", "1/1") == 0 {
 			return pods, fmt.Errorf("no vipcast-ccm pod Running and Ready")
 		}
-		if h, ok := tableCell(lease, "vipcast-ccm", "HOLDER"); !ok || !strings.HasPrefix(h, "vipcast-ccm-") {
+		if h, ok := lab.TableCell(lease, "vipcast-ccm", "HOLDER"); !ok || !strings.HasPrefix(h, "vipcast-ccm-") {
 			return lease, fmt.Errorf("the Lease vipcast-ccm has holder %q, want a vipcast-ccm pod", h)
 		}
 		for _, n := range l.Nodes {
@@ -110,7 +110,7 @@ func gettingStarted(t *testing.T, l *lab.Lab) {
 		if err != nil {
 			return out, err
 		}
-		if r, _ := tableCell(out, "public", "READY"); r != "True" {
+		if r, _ := lab.TableCell(out, "public", "READY"); r != "True" {
 			return out, fmt.Errorf("IPPool public READY %q, want True", r)
 		}
 		return "", nil
@@ -144,10 +144,10 @@ func gettingStarted(t *testing.T, l *lab.Lab) {
 		}
 		peers, describe, metrics, summary := outs[0], outs[1], outs[2], outs[3]
 		want := fmt.Sprint(len(l.Nodes))
-		if e, _ := tableCell(peers, "tor-a", "ESTABLISHED"); e != want {
+		if e, _ := lab.TableCell(peers, "tor-a", "ESTABLISHED"); e != want {
 			return peers, fmt.Errorf("BGPPeer tor-a ESTABLISHED %q, want %s", e, want)
 		}
-		if n, _ := tableCell(peers, "tor-a", "NODES"); n != want {
+		if n, _ := lab.TableCell(peers, "tor-a", "NODES"); n != want {
 			return peers, fmt.Errorf("BGPPeer tor-a NODES %q, want %s", n, want)
 		}
 		if c := strings.Count(describe, "SessionEstablished"); c == 0 {
@@ -175,18 +175,20 @@ func gettingStarted(t *testing.T, l *lab.Lab) {
 			return strings.Join(outs, "\n"), err
 		}
 		svc, statuses, route, answer := outs[0], outs[1], outs[2], outs[3]
-		if ip, _ := tableCell(svc, "web", "EXTERNAL-IP"); ip != gettingStartedVIP {
+		if ip, _ := lab.TableCell(svc, "web", "EXTERNAL-IP"); ip != gettingStartedVIP {
 			return svc, fmt.Errorf("Service web EXTERNAL-IP %q, want %s", ip, gettingStartedVIP)
 		}
 		for _, n := range l.Nodes {
-			if a, _ := tableCell(statuses, n.Name, "ANNOUNCED"); a == "" || a == "0" {
+			if a, _ := lab.TableCell(statuses, n.Name, "ANNOUNCED"); a == "" || a == "0" {
 				return statuses, fmt.Errorf("SpeakerStatus %s ANNOUNCED %q, want the VIP among its prefixes", n.Name, a)
 			}
 			if !strings.Contains(route, n.Addr.String()) {
 				return route, fmt.Errorf("the router has no path through %s", n.Addr)
 			}
 		}
-		if !strings.HasPrefix(answer, "web-") {
+		// curl's progress meter goes to stderr, joined here; the answer
+		// is its own line, naming the pod.
+		if !slices.ContainsFunc(strings.Split(answer, "\n"), func(l string) bool { return strings.HasPrefix(l, "web-") }) {
 			return answer, fmt.Errorf("the client's request was not answered by a pod of web")
 		}
 		return "", nil
@@ -403,27 +405,6 @@ func (s *pageShell) eventually(ctx context.Context, what string, timeout time.Du
 		}
 		time.Sleep(2 * time.Second)
 	}
-}
-
-// tableCell returns the cell of kubectl's table output in the column
-// headed col and the row whose first cell is row.
-func tableCell(out, row, col string) (string, bool) {
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) < 2 {
-		return "", false
-	}
-	sep := regexp.MustCompile(`\s{2,}`)
-	i := slices.Index(sep.Split(strings.TrimSpace(lines[0]), -1), col)
-	if i < 0 {
-		return "", false
-	}
-	for _, l := range lines[1:] {
-		cells := sep.Split(strings.TrimSpace(l), -1)
-		if len(cells) > i && cells[0] == row {
-			return cells[i], true
-		}
-	}
-	return "", false
 }
 
 // linesWithAll counts the lines of out holding every one of subs.
