@@ -495,7 +495,7 @@ func (l *Lab) bootKubeNode(n *Node, spare bool) {
 	opts.OnDemandModules = netfilterModules(b.venv.Kernel)
 	opts.MemoryMB = 2048
 	if spare {
-		opts.Args = append(opts.Args, "-hold")
+		opts.Args = append(opts.Args, "-hold", "-prepull", strings.Join(l.speakerImages(), ","))
 		opts.Background = true
 	}
 	// /dev/vdb: the payload, read-only; /dev/vdc: containerd's root, a
@@ -516,6 +516,22 @@ func (l *Lab) bootKubeNode(n *Node, spare bool) {
 			l.Opts.Logf("    %s: its VM ended (exit code %d, %v); console %s", n.Name, code, err, n.Console)
 		}
 	}()
+}
+
+// speakerImages are the speaker's images of every release the lab pushed
+// (ClusterOptions.ImageTag and ExtraTags), as the nodes pull them: a spare
+// node pulls them while it is held, so its join pulls nothing.
+func (l *Lab) speakerImages() []string {
+	co := l.boot.co
+	var refs []string
+	for _, tag := range append([]string{co.ImageTag}, co.ExtraTags...) {
+		v, err := ChartVersion(tag)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		refs = append(refs, NodeRegistry()+"/"+registryPath+"/vipcast-speaker:"+v)
+	}
+	return refs
 }
 
 // waitKubelets waits until every booted node has registered and is Ready.

@@ -92,6 +92,8 @@ type config struct {
 	// registry is HOST:PORT of a registry containerd pulls from over plain
 	// HTTP (the lab's, at the ToR); empty: none.
 	registry string
+	// prepull are images containerd pulls while the node is held (-hold).
+	prepull []string
 }
 
 func main() {
@@ -120,12 +122,22 @@ func parse(args []string) (*config, error) {
 	fs.StringVar(&nodePorts, "node-port-addresses", "", "kube-proxy's nodePortAddresses, comma-separated")
 	fs.StringVar(&cfg.clusterDNS, "cluster-dns", "", "the kubelet's clusterDNS (the cluster DNS Service's address, domain cluster.local); empty: none")
 	fs.StringVar(&cfg.registry, "registry", "", "HOST:PORT of an OCI registry containerd pulls from over plain HTTP; empty: none")
-	fs.BoolVar(&cfg.hold, "hold", false, "wait for POST /join before starting containerd, the kubelet and kube-proxy")
+	fs.BoolVar(&cfg.hold, "hold", false, "wait for POST /join before starting the kubelet and kube-proxy (and containerd, unless -prepull)")
+	var prepull string
+	fs.StringVar(&prepull, "prepull", "", "with -hold: image references, comma-separated, that containerd pulls from -registry while the node is held, so that its join pulls nothing")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if cfg.name == "" {
 		return nil, errors.New("-name is required")
+	}
+	for _, ref := range strings.Split(prepull, ",") {
+		if ref = strings.TrimSpace(ref); ref != "" {
+			cfg.prepull = append(cfg.prepull, ref)
+		}
+	}
+	if len(cfg.prepull) > 0 && (!cfg.hold || cfg.registry == "") {
+		return nil, errors.New("-prepull needs -hold and -registry: it pulls while a node is held")
 	}
 	if cfg.registry != "" {
 		if _, err := netip.ParseAddrPort(cfg.registry); err != nil {
@@ -187,16 +199,30 @@ func run(cfg *config) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	startContainerd := func() error {
+		if err := d.start("containerd", binDir+"/containerd", "--config", "/etc/containerd/config.toml"); err != nil {
+			return err
+		}
+		if err := waitFile(ctx, containerd, time.Minute); err != nil {
+			return fmt.Errorf("containerd did not start: %w", err)
+		}
+		fmt.Printf("kubenode: containerd up, %s after start\n", time.Since(start).Round(time.Millisecond))
+		return nil
+	}
+	if len(cfg.prepull) > 0 {
+		if err := startContainerd(); err != nil {
+			return err
+		}
+		prepullImages(ctx, cfg.prepull)
+	}
 	if cfg.hold && !holdUntilJoin(ctx, join, start) {
 		return nil
 	}
-	if err := d.start("containerd", binDir+"/containerd", "--config", "/etc/containerd/config.toml"); err != nil {
-		return err
+	if len(cfg.prepull) == 0 {
+		if err := startContainerd(); err != nil {
+			return err
+		}
 	}
-	if err := waitFile(ctx, containerd, time.Minute); err != nil {
-		return fmt.Errorf("containerd did not start: %w", err)
-	}
-	fmt.Printf("kubenode: containerd up, %s after start\n", time.Since(start).Round(time.Millisecond))
 	if err := d.start("kubelet", binDir+"/kubelet",
 		"--config", "/etc/kubernetes/kubelet.yaml",
 		"--kubeconfig", kubeconfig,
@@ -243,9 +269,35 @@ func mountDisks(cfg *config) error {
 	return nil
 }
 
-// holdUntilJoin holds the node before its containerd and kubelet, running
-// nothing but this agent, until POST /join closes join; it reports false
-// when ctx ended first.
+// prepullImages has containerd pull each image into the kubelet's
+// namespace, through the registry hosts of /etc/containerd/certs.d, while
+// the node is held: the VM runs at the idle scheduling policy then, so the
+// pull takes only CPU the serving nodes leave, and the join that follows
+// pulls nothing. A pull that fails is reported and left to the kubelet.
+func prepullImages(ctx context.Context, refs []string) {
+	for _, ref := range refs {
+		t := time.Now()
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		out, err := exec.CommandContext(ctx, binDir+"/ctr", "--address", containerd, "-n", "k8s.io",
+			"images", "pull", "--hosts-dir", "/etc/containerd/certs.d", ref).CombinedOutput()
+		cancel()
+		if err != nil {
+			fmt.Printf("kubenode: pre-pulling %s failed after %s (the kubelet pulls it at the join): %v: %s\n", ref, time.Since(t).Round(time.Millisecond), err, lastLine(out))
+			continue
+		}
+		fmt.Printf("kubenode: pre-pulled %s in %s\n", ref, time.Since(t).Round(time.Millisecond))
+	}
+}
+
+// lastLine is the last non-empty line of out.
+func lastLine(out []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
+}
+
+// holdUntilJoin holds the node before its kubelet, running nothing but
+// this agent (and containerd, idle, after -prepull), until POST /join
+// closes join; it reports false when ctx ended first.
 func holdUntilJoin(ctx context.Context, join <-chan struct{}, start time.Time) bool {
 	fmt.Println("kubenode: held before the kubelet until POST /join")
 	select {
