@@ -199,29 +199,8 @@ func run(cfg *config) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	startContainerd := func() error {
-		if err := d.start("containerd", binDir+"/containerd", "--config", "/etc/containerd/config.toml"); err != nil {
-			return err
-		}
-		if err := waitFile(ctx, containerd, time.Minute); err != nil {
-			return fmt.Errorf("containerd did not start: %w", err)
-		}
-		fmt.Printf("kubenode: containerd up, %s after start\n", time.Since(start).Round(time.Millisecond))
-		return nil
-	}
-	if len(cfg.prepull) > 0 {
-		if err := startContainerd(); err != nil {
-			return err
-		}
-		prepullImages(ctx, cfg.prepull)
-	}
-	if cfg.hold && !holdUntilJoin(ctx, join, start) {
-		return nil
-	}
-	if len(cfg.prepull) == 0 {
-		if err := startContainerd(); err != nil {
-			return err
-		}
+	if ok, err := startContainerd(ctx, cfg, d, join, start); !ok || err != nil {
+		return err
 	}
 	if err := d.start("kubelet", binDir+"/kubelet",
 		"--config", "/etc/kubernetes/kubelet.yaml",
@@ -267,6 +246,38 @@ func mountDisks(cfg *config) error {
 		return fmt.Errorf("mount containerd's root %s: %w", cfg.containerdRoot, err)
 	}
 	return nil
+}
+
+// startContainerd starts containerd, holding the node first with -hold
+// (after pulling the -prepull images, for which containerd starts before
+// the hold). It reports false, with no error, when ctx ended during the
+// hold.
+func startContainerd(ctx context.Context, cfg *config, d *daemons, join <-chan struct{}, start time.Time) (bool, error) {
+	up := func() error {
+		if err := d.start("containerd", binDir+"/containerd", "--config", "/etc/containerd/config.toml"); err != nil {
+			return err
+		}
+		if err := waitFile(ctx, containerd, time.Minute); err != nil {
+			return fmt.Errorf("containerd did not start: %w", err)
+		}
+		fmt.Printf("kubenode: containerd up, %s after start\n", time.Since(start).Round(time.Millisecond))
+		return nil
+	}
+	if len(cfg.prepull) > 0 {
+		if err := up(); err != nil {
+			return false, err
+		}
+		prepullImages(ctx, cfg.prepull)
+	}
+	if cfg.hold && !holdUntilJoin(ctx, join, start) {
+		return false, nil
+	}
+	if len(cfg.prepull) == 0 {
+		if err := up(); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // prepullImages has containerd pull each image into the kubelet's
