@@ -162,6 +162,48 @@ type BFDProfile struct {
 	Status json.RawMessage `json:"status,omitempty"`
 }
 
+// object is any of MetalLB's objects Decode reads.
+type object interface {
+	meta() (*metav1.TypeMeta, *metav1.ObjectMeta)
+}
+
+func (p *IPAddressPool) meta() (*metav1.TypeMeta, *metav1.ObjectMeta) {
+	return &p.TypeMeta, &p.ObjectMeta
+}
+func (p *BGPPeer) meta() (*metav1.TypeMeta, *metav1.ObjectMeta) { return &p.TypeMeta, &p.ObjectMeta }
+func (a *BGPAdvertisement) meta() (*metav1.TypeMeta, *metav1.ObjectMeta) {
+	return &a.TypeMeta, &a.ObjectMeta
+}
+func (a *L2Advertisement) meta() (*metav1.TypeMeta, *metav1.ObjectMeta) {
+	return &a.TypeMeta, &a.ObjectMeta
+}
+func (c *Community) meta() (*metav1.TypeMeta, *metav1.ObjectMeta)  { return &c.TypeMeta, &c.ObjectMeta }
+func (b *BFDProfile) meta() (*metav1.TypeMeta, *metav1.ObjectMeta) { return &b.TypeMeta, &b.ObjectMeta }
+
+// all returns every object of o, by kind in Objects' order.
+func (o *Objects) all() []object {
+	var out []object
+	for i := range o.Pools {
+		out = append(out, &o.Pools[i])
+	}
+	for i := range o.Peers {
+		out = append(out, &o.Peers[i])
+	}
+	for i := range o.BGPAds {
+		out = append(out, &o.BGPAds[i])
+	}
+	for i := range o.L2Ads {
+		out = append(out, &o.L2Ads[i])
+	}
+	for i := range o.Communities {
+		out = append(out, &o.Communities[i])
+	}
+	for i := range o.BFDProfiles {
+		out = append(out, &o.BFDProfiles[i])
+	}
+	return out
+}
+
 // Objects are MetalLB's configuration, as Decode read it.
 type Objects struct {
 	Pools       []IPAddressPool

@@ -173,41 +173,32 @@ func Translate(objs *Objects, opts Options) (*Result, error) {
 // MetalLB itself ignores.
 func inNamespace(o *Objects, ns string) *Objects {
 	out := &Objects{Skipped: o.Skipped}
-	keep := func(tm *metav1.TypeMeta, om *metav1.ObjectMeta) bool {
+	keep := func(obj object) bool {
+		tm, om := obj.meta()
 		if om.Namespace == ns || om.Namespace == "" {
 			return true
 		}
 		out.Skipped = append(out.Skipped, fmt.Sprintf("%s: in namespace %s, which MetalLB (in %s) does not read", ref(tm, om), om.Namespace, ns))
 		return false
 	}
-	for _, v := range o.Pools {
-		if keep(&v.TypeMeta, &v.ObjectMeta) {
-			out.Pools = append(out.Pools, v)
-		}
-	}
-	for _, v := range o.Peers {
-		if keep(&v.TypeMeta, &v.ObjectMeta) {
-			out.Peers = append(out.Peers, v)
-		}
-	}
-	for _, v := range o.BGPAds {
-		if keep(&v.TypeMeta, &v.ObjectMeta) {
-			out.BGPAds = append(out.BGPAds, v)
-		}
-	}
-	for _, v := range o.L2Ads {
-		if keep(&v.TypeMeta, &v.ObjectMeta) {
-			out.L2Ads = append(out.L2Ads, v)
-		}
-	}
-	for _, v := range o.Communities {
-		if keep(&v.TypeMeta, &v.ObjectMeta) {
-			out.Communities = append(out.Communities, v)
-		}
-	}
-	for _, v := range o.BFDProfiles {
-		if keep(&v.TypeMeta, &v.ObjectMeta) {
-			out.BFDProfiles = append(out.BFDProfiles, v)
+	out.Pools = keepIf(o.Pools, keep)
+	out.Peers = keepIf(o.Peers, keep)
+	out.BGPAds = keepIf(o.BGPAds, keep)
+	out.L2Ads = keepIf(o.L2Ads, keep)
+	out.Communities = keepIf(o.Communities, keep)
+	out.BFDProfiles = keepIf(o.BFDProfiles, keep)
+	return out
+}
+
+// keepIf returns the objects of list that keep reports true for.
+func keepIf[T any, P interface {
+	*T
+	object
+}](list []T, keep func(object) bool) []T {
+	var out []T
+	for i := range list {
+		if keep(P(&list[i])) {
+			out = append(out, list[i])
 		}
 	}
 	return out
@@ -217,31 +208,12 @@ func inNamespace(o *Objects, ns string) *Objects {
 // them; a cluster cannot): which one MetalLB would hold is unknown.
 func (t *translation) duplicates() {
 	seen := map[string]bool{}
-	check := func(tm *metav1.TypeMeta, om *metav1.ObjectMeta) {
-		r := ref(tm, om)
+	for _, obj := range t.objs.all() {
+		r := ref(obj.meta())
 		if seen[r] {
 			t.refuse(r, "", "given more than once; a cluster holds one object of a name: keep one")
 		}
 		seen[r] = true
-	}
-	o := t.objs
-	for i := range o.Pools {
-		check(&o.Pools[i].TypeMeta, &o.Pools[i].ObjectMeta)
-	}
-	for i := range o.Peers {
-		check(&o.Peers[i].TypeMeta, &o.Peers[i].ObjectMeta)
-	}
-	for i := range o.BGPAds {
-		check(&o.BGPAds[i].TypeMeta, &o.BGPAds[i].ObjectMeta)
-	}
-	for i := range o.L2Ads {
-		check(&o.L2Ads[i].TypeMeta, &o.L2Ads[i].ObjectMeta)
-	}
-	for i := range o.Communities {
-		check(&o.Communities[i].TypeMeta, &o.Communities[i].ObjectMeta)
-	}
-	for i := range o.BFDProfiles {
-		check(&o.BFDProfiles[i].TypeMeta, &o.BFDProfiles[i].ObjectMeta)
 	}
 }
 
