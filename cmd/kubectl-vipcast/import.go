@@ -15,8 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 
 	vipcastv1alpha1 "github.com/vipcast/vipcast/api/v1alpha1"
 	"github.com/vipcast/vipcast/metallbimport"
@@ -159,14 +159,11 @@ func applyResult(ctx context.Context, c *clients, res *metallbimport.Result, out
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "# note: %s\n", n)
 	}
-	for _, o := range res.Objects() {
-		u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
-		if err != nil {
-			return err
-		}
-		obj := &unstructured.Unstructured{Object: u}
-		unstructured.RemoveNestedField(obj.Object, "status")
-		unstructured.RemoveNestedField(obj.Object, "metadata", "creationTimestamp")
+	objs, err := res.Objects()
+	if err != nil {
+		return err
+	}
+	for _, obj := range objs {
 		var gvr schema.GroupVersionResource
 		switch obj.GetKind() {
 		case "Secret":
@@ -178,12 +175,9 @@ func applyResult(ctx context.Context, c *clients, res *metallbimport.Result, out
 		default:
 			return fmt.Errorf("unexpected kind %s", obj.GetKind())
 		}
-		ri := c.dyn.Resource(gvr)
-		var client interface {
-			Apply(ctx context.Context, name string, obj *unstructured.Unstructured, opts metav1.ApplyOptions, subresources ...string) (*unstructured.Unstructured, error)
-		} = ri
+		var client dynamic.ResourceInterface = c.dyn.Resource(gvr)
 		if ns := obj.GetNamespace(); ns != "" {
-			client = ri.Namespace(ns)
+			client = c.dyn.Resource(gvr).Namespace(ns)
 		}
 		if _, err := client.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: importFieldManager}); err != nil {
 			hint := ""
